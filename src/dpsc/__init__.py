@@ -1,0 +1,12 @@
+"""dpsc: differentially private single-cell analysis, an scverse plugin."""
+
+from importlib.metadata import PackageNotFoundError, version
+
+from . import datasets, model, module, pl, privacy, tl, train
+
+try:
+    __version__ = version("dpsc")
+except PackageNotFoundError:  # pragma: no cover - running from a source tree
+    __version__ = "0.0.0"
+
+__all__ = ["datasets", "model", "module", "pl", "privacy", "tl", "train"]

@@ -1,0 +1,103 @@
+"""Input checks that run before any work and never modify the user's AnnData."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anndata as ad
+import numpy as np
+import scipy.sparse as sp
+
+SCOPES = ("encoder", "full")
+LIKELIHOODS = ("zinb", "gaussian")
+MIN_CELLS = 10
+
+
+def get_matrix(adata: ad.AnnData, layer: str | None) -> Any:
+    """Return ``adata.X`` or ``adata.layers[layer]``; unknown layers raise a clear error."""
+    if not isinstance(adata, ad.AnnData):
+        raise TypeError(f"Expected an AnnData object, got {type(adata).__name__}.")
+    if layer is None:
+        if adata.X is None:
+            raise ValueError("adata.X is empty; pass layer='counts' (or wherever the counts are).")
+        return adata.X
+    if layer not in adata.layers:
+        known = list(adata.layers.keys()) or "none"
+        raise ValueError(f"Unknown layer {layer!r}; adata.layers has: {known}. Pass layer=None for adata.X.")
+    return adata.layers[layer]
+
+
+def _values(matrix: Any) -> np.ndarray:
+    """The stored values (non-zeros of a sparse matrix, everything of a dense one)."""
+    if sp.issparse(matrix):
+        return np.asarray(matrix.data)
+    return np.asarray(matrix)
+
+
+def check_matrix(matrix: Any, likelihood: str) -> None:
+    """Reject NaN/inf, negative or non-integer values (ZINB), and all-zero cells or genes."""
+    if likelihood not in LIKELIHOODS:
+        raise ValueError(f"Unknown likelihood {likelihood!r}; choose one of {LIKELIHOODS}.")
+    values = _values(matrix)
+    if not np.all(np.isfinite(values)):
+        raise ValueError(
+            "The expression matrix contains NaN or infinite values; remove or impute them "
+            "before fitting (e.g. adata = adata[:, np.isfinite(adata.X.toarray()).all(0)])."
+        )
+    if likelihood == "zinb":
+        if np.any(values < 0):
+            raise ValueError(
+                "The ZINB model needs raw counts, but the matrix has negative values. Pass the "
+                "raw counts (layer='counts'), or likelihood='gaussian' for transformed data."
+            )
+        if not np.all(values == np.round(values)):
+            raise ValueError(
+                "The ZINB model needs raw integer counts, but the matrix has non-integer values "
+                "(normalised or log-transformed data?). Pass the raw counts (e.g. "
+                "layer='counts'), or likelihood='gaussian' for log-normalised data."
+            )
+    abs_matrix = abs(matrix) if sp.issparse(matrix) else np.abs(np.asarray(matrix))
+    cell_sums = np.asarray(abs_matrix.sum(axis=1)).ravel()
+    gene_sums = np.asarray(abs_matrix.sum(axis=0)).ravel()
+    if np.any(cell_sums == 0):
+        raise ValueError(
+            f"{int((cell_sums == 0).sum())} cell(s) have no counts at all. dpsc does not drop "
+            "cells silently; filter them first: sc.pp.filter_cells(adata, min_counts=1)."
+        )
+    if np.any(gene_sums == 0):
+        raise ValueError(
+            f"{int((gene_sums == 0).sum())} gene(s) are zero in every cell. Filter them first: "
+            "sc.pp.filter_genes(adata, min_counts=1)."
+        )
+
+
+def check_privacy_args(epsilon: float | None, delta: float, n_obs: int) -> None:
+    """ε > 0 (or ``None`` for non-private), 0 < δ < 1/n."""
+    if epsilon is not None:
+        if not np.isfinite(epsilon) or epsilon <= 0:
+            raise ValueError(f"epsilon must be a positive finite number (got {epsilon}); use epsilon=None for a non-private fit.")
+    if not (0 < delta < 1.0 / n_obs):
+        raise ValueError(
+            f"delta must satisfy 0 < delta < 1/n_obs = {1.0 / n_obs:.2e} (got {delta}); a larger "
+            "delta allows releasing a whole cell. Use e.g. delta=1e-5 or smaller."
+        )
+
+
+def check_fit_args(
+    *, n_obs: int, n_clusters: int, scope: str, batch_size: int | None
+) -> int:
+    """Validate the shape arguments of a fit and return the batch size to use."""
+    if scope not in SCOPES:
+        raise ValueError(f"Unknown scope {scope!r}; choose 'encoder' (DP-DCAN) or 'full' (DPE-DCAN).")
+    if n_obs < MIN_CELLS:
+        raise ValueError(f"Need at least {MIN_CELLS} cells to train with Poisson sampling; got {n_obs}.")
+    if not (2 <= n_clusters <= n_obs):
+        raise ValueError(f"n_clusters must be between 2 and n_obs={n_obs}; got {n_clusters}.")
+    if batch_size is None:
+        batch_size = max(1, round(0.1 * n_obs))
+    if not (1 <= batch_size <= n_obs):
+        raise ValueError(
+            f"batch_size must be between 1 and n_obs={n_obs} (it sets the Poisson rate "
+            f"q = batch_size / n_obs); got {batch_size}."
+        )
+    return int(batch_size)

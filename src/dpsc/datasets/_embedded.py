@@ -1,0 +1,38 @@
+"""The embedded default dataset (PBMC 4k, top 2000 genes, raw counts)."""
+
+from __future__ import annotations
+
+from importlib import resources
+
+import anndata as ad
+
+_PBMC4K_FILE = "pbmc4k_top2000.h5ad"
+
+
+def pbmc4k() -> ad.AnnData:
+    """Return 4271 peripheral blood mononuclear cells × 2000 genes of raw UMI counts.
+
+    This is the 10x Genomics PBMC 4k data set (Zheng et al. 2017, Nat Commun 8:14049)
+    restricted to the 2000 genes selected by the scDCC authors (Tian et al. 2021), with the
+    eight cell-type labels used by scDeepCluster/scDCC. The upstream file carries neither gene
+    symbols nor type names, so genes are called ``gene_0000`` … ``gene_1999`` and types
+    ``type_1`` … ``type_8`` (upstream label values; 1292, 702, 606, 459, 450, 332, 295, 135
+    cells).
+
+    Note that the gene selection was made by the upstream authors *on these cells*: when this
+    data set stands in for private data, that selection is outside any dpsc guarantee.
+
+    Returns
+    -------
+    AnnData
+        ``X``: sparse CSR int32 counts; ``obs["cell_type"]``: categorical labels. A fresh copy
+        is read on every call, so callers may modify it freely.
+    """
+    path = resources.files("dpsc.datasets").joinpath("data", _PBMC4K_FILE)
+    with resources.as_file(path) as file:
+        adata = ad.read_h5ad(file)
+    adata.uns["dpsc_dataset"] = {
+        "name": "pbmc4k_top2000",
+        "source": "ttgump/scDCC@142e4e0 data/Small_Datasets/10X_PBMC_top2000.h5",
+    }
+    return adata

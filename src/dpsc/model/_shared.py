@@ -1,0 +1,79 @@
+"""Load and use a model exported with :meth:`DPDCAN.export_shared` (encoder + centroids)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import anndata as ad
+import numpy as np
+import scipy.sparse as sp
+import torch
+
+from .._validation import check_matrix, get_matrix
+from ..module import DCANModule
+
+
+class SharedEncoder:
+    """The privatised part of a DP-DCAN model, as received by another site.
+
+    Holds the encoder, the centroids and the privacy record; has no decoder. Anything computed
+    with it on the receiving site's own cells is post-processing of the DP release.
+
+    Parameters
+    ----------
+    module
+        A DCAN module whose encoder and centroids are loaded (its decoder stays untrained).
+    var_names
+        Genes, in the order the encoder expects.
+    privacy
+        The privacy record of the fit that produced the weights.
+    """
+
+    def __init__(self, module: DCANModule, var_names: list[str], privacy: dict):
+        self.module = module.eval()
+        self.var_names = var_names
+        self.privacy = privacy
+
+    @classmethod
+    def load(cls, dir_path: str | Path) -> SharedEncoder:
+        """Read a directory written by :meth:`DPDCAN.export_shared`."""
+        path = Path(dir_path)
+        meta_file = path / "shared_encoder.json"
+        if not meta_file.exists():
+            raise FileNotFoundError(f"{path} holds no shared model (missing {meta_file.name}).")
+        meta = json.loads(meta_file.read_text())
+        module = DCANModule(
+            n_input=len(meta["var_names"]), n_clusters=meta["n_clusters"], n_latent=meta["n_latent"],
+            n_hidden=tuple(meta["n_hidden"]), likelihood=meta["likelihood"],
+            latent_scale=meta["latent_scale"],
+        )
+        state = torch.load(path / "shared_encoder.pt", map_location="cpu", weights_only=True)
+        missing = module.load_state_dict(state, strict=False)
+        if missing.unexpected_keys:
+            raise ValueError(f"Unexpected weights in shared model: {missing.unexpected_keys}")
+        return cls(module, meta["var_names"], meta["privacy"])
+
+    def _tensor(self, adata: ad.AnnData, layer: str | None) -> torch.Tensor:
+        missing = [g for g in self.var_names if g not in adata.var_names]
+        if missing:
+            raise ValueError(
+                f"{len(missing)} gene(s) the encoder needs are missing from adata.var_names "
+                f"(first: {missing[:3]}). Subset/reorder to the shared model's var_names."
+            )
+        matrix = get_matrix(adata[:, self.var_names], layer)
+        check_matrix(matrix, self.module.likelihood)
+        dense = matrix.toarray() if sp.issparse(matrix) else np.asarray(matrix)
+        return torch.as_tensor(dense, dtype=torch.float32)
+
+    @torch.no_grad()
+    def get_latent_representation(self, adata: ad.AnnData, layer: str | None = None) -> np.ndarray:
+        """Latent codes of the cells in ``adata``."""
+        x = self._tensor(adata, layer)
+        return self.module.encode(self.module.represent(x)).numpy()
+
+    @torch.no_grad()
+    def predict(self, adata: ad.AnnData, layer: str | None = None) -> np.ndarray:
+        """Cluster labels from the shared centroids."""
+        z = torch.as_tensor(self.get_latent_representation(adata, layer))
+        return self.module.soft_assignment(z).argmax(1).numpy()

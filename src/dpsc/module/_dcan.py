@@ -1,0 +1,234 @@
+"""The DCAN torch module: encoder, ZINB decoder, Student-t clustering layer."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from scvi import REGISTRY_KEYS
+from scvi.distributions import ZeroInflatedNegativeBinomial
+from scvi.module.base import BaseModuleClass, LossOutput, auto_move_data
+from torch import nn
+
+from ._clustering import CentroidDistance
+from ._losses import (
+    dec_kl_per_cell,
+    gaussian_nll_per_cell,
+    instance_loss_per_cell,
+    per_cell_target,
+    separation_loss,
+    student_t_assignment,
+    zinb_nll_per_cell,
+)
+from ._networks import mlp
+
+Likelihood = Literal["zinb", "gaussian"]
+TARGET_SUM = 1e4
+
+
+def input_representation(x: torch.Tensor, likelihood: Likelihood) -> torch.Tensor:
+    r"""What the encoder sees, computed from each cell alone.
+
+    For counts (``likelihood="zinb"``): :math:`\log(1 + 10^4\, x_{ig} / \sum_{g'} x_{ig'})`.
+    No gene-wise centring or scaling, which would need statistics of the whole (private) data
+    set. For non-count data (``"gaussian"``) the values are used as given.
+    """
+    if likelihood == "gaussian":
+        return x
+    library = x.sum(-1, keepdim=True).clamp(min=1.0)
+    return torch.log1p(x / library * TARGET_SUM)
+
+
+def mask_views(
+    rep: torch.Tensor, n_views: int, rate: float, generator: torch.Generator | None
+) -> torch.Tensor:
+    r"""Random masking augmentation: ``n_views`` copies with each entry zeroed w.p. ``rate``.
+
+    Returns ``(n_cells, n_views, n_genes)``; the masks are drawn independently for every cell.
+    """
+    shape = (rep.shape[0], n_views, rep.shape[1])
+    keep = torch.rand(shape, generator=generator, device=rep.device) >= rate
+    return rep.unsqueeze(1) * keep
+
+
+class DCANModule(BaseModuleClass):
+    """Deep contrastive autoencoder with a ZINB decoder and a Student-t clustering layer.
+
+    Parameters
+    ----------
+    n_input
+        Number of genes :math:`G`.
+    n_clusters
+        Number of clusters :math:`K`.
+    n_latent
+        Latent dimension.
+    n_hidden
+        Hidden widths of the encoder (mirrored in the decoder); the default gives the
+        2000→256→64→32 encoder of DP-DCAN.
+    likelihood
+        ``"zinb"`` for raw counts, ``"gaussian"`` for log-normalised or other continuous data.
+    alpha
+        Degrees of freedom of the Student-t kernel.
+    latent_scale
+        If set, latents are projected onto the sphere of this radius,
+        :math:`z = s\, h / \lVert h \rVert_2`. This bounds every latent point by construction
+        (so the DP k-means needs no data-dependent clipping radius: :math:`\lVert z - c \rVert
+        \le 2s`) and keeps the latent scale fixed while DP noise inflates the weights.
+        ``None`` keeps the raw linear output.
+    """
+
+    def __init__(
+        self,
+        n_input: int,
+        n_clusters: int = 8,
+        n_latent: int = 32,
+        n_hidden: Sequence[int] = (256, 64),
+        likelihood: Likelihood = "zinb",
+        alpha: float = 1.0,
+        latent_scale: float | None = 3.0,
+    ):
+        super().__init__()
+        self.latent_scale = latent_scale
+        self.n_input = n_input
+        self.n_latent = n_latent
+        self.likelihood = likelihood
+        self.alpha = alpha
+        hidden = list(n_hidden)
+        self.encoder = mlp([n_input, *hidden, n_latent], last_activation=False)
+        self.decoder = mlp([n_latent, *reversed(hidden)], last_activation=True)
+        width = hidden[0]
+        self.px_scale = nn.Linear(width, n_input)
+        if likelihood == "zinb":
+            self.px_r = nn.Linear(width, n_input)
+            self.px_dropout = nn.Linear(width, n_input)
+        self.clustering = CentroidDistance(n_clusters, n_latent)
+
+    # -- building blocks -------------------------------------------------------------------
+    def public_decoder_modules(self) -> list[nn.Module]:
+        """Modules that map the latent space back to genes (the part never shared)."""
+        heads = [self.decoder, self.px_scale]
+        if self.likelihood == "zinb":
+            heads += [self.px_r, self.px_dropout]
+        return heads
+
+    def encode(self, rep: torch.Tensor) -> torch.Tensor:
+        """Latent of an input representation (any leading shape), on the sphere if configured."""
+        h = self.encoder(rep)
+        if self.latent_scale is None:
+            return h
+        return self.latent_scale * F.normalize(h, dim=-1)
+
+    def represent(self, x: torch.Tensor) -> torch.Tensor:
+        """Per-cell input representation (see :func:`input_representation`)."""
+        return input_representation(x, self.likelihood)
+
+    def reconstruction_per_cell(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """Reconstruction loss of each cell from its latent (ZINB or Gaussian)."""
+        h = self.decoder(z)
+        if self.likelihood == "gaussian":
+            return gaussian_nll_per_cell(x, self.px_scale(h))
+        library = x.sum(-1, keepdim=True)
+        mu = torch.softmax(self.px_scale(h), dim=-1) * library
+        theta = torch.exp(self.px_r(h).clamp(-12.0, 12.0))
+        return zinb_nll_per_cell(x, mu, theta, self.px_dropout(h))
+
+    def soft_assignment(self, z: torch.Tensor) -> torch.Tensor:
+        """Student-t soft assignment ``q`` of each latent point to the centroids."""
+        return student_t_assignment(self.clustering(z), self.alpha)
+
+    # -- the two training stages -----------------------------------------------------------
+    def instance_stage_loss(
+        self,
+        x: torch.Tensor,
+        *,
+        rho: float,
+        mask_rate: float,
+        generator: torch.Generator | None = None,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        r"""Per-cell loss of the instance stage (DP-DCAN Alg. 1, stage 1).
+
+        :math:`L_i = \rho\, L^{\mathrm{ZINB}}_i + (1-\rho)\, L^{\mathrm{ins}}_i`, where the clean
+        view is reconstructed and the two masked views enter the instance loss. The clean view
+        and both masked views go through the encoder as one ``(cells, 3, genes)`` tensor, so a
+        private encoder sees each cell once and its per-sample gradient is the sum over that
+        cell's views.
+        """
+        rep = self.represent(x)
+        views = torch.cat([rep.unsqueeze(1), mask_views(rep, 2, mask_rate, generator)], dim=1)
+        z_all = self.encode(views)
+        recon = self.reconstruction_per_cell(x, z_all[:, 0])
+        inst = instance_loss_per_cell(z_all[:, 1:])
+        loss = rho * recon + (1.0 - rho) * inst
+        return loss, {"reconstruction": recon.detach(), "instance": inst.detach()}
+
+    def cluster_stage_loss(
+        self,
+        x: torch.Tensor,
+        *,
+        betas: tuple[float, float, float],
+        target_power: float = 2.0,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        r"""Per-cell data terms of the cluster stage (DP-DCAN Alg. 1, stage 2).
+
+        :math:`L_i = \beta_1 L^{\mathrm{ZINB}}_i + \beta_2 \mathrm{KL}(p_i \Vert q_i)` with the
+        per-cell target :math:`p_i` of :func:`~dpsc.module.per_cell_target`. The third term of
+        the paper's objective, :math:`\beta_3 L^{\mathrm{sep}}`, depends on the centroids only;
+        it is returned by :meth:`parameter_penalty` and handled apart (see the training plan).
+        """
+        z = self.encode(self.represent(x))
+        recon = self.reconstruction_per_cell(x, z)
+        q = self.soft_assignment(z)
+        kl = dec_kl_per_cell(q, per_cell_target(q, target_power))
+        loss = betas[0] * recon + betas[1] * kl
+        return loss, {"reconstruction": recon.detach(), "clustering": kl.detach()}
+
+    def parameter_penalty(self, betas: tuple[float, float, float]) -> torch.Tensor:
+        r"""Data-independent part of the cluster-stage objective, :math:`\beta_3 L^{\mathrm{sep}}(\mu)`.
+
+        It reads no cell, so its gradient is a function of the (already privatised) centroids:
+        under DP it is added after the noise, as post-processing, and is not clipped.
+        """
+        return betas[2] * separation_loss(self.clustering.centroids)
+
+    # -- scvi-tools module interface -------------------------------------------------------
+    def _get_inference_input(self, tensors: dict[str, torch.Tensor], **kwargs) -> dict:
+        return {"x": tensors[REGISTRY_KEYS.X_KEY]}
+
+    def _get_generative_input(self, tensors, inference_outputs, **kwargs) -> dict:
+        return {"z": inference_outputs["z"], "library": inference_outputs["library"]}
+
+    @auto_move_data
+    def inference(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Latent ``z`` (deterministic encoder) and soft cluster assignment ``q``."""
+        z = self.encode(self.represent(x))
+        return {"z": z, "q": self.soft_assignment(z), "library": x.sum(-1, keepdim=True)}
+
+    @auto_move_data
+    def generative(self, z: torch.Tensor, library: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Decoder outputs: ZINB parameters, or the reconstruction for Gaussian data."""
+        h = self.decoder(z)
+        if self.likelihood == "gaussian":
+            return {"x_hat": self.px_scale(h)}
+        return {
+            "mu": torch.softmax(self.px_scale(h), dim=-1) * library,
+            "theta": torch.exp(self.px_r(h).clamp(-12.0, 12.0)),
+            "zi_logits": self.px_dropout(h),
+        }
+
+    def loss(self, tensors, inference_outputs, generative_outputs, **kwargs) -> LossOutput:
+        """Mean reconstruction loss (used for evaluation; training uses the stage losses)."""
+        x = tensors[REGISTRY_KEYS.X_KEY]
+        recon = self.reconstruction_per_cell(x, inference_outputs["z"])
+        return LossOutput(loss=recon.mean(), reconstruction_loss=recon)
+
+    @torch.inference_mode()
+    def sample(self, tensors: dict[str, torch.Tensor], n_samples: int = 1) -> torch.Tensor:
+        """Draw counts from the fitted ZINB for the cells in ``tensors``."""
+        if self.likelihood != "zinb":
+            raise NotImplementedError("Sampling is defined for likelihood='zinb' only.")
+        inf = self.inference(tensors[REGISTRY_KEYS.X_KEY])
+        gen = self.generative(inf["z"], inf["library"])
+        dist = ZeroInflatedNegativeBinomial(mu=gen["mu"], theta=gen["theta"], zi_logits=gen["zi_logits"])
+        return dist.sample((n_samples,))

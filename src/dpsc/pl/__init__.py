@@ -1,0 +1,6 @@
+"""Plotting: scanpy-style functions (``ax=``, ``show=``, ``save=``; Axes returned if not shown)."""
+
+from ._embedding import embedding
+from ._privacy import privacy
+
+__all__ = ["embedding", "privacy"]

@@ -1,0 +1,54 @@
+"""Embedding plot of DP results (thin over scanpy)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anndata as ad
+import scanpy as sc
+from matplotlib.axes import Axes
+
+from ._utils import finish, get_ax
+
+
+def embedding(
+    adata: ad.AnnData,
+    color: str | None = "dp_cluster",
+    basis: str = "umap",
+    *,
+    title: str | None = None,
+    ax: Axes | None = None,
+    show: bool | None = None,
+    save: str | Path | None = None,
+    **kwargs,
+) -> Axes | None:
+    """Scatter of ``adata.obsm[f"X_{basis}"]`` coloured by ``color`` (via :func:`scanpy.pl.embedding`).
+
+    Parameters
+    ----------
+    adata
+        Annotated data with the embedding, e.g. after ``sc.pp.neighbors(adata,
+        use_rep="X_dpdcan"); sc.tl.umap(adata)``.
+    color
+        ``obs`` column or gene to colour by.
+    basis
+        Embedding name (``"umap"`` reads ``obsm["X_umap"]``).
+    title
+        Panel title; the default names the privacy level when ``uns["dpsc"]`` has one.
+    ax, show, save
+        scanpy's conventions; the Axes is returned when not shown.
+    **kwargs
+        Passed to :func:`scanpy.pl.embedding`.
+    """
+    key = basis if basis.startswith("X_") else f"X_{basis}"
+    if key not in adata.obsm:
+        raise KeyError(
+            f"adata.obsm has no {key!r}. Compute it first, e.g. sc.pp.neighbors(adata, "
+            "use_rep='X_dpdcan'); sc.tl.umap(adata)."
+        )
+    if title is None:
+        eps = adata.uns.get("dpsc", {}).get("privacy", {}).get("epsilon")
+        title = f"{color} (ε = {eps:.3g})" if isinstance(eps, float) and eps == eps else str(color)
+    target = get_ax(ax)
+    sc.pl.embedding(adata, basis=key, color=color, ax=target, show=False, title=title, **kwargs)
+    return finish(target, show, save)

@@ -1,0 +1,28 @@
+"""Shared plumbing of the plotting functions (scanpy's show/save/ax convention)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+from matplotlib.axes import Axes
+
+
+def get_ax(ax: Axes | None, figsize: tuple[float, float] = (4.5, 3.5)) -> Axes:
+    """The Axes to draw on: ``ax`` or a new figure's."""
+    if ax is not None:
+        return ax
+    _, new_ax = plt.subplots(figsize=figsize)
+    return new_ax
+
+
+def finish(ax: Axes, show: bool | None, save: str | Path | None) -> Axes | None:
+    """Save and/or show the figure; return the Axes unless it was shown."""
+    if save:
+        ax.figure.savefig(save, bbox_inches="tight", dpi=150)
+    if show is None:
+        show = not save
+    if show:
+        plt.show()
+        return None
+    return ax

@@ -1,0 +1,23 @@
+"""Privacy: calibration, accounting, DP k-means, and what a guarantee covers."""
+
+from ._accounting import (
+    ACCOUNTANTS,
+    calibrate_noise_multiplier,
+    epsilon_curve,
+    make_accountant,
+    spent_epsilon,
+)
+from ._kmeans import dp_kmeans_centroids, kmeans_release_steps
+from ._statement import PrivacyRecord, privacy_statement
+
+__all__ = [
+    "ACCOUNTANTS",
+    "PrivacyRecord",
+    "calibrate_noise_multiplier",
+    "dp_kmeans_centroids",
+    "epsilon_curve",
+    "kmeans_release_steps",
+    "make_accountant",
+    "privacy_statement",
+    "spent_epsilon",
+]

@@ -1,0 +1,69 @@
+"""Poisson-sampled mini-batches from an AnnData, as the privacy accountant assumes."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from lightning.pytorch import LightningDataModule
+from opacus.utils.uniform_sampler import UniformWithReplacementSampler
+from scvi import REGISTRY_KEYS
+from scvi.data import AnnDataManager
+from torch.utils.data import DataLoader
+
+
+class PoissonDataSplitter(LightningDataModule):
+    """Training data module whose batches include each cell independently with rate ``q``.
+
+    The RDP analysis of the sampled Gaussian mechanism assumes exactly this (Mironov et al.
+    2019): batch sizes vary and a batch may be empty. Batches are read by scvi-tools'
+    ``AnnTorchDataset`` (``adata_manager.create_torch_dataset``), so sparse and backed
+    AnnData stream without densifying the whole matrix. There is no validation split: every
+    cell is a training cell, and nothing is selected by a validation score.
+
+    Parameters
+    ----------
+    adata_manager
+        Manager of the registered AnnData.
+    sample_rate
+        Poisson rate q.
+    steps_per_epoch
+        Number of batches per epoch (``round(1/q)``: one pass in expectation).
+    seed
+        Seed of the sampling generator.
+    """
+
+    def __init__(
+        self, adata_manager: AnnDataManager, sample_rate: float, steps_per_epoch: int, seed: int
+    ):
+        super().__init__()
+        self.adata_manager = adata_manager
+        self.sample_rate = sample_rate
+        self.steps_per_epoch = steps_per_epoch
+        self.generator = torch.Generator().manual_seed(int(seed))
+        self.n_train = adata_manager.adata.n_obs
+        self.n_val = 0
+        self.train_idx = np.arange(self.n_train)
+        self.val_idx = np.array([], dtype=int)
+        self.test_idx = np.array([], dtype=int)
+
+    def train_dataloader(self) -> DataLoader:
+        """Loader yielding ``{"X": (batch, genes) float32}`` dicts, one per Poisson draw."""
+        dataset = self.adata_manager.create_torch_dataset(
+            indices=self.train_idx, data_and_attributes={REGISTRY_KEYS.X_KEY: np.float32}
+        )
+        sampler = UniformWithReplacementSampler(
+            num_samples=self.n_train,
+            sample_rate=self.sample_rate,
+            generator=self.generator,
+            steps=self.steps_per_epoch,
+        )
+        return DataLoader(dataset, sampler=sampler, batch_size=None, num_workers=0)
+
+    def sample_batch(self) -> dict[str, torch.Tensor]:
+        """One Poisson batch outside the training loop (used by the DP k-means releases)."""
+        dataset = self.adata_manager.create_torch_dataset(
+            indices=self.train_idx, data_and_attributes={REGISTRY_KEYS.X_KEY: np.float32}
+        )
+        mask = torch.rand(self.n_train, generator=self.generator) < self.sample_rate
+        batch = dataset[mask.nonzero().reshape(-1).tolist()]
+        return {k: torch.as_tensor(v) for k, v in batch.items()}

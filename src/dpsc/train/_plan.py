@@ -1,0 +1,314 @@
+"""Lightning training plan for DCAN with DP-SGD on the private modules only."""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Literal
+
+import lightning.pytorch as pl
+import torch
+from opacus.accountants import IAccountant
+from opacus.grad_sample import GradSampleModuleFastGradientClipping
+from opacus.optimizers import DPOptimizerFastGradientClipping
+from scvi import REGISTRY_KEYS
+from torch import nn
+
+from ..module import DCANModule
+
+Stage = Literal["instance", "cluster"]
+Scope = Literal["encoder", "full"]
+
+
+@dataclass
+class DPConfig:
+    """DP-SGD settings shared by both stages of one fit.
+
+    Attributes
+    ----------
+    noise_multiplier
+        σ; the Gaussian noise added to the sum of clipped gradients has std σ·C.
+    max_grad_norm
+        C, the per-cell clipping norm.
+    sample_rate
+        Poisson rate q (also given to the accountant).
+    expected_batch_size
+        q·n, the denominator of the noisy mean gradient.
+    accountant
+        Opacus accountant that every noisy step is reported to.
+    scope
+        ``"encoder"``: encoder and centroids get DP-SGD, the decoder trains without noise;
+        ``"full"``: every trained parameter gets DP-SGD.
+    noise_generator
+        Generator of the Gaussian noise (``None`` with ``secure_mode``).
+    secure_mode
+        Opacus secure noise generation (not reproducible).
+    """
+
+    noise_multiplier: float
+    max_grad_norm: float
+    sample_rate: float
+    expected_batch_size: int
+    accountant: IAccountant
+    scope: Scope = "encoder"
+    noise_generator: torch.Generator | None = None
+    secure_mode: bool = False
+
+
+def _optimizer(name: str, params: list[nn.Parameter], lr: float) -> torch.optim.Optimizer:
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr)
+    if name == "adadelta":
+        return torch.optim.Adadelta(params, lr=lr)
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=0.9)
+    raise ValueError(f"Unknown optimizer {name!r}; use 'adam', 'adadelta' or 'sgd'.")
+
+
+class DCANTrainingPlan(pl.LightningModule):
+    """One stage of DCAN training, with manual optimisation and hand-assembled Opacus.
+
+    Private modules (the encoder, plus the centroids in the cluster stage, plus the decoder
+    under ``scope="full"``) are wrapped by Opacus's
+    :class:`~opacus.grad_sample.GradSampleModuleFastGradientClipping`, which computes every
+    cell's gradient norm from activation/back-prop Gram matrices without materialising
+    per-cell gradients ("ghost clipping", Li et al. 2022). One step (Abadi et al. 2016, Alg. 1):
+
+    1. per-cell losses :math:`L_i` (``(n,)``) for the Poisson batch;
+    2. backward of :math:`\\sum_i L_i` → per-cell norms :math:`\\lVert\\nabla_\\theta L_i\\rVert`
+       of the private parameters, and the non-private gradient of the public parameters;
+    3. backward of :math:`\\sum_i c_i L_i`, :math:`c_i = \\min(1, C/\\lVert\\nabla L_i\\rVert)`,
+       restricted to the private parameters → :math:`\\sum_i \\mathrm{clip}_C(\\nabla L_i)`;
+    4. :class:`~opacus.optimizers.DPOptimizerFastGradientClipping` adds
+       :math:`\\mathcal N(0, \\sigma^2 C^2 I)`, divides by :math:`qn` and reports the step to
+       the accountant; the gradient of the data-independent centroid-separation term is added
+       (post-processing) and the optimizer steps. An empty batch still takes the noisy step.
+
+    Public parameters (the decoder under ``scope="encoder"``) step with the plain mean
+    gradient of step 2.
+
+    Parameters
+    ----------
+    module
+        The DCAN module.
+    stage
+        ``"instance"`` or ``"cluster"``.
+    dp
+        DP settings, or ``None`` for non-private training.
+    optimizer, lr
+        Optimizer (``"adam"``, ``"adadelta"``, ``"sgd"`` with momentum 0.9) and learning rate of
+        the non-private parameters, and of every parameter in a non-private fit.
+    private_optimizer, private_lr
+        Optimizer and learning rate of the DP parameters (default: same as above). Adam
+        rescales each coordinate by its own RMS, which turns noise-dominated coordinates into
+        lr-sized random steps; SGD lets the signal add up linearly while the noise grows as
+        the square root of the number of steps.
+    rho, mask_rate
+        Instance-stage weight of the reconstruction loss and masking rate.
+    betas, target_power
+        Cluster-stage loss weights and the target sharpening exponent.
+    seed
+        Seed of the masking augmentation.
+    """
+
+    def __init__(
+        self,
+        module: DCANModule,
+        *,
+        stage: Stage,
+        dp: DPConfig | None,
+        optimizer: str,
+        lr: float,
+        private_optimizer: str | None = None,
+        private_lr: float | None = None,
+        rho: float = 0.8,
+        mask_rate: float = 0.2,
+        betas: tuple[float, float, float] = (0.4, 0.4, 0.2),
+        target_power: float = 2.0,
+        seed: int = 0,
+    ):
+        super().__init__()
+        self.module = module
+        self.stage = stage
+        self.dp = dp
+        self.optimizer_name = optimizer
+        self.lr = lr
+        self.private_optimizer_name = private_optimizer or optimizer
+        self.private_lr = lr if private_lr is None else private_lr
+        self.rho = rho
+        self.mask_rate = mask_rate
+        self.betas = betas
+        self.target_power = target_power
+        self.automatic_optimization = False
+        self.mask_generator = torch.Generator().manual_seed(int(seed))
+        private, public = self._split_modules()
+        self._private_modules = private
+        self._public_modules = public
+        self._gsm: GradSampleModuleFastGradientClipping | None = None
+        self._private_opt: torch.optim.Optimizer | None = None
+        self._public_opt: torch.optim.Optimizer | None = None
+
+    # -- parameter groups ------------------------------------------------------------------
+    def _split_modules(self) -> tuple[list[nn.Module], list[nn.Module]]:
+        used = [self.module.encoder]
+        if self.stage == "cluster":
+            used.append(self.module.clustering)
+        decoder = self.module.public_decoder_modules()
+        if self.dp is None or self.dp.scope == "full":
+            return [*used, *decoder], []
+        return used, decoder
+
+    @staticmethod
+    def _params(modules: list[nn.Module]) -> list[nn.Parameter]:
+        return [p for m in modules for p in m.parameters()]
+
+    @property
+    def private_parameters(self) -> list[nn.Parameter]:
+        """Parameters that receive clipped, noised gradients (all trained ones if non-private)."""
+        return self._params(self._private_modules)
+
+    @property
+    def public_parameters(self) -> list[nn.Parameter]:
+        """Parameters trained without noise (the decoder under ``scope="encoder"``)."""
+        return self._params(self._public_modules)
+
+    # -- Lightning hooks -------------------------------------------------------------------
+    def configure_optimizers(self):
+        """Build the private (DP) and public optimizers; return them for Lightning."""
+        self.attach_privacy()
+        return [o for o in (self._private_opt, self._public_opt) if o is not None]
+
+    def attach_privacy(self) -> None:
+        """Create optimizers and, under DP, Opacus's norm hooks on the private modules."""
+        if self._private_opt is not None:
+            return
+        if self.dp is None:
+            self._private_opt = _optimizer(self.optimizer_name, self.private_parameters, self.lr)
+            return
+        base = _optimizer(self.private_optimizer_name, self.private_parameters, self.private_lr)
+        container = nn.ModuleList(self._private_modules)
+        self._gsm = GradSampleModuleFastGradientClipping(
+            container,
+            loss_reduction="sum",
+            max_grad_norm=self.dp.max_grad_norm,
+            use_ghost_clipping=True,
+        )
+        dp_opt = DPOptimizerFastGradientClipping(
+            base,
+            noise_multiplier=self.dp.noise_multiplier,
+            max_grad_norm=self.dp.max_grad_norm,
+            expected_batch_size=self.dp.expected_batch_size,
+            loss_reduction="mean",
+            generator=self.dp.noise_generator,
+            secure_mode=self.dp.secure_mode,
+        )
+        dp_opt.attach_step_hook(self.dp.accountant.get_optimizer_hook_fn(self.dp.sample_rate))
+        self._private_opt = dp_opt
+        if self._public_modules:
+            self._public_opt = _optimizer(self.optimizer_name, self.public_parameters, self.lr)
+
+    def detach_privacy(self) -> None:
+        """Remove Opacus hooks and per-parameter bookkeeping (state-dict keys never change)."""
+        if self._gsm is not None:
+            self._gsm._close()
+            self._gsm = None
+        for p in self.module.parameters():
+            for attr in ("grad_sample", "_norm_sample", "summed_grad", "_forward_counter"):
+                if hasattr(p, attr):
+                    delattr(p, attr)
+            p.grad = None
+
+    def on_train_start(self) -> None:
+        """Put the module in training mode (scvi leaves it in eval mode after a stage)."""
+        self.module.train()
+
+    def on_train_end(self) -> None:
+        """Leave the module clean for saving and inference."""
+        self.detach_privacy()
+
+    # -- the step --------------------------------------------------------------------------
+    def per_cell_loss(self, x: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Per-cell loss vector of the current stage."""
+        if self.stage == "instance":
+            return self.module.instance_stage_loss(
+                x, rho=self.rho, mask_rate=self.mask_rate, generator=self.mask_generator
+            )
+        return self.module.cluster_stage_loss(x, betas=self.betas, target_power=self.target_power)
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        """One (DP-)SGD step on a Poisson batch."""
+        x = batch[REGISTRY_KEYS.X_KEY]
+        if x.shape[0] == 0:
+            if self.dp is not None:
+                self.noisy_empty_step()
+            return
+        loss, parts = self.per_cell_loss(x)
+        if self.dp is None:
+            self.plain_step(loss)
+        else:
+            self.private_step(loss)
+        n = x.shape[0]
+        self.log("train_loss", loss.mean().detach(), on_step=False, on_epoch=True, prog_bar=True, batch_size=n)
+        for name, value in parts.items():
+            self.log(f"train_{name}", value.mean(), on_step=False, on_epoch=True, batch_size=n)
+
+    def parameter_penalty(self) -> torch.Tensor | None:
+        """Data-independent loss term of the stage (centroid separation), if any."""
+        if self.stage == "cluster":
+            return self.module.parameter_penalty(self.betas)
+        return None
+
+    def plain_step(self, loss: torch.Tensor) -> None:
+        """Non-private step on the mean loss (plus the parameter penalty)."""
+        self._private_opt.zero_grad(set_to_none=True)
+        total = loss.mean()
+        penalty = self.parameter_penalty()
+        if penalty is not None:
+            total = total + penalty
+        total.backward()
+        self._private_opt.step()
+
+    def _noisy_step(self) -> None:
+        """Opacus noise + scaling + accounting, then the penalty gradient, then the update."""
+        if not self._private_opt.pre_step():
+            return
+        penalty = self.parameter_penalty()
+        if penalty is not None:
+            centroids = self.module.clustering.centroids
+            (grad,) = torch.autograd.grad(penalty, centroids)
+            centroids.grad = centroids.grad + grad
+        self._private_opt.original_optimizer.step()
+
+    def private_step(self, loss: torch.Tensor) -> None:
+        """DP step: ghost-clipped, noised gradient on private parameters (steps 2–4 above)."""
+        private = self.private_parameters
+        self._private_opt.zero_grad(set_to_none=True)
+        if self._public_opt is not None:
+            self._public_opt.zero_grad(set_to_none=True)
+        with warnings.catch_warnings():
+            # Opacus's norm hooks are full backward hooks; the first layer's input (the data)
+            # needs no gradient, which torch reports on every call.
+            warnings.filterwarnings("ignore", message="Full backward hook is firing")
+            loss.sum().backward(retain_graph=True)
+            coef = self._gsm.get_clipping_coef().detach()
+            for p in private:
+                p.grad = None
+            self._gsm.disable_hooks()
+            try:
+                torch.autograd.backward((coef * loss).sum(), inputs=private)
+            finally:
+                self._gsm.enable_hooks()
+        self._noisy_step()
+        if self._public_opt is not None:
+            n = loss.shape[0]
+            for p in self.public_parameters:
+                if p.grad is not None:
+                    p.grad.div_(n)
+            self._public_opt.step()
+
+    def noisy_empty_step(self) -> None:
+        """Empty Poisson batch: the private parameters still take a pure-noise step."""
+        self._private_opt.zero_grad(set_to_none=True)
+        for p in self.private_parameters:
+            p.grad = torch.zeros_like(p)
+        self._noisy_step()

@@ -1,0 +1,84 @@
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+import dpsc
+
+
+def snapshot(adata):
+    x = adata.X.toarray() if sp.issparse(adata.X) else np.array(adata.X)
+    return x.copy(), set(adata.obs.columns), set(adata.obsm.keys()), set(adata.uns.keys()), set(adata.layers.keys())
+
+
+def assert_unchanged(adata, snap):
+    x, obs, obsm, uns, layers = snap
+    now = adata.X.toarray() if sp.issparse(adata.X) else np.asarray(adata.X)
+    np.testing.assert_array_equal(now, x)
+    assert (set(adata.obs.columns), set(adata.obsm.keys()), set(adata.uns.keys()), set(adata.layers.keys())) == (obs, obsm, uns, layers)
+
+
+def _set(adata, value, where=(0, 0)):
+    x = adata.X.toarray().astype(np.float32)
+    x[where] = value
+    adata.X = sp.csr_matrix(x)
+    return adata
+
+
+CASES = {
+    "non-integer": (lambda a: _set(a, 0.5), {}, "non-integer"),
+    "negative": (lambda a: _set(a, -1.0), {}, "negative"),
+    "nan": (lambda a: _set(a, np.nan), {}, "NaN"),
+    "inf": (lambda a: _set(a, np.inf), {}, "NaN or infinite"),
+    "zero cell": (lambda a: _zero_row(a), {}, "filter_cells"),
+    "zero gene": (lambda a: _zero_col(a), {}, "filter_genes"),
+    "epsilon 0": (lambda a: a, {"epsilon": 0.0}, "epsilon must be"),
+    "epsilon negative": (lambda a: a, {"epsilon": -1.0}, "epsilon must be"),
+    "delta 0": (lambda a: a, {"delta": 0.0}, "delta must satisfy"),
+    "delta too big": (lambda a: a, {"delta": 0.01}, "delta must satisfy"),
+    "n_clusters 1": (lambda a: a, {"n_clusters": 1}, "n_clusters must be"),
+    "n_clusters > n": (lambda a: a, {"n_clusters": 10_000}, "n_clusters must be"),
+    "unknown layer": (lambda a: a, {"layer": "counts"}, "Unknown layer"),
+    "unknown scope": (lambda a: a, {"scope": "decoder"}, "Unknown scope"),
+    "batch too big": (lambda a: a, {"batch_size": 10_000}, "batch_size must be"),
+    "unknown likelihood": (lambda a: a, {"likelihood": "poisson"}, "Unknown likelihood"),
+    "too few cells": (lambda a: a[:5].copy(), {"n_clusters": 2, "delta": 1e-3}, "at least 10 cells"),
+}
+
+
+def _zero_row(a):
+    x = a.X.toarray()
+    x[3] = 0
+    a.X = sp.csr_matrix(x)
+    return a
+
+
+def _zero_col(a):
+    x = a.X.toarray()
+    x[:, 4] = 0
+    a.X = sp.csr_matrix(x)
+    return a
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_bad_input_fails_fast_and_leaves_adata_alone(small_adata, case):
+    make, kwargs, message = CASES[case]
+    adata = make(small_adata)
+    snap = snapshot(adata)
+    with pytest.raises(ValueError, match=message):
+        dpsc.tl.fit(adata, **{"epsilon": 8.0, "n_clusters": 3, **kwargs})
+    assert_unchanged(adata, snap)
+
+
+def test_error_messages_name_the_fix(small_adata):
+    with pytest.raises(ValueError, match="likelihood='gaussian'"):
+        dpsc.tl.fit(_set(small_adata, 0.5), epsilon=8.0)
+
+
+def test_not_an_anndata():
+    with pytest.raises(TypeError, match="AnnData"):
+        dpsc.tl.fit(np.ones((20, 5)), epsilon=8.0)
+
+
+def test_max_epochs_too_small(small_adata):
+    with pytest.raises(ValueError, match="max_epochs"):
+        dpsc.tl.fit(small_adata, epsilon=8.0, max_epochs=1)

@@ -1,0 +1,51 @@
+import matplotlib
+
+matplotlib.use("Agg")
+
+import anndata as ad
+import pytest
+import scanpy as sc
+from conftest import FAST
+
+import dpsc
+from dpsc.cli import main
+
+
+def test_cli_fit_prints_statement_and_scores(small_adata, tmp_path, capsys):
+    src, out = tmp_path / "in.h5ad", tmp_path / "out.h5ad"
+    small_adata.write_h5ad(src)
+    rc = main(["fit", str(src), "--epsilon", "4", "--n-clusters", "3", "--max-epochs", "3", "--no-progress",
+               "--output", str(out), "--export", str(tmp_path / "share")])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "Privacy spent: epsilon =" in text and "What this covers:" in text
+    assert "ARI =" in text and "Wall time" in text
+    back = ad.read_h5ad(out)
+    assert "X_dpdcan" in back.obsm and back.uns["dpsc"]["privacy"]["epsilon"] <= 4
+    assert (tmp_path / "share" / "shared_encoder.pt").exists()
+
+
+def test_cli_rejects_unknown_label_key(small_adata, tmp_path):
+    src = tmp_path / "in.h5ad"
+    small_adata.write_h5ad(src)
+    with pytest.raises(SystemExit):
+        main(["fit", str(src), "--label-key", "nope", "--max-epochs", "2", "--no-progress", "--n-clusters", "3"])
+
+
+def test_plots_return_axes_and_save(small_adata, tmp_path):
+    dpsc.tl.fit(small_adata, epsilon=8.0, n_clusters=3, **FAST)
+    sc.pp.neighbors(small_adata, use_rep="X_dpdcan")
+    sc.tl.umap(small_adata)
+    ax = dpsc.pl.embedding(small_adata, color="dp_cluster", show=False)
+    assert "ε" in ax.get_title()
+    ax = dpsc.pl.privacy(small_adata, show=False, save=tmp_path / "eps.png")
+    assert (tmp_path / "eps.png").exists()
+    ys = ax.lines[0].get_ydata()
+    assert ys[-1] == pytest.approx(small_adata.uns["dpsc"]["privacy"]["epsilon"])
+    with pytest.raises(KeyError, match="X_tsne"):
+        dpsc.pl.embedding(small_adata, basis="tsne", show=False)
+
+
+def test_privacy_plot_needs_a_private_fit(small_adata):
+    with pytest.raises(KeyError, match="dpsc.tl.fit"):
+        dpsc.pl.privacy(small_adata, show=False)

@@ -1,0 +1,124 @@
+import pytest
+import torch
+
+from dpsc.privacy import make_accountant
+from dpsc.train import DCANTrainingPlan, DPConfig
+
+C = 0.05
+
+
+def make_plan(module, stage, scope, sigma, seed=0, lr=0.0):
+    dp = DPConfig(
+        noise_multiplier=sigma,
+        max_grad_norm=C,
+        sample_rate=0.1,
+        expected_batch_size=6,
+        accountant=make_accountant("rdp"),
+        scope=scope,
+        noise_generator=torch.Generator().manual_seed(seed),
+    )
+    plan = DCANTrainingPlan(module, stage=stage, dp=dp, optimizer="sgd", lr=lr)
+    plan.attach_privacy()
+    return plan
+
+
+def loss_of(plan, x):
+    plan.mask_generator.manual_seed(7)
+    return plan.per_cell_loss(x)[0]
+
+
+def explicit_per_cell_grads(plan, x, params):
+    """Reference: one autograd call per cell, with Opacus's hooks switched off."""
+    plan._gsm.disable_hooks()
+    try:
+        loss = loss_of(plan, x)
+        rows = []
+        for i in range(x.shape[0]):
+            grads = torch.autograd.grad(loss[i], params, retain_graph=True)
+            rows.append(torch.cat([g.flatten() for g in grads]))
+    finally:
+        plan._gsm.enable_hooks()
+    return torch.stack(rows)
+
+
+@pytest.mark.parametrize("stage", ["instance", "cluster"])
+@pytest.mark.parametrize("scope", ["encoder", "full"])
+def test_ghost_norms_equal_explicit_per_cell_norms(tiny_module, counts, stage, scope):
+    plan = make_plan(tiny_module, stage, scope, sigma=0.0)
+    private = plan.private_parameters
+    explicit = explicit_per_cell_grads(plan, counts, private).norm(dim=1)
+    loss = loss_of(plan, counts)
+    loss.sum().backward()
+    ghost = plan._gsm.get_norm_sample()
+    torch.testing.assert_close(ghost, explicit, rtol=1e-4, atol=1e-6)
+    plan.detach_privacy()
+
+
+@pytest.mark.parametrize("stage", ["instance", "cluster"])
+def test_noise_free_step_is_sum_of_clipped_gradients(tiny_module, counts, stage):
+    plan = make_plan(tiny_module, stage, "encoder", sigma=0.0)
+    private, public = plan.private_parameters, plan.public_parameters
+    g = explicit_per_cell_grads(plan, counts, private)
+    clipped = g * (C / (g.norm(dim=1, keepdim=True) + 1e-6)).clamp(max=1.0)
+    expected_private = clipped.sum(0) / 6
+    if stage == "cluster":  # the separation penalty's gradient is added after the noise
+        penalty = tiny_module.parameter_penalty(plan.betas)
+        pg = torch.autograd.grad(penalty, private, allow_unused=True)
+        expected_private = expected_private + torch.cat(
+            [(x if x is not None else torch.zeros_like(p)).flatten() for x, p in zip(pg, private)]
+        )
+    loss = loss_of(plan, counts)
+    expected_public = torch.cat([t.flatten() for t in torch.autograd.grad(loss.mean(), public, retain_graph=True)])
+    plan.private_step(loss)
+    got_private = torch.cat([p.grad.flatten() for p in private])
+    got_public = torch.cat([p.grad.flatten() for p in public])
+    torch.testing.assert_close(got_private, expected_private, rtol=1e-4, atol=1e-7)
+    torch.testing.assert_close(got_public, expected_public, rtol=1e-4, atol=1e-7)
+    # every clipped per-cell gradient has norm <= C: the bound the accountant relies on
+    assert torch.all(clipped.norm(dim=1) <= C * (1 + 1e-5))
+    plan.detach_privacy()
+
+
+def _grads_after_noisy_step(module, counts, scope, seed):
+    state = {k: v.clone() for k, v in module.state_dict().items()}
+    plan = make_plan(module, "instance", scope, sigma=1.0, seed=seed)
+    plan.private_step(loss_of(plan, counts))
+    enc = torch.cat([p.grad.flatten() for p in module.encoder.parameters()])
+    dec = torch.cat([p.grad.flatten() for m in module.public_decoder_modules() for p in m.parameters()])
+    plan.detach_privacy()
+    module.load_state_dict(state)
+    return enc, dec
+
+
+def test_encoder_scope_noises_encoder_only(tiny_module, counts):
+    enc_a, dec_a = _grads_after_noisy_step(tiny_module, counts, "encoder", seed=1)
+    enc_b, dec_b = _grads_after_noisy_step(tiny_module, counts, "encoder", seed=2)
+    assert not torch.allclose(enc_a, enc_b), "encoder gradients must carry noise"
+    torch.testing.assert_close(dec_a, dec_b)  # decoder: same gradient whatever the noise draw
+
+
+def test_full_scope_noises_everything(tiny_module, counts):
+    enc_a, dec_a = _grads_after_noisy_step(tiny_module, counts, "full", seed=1)
+    enc_b, dec_b = _grads_after_noisy_step(tiny_module, counts, "full", seed=2)
+    assert not torch.allclose(enc_a, enc_b)
+    assert not torch.allclose(dec_a, dec_b)
+
+
+def test_noise_has_the_calibrated_scale(tiny_module, counts):
+    # zero data gradient (empty batch): the update is pure noise N(0, (sigma C / (qn))^2)
+    plan = make_plan(tiny_module, "instance", "encoder", sigma=2.0)
+    plan.noisy_empty_step()
+    noise = torch.cat([p.grad.flatten() for p in plan.private_parameters])
+    expected_std = 2.0 * C / 6
+    assert noise.numel() > 3000
+    assert abs(noise.std().item() / expected_std - 1) < 0.05
+    plan.detach_privacy()
+
+
+def test_empty_batch_still_steps_and_is_accounted(tiny_module):
+    plan = make_plan(tiny_module, "instance", "encoder", sigma=1.0, lr=0.1)
+    before = tiny_module.encoder[0].weight.detach().clone()
+    plan.training_step({"X": torch.zeros(0, tiny_module.n_input)}, 0)
+    assert plan.dp.accountant.history == [(1.0, 0.1, 1)]
+    assert not torch.equal(before, tiny_module.encoder[0].weight)
+    plan.detach_privacy()

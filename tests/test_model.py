@@ -1,0 +1,107 @@
+import numpy as np
+import pandas as pd
+import pytest
+import scipy.sparse as sp
+import torch
+from conftest import FAST
+
+import dpsc
+from dpsc.model import DPDCAN, SharedEncoder
+
+TINY = {"n_clusters": 3, **FAST}
+
+
+def test_fit_writes_documented_keys(small_adata):
+    model = dpsc.tl.fit(small_adata, epsilon=4.0, **TINY)
+    assert isinstance(model, DPDCAN)
+    assert small_adata.obsm["X_dpdcan"].shape == (small_adata.n_obs, 32)
+    assert isinstance(small_adata.obs["dp_cluster"].dtype, pd.CategoricalDtype)
+    rec = small_adata.uns["dpsc"]["privacy"]
+    for key in ("epsilon", "target_epsilon", "delta", "noise_multiplier", "sample_rate", "steps", "max_grad_norm", "accountant", "scope", "statement"):
+        assert key in rec
+    assert 0 < rec["epsilon"] <= 4.0
+    assert rec["scope"] == "encoder" and "decoder" in rec["statement"] and "Not covered" in rec["statement"]
+    # steps actually run: 3 epochs x 10 Poisson draws + 13 k-means releases
+    assert rec["steps"] == 3 * 10 + 13 == small_adata.uns["dpsc"]["params"]["planned_steps"]
+    assert rec["curve_steps"][-1] == rec["steps"]
+    assert rec["curve_epsilon"][-1] == pytest.approx(rec["epsilon"])
+
+
+def test_same_seed_same_result_and_other_seed_differs(small_adata):
+    a, b, c = small_adata.copy(), small_adata.copy(), small_adata.copy()
+    dpsc.tl.fit(a, epsilon=8.0, random_state=1, **TINY)
+    dpsc.tl.fit(b, epsilon=8.0, random_state=1, **TINY)
+    dpsc.tl.fit(c, epsilon=8.0, random_state=2, **TINY)
+    np.testing.assert_array_equal(a.obsm["X_dpdcan"], b.obsm["X_dpdcan"])
+    np.testing.assert_array_equal(a.obs["dp_cluster"], b.obs["dp_cluster"])
+    assert not np.allclose(a.obsm["X_dpdcan"], c.obsm["X_dpdcan"])
+
+
+def test_copy_returns_annotated_copy_and_leaves_input(small_adata):
+    before = set(small_adata.obsm.keys())
+    out = dpsc.tl.fit(small_adata, epsilon=8.0, copy=True, key_added="X_test", cluster_key="cl", **TINY)
+    assert "X_test" in out.obsm and "cl" in out.obs
+    assert set(small_adata.obsm.keys()) == before and "cl" not in small_adata.obs
+
+
+def test_dense_and_sparse_give_the_same_fit(small_adata):
+    dense = small_adata.copy()
+    dense.X = dense.X.toarray()
+    dpsc.tl.fit(dense, epsilon=8.0, **TINY)
+    dpsc.tl.fit(small_adata, epsilon=8.0, **TINY)
+    np.testing.assert_allclose(dense.obsm["X_dpdcan"], small_adata.obsm["X_dpdcan"], rtol=1e-5, atol=1e-5)
+
+
+def test_non_private_and_full_scope(small_adata):
+    a = small_adata.copy()
+    dpsc.tl.fit(a, epsilon=None, **TINY)
+    assert np.isnan(a.uns["dpsc"]["privacy"]["epsilon"])
+    assert "No differential privacy" in a.uns["dpsc"]["privacy"]["statement"]
+    b = small_adata.copy()
+    dpsc.tl.fit(b, epsilon=8.0, scope="full", **TINY)
+    assert b.uns["dpsc"]["privacy"]["scope"] == "full"
+    assert "decoder" in " ".join(b.uns["dpsc"]["privacy"]["private_parameters"])
+
+
+def test_layer_and_h5ad_round_trip(small_adata, tmp_path):
+    small_adata.layers["counts"] = small_adata.X.copy()
+    small_adata.X = sp.csr_matrix(np.log1p(small_adata.X.toarray()))
+    dpsc.tl.fit(small_adata, epsilon=8.0, layer="counts", **TINY)
+    path = tmp_path / "out.h5ad"
+    small_adata.write_h5ad(path)
+    import anndata as ad
+
+    back = ad.read_h5ad(path)
+    assert back.uns["dpsc"]["privacy"]["statement"] == small_adata.uns["dpsc"]["privacy"]["statement"]
+
+
+def test_save_load_round_trip(small_adata, tmp_path):
+    model = dpsc.tl.fit(small_adata, epsilon=8.0, **TINY)
+    z = model.get_latent_representation()
+    model.save(tmp_path / "m", overwrite=True)
+    loaded = DPDCAN.load(tmp_path / "m", adata=small_adata)
+    np.testing.assert_allclose(loaded.get_latent_representation(), z, rtol=1e-6)
+    np.testing.assert_array_equal(loaded.predict(), model.predict())
+    assert loaded.privacy_["epsilon"] == model.privacy_["epsilon"]
+
+
+def test_export_shared_has_no_decoder_and_reproduces_outputs(small_adata, tmp_path):
+    model = dpsc.tl.fit(small_adata, epsilon=8.0, **TINY)
+    model.export_shared(tmp_path / "share")
+    state = torch.load(tmp_path / "share" / "shared_encoder.pt", weights_only=True)
+    assert all(k.startswith(("encoder.", "clustering.")) for k in state)
+    assert not any(k.startswith(("decoder.", "px_")) for k in state)
+    shared = SharedEncoder.load(tmp_path / "share")
+    np.testing.assert_allclose(shared.get_latent_representation(small_adata), model.get_latent_representation(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(shared.predict(small_adata), model.predict())
+    assert shared.privacy["epsilon"] == pytest.approx(model.privacy_["epsilon"])
+    with pytest.raises(FileExistsError):
+        model.export_shared(tmp_path / "share")
+    with pytest.raises(ValueError, match="missing from adata.var_names"):
+        shared.get_latent_representation(small_adata[:, :50])
+
+
+def test_gaussian_likelihood_for_lognormalised_data(small_adata):
+    small_adata.X = sp.csr_matrix(np.log1p(small_adata.X.toarray()).astype(np.float32))
+    dpsc.tl.fit(small_adata, epsilon=8.0, likelihood="gaussian", **TINY)
+    assert np.isfinite(small_adata.obsm["X_dpdcan"]).all()

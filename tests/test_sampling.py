@@ -1,0 +1,30 @@
+import numpy as np
+
+from dpsc.model import DPDCAN
+from dpsc.train import PoissonDataSplitter
+
+
+def test_poisson_batches_vary_and_match_the_rate(small_adata):
+    DPDCAN.setup_anndata(small_adata)
+    model = DPDCAN(small_adata, n_clusters=3)
+    n = small_adata.n_obs
+    splitter = PoissonDataSplitter(model.adata_manager, sample_rate=0.1, steps_per_epoch=10, seed=0)
+    sizes = []
+    for _ in range(20):
+        batches = list(splitter.train_dataloader())
+        assert len(batches) == 10  # one epoch = round(1/q) draws, as accounted
+        sizes += [b["X"].shape[0] for b in batches]
+    sizes = np.array(sizes)
+    assert len(set(sizes)) > 5, "Poisson batches must vary in size"
+    # mean qn, sd sqrt(n q (1-q)); 200 draws
+    assert abs(sizes.mean() - 0.1 * n) < 4 * np.sqrt(n * 0.09 / len(sizes))
+    assert sizes.min() >= 0 and sizes.max() <= n
+
+
+def test_batches_are_rows_of_the_data(small_adata):
+    DPDCAN.setup_anndata(small_adata)
+    model = DPDCAN(small_adata, n_clusters=3)
+    splitter = PoissonDataSplitter(model.adata_manager, sample_rate=0.5, steps_per_epoch=1, seed=3)
+    batch = next(iter(splitter.train_dataloader()))["X"].numpy()
+    dense = small_adata.X.toarray()
+    assert all(any(np.array_equal(row, d) for d in dense) for row in batch[:5])
