@@ -8,11 +8,17 @@ from dpsc.privacy import calibrate_noise_multiplier, epsilon_curve, make_account
 
 def google_rdp_epsilon(sigma, q, steps, delta):
     acc = rdp.RdpAccountant()
-    acc.compose(dp_event.SelfComposedDpEvent(dp_event.PoissonSampledDpEvent(q, dp_event.GaussianDpEvent(sigma)), steps))
+    acc.compose(
+        dp_event.SelfComposedDpEvent(
+            dp_event.PoissonSampledDpEvent(q, dp_event.GaussianDpEvent(sigma)), steps
+        )
+    )
     return acc.get_epsilon(delta)
 
 
-@pytest.mark.parametrize(("sigma", "q", "steps"), [(1.2, 0.05, 2000), (3.0, 0.2, 100), ("eps8", 0.1, 913), ("eps4", 0.1, 913)])
+@pytest.mark.parametrize(
+    ("sigma", "q", "steps"), [(1.2, 0.05, 2000), (3.0, 0.2, 100), ("eps8", 0.1, 913), ("eps4", 0.1, 913)]
+)
 def test_opacus_rdp_matches_google_dp_accounting(sigma, q, steps):
     if isinstance(sigma, str):  # the sigma a default PBMC fit calibrates to
         sigma = calibrate_noise_multiplier(float(sigma[3:]), 1e-5, q, steps)
@@ -58,7 +64,9 @@ def test_accountant_hook_counts_each_optimizer_step():
     from opacus.optimizers import DPOptimizerFastGradientClipping
 
     p = torch.nn.Parameter(torch.zeros(3))
-    opt = DPOptimizerFastGradientClipping(torch.optim.SGD([p], lr=0.1), noise_multiplier=1.0, max_grad_norm=1.0, expected_batch_size=4)
+    opt = DPOptimizerFastGradientClipping(
+        torch.optim.SGD([p], lr=0.1), noise_multiplier=1.0, max_grad_norm=1.0, expected_batch_size=4
+    )
     acc = make_accountant("rdp")
     opt.attach_step_hook(acc.get_optimizer_hook_fn(sample_rate=0.25))
     for _ in range(5):

@@ -7,14 +7,25 @@ import dpsc
 
 def snapshot(adata):
     x = adata.X.toarray() if sp.issparse(adata.X) else np.array(adata.X)
-    return x.copy(), set(adata.obs.columns), set(adata.obsm.keys()), set(adata.uns.keys()), set(adata.layers.keys())
+    return (
+        x.copy(),
+        set(adata.obs.columns),
+        set(adata.obsm.keys()),
+        set(adata.uns.keys()),
+        set(adata.layers.keys()),
+    )
 
 
 def assert_unchanged(adata, snap):
     x, obs, obsm, uns, layers = snap
     now = adata.X.toarray() if sp.issparse(adata.X) else np.asarray(adata.X)
     np.testing.assert_array_equal(now, x)
-    assert (set(adata.obs.columns), set(adata.obsm.keys()), set(adata.uns.keys()), set(adata.layers.keys())) == (obs, obsm, uns, layers)
+    assert (
+        set(adata.obs.columns),
+        set(adata.obsm.keys()),
+        set(adata.uns.keys()),
+        set(adata.layers.keys()),
+    ) == (obs, obsm, uns, layers)
 
 
 def _set(adata, value, where=(0, 0)):

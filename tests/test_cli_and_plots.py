@@ -5,17 +5,32 @@ matplotlib.use("Agg")
 import anndata as ad
 import pytest
 import scanpy as sc
-from conftest import FAST
 
 import dpsc
+from conftest import FAST
 from dpsc.cli import main
 
 
 def test_cli_fit_prints_statement_and_scores(small_adata, tmp_path, capsys):
     src, out = tmp_path / "in.h5ad", tmp_path / "out.h5ad"
     small_adata.write_h5ad(src)
-    rc = main(["fit", str(src), "--epsilon", "4", "--n-clusters", "3", "--max-epochs", "3", "--no-progress",
-               "--output", str(out), "--export", str(tmp_path / "share")])
+    rc = main(
+        [
+            "fit",
+            str(src),
+            "--epsilon",
+            "4",
+            "--n-clusters",
+            "3",
+            "--max-epochs",
+            "3",
+            "--no-progress",
+            "--output",
+            str(out),
+            "--export",
+            str(tmp_path / "share"),
+        ]
+    )
     assert rc == 0
     text = capsys.readouterr().out
     assert "Privacy spent: epsilon =" in text and "What this covers:" in text
@@ -29,7 +44,19 @@ def test_cli_rejects_unknown_label_key(small_adata, tmp_path):
     src = tmp_path / "in.h5ad"
     small_adata.write_h5ad(src)
     with pytest.raises(SystemExit):
-        main(["fit", str(src), "--label-key", "nope", "--max-epochs", "2", "--no-progress", "--n-clusters", "3"])
+        main(
+            [
+                "fit",
+                str(src),
+                "--label-key",
+                "nope",
+                "--max-epochs",
+                "2",
+                "--no-progress",
+                "--n-clusters",
+                "3",
+            ]
+        )
 
 
 def test_plots_return_axes_and_save(small_adata, tmp_path):
@@ -47,5 +74,5 @@ def test_plots_return_axes_and_save(small_adata, tmp_path):
 
 
 def test_privacy_plot_needs_a_private_fit(small_adata):
-    with pytest.raises(KeyError, match="dpsc.tl.fit"):
+    with pytest.raises(KeyError, match=r"dpsc\.tl\.fit"):
         dpsc.pl.privacy(small_adata, show=False)

@@ -65,10 +65,15 @@ def test_noise_free_step_is_sum_of_clipped_gradients(tiny_module, counts, stage)
         penalty = tiny_module.parameter_penalty(plan.betas)
         pg = torch.autograd.grad(penalty, private, allow_unused=True)
         expected_private = expected_private + torch.cat(
-            [(x if x is not None else torch.zeros_like(p)).flatten() for x, p in zip(pg, private)]
+            [
+                (x if x is not None else torch.zeros_like(p)).flatten()
+                for x, p in zip(pg, private, strict=True)
+            ]
         )
     loss = loss_of(plan, counts)
-    expected_public = torch.cat([t.flatten() for t in torch.autograd.grad(loss.mean(), public, retain_graph=True)])
+    expected_public = torch.cat(
+        [t.flatten() for t in torch.autograd.grad(loss.mean(), public, retain_graph=True)]
+    )
     plan.private_step(loss)
     got_private = torch.cat([p.grad.flatten() for p in private])
     got_public = torch.cat([p.grad.flatten() for p in public])

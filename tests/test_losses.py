@@ -16,8 +16,11 @@ from dpsc.module import (
 def _zinb_logpmf_numpy(x, mu, theta, pi):
     """Independent ZINB log-pmf (Eraslan et al. 2019, Eq. 2) in float64 numpy."""
     nb = (
-        gammaln(x + theta) - gammaln(theta) - gammaln(x + 1)
-        + theta * np.log(theta / (theta + mu)) + x * np.log(mu / (theta + mu))
+        gammaln(x + theta)
+        - gammaln(theta)
+        - gammaln(x + 1)
+        + theta * np.log(theta / (theta + mu))
+        + x * np.log(mu / (theta + mu))
     )
     zero = np.log(pi + (1 - pi) * np.exp(theta * np.log(theta / (theta + mu))))
     return np.where(x == 0, zero, np.log(1 - pi) + nb)

@@ -3,9 +3,9 @@ import pandas as pd
 import pytest
 import scipy.sparse as sp
 import torch
-from conftest import FAST
 
 import dpsc
+from conftest import FAST
 from dpsc.model import DPDCAN, SharedEncoder
 
 TINY = {"n_clusters": 3, **FAST}
@@ -17,12 +17,23 @@ def test_fit_writes_documented_keys(small_adata):
     assert small_adata.obsm["X_dpdcan"].shape == (small_adata.n_obs, 32)
     assert isinstance(small_adata.obs["dp_cluster"].dtype, pd.CategoricalDtype)
     rec = small_adata.uns["dpsc"]["privacy"]
-    for key in ("epsilon", "target_epsilon", "delta", "noise_multiplier", "sample_rate", "steps", "max_grad_norm", "accountant", "scope", "statement"):
+    for key in (
+        "epsilon",
+        "target_epsilon",
+        "delta",
+        "noise_multiplier",
+        "sample_rate",
+        "steps",
+        "max_grad_norm",
+        "accountant",
+        "scope",
+        "statement",
+    ):
         assert key in rec
     assert 0 < rec["epsilon"] <= 4.0
     assert rec["scope"] == "encoder" and "decoder" in rec["statement"] and "Not covered" in rec["statement"]
-    # steps actually run: 3 epochs x 10 Poisson draws + 13 k-means releases
-    assert rec["steps"] == 3 * 10 + 13 == small_adata.uns["dpsc"]["params"]["planned_steps"]
+    # steps actually run: 3 epochs x 10 Poisson draws + 60 k-means releases
+    assert rec["steps"] == 3 * 10 + 60 == small_adata.uns["dpsc"]["params"]["planned_steps"]
     assert rec["curve_steps"][-1] == rec["steps"]
     assert rec["curve_epsilon"][-1] == pytest.approx(rec["epsilon"])
 
@@ -92,12 +103,14 @@ def test_export_shared_has_no_decoder_and_reproduces_outputs(small_adata, tmp_pa
     assert all(k.startswith(("encoder.", "clustering.")) for k in state)
     assert not any(k.startswith(("decoder.", "px_")) for k in state)
     shared = SharedEncoder.load(tmp_path / "share")
-    np.testing.assert_allclose(shared.get_latent_representation(small_adata), model.get_latent_representation(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        shared.get_latent_representation(small_adata), model.get_latent_representation(), rtol=1e-5, atol=1e-5
+    )
     np.testing.assert_array_equal(shared.predict(small_adata), model.predict())
     assert shared.privacy["epsilon"] == pytest.approx(model.privacy_["epsilon"])
     with pytest.raises(FileExistsError):
         model.export_shared(tmp_path / "share")
-    with pytest.raises(ValueError, match="missing from adata.var_names"):
+    with pytest.raises(ValueError, match=r"missing from adata\.var_names"):
         shared.get_latent_representation(small_adata[:, :50])
 
 

@@ -20,7 +20,14 @@ def per_sample_grads(module, loss_fn, x):
     rows = []
     for i in range(x.shape[0]):
         grads = torch.autograd.grad(loss[i], params, retain_graph=True, allow_unused=True)
-        rows.append(torch.cat([(g if g is not None else torch.zeros_like(p)).flatten() for g, p in zip(grads, params)]))
+        rows.append(
+            torch.cat(
+                [
+                    (g if g is not None else torch.zeros_like(p)).flatten()
+                    for g, p in zip(grads, params, strict=True)
+                ]
+            )
+        )
     return torch.stack(rows)
 
 
@@ -55,6 +62,7 @@ def _cluster_term(module, name):
             return module.reconstruction_per_cell(x, z)
         q = module.soft_assignment(z)
         return dec_kl_per_cell(q, per_cell_target(q))
+
     return fn
 
 
@@ -67,6 +75,7 @@ def test_instance_stage_total_is_per_cell(tiny_module, counts):
     def total(x):
         g = torch.Generator().manual_seed(123)
         return tiny_module.instance_stage_loss(x, rho=0.8, mask_rate=0.2, generator=g)[0]
+
     assert changed_rows(tiny_module, total, counts) == {K}
 
 
@@ -78,6 +87,7 @@ def test_cluster_stage_terms_are_per_cell(tiny_module, counts, name):
 def test_cluster_stage_total_is_per_cell(tiny_module, counts):
     def total(x):
         return tiny_module.cluster_stage_loss(x, betas=(0.4, 0.4, 0.2))[0]
+
     assert changed_rows(tiny_module, total, counts) == {K}
 
 
@@ -89,12 +99,14 @@ def test_separation_penalty_reads_no_cell(tiny_module):
 
 def test_negative_control_batch_normalised_target_is_detected(tiny_module, counts):
     """DEC's original target p ∝ q²/f_j with f_j summed over the batch couples cells."""
+
     def coupled(x):
         z = tiny_module.encode(tiny_module.represent(x))
         q = tiny_module.soft_assignment(z)
         p = q.pow(2) / q.sum(0)  # not detached: the batch frequency carries other cells' data
         p = p / p.sum(1, keepdim=True)
         return dec_kl_per_cell(q, p)
+
     assert len(changed_rows(tiny_module, coupled, counts)) > 1
 
 

@@ -28,7 +28,7 @@ def get_matrix(adata: ad.AnnData, layer: str | None) -> Any:
 
 
 def _values(matrix: Any) -> np.ndarray:
-    """The stored values (non-zeros of a sparse matrix, everything of a dense one)."""
+    """Return the stored values (non-zeros of a sparse matrix, everything of a dense one)."""
     if sp.issparse(matrix):
         return np.asarray(matrix.data)
     return np.asarray(matrix)
@@ -75,7 +75,10 @@ def check_privacy_args(epsilon: float | None, delta: float, n_obs: int) -> None:
     """ε > 0 (or ``None`` for non-private), 0 < δ < 1/n."""
     if epsilon is not None:
         if not np.isfinite(epsilon) or epsilon <= 0:
-            raise ValueError(f"epsilon must be a positive finite number (got {epsilon}); use epsilon=None for a non-private fit.")
+            raise ValueError(
+                f"epsilon must be a positive finite number (got {epsilon}); "
+                "use epsilon=None for a non-private fit."
+            )
     if not (0 < delta < 1.0 / n_obs):
         raise ValueError(
             f"delta must satisfy 0 < delta < 1/n_obs = {1.0 / n_obs:.2e} (got {delta}); a larger "
@@ -83,9 +86,7 @@ def check_privacy_args(epsilon: float | None, delta: float, n_obs: int) -> None:
         )
 
 
-def check_fit_args(
-    *, n_obs: int, n_clusters: int, scope: str, batch_size: int | None
-) -> int:
+def check_fit_args(*, n_obs: int, n_clusters: int, scope: str, batch_size: int | None) -> int:
     """Validate the shape arguments of a fit and return the batch size to use."""
     if scope not in SCOPES:
         raise ValueError(f"Unknown scope {scope!r}; choose 'encoder' (DP-DCAN) or 'full' (DPE-DCAN).")

@@ -19,15 +19,33 @@ def _parser() -> argparse.ArgumentParser:
     fit.add_argument("--epsilon", type=float, default=8.0, help="Privacy budget ε (default 8).")
     fit.add_argument("--non-private", action="store_true", help="Train without DP (ignores --epsilon).")
     fit.add_argument("--delta", type=float, default=1e-5, help="δ (default 1e-5; must be < 1/n_cells).")
-    fit.add_argument("--n-clusters", type=int, default=None, help="Number of clusters (default 8; never estimated from the data).")
-    fit.add_argument("--scope", choices=["encoder", "full"], default="encoder", help="DP on the encoder (DP-DCAN) or on everything (DPE-DCAN).")
+    fit.add_argument(
+        "--n-clusters",
+        type=int,
+        default=None,
+        help="Number of clusters (default 8; never estimated from the data).",
+    )
+    fit.add_argument(
+        "--scope",
+        choices=["encoder", "full"],
+        default="encoder",
+        help="DP on the encoder (DP-DCAN) or on everything (DPE-DCAN).",
+    )
     fit.add_argument("--layer", default=None, help="Layer holding the raw counts (default: X).")
-    fit.add_argument("--max-epochs", type=int, default=None, help="Total epochs of both stages (default 50 + 40).")
+    fit.add_argument(
+        "--max-epochs", type=int, default=None, help="Total epochs of both stages (default 50 + 40)."
+    )
     fit.add_argument("--accountant", choices=["rdp", "prv"], default="rdp")
     fit.add_argument("--seed", type=int, default=0)
-    fit.add_argument("--label-key", default=None, help="obs column with known labels, for ARI/NMI (default: cell_type or label if present).")
+    fit.add_argument(
+        "--label-key",
+        default=None,
+        help="obs column with known labels, for ARI/NMI (default: cell_type or label if present).",
+    )
     fit.add_argument("--output", "-o", default=None, help="Write the annotated AnnData here (.h5ad).")
-    fit.add_argument("--export", default=None, help="Directory to write the shareable encoder + centroids to.")
+    fit.add_argument(
+        "--export", default=None, help="Directory to write the shareable encoder + centroids to."
+    )
     fit.add_argument("--no-progress", action="store_true", help="Hide the progress bar.")
     return parser
 
@@ -56,9 +74,16 @@ def _fit(args: argparse.Namespace) -> int:
     print(f"dpsc fit: {source}; epsilon={epsilon}, delta={args.delta}, scope={args.scope}", flush=True)
     start = time.perf_counter()
     model = tl.fit(
-        adata, epsilon=epsilon, delta=args.delta, n_clusters=args.n_clusters, scope=args.scope,
-        layer=args.layer, max_epochs=args.max_epochs, accountant=args.accountant,
-        random_state=args.seed, progress_bar=not args.no_progress,
+        adata,
+        epsilon=epsilon,
+        delta=args.delta,
+        n_clusters=args.n_clusters,
+        scope=args.scope,
+        layer=args.layer,
+        max_epochs=args.max_epochs,
+        accountant=args.accountant,
+        random_state=args.seed,
+        progress_bar=not args.no_progress,
     )
     wall = time.perf_counter() - start
     record = adata.uns["dpsc"]["privacy"]
@@ -81,7 +106,8 @@ def _fit(args: argparse.Namespace) -> int:
         pred = np.asarray(adata.obs["dp_cluster"].astype(str))
         print(
             f"Against obs[{key!r}] (evaluation only, not used in training): "
-            f"ARI = {adjusted_rand_score(truth, pred):.3f}, NMI = {normalized_mutual_info_score(truth, pred):.3f}"
+            f"ARI = {adjusted_rand_score(truth, pred):.3f}, "
+            f"NMI = {normalized_mutual_info_score(truth, pred):.3f}"
         )
     if args.output:
         adata.write_h5ad(args.output)

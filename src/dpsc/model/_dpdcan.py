@@ -113,6 +113,8 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
             Cells × genes.
         layer
             Layer holding the counts; ``None`` for ``adata.X``.
+        **kwargs
+            Passed to :meth:`scvi.data.AnnDataManager.register_fields`.
         """
         get_matrix(adata, layer)
         setup_method_args = cls._get_setup_method_args(**locals())
@@ -137,13 +139,15 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
         cluster_lr: float = 0.1,
         private_optimizer: str = "sgd",
         private_lr: float = 1.0,
+        cluster_private_lr: float | None = 0.1,
         rho: float = 0.8,
         mask_rate: float = 0.2,
         betas: tuple[float, float, float] = (0.4, 0.4, 0.2),
         target_power: float = 2.0,
         kmeans_clip_norm: float | None = None,
-        n_sketch_steps: int = 8,
-        n_lloyd_steps: int = 4,
+        n_sketch_steps: int = 20,
+        n_lloyd_rounds: int = 4,
+        steps_per_round: int = 10,
         random_state: int = 0,
         secure_mode: bool = False,
         accelerator: str = "auto",
@@ -153,7 +157,7 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
 
         The noise multiplier σ is calibrated once, before training, for the total number of
         sampled-Gaussian steps of the fit: ``(instance_epochs + cluster_epochs) ×
-        round(1/q)`` DP-SGD steps plus ``1 + n_sketch_steps + n_lloyd_steps`` DP k-means
+        round(1/q)`` DP-SGD steps plus ``n_sketch_steps + n_lloyd_rounds × steps_per_round`` DP k-means
         releases, all with Poisson rate ``q = batch_size / n_obs``. The ε recorded is the
         accountant's value after the steps that actually ran. No epoch, learning rate or
         checkpoint is chosen from the data: the final model is the result.
@@ -180,14 +184,16 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
         private_optimizer, private_lr
             Optimizer (``"sgd"`` with momentum 0.9, ``"adam"``, ``"adadelta"``) and learning rate
             of the DP parameters in both stages.
+        cluster_private_lr
+            Learning rate of the DP parameters in the cluster stage (``None``: ``private_lr``).
         rho, mask_rate
             Instance-stage reconstruction weight and masking rate.
         betas, target_power
             Cluster-stage weights (ZINB, DEC, separation) and target sharpening exponent.
-        kmeans_clip_norm, n_sketch_steps, n_lloyd_steps
-            Clipping radius and release counts of the DP k-means initialisation. The default
-            radius is ``2 × latent_scale``, the largest possible distance between two latent
-            points, so no point is clipped.
+        kmeans_clip_norm, n_sketch_steps, n_lloyd_rounds, steps_per_round
+            Clipping radius and release counts of the DP k-means initialisation
+            (:func:`~dpsc.privacy.dp_kmeans_centroids`). The default radius is ``latent_scale``,
+            the norm of every latent point, so no point is clipped.
         random_state
             Seed of initialisation, sampling, masking and (unless ``secure_mode``) noise.
         secure_mode
@@ -199,19 +205,23 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
         """
         adata = self.adata
         n_obs = adata.n_obs
-        batch_size = check_fit_args(n_obs=n_obs, n_clusters=self.n_clusters, scope=scope, batch_size=batch_size)
+        batch_size = check_fit_args(
+            n_obs=n_obs, n_clusters=self.n_clusters, scope=scope, batch_size=batch_size
+        )
         check_privacy_args(epsilon, delta, n_obs)
         check_matrix(self.adata_manager.get_from_registry(REGISTRY_KEYS.X_KEY), self.module.likelihood)
         make_accountant(accountant)
 
         if kmeans_clip_norm is None:
             if self.module.latent_scale is None:
-                raise ValueError("With latent_scale=None, pass kmeans_clip_norm (the DP k-means clipping radius).")
-            kmeans_clip_norm = 2.0 * self.module.latent_scale
+                raise ValueError(
+                    "With latent_scale=None, pass kmeans_clip_norm (the DP k-means clipping radius)."
+                )
+            kmeans_clip_norm = float(self.module.latent_scale)
         torch.manual_seed(random_state)
         sample_rate = batch_size / n_obs
         steps_per_epoch = max(1, round(1.0 / sample_rate))
-        km_steps = kmeans_release_steps(n_sketch_steps, n_lloyd_steps)
+        km_steps = kmeans_release_steps(n_sketch_steps, n_lloyd_rounds, steps_per_round)
         planned_steps = (instance_epochs + cluster_epochs) * steps_per_epoch + km_steps
         splitter = PoissonDataSplitter(self.adata_manager, sample_rate, steps_per_epoch, seed=random_state)
         acct = make_accountant(accountant)
@@ -230,34 +240,82 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
                 noise_generator=noise_gen,
                 secure_mode=secure_mode,
             )
-            logger.info("Calibrated noise multiplier %.4f for %d steps at q=%.4f", sigma, planned_steps, sample_rate)
+            logger.info(
+                "Calibrated noise multiplier %.4f for %d steps at q=%.4f", sigma, planned_steps, sample_rate
+            )
 
-        common = {"dp": dp, "private_optimizer": private_optimizer, "private_lr": private_lr, "rho": rho, "mask_rate": mask_rate, "betas": betas, "target_power": target_power}
+        common = {
+            "dp": dp,
+            "private_optimizer": private_optimizer,
+            "rho": rho,
+            "mask_rate": mask_rate,
+            "betas": betas,
+            "target_power": target_power,
+        }
         histories = {}
         if instance_epochs > 0:
-            plan = DCANTrainingPlan(self.module, stage="instance", optimizer="adam", lr=instance_lr, seed=random_state, **common)
-            histories["instance"] = self._run_stage(plan, splitter, instance_epochs, accelerator, progress_bar)
+            plan = DCANTrainingPlan(
+                self.module,
+                stage="instance",
+                optimizer="adam",
+                lr=instance_lr,
+                private_lr=private_lr,
+                seed=random_state,
+                **common,
+            )
+            histories["instance"] = self._run_stage(
+                plan, splitter, instance_epochs, accelerator, progress_bar
+            )
 
-        self._init_centroids(splitter, dp, kmeans_clip_norm, n_sketch_steps, n_lloyd_steps, random_state)
+        self._init_centroids(
+            splitter, dp, kmeans_clip_norm, (n_sketch_steps, n_lloyd_rounds, steps_per_round), random_state
+        )
 
         if cluster_epochs > 0:
-            plan = DCANTrainingPlan(self.module, stage="cluster", optimizer="adadelta", lr=cluster_lr, seed=random_state + 2, **common)
+            plan = DCANTrainingPlan(
+                self.module,
+                stage="cluster",
+                optimizer="adadelta",
+                lr=cluster_lr,
+                private_lr=private_lr if cluster_private_lr is None else cluster_private_lr,
+                seed=random_state + 2,
+                **common,
+            )
             histories["cluster"] = self._run_stage(plan, splitter, cluster_epochs, accelerator, progress_bar)
         self.history_ = {f"{stage}_{k}": v for stage, h in histories.items() for k, v in (h or {}).items()}
         self.module.eval()
         self.is_trained_ = True
 
         self.privacy_ = self._privacy_record(
-            epsilon=epsilon, delta=delta, sigma=sigma, sample_rate=sample_rate, accountant_name=accountant,
-            acct=acct, scope=scope, max_grad_norm=max_grad_norm, km_steps=km_steps if dp else 0,
+            epsilon=epsilon,
+            delta=delta,
+            sigma=sigma,
+            sample_rate=sample_rate,
+            accountant_name=accountant,
+            acct=acct,
+            scope=scope,
+            max_grad_norm=max_grad_norm,
+            km_steps=km_steps if dp else 0,
             secure_mode=secure_mode,
         ).to_dict()
         self.train_params_ = {
-            "instance_epochs": instance_epochs, "cluster_epochs": cluster_epochs, "batch_size": batch_size,
-            "instance_lr": instance_lr, "cluster_lr": cluster_lr,
-            "private_optimizer": private_optimizer, "private_lr": private_lr, "rho": rho, "mask_rate": mask_rate,
-            "betas": list(betas), "target_power": target_power, "kmeans_clip_norm": kmeans_clip_norm,
-            "n_sketch_steps": n_sketch_steps, "n_lloyd_steps": n_lloyd_steps, "random_state": random_state,
+            "instance_epochs": instance_epochs,
+            "cluster_epochs": cluster_epochs,
+            "batch_size": batch_size,
+            "instance_lr": instance_lr,
+            "cluster_lr": cluster_lr,
+            "private_optimizer": private_optimizer,
+            "private_lr": private_lr,
+            "cluster_private_lr": private_lr if cluster_private_lr is None else cluster_private_lr,
+            "rho": rho,
+            "mask_rate": mask_rate,
+            "betas": list(betas),
+            "target_power": target_power,
+            "kmeans_clip_norm": kmeans_clip_norm,
+            "n_sketch_steps": n_sketch_steps,
+            "n_lloyd_rounds": n_lloyd_rounds,
+            "steps_per_round": steps_per_round,
+            "random_state": random_state,
             "planned_steps": planned_steps,
         }
 
@@ -285,7 +343,7 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
         return self.history_
 
     @torch.no_grad()
-    def _init_centroids(self, splitter, dp, clip_norm, n_sketch, n_lloyd, random_state) -> None:
+    def _init_centroids(self, splitter, dp, clip_norm, release_counts, random_state) -> None:
         """k-means initialisation: DP releases under ``dp``, plain k-means otherwise."""
         self.module.eval()
         device = next(self.module.parameters()).device
@@ -305,34 +363,76 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
 
         gen = dp.noise_generator or torch.Generator().manual_seed(int(torch.seed() % 2**31))
         init = dp_kmeans_centroids(
-            sample_latents, self.n_clusters, noise_multiplier=dp.noise_multiplier, clip_norm=clip_norm,
-            record_step=record_step, generator=gen, n_sketch_steps=n_sketch, n_lloyd_steps=n_lloyd,
+            sample_latents,
+            self.n_clusters,
+            noise_multiplier=dp.noise_multiplier,
+            clip_norm=clip_norm,
+            record_step=record_step,
+            generator=gen,
+            n_sketch_steps=release_counts[0],
+            n_lloyd_rounds=release_counts[1],
+            steps_per_round=release_counts[2],
+            sphere_radius=self.module.latent_scale,
             random_state=random_state,
         )
         centroids.copy_(torch.as_tensor(init, dtype=centroids.dtype))
 
-    def _privacy_record(self, *, epsilon, delta, sigma, sample_rate, accountant_name, acct, scope,
-                        max_grad_norm, km_steps, secure_mode) -> PrivacyRecord:
+    def _privacy_record(
+        self,
+        *,
+        epsilon,
+        delta,
+        sigma,
+        sample_rate,
+        accountant_name,
+        acct,
+        scope,
+        max_grad_norm,
+        km_steps,
+        secure_mode,
+    ) -> PrivacyRecord:
         n_obs = self.adata.n_obs
         decoder = "decoder (hidden layers and ZINB heads)"
         if epsilon is None:
-            statement = privacy_statement(epsilon=None, delta=delta, scope="none", n_obs=n_obs,
-                                          private_parts=[], public_parts=[])
-            return PrivacyRecord(epsilon=None, target_epsilon=None, delta=delta, noise_multiplier=0.0,
-                                 sample_rate=sample_rate, steps=0, max_grad_norm=float("inf"),
-                                 accountant=accountant_name, scope="none", statement=statement)
+            statement = privacy_statement(
+                epsilon=None, delta=delta, scope="none", n_obs=n_obs, private_parts=[], public_parts=[]
+            )
+            return PrivacyRecord(
+                epsilon=None,
+                target_epsilon=None,
+                delta=delta,
+                noise_multiplier=0.0,
+                sample_rate=sample_rate,
+                steps=0,
+                max_grad_norm=float("inf"),
+                accountant=accountant_name,
+                scope="none",
+                statement=statement,
+            )
         private = ["encoder weights", "cluster centroids"] + ([decoder] if scope == "full" else [])
         public = [] if scope == "full" else [decoder]
         spent = spent_epsilon(acct, delta)
         steps = int(sum(h[2] for h in acct.history))
         curve_steps, curve_eps = epsilon_curve(list(acct.history), delta, accountant_name)
-        statement = privacy_statement(epsilon=spent, delta=delta, scope=scope, n_obs=n_obs,
-                                      private_parts=private, public_parts=public)
+        statement = privacy_statement(
+            epsilon=spent, delta=delta, scope=scope, n_obs=n_obs, private_parts=private, public_parts=public
+        )
         return PrivacyRecord(
-            epsilon=spent, target_epsilon=float(epsilon), delta=delta, noise_multiplier=sigma,
-            sample_rate=sample_rate, steps=steps, max_grad_norm=max_grad_norm, accountant=accountant_name,
-            scope=scope, statement=statement, private_parameters=private, kmeans_steps=km_steps,
-            secure_mode=secure_mode, curve_steps=curve_steps, curve_epsilon=curve_eps,
+            epsilon=spent,
+            target_epsilon=float(epsilon),
+            delta=delta,
+            noise_multiplier=sigma,
+            sample_rate=sample_rate,
+            steps=steps,
+            max_grad_norm=max_grad_norm,
+            accountant=accountant_name,
+            scope=scope,
+            statement=statement,
+            private_parameters=private,
+            kmeans_steps=km_steps,
+            secure_mode=secure_mode,
+            curve_steps=curve_steps,
+            curve_epsilon=curve_eps,
         )
 
     # -- inference -------------------------------------------------------------------------
@@ -348,7 +448,9 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
             qs.append(out["q"].cpu())
         return {"z": torch.cat(zs).numpy(), "q": torch.cat(qs).numpy()}
 
-    def get_latent_representation(self, adata: ad.AnnData | None = None, batch_size: int = 1024) -> np.ndarray:
+    def get_latent_representation(
+        self, adata: ad.AnnData | None = None, batch_size: int = 1024
+    ) -> np.ndarray:
         """Latent codes ``(n_cells, n_latent)`` from the encoder."""
         return self._inference(adata, batch_size)["z"]
 
@@ -384,19 +486,31 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
         weights, meta = out / SHARED_WEIGHTS, out / SHARED_META
         if not overwrite and (weights.exists() or meta.exists()):
             raise FileExistsError(f"{out} already holds a shared model; pass overwrite=True.")
-        state = {k: v.cpu() for k, v in self.module.state_dict().items() if k.startswith(("encoder.", "clustering."))}
+        state = {
+            k: v.cpu()
+            for k, v in self.module.state_dict().items()
+            if k.startswith(("encoder.", "clustering."))
+        }
         torch.save(state, weights)
         init = self.init_params_["non_kwargs"]
-        meta.write_text(json.dumps({
-            "model": "DPDCAN",
-            "var_names": list(map(str, self.adata.var_names)),
-            "n_clusters": int(init["n_clusters"]),
-            "n_latent": int(init["n_latent"]),
-            "n_hidden": list(init["n_hidden"]),
-            "likelihood": init["likelihood"],
-            "latent_scale": init["latent_scale"],
-            "privacy": {k: (None if isinstance(v, float) and np.isnan(v) else v) for k, v in self.privacy_.items()},
-        }, indent=1))
+        meta.write_text(
+            json.dumps(
+                {
+                    "model": "DPDCAN",
+                    "var_names": list(map(str, self.adata.var_names)),
+                    "n_clusters": int(init["n_clusters"]),
+                    "n_latent": int(init["n_latent"]),
+                    "n_hidden": list(init["n_hidden"]),
+                    "likelihood": init["likelihood"],
+                    "latent_scale": init["latent_scale"],
+                    "privacy": {
+                        k: (None if isinstance(v, float) and np.isnan(v) else v)
+                        for k, v in self.privacy_.items()
+                    },
+                },
+                indent=1,
+            )
+        )
         return out
 
     def history_frame(self) -> pd.DataFrame:

@@ -44,8 +44,11 @@ class SharedEncoder:
             raise FileNotFoundError(f"{path} holds no shared model (missing {meta_file.name}).")
         meta = json.loads(meta_file.read_text())
         module = DCANModule(
-            n_input=len(meta["var_names"]), n_clusters=meta["n_clusters"], n_latent=meta["n_latent"],
-            n_hidden=tuple(meta["n_hidden"]), likelihood=meta["likelihood"],
+            n_input=len(meta["var_names"]),
+            n_clusters=meta["n_clusters"],
+            n_latent=meta["n_latent"],
+            n_hidden=tuple(meta["n_hidden"]),
+            likelihood=meta["likelihood"],
             latent_scale=meta["latent_scale"],
         )
         state = torch.load(path / "shared_encoder.pt", map_location="cpu", weights_only=True)

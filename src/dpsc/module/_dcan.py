@@ -29,7 +29,7 @@ TARGET_SUM = 1e4
 
 
 def input_representation(x: torch.Tensor, likelihood: Likelihood) -> torch.Tensor:
-    r"""What the encoder sees, computed from each cell alone.
+    r"""Compute what the encoder sees, from each cell alone.
 
     For counts (``likelihood="zinb"``): :math:`\log(1 + 10^4\, x_{ig} / \sum_{g'} x_{ig'})`.
     No gene-wise centring or scaling, which would need statistics of the whole (private) data
@@ -54,7 +54,7 @@ def mask_views(
 
 
 class DCANModule(BaseModuleClass):
-    """Deep contrastive autoencoder with a ZINB decoder and a Student-t clustering layer.
+    r"""Deep contrastive autoencoder with a ZINB decoder and a Student-t clustering layer.
 
     Parameters
     ----------
@@ -207,7 +207,7 @@ class DCANModule(BaseModuleClass):
 
     @auto_move_data
     def generative(self, z: torch.Tensor, library: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Decoder outputs: ZINB parameters, or the reconstruction for Gaussian data."""
+        """Decode: ZINB parameters, or the reconstruction for Gaussian data."""
         h = self.decoder(z)
         if self.likelihood == "gaussian":
             return {"x_hat": self.px_scale(h)}

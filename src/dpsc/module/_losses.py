@@ -34,8 +34,10 @@ def zinb_nll_per_cell(
 
 
 def gaussian_nll_per_cell(x: torch.Tensor, x_hat: torch.Tensor) -> torch.Tensor:
-    r"""Squared error for non-count inputs (log-normalised data): :math:`\frac{1}{2G}\lVert
-    x_i - \hat x_i \rVert^2`, a unit-variance Gaussian negative log-likelihood up to a constant.
+    r"""Squared error for non-count inputs (log-normalised data).
+
+    :math:`\frac{1}{2G}\lVert x_i - \hat x_i \rVert^2`, a unit-variance Gaussian negative
+    log-likelihood up to a constant.
     """
     return 0.5 * (x - x_hat).pow(2).mean(-1)
 
@@ -85,8 +87,9 @@ def per_cell_target(q: torch.Tensor, power: float = 2.0) -> torch.Tensor:
 
 
 def dec_kl_per_cell(q: torch.Tensor, p: torch.Tensor, eps: float = 1e-10) -> torch.Tensor:
-    r"""Per-cell clustering loss :math:`\mathrm{KL}(p_i \Vert q_i) = \sum_j p_{ij}
-    \log(p_{ij}/q_{ij})` (DEC, Eq. 2, without the sum over cells).
+    r"""Per-cell clustering loss of DEC (Eq. 2, without the sum over cells).
+
+    :math:`\mathrm{KL}(p_i \Vert q_i) = \sum_j p_{ij} \log(p_{ij}/q_{ij})`.
     """
     return (p * (torch.log(p + eps) - torch.log(q + eps))).sum(-1)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 from torch import nn
@@ -24,7 +25,7 @@ def mlp(dims: Sequence[int], *, last_activation: bool) -> nn.Sequential:
         whose per-sample gradient norm Opacus computes without materialising it.
     """
     layers: list[nn.Module] = []
-    for i, (d_in, d_out) in enumerate(zip(dims[:-1], dims[1:], strict=True)):
+    for i, (d_in, d_out) in enumerate(itertools.pairwise(dims)):
         layers.append(nn.Linear(d_in, d_out))
         if i < len(dims) - 2 or last_activation:
             layers.append(nn.ReLU())

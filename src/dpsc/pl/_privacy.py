@@ -37,6 +37,8 @@ def privacy(
     target.axhline(record["target_epsilon"], color="C3", ls="--", lw=1, label="target ε")
     target.set_xlabel("sampled-Gaussian steps (DP-SGD + k-means releases)")
     target.set_ylabel(f"ε at δ = {record['delta']:.0e}")
-    target.set_title(f"scope = {record['scope']}, σ = {record['noise_multiplier']:.3g}, q = {record['sample_rate']:.3g}")
+    target.set_title(
+        f"scope = {record['scope']}, σ = {record['noise_multiplier']:.3g}, q = {record['sample_rate']:.3g}"
+    )
     target.legend(frameon=False)
     return finish(target, show, save)

@@ -9,7 +9,7 @@ from matplotlib.axes import Axes
 
 
 def get_ax(ax: Axes | None, figsize: tuple[float, float] = (4.5, 3.5)) -> Axes:
-    """The Axes to draw on: ``ax`` or a new figure's."""
+    """Return the Axes to draw on: ``ax`` or a new figure's."""
     if ax is not None:
         return ax
     _, new_ax = plt.subplots(figsize=figsize)

@@ -102,19 +102,35 @@ def fit(
     torch.manual_seed(random_state)  # the module's weights are drawn when the model is built
     model = DPDCAN(target, n_clusters=n_clusters, likelihood=likelihood)
     model.train(
-        epsilon=epsilon, delta=delta, scope=scope, batch_size=batch_size, accountant=accountant,
-        random_state=random_state, progress_bar=progress_bar, **train_kwargs,
+        epsilon=epsilon,
+        delta=delta,
+        scope=scope,
+        batch_size=batch_size,
+        accountant=accountant,
+        random_state=random_state,
+        progress_bar=progress_bar,
+        **train_kwargs,
     )
     target.obsm[key_added] = model.get_latent_representation()
     labels = model.predict().astype(str)
     target.obs[cluster_key] = pd.Categorical(labels, categories=sorted(set(labels), key=int))
     uns = target.uns.setdefault("dpsc", {})
     uns["privacy"] = dict(model.privacy_)
-    uns["params"] = _h5ad_safe({
-        "method": "dpdcan", "epsilon": epsilon, "delta": delta, "n_clusters": n_clusters,
-        "scope": scope, "layer": layer, "likelihood": likelihood, "accountant": accountant,
-        "key_added": key_added, "cluster_key": cluster_key, **model.train_params_,
-    })
+    uns["params"] = _h5ad_safe(
+        {
+            "method": "dpdcan",
+            "epsilon": epsilon,
+            "delta": delta,
+            "n_clusters": n_clusters,
+            "scope": scope,
+            "layer": layer,
+            "likelihood": likelihood,
+            "accountant": accountant,
+            "key_added": key_added,
+            "cluster_key": cluster_key,
+            **model.train_params_,
+        }
+    )
     if copy:
         return target
     return model

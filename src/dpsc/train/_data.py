@@ -32,9 +32,7 @@ class PoissonDataSplitter(LightningDataModule):
         Seed of the sampling generator.
     """
 
-    def __init__(
-        self, adata_manager: AnnDataManager, sample_rate: float, steps_per_epoch: int, seed: int
-    ):
+    def __init__(self, adata_manager: AnnDataManager, sample_rate: float, steps_per_epoch: int, seed: int):
         super().__init__()
         self.adata_manager = adata_manager
         self.sample_rate = sample_rate

@@ -66,7 +66,7 @@ def _optimizer(name: str, params: list[nn.Parameter], lr: float) -> torch.optim.
 
 
 class DCANTrainingPlan(pl.LightningModule):
-    """One stage of DCAN training, with manual optimisation and hand-assembled Opacus.
+    r"""One stage of DCAN training, with manual optimisation and hand-assembled Opacus.
 
     Private modules (the encoder, plus the centroids in the cluster stage, plus the decoder
     under ``scope="full"``) are wrapped by Opacus's
@@ -75,12 +75,12 @@ class DCANTrainingPlan(pl.LightningModule):
     per-cell gradients ("ghost clipping", Li et al. 2022). One step (Abadi et al. 2016, Alg. 1):
 
     1. per-cell losses :math:`L_i` (``(n,)``) for the Poisson batch;
-    2. backward of :math:`\\sum_i L_i` → per-cell norms :math:`\\lVert\\nabla_\\theta L_i\\rVert`
+    2. backward of :math:`\sum_i L_i` → per-cell norms :math:`\lVert\nabla_\theta L_i\rVert`
        of the private parameters, and the non-private gradient of the public parameters;
-    3. backward of :math:`\\sum_i c_i L_i`, :math:`c_i = \\min(1, C/\\lVert\\nabla L_i\\rVert)`,
-       restricted to the private parameters → :math:`\\sum_i \\mathrm{clip}_C(\\nabla L_i)`;
+    3. backward of :math:`\sum_i c_i L_i`, :math:`c_i = \min(1, C/\lVert\nabla L_i\rVert)`,
+       restricted to the private parameters → :math:`\sum_i \mathrm{clip}_C(\nabla L_i)`;
     4. :class:`~opacus.optimizers.DPOptimizerFastGradientClipping` adds
-       :math:`\\mathcal N(0, \\sigma^2 C^2 I)`, divides by :math:`qn` and reports the step to
+       :math:`\mathcal N(0, \sigma^2 C^2 I)`, divides by :math:`qn` and reports the step to
        the accountant; the gradient of the data-independent centroid-separation term is added
        (post-processing) and the optimizer steps. An empty batch still takes the noisy step.
 
@@ -248,7 +248,9 @@ class DCANTrainingPlan(pl.LightningModule):
         else:
             self.private_step(loss)
         n = x.shape[0]
-        self.log("train_loss", loss.mean().detach(), on_step=False, on_epoch=True, prog_bar=True, batch_size=n)
+        self.log(
+            "train_loss", loss.mean().detach(), on_step=False, on_epoch=True, prog_bar=True, batch_size=n
+        )
         for name, value in parts.items():
             self.log(f"train_{name}", value.mean(), on_step=False, on_epoch=True, batch_size=n)
 

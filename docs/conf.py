@@ -1,0 +1,22 @@
+"""Sphinx configuration of the dpsc documentation."""
+
+project = "dpsc"
+author = "dpsc developers"
+extensions = [
+    "myst_nb",
+    "sphinx.ext.autodoc",
+    "sphinx.ext.autosummary",
+    "sphinx.ext.napoleon",
+    "sphinx.ext.mathjax",
+    "sphinx_autodoc_typehints",
+]
+autosummary_generate = True
+autodoc_default_options = {"members": True, "inherited-members": False}
+napoleon_numpy_docstring = True
+napoleon_google_docstring = False
+nb_execution_mode = "off"
+myst_enable_extensions = ["dollarmath"]
+html_theme = "furo"
+exclude_patterns = ["_build"]
+suppress_warnings = ["myst.header"]
+nitpicky = False
