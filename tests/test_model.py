@@ -86,6 +86,12 @@ def test_layer_and_h5ad_round_trip(small_adata, tmp_path):
     assert back.uns["dpsc"]["privacy"]["statement"] == small_adata.uns["dpsc"]["privacy"]["statement"]
 
 
+def test_trained_model_refuses_a_second_ledger(small_adata):
+    model = dpsc.tl.fit(small_adata, epsilon=8.0, **TINY)
+    with pytest.raises(RuntimeError, match="already trained"):
+        model.train(epsilon=8.0, instance_epochs=1, cluster_epochs=1, progress_bar=False)
+
+
 def test_save_load_round_trip(small_adata, tmp_path):
     model = dpsc.tl.fit(small_adata, epsilon=8.0, **TINY)
     z = model.get_latent_representation()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import secrets
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -197,12 +198,20 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
         random_state
             Seed of initialisation, sampling, masking and (unless ``secure_mode``) noise.
         secure_mode
-            Use Opacus's secure noise generation (results then not reproducible).
+            Use Opacus's secure noise generation for the DP-SGD steps (results then not
+            reproducible). The k-means releases then draw noise from a torch generator seeded
+            from the operating system, not from a cryptographically secure sampler.
         accelerator
             Lightning accelerator.
         progress_bar
             Show a progress bar per stage.
         """
+        if self.is_trained_:
+            raise RuntimeError(
+                "This model is already trained. Training it again would start a new privacy "
+                "ledger that ignores what the weights already learned from the cells; build a "
+                "new model (or dpsc.tl.fit) instead."
+            )
         adata = self.adata
         n_obs = adata.n_obs
         batch_size = check_fit_args(
@@ -361,7 +370,7 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
         def record_step() -> None:
             dp.accountant.step(noise_multiplier=dp.noise_multiplier, sample_rate=dp.sample_rate)
 
-        gen = dp.noise_generator or torch.Generator().manual_seed(int(torch.seed() % 2**31))
+        gen = dp.noise_generator or torch.Generator().manual_seed(secrets.randbits(63))
         init = dp_kmeans_centroids(
             sample_latents,
             self.n_clusters,
