@@ -46,10 +46,11 @@ def privacy_statement(
     if scope == "encoder":
         lines.append(
             f"Not covered: the {', '.join(public_parts)}, trained on the cells without noise "
-            "(partial perturbation, as in DP-DCAN): the encoder's gradients flow through it, "
-            "and the claim follows the paper's analysis of the noisy encoder updates only. "
-            "The decoder is never exported by `export_shared`; use scope='full' for a "
-            "guarantee without this caveat."
+            "(partial perturbation, as in DP-DCAN). Caveat: the encoder's gradients flow through "
+            "that decoder, which is hidden state depending on every cell, so the standard DP-SGD "
+            "proof does not strictly apply to the encoder either; the ε above follows the "
+            "DP-DCAN paper's analysis of the noisy encoder updates. The decoder is never "
+            "exported by `export_shared`. Use scope='full' for a proven guarantee."
         )
     lines.append(
         "Also not covered: the embeddings and cluster labels written for the training cells "
