@@ -10,7 +10,6 @@ from pathlib import Path
 
 import anndata as ad
 import numpy as np
-import pandas as pd
 import torch
 from scvi import REGISTRY_KEYS
 from scvi.data import AnnDataManager
@@ -521,10 +520,3 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
             )
         )
         return out
-
-    def history_frame(self) -> pd.DataFrame:
-        """Per-epoch training losses of both stages as one DataFrame."""
-        frames = []
-        for key, frame in getattr(self, "history_", {}).items():
-            frames.append(frame.rename(columns=lambda c, k=key: k))
-        return pd.concat(frames, axis=1) if frames else pd.DataFrame()

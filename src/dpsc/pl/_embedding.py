@@ -34,7 +34,8 @@ def embedding(
     basis
         Embedding name (``"umap"`` reads ``obsm["X_umap"]``).
     title
-        Panel title; the default names the privacy level when ``uns["dpsc"]`` has one.
+        Panel title; the default names ε and its scope when ``uns["dpsc"]`` has a private fit
+        (the statement of what that covers is in ``uns["dpsc"]["privacy"]["statement"]``).
     ax, show, save
         scanpy's conventions; the Axes is returned when not shown.
     **kwargs
@@ -47,8 +48,12 @@ def embedding(
             "use_rep='X_dpdcan'); sc.tl.umap(adata)."
         )
     if title is None:
-        eps = adata.uns.get("dpsc", {}).get("privacy", {}).get("epsilon")
-        title = f"{color} (ε = {eps:.3g})" if isinstance(eps, float) and eps == eps else str(color)
+        record = adata.uns.get("dpsc", {}).get("privacy", {})
+        eps = record.get("epsilon")
+        if isinstance(eps, float) and eps == eps:
+            title = f"{color} (ε = {eps:.3g}, {record.get('scope')} scope; see uns['dpsc']['privacy'])"
+        else:
+            title = str(color)
     target = get_ax(ax)
     sc.pl.embedding(adata, basis=key, color=color, ax=target, show=False, title=title, **kwargs)
     return finish(target, show, save)
