@@ -218,7 +218,7 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
         )
         check_privacy_args(epsilon, delta, n_obs)
         check_matrix(self.adata_manager.get_from_registry(REGISTRY_KEYS.X_KEY), self.module.likelihood)
-        make_accountant(accountant)
+        acct = make_accountant(accountant)  # also rejects unknown names before any work
 
         if kmeans_clip_norm is None:
             if self.module.latent_scale is None:
@@ -232,7 +232,6 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
         km_steps = kmeans_release_steps(n_sketch_steps, n_lloyd_rounds, steps_per_round)
         planned_steps = (instance_epochs + cluster_epochs) * steps_per_epoch + km_steps
         splitter = PoissonDataSplitter(self.adata_manager, sample_rate, steps_per_epoch, seed=random_state)
-        acct = make_accountant(accountant)
         dp = None
         sigma = 0.0
         if epsilon is not None:
