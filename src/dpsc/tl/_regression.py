@@ -1,0 +1,170 @@
+"""``dpsc.tl.private_regression``: drug-response regression released through noisy statistics."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anndata as ad
+import numpy as np
+import pandas as pd
+import scipy.sparse as sp
+
+from .. import linear
+
+METHODS = {
+    "robust": linear.RobustPrivateLR,
+    "output_perturbation": linear.OutputPerturbationLR,
+    "functional_mechanism": linear.FunctionalMechanismLR,
+    "non_private": linear.BayesianLR,
+    "lasso": linear.LassoLR,
+}
+_NON_PRIVATE = ("non_private", "lasso")
+
+
+def regression_statement(method: str, epsilon: float, n_private: int, n_public: int) -> str:
+    """Plain-language scope of the guarantee of a private regression fit."""
+    if method in _NON_PRIVATE:
+        return f"No privacy guarantee: method={method!r} uses the private samples directly."
+    return (
+        f"The regression coefficients satisfy {epsilon:g}-differential privacy (pure ε, Laplace "
+        f"mechanism) with respect to replacing any one of the {n_private} private samples (its "
+        "features and its response). Covered: the coefficients and anything computed from them "
+        "alone. Not covered: the {n_public} public samples (used exactly), the number of private "
+        "samples (public under replacement), the gene choice and the centring constants (taken from "
+        "public samples or given by you), and the predictions written for the private samples "
+        "themselves, which also use each sample's own expression profile."
+    ).replace("{n_public}", str(n_public))
+
+
+def _public_mask(adata: ad.AnnData, public_mask: Any) -> np.ndarray:
+    if public_mask is None:
+        return np.zeros(adata.n_obs, dtype=bool)
+    if isinstance(public_mask, str):
+        if public_mask not in adata.obs:
+            raise ValueError(f"public_mask={public_mask!r} is not a column of adata.obs.")
+        public_mask = adata.obs[public_mask].to_numpy()
+    mask = np.asarray(public_mask)
+    if mask.dtype != bool or mask.shape != (adata.n_obs,):
+        raise ValueError(
+            f"public_mask must be a boolean array of length n_obs={adata.n_obs} (or an obs column)."
+        )
+    return mask
+
+
+def _choose_genes(
+    adata: ad.AnnData, X: np.ndarray, genes: Any, n_genes: int, public: np.ndarray
+) -> list[str]:
+    """Genes given by the user, or the most variable genes among the *public* samples."""
+    if genes is not None:
+        genes = [str(g) for g in genes]
+        missing = [g for g in genes if g not in adata.var_names]
+        if missing:
+            raise ValueError(f"Genes not in adata.var_names: {missing[:5]}.")
+        return genes
+    if public.sum() < 2:
+        raise ValueError(
+            "Choosing genes from the data would leak private information; pass genes=[...] (a "
+            "data-independent choice, e.g. known drug targets) or public_mask with ≥ 2 public samples "
+            "(genes are then ranked by variance among the public samples only)."
+        )
+    if not 1 <= n_genes <= adata.n_vars:
+        raise ValueError(f"n_genes must be in [1, {adata.n_vars}], got {n_genes}.")
+    order = np.argsort(-X[public].var(0), kind="stable")[:n_genes]
+    return [str(adata.var_names[i]) for i in order]
+
+
+def private_regression(
+    adata: ad.AnnData,
+    target: str,
+    *,
+    epsilon: float = 2.0,
+    n_genes: int = 10,
+    genes: list[str] | None = None,
+    public_mask: Any = None,
+    method: str = "robust",
+    layer: str | None = None,
+    key_added: str | None = None,
+    random_state: int = 0,
+    **method_kwargs: Any,
+) -> linear.RobustPrivateLR | Any:
+    """Predict a per-sample response (e.g. a drug's ln IC50) from expression with ε-DP coefficients.
+
+    Parameters
+    ----------
+    adata
+        Samples (cell lines, pseudobulked patients) × genes; ``X`` (or ``layers[layer]``) holds
+        expression on a log scale (e.g. from :func:`dpsc.datasets.read_gdsc`).
+    target
+        Column of ``adata.obs`` with the response; samples where it is NaN are not used for
+        fitting but get predictions.
+    epsilon
+        Privacy budget ε (pure ε-DP).
+    n_genes, genes
+        Use ``genes`` if given (a data-independent choice); otherwise the ``n_genes`` most variable
+        genes among the public samples. Genes are never chosen on private samples.
+    public_mask
+        Boolean array or ``obs`` column marking public (non-private) samples: their exact
+        statistics complement the noisy private ones, and they provide the centring constants.
+    method
+        ``"robust"`` (:class:`dpsc.linear.RobustPrivateLR`), ``"output_perturbation"``,
+        ``"functional_mechanism"``, ``"non_private"`` (Bayesian LR) or ``"lasso"``.
+    layer
+        Layer with the expression; ``None`` for ``X``.
+    key_added
+        ``obs`` column for the predictions (default ``f"{target}_dp_pred"``).
+    random_state
+        Seed of the noise (and of the auxiliary search).
+    **method_kwargs
+        Passed to the estimator (e.g. ``prior="gamma"``, ``bounds=(B_x, B_y)``).
+
+    Returns
+    -------
+    The fitted estimator. Writes ``obs[key_added]`` and ``uns["dpsc"]["regression"][target]``.
+    """
+    if method not in METHODS:
+        raise ValueError(f"Unknown method {method!r}; choose one of {sorted(METHODS)}.")
+    if target not in adata.obs:
+        raise ValueError(f"target={target!r} is not a column of adata.obs.")
+    if method not in _NON_PRIVATE and not float(epsilon) > 0:
+        raise ValueError(f"epsilon must be > 0, got {epsilon}.")
+    if layer is not None and layer not in adata.layers:
+        raise ValueError(f"Unknown layer {layer!r}; adata.layers has {list(adata.layers)}.")
+    matrix = adata.X if layer is None else adata.layers[layer]
+    X = matrix.toarray() if sp.issparse(matrix) else np.asarray(matrix, dtype=float)
+    y = pd.to_numeric(adata.obs[target], errors="coerce").to_numpy(dtype=float)
+    public = _public_mask(adata, public_mask)
+    chosen = _choose_genes(adata, X, genes, n_genes, public)
+    cols = adata.var_names.get_indexer(chosen)
+    Xg = X[:, cols]
+    labelled = np.isfinite(y)
+    private_rows = labelled & ~public
+    public_rows = labelled & public
+    if private_rows.sum() < 2:
+        raise ValueError(
+            f"Need at least 2 private samples with a finite {target!r}, got {private_rows.sum()}."
+        )
+    kwargs = dict(method_kwargs)
+    if method not in _NON_PRIVATE:
+        kwargs.setdefault("epsilon", epsilon)
+    if method != "non_private":
+        kwargs.setdefault("random_state", random_state)
+    model = METHODS[method](**kwargs)
+    model.fit(Xg[private_rows], y[private_rows], Xg[public_rows], y[public_rows])
+
+    key = key_added or f"{target}_dp_pred"
+    adata.obs[key] = model.predict(Xg)
+    spent = float(model.spent_epsilon_)
+    record = {
+        "method": method,
+        "epsilon": spent,
+        "genes": chosen,
+        "n_private": int(private_rows.sum()),
+        "n_public": int(public_rows.sum()),
+        "statement": regression_statement(method, spent, int(private_rows.sum()), int(public_rows.sum())),
+    }
+    for attr in ("bounds_", "budget_split_", "laplace_scales_", "sensitivities_", "regularization_"):
+        if hasattr(model, attr):
+            value = getattr(model, attr)
+            record[attr.rstrip("_")] = dict(value) if isinstance(value, dict) else value
+    adata.uns.setdefault("dpsc", {}).setdefault("regression", {})[target] = record
+    return model
