@@ -36,6 +36,12 @@ def _parser() -> argparse.ArgumentParser:
         "--max-epochs", type=int, default=None, help="Total epochs of both stages (default 50 + 40)."
     )
     fit.add_argument("--accountant", choices=["rdp", "prv"], default="rdp")
+    fit.add_argument(
+        "--optimizer",
+        choices=["sgd", "adam", "dpsignsgd", "dpsignadam"],
+        default="sgd",
+        help="Update rule of the private parameters (default sgd).",
+    )
     fit.add_argument("--seed", type=int, default=0)
     fit.add_argument(
         "--label-key",
@@ -82,6 +88,7 @@ def _fit(args: argparse.Namespace) -> int:
         layer=args.layer,
         max_epochs=args.max_epochs,
         accountant=args.accountant,
+        optimizer=args.optimizer,
         random_state=args.seed,
         progress_bar=not args.no_progress,
     )

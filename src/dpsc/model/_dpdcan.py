@@ -20,6 +20,7 @@ from sklearn.cluster import KMeans
 
 from .._validation import check_fit_args, check_matrix, check_privacy_args, get_matrix
 from ..module import DCANModule
+from ..optim import DEFAULT_PRIVATE_LRS, OPTIMIZERS
 from ..privacy import (
     PrivacyRecord,
     calibrate_noise_multiplier,
@@ -138,8 +139,8 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
         instance_lr: float = 1e-3,
         cluster_lr: float = 0.1,
         private_optimizer: str = "sgd",
-        private_lr: float = 1.0,
-        cluster_private_lr: float | None = 0.1,
+        private_lr: float | None = None,
+        cluster_private_lr: float | None = None,
         rho: float = 0.8,
         mask_rate: float = 0.2,
         betas: tuple[float, float, float] = (0.4, 0.4, 0.2),
@@ -182,10 +183,13 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
             Adam learning rate (instance stage), Adadelta learning rate (cluster stage), for the
             non-private parameters and for all parameters of a non-private fit.
         private_optimizer, private_lr
-            Optimizer (``"sgd"`` with momentum 0.9, ``"adam"``, ``"adadelta"``) and learning rate
-            of the DP parameters in both stages.
+            Update rule of the DP parameters in both stages, applied to Opacus's clipped and
+            noised gradient: ``"sgd"`` (momentum 0.9), ``"adam"``, ``"adadelta"``, ``"dpsignsgd"``
+            or ``"dpsignadam"`` (:mod:`dpsc.optim`); and its instance-stage learning rate
+            (``None``: :data:`dpsc.optim.DEFAULT_PRIVATE_LRS`).
         cluster_private_lr
-            Learning rate of the DP parameters in the cluster stage (``None``: ``private_lr``).
+            Learning rate of the DP parameters in the cluster stage (``None``: the default of
+            the optimizer).
         rho, mask_rate
             Instance-stage reconstruction weight and masking rate.
         betas, target_power
@@ -219,6 +223,11 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
         check_privacy_args(epsilon, delta, n_obs)
         check_matrix(self.adata_manager.get_from_registry(REGISTRY_KEYS.X_KEY), self.module.likelihood)
         acct = make_accountant(accountant)  # also rejects unknown names before any work
+        if private_optimizer not in OPTIMIZERS:
+            raise ValueError(f"Unknown optimizer {private_optimizer!r}; choose one of {OPTIMIZERS}.")
+        default_lr, default_cluster_lr = DEFAULT_PRIVATE_LRS[private_optimizer]
+        private_lr = default_lr if private_lr is None else private_lr
+        cluster_private_lr = default_cluster_lr if cluster_private_lr is None else cluster_private_lr
 
         if kmeans_clip_norm is None:
             if self.module.latent_scale is None:
@@ -284,7 +293,7 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
                 stage="cluster",
                 optimizer="adadelta",
                 lr=cluster_lr,
-                private_lr=private_lr if cluster_private_lr is None else cluster_private_lr,
+                private_lr=cluster_private_lr,
                 seed=random_state + 2,
                 **common,
             )
@@ -313,7 +322,7 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
             "cluster_lr": cluster_lr,
             "private_optimizer": private_optimizer,
             "private_lr": private_lr,
-            "cluster_private_lr": private_lr if cluster_private_lr is None else cluster_private_lr,
+            "cluster_private_lr": cluster_private_lr,
             "rho": rho,
             "mask_rate": mask_rate,
             "betas": list(betas),

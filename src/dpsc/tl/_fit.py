@@ -8,6 +8,7 @@ import torch
 
 from .._validation import check_fit_args, check_matrix, check_privacy_args, get_matrix
 from ..model import DPDCAN
+from ..optim import OPTIMIZERS
 
 DEFAULT_N_CLUSTERS = 8
 """Used when ``n_clusters`` is None: a fixed, data-independent default (never estimated)."""
@@ -32,6 +33,7 @@ def fit(
     batch_size: int | None = None,
     likelihood: str = "zinb",
     accountant: str = "rdp",
+    optimizer: str = "sgd",
     random_state: int = 0,
     key_added: str = "X_dpdcan",
     cluster_key: str = "dp_cluster",
@@ -67,6 +69,11 @@ def fit(
         ``"zinb"`` for counts, ``"gaussian"`` for continuous (log-normalised) data.
     accountant
         ``"rdp"`` (default) or ``"prv"``.
+    optimizer
+        Update rule of the private parameters, applied to the clipped and noised gradient:
+        ``"sgd"`` (default), ``"adam"``, ``"dpsignsgd"`` or ``"dpsignadam"`` (sign of the
+        noisy gradient, :mod:`dpsc.optim`). Same accounting for all: the update is
+        post-processing of the noisy gradient.
     random_state
         Seed of everything random in the fit.
     key_added, cluster_key
@@ -90,6 +97,9 @@ def fit(
     check_fit_args(n_obs=adata.n_obs, n_clusters=n_clusters, scope=scope, batch_size=batch_size)
     check_privacy_args(epsilon, delta, adata.n_obs)
     check_matrix(matrix, likelihood)
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"Unknown optimizer {optimizer!r}; choose one of {OPTIMIZERS}.")
+    train_kwargs.setdefault("private_optimizer", optimizer)
     if max_epochs is not None:
         if max_epochs < 2:
             raise ValueError(f"max_epochs must be at least 2 (one per stage); got {max_epochs}.")

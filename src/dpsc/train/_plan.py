@@ -15,6 +15,7 @@ from scvi import REGISTRY_KEYS
 from torch import nn
 
 from ..module import DCANModule
+from ..optim import make_optimizer
 
 Stage = Literal["instance", "cluster"]
 Scope = Literal["encoder", "full"]
@@ -56,13 +57,7 @@ class DPConfig:
 
 
 def _optimizer(name: str, params: list[nn.Parameter], lr: float) -> torch.optim.Optimizer:
-    if name == "adam":
-        return torch.optim.Adam(params, lr=lr)
-    if name == "adadelta":
-        return torch.optim.Adadelta(params, lr=lr)
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=lr, momentum=0.9)
-    raise ValueError(f"Unknown optimizer {name!r}; use 'adam', 'adadelta' or 'sgd'.")
+    return make_optimizer(name, params, lr)
 
 
 class DCANTrainingPlan(pl.LightningModule):

@@ -1,0 +1,6 @@
+"""Membership-inference audits of trained models (what the shared encoder leaks in practice)."""
+
+from ._features import encoder_features
+from ._metrics import attack_metrics, best_threshold, clopper_pearson, epsilon_lower_bound
+
+__all__ = ["attack_metrics", "best_threshold", "clopper_pearson", "encoder_features", "epsilon_lower_bound"]

@@ -1,0 +1,50 @@
+"""What a party holding the shared model can compute about a cell: encoder outputs only."""
+
+from __future__ import annotations
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+import torch.nn.functional as F
+
+from ..module import DCANModule
+from ..module._dcan import mask_views
+
+
+@torch.no_grad()
+def encoder_features(
+    module: DCANModule,
+    X: np.ndarray | sp.spmatrix,
+    *,
+    n_views: int = 4,
+    mask_rate: float = 0.2,
+    seed: int = 0,
+    batch_size: int = 512,
+) -> tuple[np.ndarray, np.ndarray]:
+    r"""Membership features of each cell from the encoder and centroids (never the decoder).
+
+    Per cell: the soft assignments :math:`q` sorted in decreasing order (cluster ids are
+    arbitrary, so only the sorted profile transfers between shadow and target models), the
+    smallest latent distance to a centroid, and the *view agreement* — the mean cosine between
+    the latents of ``n_views`` randomly masked views of the cell, the quantity the instance stage
+    trains up on member cells. Returns ``(features, agreement)``.
+    """
+    module.eval()
+    gen = torch.Generator().manual_seed(seed)
+    feats, scores = [], []
+    for start in range(0, X.shape[0], batch_size):
+        block = X[start : start + batch_size]
+        block = block.toarray() if sp.issparse(block) else np.asarray(block)
+        rep = module.represent(torch.as_tensor(block, dtype=torch.float32))
+        z = module.encode(rep)
+        q = module.soft_assignment(z)
+        centroids = module.clustering.centroids
+        dist = torch.cdist(z, centroids).min(1).values
+        views = F.normalize(module.encode(mask_views(rep, n_views, mask_rate, gen)), dim=-1)
+        sim = views @ views.transpose(1, 2)
+        off = ~torch.eye(n_views, dtype=torch.bool)
+        agreement = sim[:, off].mean(1)
+        q_sorted = torch.sort(q, dim=1, descending=True).values
+        feats.append(torch.cat([q_sorted, dist[:, None], agreement[:, None]], 1).numpy())
+        scores.append(agreement.numpy())
+    return np.concatenate(feats), np.concatenate(scores)

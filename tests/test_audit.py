@@ -1,0 +1,54 @@
+import matplotlib
+import numpy as np
+import pytest
+
+import dpsc
+from dpsc.audit import attack_metrics, clopper_pearson, epsilon_lower_bound
+
+matplotlib.use("Agg")
+
+FAST_FIT = {"instance_epochs": 2, "cluster_epochs": 1, "progress_bar": False, "accelerator": "cpu"}
+
+
+def test_epsilon_lower_bound_behaves():
+    # A perfect attack on 1000/1000 cells proves a large ε; a coin flip proves nothing.
+    assert epsilon_lower_bound(1000, 1000, 0, 1000, delta=1e-5) > 5.0
+    assert epsilon_lower_bound(500, 1000, 500, 1000, delta=1e-5) == 0.0
+    # More confidence needs more data: the same rates on fewer cells give a smaller bound.
+    assert epsilon_lower_bound(90, 100, 10, 100, 1e-5) < epsilon_lower_bound(900, 1000, 100, 1000, 1e-5)
+    lo, hi = clopper_pearson(30, 100)
+    assert lo < 0.3 < hi and 0 <= lo and hi <= 1
+
+
+def test_attack_metrics_ranges():
+    rng = np.random.default_rng(0)
+    labels = np.r_[np.ones(200, bool), np.zeros(100, bool)]
+    scores = rng.normal(size=300) + 0.5 * labels
+    m = attack_metrics(labels, scores, threshold=0.25, delta=1e-5)
+    for key in ("auc", "accuracy", "tpr_at_fpr_0.01", "tpr_at_fpr_0.1"):
+        assert 0.0 <= m[key] <= 1.0
+    assert m["auc"] > 0.55 and m["epsilon_lower_bound"] >= 0.0
+
+
+def test_audit_end_to_end(small_adata):
+    adata = small_adata.copy()
+    table = dpsc.tl.audit(adata, epsilon=4.0, delta=1e-3, attack="both", n_clusters=3, **FAST_FIT)
+    assert list(table.attack) == ["shadow", "threshold"]
+    for key in ("auc", "accuracy", "tpr_at_fpr_0.01", "tpr_at_fpr_0.1"):
+        assert table[key].between(0, 1).all()
+    assert (table.epsilon_lower_bound >= 0).all()
+    assert (table.claimed_epsilon <= 4.0 + 1e-9).all()
+    record = adata.uns["dpsc"]["audit"]
+    assert record["n_cells"]["target_train"] == 2 * record["n_cells"]["target_test"]
+    assert "X_dpdcan" not in adata.obsm  # the audit fits copies, not the user's cells
+    ax = dpsc.pl.audit(adata, show=False)
+    assert ax.get_xlabel() == "false positive rate"
+
+
+def test_audit_bad_input(small_adata):
+    with pytest.raises(ValueError, match="needs at least"):
+        dpsc.tl.audit(small_adata[:50].copy(), epsilon=4.0, delta=1e-3, **FAST_FIT)
+    with pytest.raises(ValueError, match="Unknown attack"):
+        dpsc.tl.audit(small_adata, attack="whitebox")
+    with pytest.raises(ValueError, match="Unknown method"):
+        dpsc.tl.audit(small_adata, method="fedsc")
