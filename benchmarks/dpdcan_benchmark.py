@@ -39,6 +39,12 @@ CONFIGS = {
     "DP-DCAN eps=4": {"epsilon": 4.0, "scope": "encoder"},
     "DPE-DCAN eps=8 (full)": {"epsilon": 8.0, "scope": "full"},
 }
+SIGN_CONFIGS = {  # issue 3: update rule of the private parameters (same σ, q, steps for all)
+    f"DP-DCAN eps={eps:g} {opt}": {"epsilon": eps, "scope": "encoder", "optimizer": opt}
+    for eps in (8.0, 4.0, 2.0, 1.0)
+    for opt in ("sgd", "adam", "dpsignsgd", "dpsignadam")
+}
+ALL_CONFIGS = {**CONFIGS, **SIGN_CONFIGS}
 PAPER = {  # DP-DCAN paper, Table 2/5 (PBMC), best-epoch selection against labels
     ("pbmc", "DP-DCAN eps=8"): "70.87 / 72.53",
     ("pbmc", "DP-DCAN eps=6"): "68.12 / 72.53",
@@ -101,11 +107,12 @@ def run_one(args: argparse.Namespace) -> dict:
             pred = KMeans(k, n_init=10, random_state=args.seed).fit_predict(adata.obsm["X_pca"]).astype(str)
         row.update(epsilon=None, wall_s=time.perf_counter() - start)
     else:
-        cfg = CONFIGS[args.config]
+        cfg = ALL_CONFIGS[args.config]
         dpsc.tl.fit(
             adata,
             epsilon=cfg["epsilon"],
             scope=cfg["scope"],
+            optimizer=cfg.get("optimizer", "sgd"),
             n_clusters=k,
             likelihood=DATASETS[args.dataset][1],
             random_state=args.seed,

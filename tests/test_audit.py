@@ -24,7 +24,7 @@ def test_attack_metrics_ranges():
     rng = np.random.default_rng(0)
     labels = np.r_[np.ones(200, bool), np.zeros(100, bool)]
     scores = rng.normal(size=300) + 0.5 * labels
-    m = attack_metrics(labels, scores, threshold=0.25, delta=1e-5)
+    m = attack_metrics(labels, scores, thresholds={"accuracy": 0.25, "epsilon": 1.0}, delta=1e-5)
     for key in ("auc", "accuracy", "tpr_at_fpr_0.01", "tpr_at_fpr_0.1"):
         assert 0.0 <= m[key] <= 1.0
     assert m["auc"] > 0.55 and m["epsilon_lower_bound"] >= 0.0
@@ -32,8 +32,12 @@ def test_attack_metrics_ranges():
 
 def test_audit_end_to_end(small_adata):
     adata = small_adata.copy()
-    table = dpsc.tl.audit(adata, epsilon=4.0, delta=1e-3, attack="both", n_clusters=3, **FAST_FIT)
-    assert list(table.attack) == ["shadow", "threshold"]
+    table = dpsc.tl.audit(
+        adata, epsilon=4.0, delta=1e-3, attack="both", features="encoder+decoder", n_clusters=3, **FAST_FIT
+    )
+    assert list(table.attack) == [
+        "shadow", "shadow (encoder+decoder)", "threshold", "threshold (reconstruction)"
+    ]
     for key in ("auc", "accuracy", "tpr_at_fpr_0.01", "tpr_at_fpr_0.1"):
         assert table[key].between(0, 1).all()
     assert (table.epsilon_lower_bound >= 0).all()

@@ -76,3 +76,25 @@ def test_plots_return_axes_and_save(small_adata, tmp_path):
 def test_privacy_plot_needs_a_private_fit(small_adata):
     with pytest.raises(KeyError, match=r"dpsc\.tl\.fit"):
         dpsc.pl.privacy(small_adata, show=False)
+
+
+def test_privacy_utility_plot(tmp_path):
+    import numpy as np
+    import pandas as pd
+
+    df = pd.DataFrame(
+        {
+            "epsilon": [1, 1, 8, 8, None, None],
+            "ari": [0.1, 0.2, 0.5, 0.6, 0.7, 0.7],
+            "config": ["dp", "dp", "dp", "dp", "dp", "dp"],
+        }
+    )
+    ax = dpsc.pl.privacy_utility(df, show=False)
+    line = ax.lines[0]
+    assert list(line.get_xdata()) == [1.0, 8.0]
+    assert np.allclose(line.get_ydata(), [0.15, 0.55])
+    assert any(np.allclose(h.get_ydata(), 0.7) for h in ax.lines[1:])
+    dpsc.pl.privacy_utility(df, save=tmp_path / "pu.png", show=False)
+    assert (tmp_path / "pu.png").exists()
+    with pytest.raises(KeyError, match="lacks column"):
+        dpsc.pl.privacy_utility(df, y="nmi")

@@ -48,3 +48,24 @@ def test_read_h5_without_names_and_bad_files(tmp_path):
         dpsc.datasets.read_h5(bad)
     with pytest.raises(FileNotFoundError):
         dpsc.datasets.read_h5(tmp_path / "none.h5")
+
+
+def test_gdsc_subset_embedded():
+    a = dpsc.datasets.gdsc_subset()
+    assert a.shape == (90, 1350)
+    assert len(a.obs.columns) == 10 and a.obs["Paclitaxel"].notna().sum() == 89
+    assert np.isfinite(a.X).all() and a.X.min() >= 0
+
+
+def test_read_gdsc_joins_tables(tmp_path):
+    import pandas as pd
+
+    pd.DataFrame({"g1": [1.0, 3.0], "g2": [0.0, 7.0]}, index=pd.Index(["S1", "S2"], name="model_id")).to_csv(
+        tmp_path / "e.csv"
+    )
+    pd.DataFrame(
+        {"SANGER_MODEL_ID": ["S1", "S1", "S3"], "DRUG_NAME": ["d", "d", "d"], "LN_IC50": [1.0, 3.0, 5.0]}
+    ).to_csv(tmp_path / "r.csv", index=False)
+    a = dpsc.datasets.read_gdsc(tmp_path / "e.csv", tmp_path / "r.csv")
+    assert list(a.obs_names) == ["S1"] and a.obs["d"].iloc[0] == 2.0  # duplicate pair averaged
+    assert a.X[0, 0] == 1.0 and a.layers["raw"][0, 0] == 1.0

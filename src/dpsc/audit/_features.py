@@ -48,3 +48,21 @@ def encoder_features(
         feats.append(torch.cat([q_sorted, dist[:, None], agreement[:, None]], 1).numpy())
         scores.append(agreement.numpy())
     return np.concatenate(feats), np.concatenate(scores)
+
+
+@torch.no_grad()
+def reconstruction_loss(module: DCANModule, X: np.ndarray | sp.spmatrix, batch_size: int = 512) -> np.ndarray:
+    """Per-cell reconstruction loss through the *decoder* (ZINB or Gaussian NLL of the clean cell).
+
+    Only a party holding the decoder can compute it: with ``scope="encoder"`` the decoder is
+    never shared, so this signal is for audits of ``scope="full"`` models or for measuring what
+    the decoder would leak if it were released.
+    """
+    module.eval()
+    out = []
+    for start in range(0, X.shape[0], batch_size):
+        block = X[start : start + batch_size]
+        x = torch.as_tensor(block.toarray() if sp.issparse(block) else np.asarray(block), dtype=torch.float32)
+        z = module.encode(module.represent(x))
+        out.append(module.reconstruction_per_cell(x, z).numpy())
+    return np.concatenate(out)

@@ -40,33 +40,48 @@ def epsilon_lower_bound(
     return float(max(bounds))
 
 
-def best_threshold(labels: np.ndarray, scores: np.ndarray, delta: float) -> float:
-    """Threshold maximising the point ε estimate on *reference* (shadow) data."""
+def best_thresholds(labels: np.ndarray, scores: np.ndarray, delta: float) -> dict[str, float]:
+    """Thresholds chosen on *reference* (shadow) data: one for accuracy, one for the ε bound.
+
+    ``"accuracy"`` maximises balanced accuracy (TPR − FPR); ``"epsilon"`` maximises the
+    Clopper–Pearson ε lower bound of :func:`epsilon_lower_bound` on the reference data.
+    """
+    labels = np.asarray(labels, dtype=bool)
     fpr, tpr, thresholds = roc_curve(labels, scores)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        est = np.maximum(np.log((tpr - delta) / fpr), np.log((1 - fpr - delta) / (1 - tpr)))
-    est = np.where(np.isfinite(est), est, -np.inf)
-    return float(thresholds[int(np.argmax(est))])
+    n_pos, n_neg = int(labels.sum()), int((~labels).sum())
+    finite = np.isfinite(thresholds)
+    acc_idx = int(np.argmax(np.where(finite, tpr - fpr, -np.inf)))
+    bounds = [
+        epsilon_lower_bound(round(t * n_pos), n_pos, round(f * n_neg), n_neg, delta) if ok else -1.0
+        for t, f, ok in zip(tpr, fpr, finite, strict=True)
+    ]
+    return {"accuracy": float(thresholds[acc_idx]), "epsilon": float(thresholds[int(np.argmax(bounds))])}
 
 
 def attack_metrics(
-    labels: np.ndarray, scores: np.ndarray, *, threshold: float, delta: float
+    labels: np.ndarray, scores: np.ndarray, *, thresholds: dict[str, float], delta: float
 ) -> dict[str, float]:
-    """AUC, balanced accuracy at ``threshold``, TPR at FPR ≤ 1 % / 10 %, and the ε lower bound.
+    """AUC, balanced accuracy, TPR at FPR ≤ 1 % / 10 %, and the ε lower bound.
 
-    ``threshold`` must come from data other than the attacked model's (the shadow models), so
-    that the ε bound is not fitted to the target. Balanced accuracy is the accuracy on a
-    50/50 member/non-member mix (the 2:1 split makes plain accuracy's chance level 2/3).
+    ``thresholds`` (from :func:`best_thresholds`) must come from data other than the attacked
+    model's (the shadow models), so that neither accuracy nor the ε bound is fitted to the
+    target. Balanced accuracy is the accuracy on a 50/50 member/non-member mix (the 2:1 split
+    makes plain accuracy's chance level 2/3).
     """
     labels = np.asarray(labels, dtype=bool)
     scores = np.asarray(scores, dtype=float)
-    pred = scores >= threshold
     n_pos, n_neg = int(labels.sum()), int((~labels).sum())
-    tp, fp = int((pred & labels).sum()), int((pred & ~labels).sum())
+
+    def counts(threshold: float) -> tuple[int, int]:
+        pred = scores >= threshold
+        return int((pred & labels).sum()), int((pred & ~labels).sum())
+
+    tp_acc, fp_acc = counts(thresholds["accuracy"])
+    tp, fp = counts(thresholds["epsilon"])
     fpr, tpr, _ = roc_curve(labels, scores)
     return {
         "auc": float(roc_auc_score(labels, scores)),
-        "accuracy": 0.5 * (tp / n_pos + (n_neg - fp) / n_neg),
+        "accuracy": 0.5 * (tp_acc / n_pos + (n_neg - fp_acc) / n_neg),
         "tpr_at_fpr_0.01": float(tpr[fpr <= 0.01].max()),
         "tpr_at_fpr_0.1": float(tpr[fpr <= 0.1].max()),
         "epsilon_lower_bound": epsilon_lower_bound(tp, n_pos, fp, n_neg, delta),

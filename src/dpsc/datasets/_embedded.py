@@ -36,3 +36,27 @@ def pbmc4k() -> ad.AnnData:
         "source": "ttgump/scDCC@142e4e0 data/Small_Datasets/10X_PBMC_top2000.h5",
     }
     return adata
+
+
+_GDSC_FILE = "gdsc_subset.h5ad"
+
+
+def gdsc_subset() -> ad.AnnData:
+    """Return 90 cancer cell lines × 1350 genes with GDSC2 ln IC50 of 10 drugs (embedded, 0.3 MB).
+
+    Built with :func:`dpsc.datasets.read_gdsc` from the bhklab/CBWWorkshop2024 (@640a507, MIT)
+    subsets of GDSC (Iorio et al. 2016, Cell 166:740; Garnett et al. 2012): RNA-seq FPKM of the
+    cell lines that also have drug response, ``X = log2(1 + FPKM)`` (float32), one ``obs``
+    column per drug (Bortezomib, Entinostat, Erlotinib, Gemcitabine, Irinotecan, Lapatinib,
+    Olaparib, Paclitaxel, Pyridostatin, Tamoxifen) holding ``LN_IC50``; NaN where a pair was
+    not screened (83–90 cell lines per drug).
+    """
+    path = resources.files("dpsc.datasets").joinpath("data", _GDSC_FILE)
+    with resources.as_file(path) as file:
+        adata = ad.read_h5ad(file)
+    adata.uns["dpsc_dataset"] = {
+        "name": "gdsc_subset",
+        "source": "bhklab/CBWWorkshop2024@640a507 data/GDSC_rnaseq.rda + GDSC_drug_response.rda",
+        "target": "LN_IC50",
+    }
+    return adata

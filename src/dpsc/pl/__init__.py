@@ -3,5 +3,6 @@
 from ._audit import audit
 from ._embedding import embedding
 from ._privacy import privacy
+from ._privacy_utility import privacy_utility
 
-__all__ = ["audit", "embedding", "privacy"]
+__all__ = ["audit", "embedding", "privacy", "privacy_utility"]

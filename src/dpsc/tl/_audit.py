@@ -9,8 +9,9 @@ import numpy as np
 import pandas as pd
 from sklearn.ensemble import RandomForestClassifier
 from sklearn.metrics import roc_auc_score, roc_curve
+from sklearn.model_selection import cross_val_predict
 
-from ..audit import attack_metrics, best_threshold, encoder_features
+from ..audit import attack_metrics, best_thresholds, encoder_features, reconstruction_loss
 from ._fit import fit
 
 ATTACKS = ("shadow", "threshold", "both")
@@ -36,6 +37,17 @@ def _train(adata: ad.AnnData, idx: np.ndarray, epsilon: float | None, fit_kwargs
     return fit(adata[np.sort(idx)].copy(), epsilon=epsilon, random_state=seed, **fit_kwargs)
 
 
+def _features(module: Any, X: Any, features: str, seed: int) -> dict[str, np.ndarray]:
+    """Attack feature sets and single scores of each cell (decoder ones only if asked)."""
+    feat, agree = encoder_features(module, X, seed=seed)
+    out = {"encoder": feat, "agreement": agree}
+    if features == "encoder+decoder":
+        recon = reconstruction_loss(module, X)
+        out["encoder+decoder"] = np.column_stack([feat, recon])
+        out["reconstruction"] = recon
+    return out
+
+
 def _x(adata: ad.AnnData, idx: np.ndarray, layer: str | None) -> Any:
     """Rows ``idx`` of the count matrix."""
     matrix = adata.X if layer is None else adata.layers[layer]
@@ -50,6 +62,7 @@ def audit(
     method: str = "dpdcan",
     attack: str = "shadow",
     n_shadow: int = 1,
+    features: str = "encoder",
     random_state: int = 0,
     **fit_kwargs: Any,
 ) -> pd.DataFrame:
@@ -84,6 +97,12 @@ def audit(
         ``"shadow"``, ``"threshold"`` or ``"both"``.
     n_shadow
         Number of shadow models.
+    features
+        ``"encoder"`` (default: what a receiver of the shared model can compute) or
+        ``"encoder+decoder"``, which adds two attacks that also use the per-cell reconstruction
+        loss through the decoder (:func:`dpsc.audit.reconstruction_loss`): legitimate for
+        ``scope="full"`` models, and for ``scope="encoder"`` a measure of what releasing the
+        decoder would leak.
     random_state
         Seed of the split, the fits and the attack.
     **fit_kwargs
@@ -99,6 +118,8 @@ def audit(
         raise ValueError(f"Unknown method {method!r}; only 'dpdcan' can be audited so far.")
     if attack not in ATTACKS:
         raise ValueError(f"Unknown attack {attack!r}; choose one of {ATTACKS}.")
+    if features not in ("encoder", "encoder+decoder"):
+        raise ValueError(f"Unknown features {features!r}; choose 'encoder' or 'encoder+decoder'.")
     if n_shadow < 1:
         raise ValueError(f"n_shadow must be at least 1, got {n_shadow}.")
     for key in ("copy", "key_added", "cluster_key", "random_state", "epsilon", "delta"):
@@ -123,36 +144,45 @@ def audit(
     target = _train(adata, parts["target_train"], epsilon, fit_kwargs, random_state)
     t_idx = np.concatenate([parts["target_train"], parts["target_test"]])
     t_lab = np.r_[np.ones(parts["target_train"].size, bool), np.zeros(parts["target_test"].size, bool)]
-    t_feat, t_agree = encoder_features(target.module, _x(adata, t_idx, layer), seed=random_state)
+    t_feat = _features(target.module, _x(adata, t_idx, layer), features, random_state)
 
     # Shadow models are trained for every attack: the thresholds are always placed on shadow data.
-    s_feats, s_agree, s_labs = [], [], []
+    s_parts, s_labs = [], []
     for s, perm in enumerate(shadow_sets):
         members, non_members = perm[:n_in], perm[n_in:]
         shadow = _train(adata, members, epsilon, fit_kwargs, random_state + 1000 * (s + 1))
         idx = np.concatenate([members, non_members])
-        f, a = encoder_features(shadow.module, _x(adata, idx, layer), seed=random_state + s + 1)
-        s_feats.append(f)
-        s_agree.append(a)
+        s_parts.append(_features(shadow.module, _x(adata, idx, layer), features, random_state + s + 1))
         s_labs.append(np.r_[np.ones(members.size, bool), np.zeros(non_members.size, bool)])
-    s_feat, s_agree_all, s_lab = np.concatenate(s_feats), np.concatenate(s_agree), np.concatenate(s_labs)
+    s_feat = {k: np.concatenate([p[k] for p in s_parts]) for k in t_feat}
+    s_lab = np.concatenate(s_labs)
 
+    decoder = features == "encoder+decoder"
     rows, curves = [], {}
     if attack in ("shadow", "both"):
-        clf = RandomForestClassifier(n_estimators=300, min_samples_leaf=5, random_state=random_state)
-        clf.fit(s_feat, s_lab)
-        s_score = clf.predict_proba(s_feat)[:, 1]  # in-sample; only used to place the threshold
-        t_score = clf.predict_proba(t_feat)[:, 1]
-        thr = best_threshold(s_lab, s_score, delta)
-        rows.append({"attack": "shadow", **attack_metrics(t_lab, t_score, threshold=thr, delta=delta)})
-        curves["shadow"] = roc_curve(t_lab, t_score)[:2]
+        sets = {"shadow": "encoder"}
+        if decoder:
+            sets["shadow (encoder+decoder)"] = "encoder+decoder"
+        for name, key in sets.items():
+            clf = RandomForestClassifier(n_estimators=300, min_samples_leaf=5, random_state=random_state)
+            # Out-of-fold scores of the shadow cells place the thresholds without in-sample bias.
+            s_score = cross_val_predict(clf, s_feat[key], s_lab, cv=5, method="predict_proba")[:, 1]
+            t_score = clf.fit(s_feat[key], s_lab).predict_proba(t_feat[key])[:, 1]
+            thr = best_thresholds(s_lab, s_score, delta)
+            rows.append({"attack": name, **attack_metrics(t_lab, t_score, thresholds=thr, delta=delta)})
+            curves[name] = roc_curve(t_lab, t_score)[:2]
     if attack in ("threshold", "both"):
-        # The attacker learns the direction of the signal from the shadow models.
-        if roc_auc_score(s_lab, s_agree_all) < 0.5:
-            s_agree_all, t_agree = -s_agree_all, -t_agree
-        thr = best_threshold(s_lab, s_agree_all, delta)
-        rows.append({"attack": "threshold", **attack_metrics(t_lab, t_agree, threshold=thr, delta=delta)})
-        curves["threshold"] = roc_curve(t_lab, t_agree)[:2]
+        scores = {"threshold": "agreement"}
+        if decoder:
+            scores["threshold (reconstruction)"] = "reconstruction"
+        for name, key in scores.items():
+            s_score, t_score = s_feat[key], t_feat[key]
+            # The attacker learns the direction of the signal from the shadow models.
+            if roc_auc_score(s_lab, s_score) < 0.5:
+                s_score, t_score = -s_score, -t_score
+            thr = best_thresholds(s_lab, s_score, delta)
+            rows.append({"attack": name, **attack_metrics(t_lab, t_score, thresholds=thr, delta=delta)})
+            curves[name] = roc_curve(t_lab, t_score)[:2]
 
     claimed = float(target.privacy_["epsilon"]) if epsilon is not None else float("inf")
     table = pd.DataFrame(rows).assign(claimed_epsilon=claimed, delta=delta, n_shadow=n_shadow)
@@ -163,6 +193,6 @@ def audit(
         "delta": delta,
         "n_cells": {k: int(v.size) for k, v in parts.items()},
         "n_genes": int(keep.sum()),
-        "features": "encoder only: sorted soft assignments, nearest-centroid distance, masked-view agreement",
+        "features": features,
     }
     return table
