@@ -43,7 +43,7 @@ def report(path: Path) -> str:
     df["model"] = df.target_epsilon.map(lambda e: "non-private" if pd.isna(e) else f"ε = {e:g}")
     cols = ["auc", "accuracy", "tpr_at_fpr_0.01", "tpr_at_fpr_0.1", "epsilon_lower_bound"]
     agg = df.groupby(["model", "features", "attack"])[cols].mean().reset_index()
-    seeds = sorted(df.seed.unique())
+    seeds = sorted(int(s) for s in df.seed.unique())
     out = [
         "# Membership-inference audit (PBMC 4k, DP-DCAN, scope='encoder')",
         "",

@@ -89,7 +89,7 @@ def report(path: Path) -> str:
     eps = sorted(df.epsilon.unique())
     out = ["# DP-SignSGD classification check (scikit-learn digits)", "",
            f"Command: `{payload['command']}`. Test accuracy, mean ± sd over seeds "
-           f"{sorted(df.seed.unique())}; "
+           f"{sorted(int(s) for s in df.seed.unique())}; "
            "MLP 64→128→10, 30 epochs, q = 64/n, C = 1, δ = 1e-5.", "",
            "| optimizer | " + " | ".join(f"ε = {e:g}" for e in eps) + " |", "|---" * (len(eps) + 1) + "|"]
     for name in LRS:

@@ -2,11 +2,24 @@
 
 from importlib.metadata import PackageNotFoundError, version
 
-from . import audit, datasets, linear, model, module, optim, pl, privacy, tl, train
+from . import audit, datasets, federated, linear, model, module, optim, pl, pp, privacy, tl, train
 
 try:
     __version__ = version("dpsc")
 except PackageNotFoundError:  # pragma: no cover - running from a source tree
     __version__ = "0.0.0"
 
-__all__ = ["audit", "datasets", "linear", "model", "module", "optim", "pl", "privacy", "tl", "train"]
+__all__ = [
+    "audit",
+    "datasets",
+    "federated",
+    "linear",
+    "model",
+    "module",
+    "optim",
+    "pl",
+    "pp",
+    "privacy",
+    "tl",
+    "train",
+]

@@ -34,8 +34,8 @@ def _values(matrix: Any) -> np.ndarray:
     return np.asarray(matrix)
 
 
-def check_matrix(matrix: Any, likelihood: str) -> None:
-    """Reject NaN/inf, negative or non-integer values (ZINB), and all-zero cells or genes."""
+def check_matrix(matrix: Any, likelihood: str, *, training: bool = True) -> None:
+    """Reject NaN/inf, negative or non-integer values (ZINB), empty cells and (when training) empty genes."""
     if likelihood not in LIKELIHOODS:
         raise ValueError(f"Unknown likelihood {likelihood!r}; choose one of {LIKELIHOODS}.")
     values = _values(matrix)
@@ -64,7 +64,7 @@ def check_matrix(matrix: Any, likelihood: str) -> None:
             f"{int((cell_sums == 0).sum())} cell(s) have no counts at all. dpsc does not drop "
             "cells silently; filter them first: sc.pp.filter_cells(adata, min_counts=1)."
         )
-    if np.any(gene_sums == 0):
+    if training and np.any(gene_sums == 0):  # a new site's cells may lack some genes
         raise ValueError(
             f"{int((gene_sums == 0).sum())} gene(s) are zero in every cell. Filter them first: "
             "sc.pp.filter_genes(adata, min_counts=1)."

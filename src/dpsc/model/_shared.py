@@ -65,7 +65,7 @@ class SharedEncoder:
                 f"(first: {missing[:3]}). Subset/reorder to the shared model's var_names."
             )
         matrix = get_matrix(adata[:, self.var_names], layer)
-        check_matrix(matrix, self.module.likelihood)
+        check_matrix(matrix, self.module.likelihood, training=False)
         dense = matrix.toarray() if sp.issparse(matrix) else np.asarray(matrix)
         return torch.as_tensor(dense, dtype=torch.float32)
 

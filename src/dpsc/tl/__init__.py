@@ -1,7 +1,8 @@
 """Tools: scanpy-style functions that fit models and write results into AnnData."""
 
 from ._audit import audit
+from ._federated import fit_federated
 from ._fit import DEFAULT_N_CLUSTERS, fit
 from ._regression import private_regression
 
-__all__ = ["DEFAULT_N_CLUSTERS", "audit", "fit", "private_regression"]
+__all__ = ["DEFAULT_N_CLUSTERS", "audit", "fit", "fit_federated", "private_regression"]

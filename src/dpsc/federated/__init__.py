@@ -1,0 +1,25 @@
+"""FedSC: federated self-supervised single-cell clustering on Flower."""
+
+from ._ema import calibrate_lambda, divergence, divergence_aware_update, ema_weight
+from ._flower import DEFAULTS, make_apps, require_flwr, run_federation, write_client_data
+from ._ssl import METHODS, SSLConfig, SSLNet, byol_loss, embed, info_nce, local_train, nt_xent
+
+__all__ = [
+    "DEFAULTS",
+    "METHODS",
+    "SSLConfig",
+    "SSLNet",
+    "byol_loss",
+    "calibrate_lambda",
+    "divergence",
+    "divergence_aware_update",
+    "ema_weight",
+    "embed",
+    "info_nce",
+    "local_train",
+    "make_apps",
+    "nt_xent",
+    "require_flwr",
+    "run_federation",
+    "write_client_data",
+]

@@ -1,0 +1,39 @@
+"""Training curve of a federated fit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anndata as ad
+import numpy as np
+from matplotlib.axes import Axes
+
+from ._utils import finish, get_ax
+
+
+def federated(
+    adata: ad.AnnData,
+    *,
+    ax: Axes | None = None,
+    show: bool | None = None,
+    save: str | Path | None = None,
+) -> Axes | None:
+    """Plot the sites' mean local loss per round (weighted by cells) of :func:`dpsc.tl.fit_federated`.
+
+    Parameters
+    ----------
+    adata
+        AnnData passed to :func:`dpsc.tl.fit_federated` (reads ``uns["dpsc"]["federated"]``).
+    ax, show, save
+        scanpy's conventions; the Axes is returned when not shown.
+    """
+    record = adata.uns.get("dpsc", {}).get("federated")
+    if record is None:
+        raise KeyError("adata.uns['dpsc']['federated'] is missing; run dpsc.tl.fit_federated first.")
+    loss = np.asarray(record["loss"], dtype=float)
+    target = get_ax(ax)
+    target.plot(np.arange(1, len(loss) + 1), loss, marker="o", ms=3)
+    target.set_xlabel("round")
+    target.set_ylabel("mean local loss (last local epoch)")
+    target.set_title(f"{record['method']}, {len(record['clients'])} sites")
+    return finish(target, show, save)

@@ -1,0 +1,5 @@
+"""Preprocessing: scanpy-style functions that prepare an AnnData for dpsc."""
+
+from ._partition import partition
+
+__all__ = ["partition"]

@@ -1,0 +1,100 @@
+import matplotlib
+import numpy as np
+import pytest
+import torch
+
+import dpsc
+from dpsc.federated import (
+    SSLConfig,
+    SSLNet,
+    byol_loss,
+    calibrate_lambda,
+    divergence,
+    divergence_aware_update,
+    ema_weight,
+    local_train,
+)
+
+matplotlib.use("Agg")
+
+
+@pytest.mark.parametrize(("types_per_client", "n_clients"), [(2, 4), (3, 4), (4, 2)])
+def test_partition_types_per_client_and_coverage(small_adata, types_per_client, n_clients):
+    adata = small_adata.copy()
+    n_types = adata.obs["cell_type"].nunique()
+    dpsc.pp.partition(adata, n_clients, label_key="cell_type", types_per_client=types_per_client)
+    assert adata.obs["client"].notna().all()  # every cell exactly once (one label per row)
+    per_client = adata.obs.groupby("client", observed=True)["cell_type"].nunique()
+    assert len(per_client) == n_clients
+    assert (per_client <= types_per_client).all() and per_client.max() == min(types_per_client, n_types)
+    # all types are covered
+    assert adata.obs.groupby("cell_type", observed=True)["client"].nunique().min() >= 1
+
+
+def test_partition_iid_is_balanced(small_adata):
+    adata = small_adata.copy()
+    dpsc.pp.partition(adata, 3)
+    counts = adata.obs["client"].value_counts()
+    assert counts.sum() == adata.n_obs and counts.max() - counts.min() <= 1
+
+
+def test_partition_bad_input(small_adata):
+    with pytest.raises(ValueError, match="cannot cover"):
+        dpsc.pp.partition(small_adata.copy(), 2, label_key="cell_type", types_per_client=1)
+    with pytest.raises(ValueError, match="label_key"):
+        dpsc.pp.partition(small_adata.copy(), 2, types_per_client=2)
+
+
+def test_ema_weight_and_update_on_toy_tensors():
+    local = {"w": torch.tensor([1.0, 1.0]), "b": torch.tensor([0.0])}
+    glob = {"w": torch.tensor([0.0, 1.0]), "b": torch.tensor([0.0])}
+    div = divergence(glob, local)
+    assert div == pytest.approx(1.0)
+    lam = calibrate_lambda(0.7, div)
+    assert ema_weight(lam, div) == pytest.approx(0.7)  # μ = α when λ is calibrated
+    assert ema_weight(lam, 10 * div) == 1.0  # capped at 1
+    assert 0.0 <= ema_weight(lam, 0.3 * div) <= 1.0
+    new = divergence_aware_update(local, glob, 0.7)
+    assert torch.allclose(new["w"], torch.tensor([0.7, 1.0]))
+    with pytest.raises(ValueError, match="alpha"):
+        calibrate_lambda(1.5, 1.0)
+
+
+def test_byol_loss_per_cell_and_training_lowers_it():
+    p = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    assert torch.allclose(byol_loss(p, p), torch.zeros(2))
+    assert torch.allclose(byol_loss(p, -p), torch.full((2,), 4.0))
+    rng = np.random.default_rng(0)
+    X = np.log1p(rng.poisson(2.0, size=(64, 30)).astype(np.float32))
+    for method in ("fedsc", "fedsimsiam", "fedsimclr", "fedmoco", "fedmocov2"):
+        torch.manual_seed(0)
+        net = SSLNet(30, SSLConfig(method=method, batch_size=32))
+        assert set(net.shared_state()) == {k for k in net.state_dict() if not k.startswith("target.")}
+        first = local_train(net, X, 1, seed=0)
+        last = local_train(net, X, 15, seed=1)
+        assert np.isfinite(first) and np.isfinite(last)
+
+
+def test_fit_federated_two_clients_two_rounds(small_adata):
+    pytest.importorskip("flwr")
+    adata = small_adata.copy()
+    dpsc.pp.partition(adata, 2, label_key="cell_type", types_per_client=4)
+    record = dpsc.tl.fit_federated(adata, rounds=2, local_epochs=1, n_clusters=4)
+    assert adata.obsm["X_fedsc"].shape == (adata.n_obs, 60)
+    assert adata.obs["fed_cluster"].nunique() <= 4
+    assert len(record["loss"]) == 2 and np.isfinite(record["loss"]).all()
+    assert record["mu"][0] == 0.0 and record["mu"][1] == pytest.approx(0.7)  # EMA from round 2 on
+    assert dpsc.pl.federated(adata, show=False).get_xlabel() == "round"
+
+
+def test_fit_federated_bad_input(small_adata):
+    adata = small_adata.copy()
+    with pytest.raises(ValueError, match="assign cells to sites"):
+        dpsc.tl.fit_federated(adata)
+    dpsc.pp.partition(adata, 2)
+    with pytest.raises(ValueError, match="Unknown method"):
+        dpsc.tl.fit_federated(adata, method="fedprox")
+    adata.obs["tiny"] = ["a"] + ["b"] * (adata.n_obs - 1)
+    with pytest.raises(ValueError, match="fewer than 2 cells"):
+        dpsc.tl.fit_federated(adata, client_key="tiny")
+    assert "X_fedsc" not in adata.obsm
