@@ -11,12 +11,17 @@ extensions = [
     "sphinx_autodoc_typehints",
 ]
 autosummary_generate = True
-autodoc_default_options = {"members": True, "inherited-members": False}
+autodoc_default_options = {
+    "members": True,
+    "inherited-members": False,
+    # scikit-learn adds metadata-routing methods whose docstrings reference its own docs.
+    "exclude-members": "set_fit_request,set_predict_request,set_score_request",
+}
 napoleon_numpy_docstring = True
 napoleon_google_docstring = False
 nb_execution_mode = "off"
 myst_enable_extensions = ["dollarmath"]
 html_theme = "furo"
-exclude_patterns = ["_build"]
+exclude_patterns = ["_build", "jupyter_execute", "**/.ipynb_checkpoints"]
 suppress_warnings = ["myst.header"]
 nitpicky = False

@@ -20,8 +20,8 @@ from ._ssl import SSLConfig, SSLNet, local_train
 
 DEFAULTS: dict[str, Any] = {
     "method": "fedsc",
-    "rounds": 20,
-    "local-epochs": 2,
+    "rounds": 50,
+    "local-epochs": 5,
     "alpha": 0.7,
     "seed": 0,
     "data-dir": "",
