@@ -1,4 +1,9 @@
-"""Write the tutorial notebooks (sources only); execute them with ``make_outputs`` in the README of tutorials."""
+"""Write the tutorial notebooks (sources only).
+
+The committed outputs come from executing each notebook top to bottom in ``tutorials/`` with
+nbclient (full data, ``DPSC_TUTORIAL_FAST`` unset); Lightning's stderr log lines were then
+stripped from the outputs. Rerunning this script erases the outputs.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +15,8 @@ HERE = Path(__file__).parent
 SETUP = '''import os
 import warnings
 
+warnings.filterwarnings("ignore")
+
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
@@ -17,7 +24,6 @@ import scanpy as sc
 
 import dpsc
 
-warnings.filterwarnings("ignore")
 # DPSC_TUTORIAL_FAST=1 (set in CI) shrinks data and training so the notebook runs in seconds;
 # the committed outputs come from the full run.
 FAST = os.environ.get("DPSC_TUTORIAL_FAST") == "1"'''
@@ -355,7 +361,12 @@ for method in ["robust", "output_perturbation", "functional_mechanism", "non_pri
 table = pd.DataFrame(rows)
 table.round(3)
 """),
+    md("""
+The record of one robust fit at ε = 2: what was spent, how the budget was split, the
+projection bounds (chosen on synthetic data), the Laplace scales, and the statement.
+"""),
     code("""
+dpsc.tl.private_regression(train, drug, epsilon=2.0, public_mask="public", method="robust")
 print(train.uns["dpsc"]["regression"][drug]["statement"])
 """),
     code("""

@@ -65,7 +65,7 @@ def fit_federated(
         k-means clusters (default 8, fixed).
     rounds, local_epochs
         Federated rounds and local epochs per round. The paper uses 300 × 5; the default
-        50 × 5 takes about 4 s per round on PBMC 4k with 4 sites on 2 CPU cores (see the
+        50 × 5 takes about 2 s per round on PBMC 4k with 4 sites on 2 CPU cores (see the
         benchmark for what the shorter schedule costs in quality).
     alpha
         FedSC's EMA scale α (λ is set so that μ = α the first time a site compares models).
