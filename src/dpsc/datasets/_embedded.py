@@ -9,6 +9,15 @@ import anndata as ad
 _PBMC4K_FILE = "pbmc4k_top2000.h5ad"
 
 
+def _read_embedded(file_name: str, provenance: dict[str, str]) -> ad.AnnData:
+    """Read a fresh copy of ``data/<file_name>`` shipped with dpsc and record its provenance."""
+    path = resources.files("dpsc.datasets").joinpath("data", file_name)
+    with resources.as_file(path) as file:
+        adata = ad.read_h5ad(file)
+    adata.uns["dpsc_dataset"] = provenance
+    return adata
+
+
 def pbmc4k() -> ad.AnnData:
     """Return 4271 peripheral blood mononuclear cells × 2000 genes of raw UMI counts.
 
@@ -28,14 +37,10 @@ def pbmc4k() -> ad.AnnData:
         ``X``: sparse CSR int32 counts; ``obs["cell_type"]``: categorical labels. A fresh copy
         is read on every call, so callers may modify it freely.
     """
-    path = resources.files("dpsc.datasets").joinpath("data", _PBMC4K_FILE)
-    with resources.as_file(path) as file:
-        adata = ad.read_h5ad(file)
-    adata.uns["dpsc_dataset"] = {
-        "name": "pbmc4k_top2000",
-        "source": "ttgump/scDCC@142e4e0 data/Small_Datasets/10X_PBMC_top2000.h5",
-    }
-    return adata
+    return _read_embedded(
+        _PBMC4K_FILE,
+        {"name": "pbmc4k_top2000", "source": "ttgump/scDCC@142e4e0 data/Small_Datasets/10X_PBMC_top2000.h5"},
+    )
 
 
 _GDSC_FILE = "gdsc_subset.h5ad"
@@ -51,12 +56,11 @@ def gdsc_subset() -> ad.AnnData:
     Olaparib, Paclitaxel, Pyridostatin, Tamoxifen) holding ``LN_IC50``; NaN where a pair was
     not screened (83–90 cell lines per drug).
     """
-    path = resources.files("dpsc.datasets").joinpath("data", _GDSC_FILE)
-    with resources.as_file(path) as file:
-        adata = ad.read_h5ad(file)
-    adata.uns["dpsc_dataset"] = {
-        "name": "gdsc_subset",
-        "source": "bhklab/CBWWorkshop2024@640a507 data/GDSC_rnaseq.rda + GDSC_drug_response.rda",
-        "target": "LN_IC50",
-    }
-    return adata
+    return _read_embedded(
+        _GDSC_FILE,
+        {
+            "name": "gdsc_subset",
+            "source": "bhklab/CBWWorkshop2024@640a507 data/GDSC_rnaseq.rda + GDSC_drug_response.rda",
+            "target": "LN_IC50",
+        },
+    )

@@ -8,7 +8,7 @@ import anndata as ad
 import numpy as np
 from matplotlib.axes import Axes
 
-from ._utils import finish, get_ax
+from ._utils import finish, get_ax, uns_record
 
 
 def audit(
@@ -30,9 +30,7 @@ def audit(
     ax, show, save
         scanpy's conventions; the Axes is returned when not shown.
     """
-    record = adata.uns.get("dpsc", {}).get("audit")
-    if record is None:
-        raise KeyError("adata.uns['dpsc']['audit'] is missing; run dpsc.tl.audit(adata, ...) first.")
+    record = uns_record(adata, "audit", "dpsc.tl.audit(adata, ...)")
     target = get_ax(ax, figsize=(4.0, 4.0))
     table = record["table"]
     for i, (name, roc) in enumerate(record["roc"].items()):

@@ -8,7 +8,7 @@ import anndata as ad
 import numpy as np
 from matplotlib.axes import Axes
 
-from ._utils import finish, get_ax
+from ._utils import finish, get_ax, uns_record
 
 
 def federated(
@@ -27,9 +27,7 @@ def federated(
     ax, show, save
         scanpy's conventions; the Axes is returned when not shown.
     """
-    record = adata.uns.get("dpsc", {}).get("federated")
-    if record is None:
-        raise KeyError("adata.uns['dpsc']['federated'] is missing; run dpsc.tl.fit_federated first.")
+    record = uns_record(adata, "federated", "dpsc.tl.fit_federated")
     loss = np.asarray(record["loss"], dtype=float)
     target = get_ax(ax)
     target.plot(np.arange(1, len(loss) + 1), loss, marker="o", ms=3)

@@ -7,7 +7,7 @@ from pathlib import Path
 import anndata as ad
 from matplotlib.axes import Axes
 
-from ._utils import finish, get_ax
+from ._utils import finish, get_ax, uns_record
 
 
 def privacy(
@@ -26,9 +26,7 @@ def privacy(
     ax, show, save
         scanpy's conventions; the Axes is returned when not shown.
     """
-    record = adata.uns.get("dpsc", {}).get("privacy")
-    if record is None:
-        raise KeyError("adata.uns['dpsc']['privacy'] is missing; run dpsc.tl.fit(adata, epsilon=...) first.")
+    record = uns_record(adata, "privacy", "dpsc.tl.fit(adata, epsilon=...)")
     steps, eps = list(record.get("curve_steps", [])), list(record.get("curve_epsilon", []))
     if not steps:
         raise ValueError("This fit was not private (epsilon=None): there is no ε curve to plot.")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import anndata as ad
 import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
 
@@ -14,6 +15,14 @@ def get_ax(ax: Axes | None, figsize: tuple[float, float] = (4.5, 3.5)) -> Axes:
         return ax
     _, new_ax = plt.subplots(figsize=figsize)
     return new_ax
+
+
+def uns_record(adata: ad.AnnData, key: str, producer: str) -> dict:
+    """Return ``adata.uns["dpsc"][key]``, or raise a KeyError naming the call that writes it."""
+    record = adata.uns.get("dpsc", {}).get(key)
+    if record is None:
+        raise KeyError(f"adata.uns['dpsc'][{key!r}] is missing; run {producer} first.")
+    return record
 
 
 def finish(ax: Axes, show: bool | None, save: str | Path | None) -> Axes | None:
