@@ -44,6 +44,7 @@ def test_audit_end_to_end(small_adata):
     assert (table.claimed_epsilon <= 4.0 + 1e-9).all()
     record = adata.uns["dpsc"]["audit"]
     assert record["n_cells"]["target_train"] == 2 * record["n_cells"]["target_test"]
+    assert "lower bound" in record["statement"] and "Covered" in record["statement"]
     assert "X_dpdcan" not in adata.obsm  # the audit fits copies, not the user's cells
     ax = dpsc.pl.audit(adata, show=False)
     assert ax.get_xlabel() == "false positive rate"
