@@ -2,7 +2,7 @@
 
 from importlib.metadata import PackageNotFoundError, version
 
-from . import audit, datasets, federated, linear, model, module, optim, pl, pp, privacy, tl, train
+from . import audit, datasets, federated, fm, linear, model, module, optim, pl, pp, privacy, tl, train
 
 try:
     __version__ = version("dpsc")
@@ -13,6 +13,7 @@ __all__ = [
     "audit",
     "datasets",
     "federated",
+    "fm",
     "linear",
     "model",
     "module",

@@ -1,8 +1,9 @@
 """Tools: scanpy-style functions that fit models and write results into AnnData."""
 
+from ._annotate import annotate
 from ._audit import audit
 from ._federated import fit_federated
 from ._fit import DEFAULT_N_CLUSTERS, fit
 from ._regression import private_regression
 
-__all__ = ["DEFAULT_N_CLUSTERS", "audit", "fit", "fit_federated", "private_regression"]
+__all__ = ["DEFAULT_N_CLUSTERS", "annotate", "audit", "fit", "fit_federated", "private_regression"]
