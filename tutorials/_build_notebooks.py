@@ -379,3 +379,120 @@ varies a lot between noise draws (20 draws are averaged above, over one split). 
 (`benchmarks/results/regression.md`) repeats this over 50 splits and all 10 drugs.
 """),
 ])
+
+write("06_annotation.ipynb", [
+    md("""
+# Private cell-type annotation with the functional mechanism
+
+A hospital holds a labelled reference (cells with expert annotations) it may not share. You hold
+unlabelled query cells. `dpsc.tl.annotate` trains a classifier on the reference with a privacy
+guarantee for every reference cell and labels your cells with it.
+
+Two private learners:
+
+- **pCDBN** (`method="pcdbn"`, Phan, Wu & Dou 2017): the *objective* is perturbed once. The RBM
+  energy is approximated by a Chebyshev polynomial, whose data-dependent coefficients (moment
+  tensors) get Laplace noise; the softmax layer uses a second-order Taylor expansion of
+  cross-entropy. Training is post-processing: **the privacy cost does not grow with epochs**.
+- **DP-SGD** (`method="dpsgd"`, Opacus): noise on every clipped gradient step; the privacy cost grows
+  with every epoch.
+
+Full run: about 2 minutes on a laptop CPU.
+"""),
+    code(SETUP),
+    code("""
+adata = dpsc.datasets.pbmc4k()
+if FAST:
+    sc.pp.subsample(adata, n_obs=800, random_state=0)
+rng = np.random.default_rng(0)
+is_reference = rng.random(adata.n_obs) < 0.7
+reference = adata[is_reference].copy()   # the hospital's private, labelled cells
+query = adata[~is_reference].copy()      # your cells; their labels are used only to score
+print(reference.n_obs, "reference cells,", query.n_obs, "query cells")
+"""),
+    md("""
+## Annotate at ε = 1
+
+The features are a PCA fitted on the **query** cells (yours), so the reference is only touched by
+the private learner. Each call writes `query.obs["dp_label"]`, a confidence column and a privacy
+record in `uns["dpsc"]["annotation"]` of both objects.
+"""),
+    code("""
+from sklearn.metrics import accuracy_score, f1_score
+
+epochs = 20 if FAST else 200
+rows = []
+for method, eps, kwargs in [("pcdbn", 1.0, {"epochs": epochs}), ("dpsgd", 1.0, {}), ("mlp", None, {})]:
+    dpsc.tl.annotate(reference, query, "cell_type", epsilon=eps, method=method, **kwargs)
+    truth, pred = query.obs["cell_type"].astype(str), query.obs["dp_label"].astype(str)
+    rows.append({"method": method, "ε spent": query.uns["dpsc"]["annotation"]["epsilon"],
+                 "accuracy": accuracy_score(truth, pred), "macro-F1": f1_score(truth, pred, average="macro")})
+    query.obs[f"label_{method}"] = query.obs["dp_label"]
+pd.DataFrame(rows).round(3)
+"""),
+    code("""
+dpsc.tl.annotate(reference, query, "cell_type", epsilon=1.0, method="pcdbn", epochs=epochs)
+record = query.uns["dpsc"]["annotation"]
+print(record["statement"], end="\\n\\n")
+print("ε per layer:", [round(layer["epsilon"], 3) for layer in record["layers"]])
+print("Laplace scales:", [round(layer["laplace_scale"], 3) for layer in record["layers"]])
+print("Chebyshev degree", record["layers"][0]["degree"], "on [−R, R], R =", record["layers"][0]["radius"],
+      "max error", round(record["layers"][0]["approximation_max_error"], 4))
+"""),
+    md("""
+## Where the labels land
+
+A UMAP of the query cells (computed on your own cells) coloured by the true type and by the labels
+of each learner.
+"""),
+    code("""
+view = query.copy()
+sc.pp.normalize_total(view, target_sum=1e4)
+sc.pp.log1p(view)
+sc.pp.pca(view, n_comps=20)
+sc.pp.neighbors(view, random_state=0)
+sc.tl.umap(view, random_state=0)
+sc.pl.umap(view, color=["cell_type", "label_pcdbn", "label_dpsgd"], ncols=3, wspace=0.5)
+"""),
+    md("""
+## The headline property: epochs are free for pCDBN, not for DP-SGD
+
+pCDBN at ε = 0.5 for 1 to 400 epochs: the spent ε stays at 0.5. DP-SGD with a fixed noise
+multiplier (the one that reaches ε = 0.5 after 10 epochs) spends more with every epoch; it stops
+where the next epoch would cross the budget.
+"""),
+    code("""
+from opacus.accountants.utils import get_noise_multiplier
+
+budget, batch = 0.5, 128
+steps = -(-reference.n_obs // batch)
+sigma = get_noise_multiplier(target_epsilon=budget, target_delta=1e-5, sample_rate=1 / steps, epochs=10,
+                             accountant="prv")
+curve = []
+for epochs_asked in ((1, 5, 20) if FAST else (1, 10, 50, 200, 400)):
+    dpsc.tl.annotate(reference, query, "cell_type", epsilon=budget, method="pcdbn", epochs=epochs_asked)
+    curve.append({"method": "pCDBN", "epochs": epochs_asked, "ε spent": query.uns["dpsc"]["annotation"]["epsilon"],
+                  "accuracy": accuracy_score(query.obs["cell_type"].astype(str), query.obs["dp_label"].astype(str))})
+dpsc.tl.annotate(reference, query, "cell_type", epsilon=None, method="dpsgd", noise_multiplier=sigma,
+                 max_epsilon=budget, epochs=50, batch_size=batch)
+history = query.uns["dpsc"]["annotation"]["epsilon_history"]
+fig, ax = plt.subplots(figsize=(5, 3.5))
+curve = pd.DataFrame(curve)
+ax.plot(curve["epochs"], curve["ε spent"], "o-", label="pCDBN (objective perturbation)")
+ax.plot(np.arange(1, len(history) + 1), history, "s-", label=f"DP-SGD (σ = {sigma:.2f})")
+ax.axhline(budget, color="grey", ls=":", label="budget")
+ax.set_xscale("log"); ax.set_xlabel("epochs"); ax.set_ylabel("ε spent"); ax.legend()
+plt.show()
+curve.round(3)
+"""),
+    md("""
+## Reading the results
+
+Both learners keep their promise, but at these data sizes DP-SGD is clearly more accurate: the
+functional mechanism adds noise to every coefficient of the objective at once, and with a few
+thousand cells the noise on the softmax layer's statistics dominates (see
+`benchmarks/results/fm.md`, PBMC and mouse bladder, ε from 0.1 to 8). pCDBN's advantage is
+structural: you may train as long as you like, tune the epochs on public data, or retrain
+without paying again — the released coefficients are all the model ever sees.
+"""),
+])

@@ -23,7 +23,8 @@ def annotation_statement(method: str, epsilon: float, delta: float, n_reference:
         f"{epsilon:g}-differential privacy (pure ε, Laplace noise on the training objective's "
         "coefficients, released once; independent of the number of epochs)"
         if method == "pcdbn"
-        else f"({epsilon:g}, {delta:g})-differential privacy (DP-SGD, Poisson sampling, RDP accountant)"
+        else f"({epsilon:g}, {delta:g})-differential privacy (DP-SGD, Poisson sampling, Opacus PRV "
+        "accountant)"
     )
     return (
         f"The trained classifier satisfies {kind} with respect to replacing any one of the "
@@ -126,7 +127,9 @@ def annotate(
     method
         ``"pcdbn"`` (default), ``"dpsgd"`` or ``"mlp"``, as above.
     epsilon, delta
-        Privacy budget (``delta`` only for ``"dpsgd"``).
+        Privacy budget (``delta`` only for ``"dpsgd"``). For ``"dpsgd"``, ``epsilon=None`` with
+        ``noise_multiplier=σ`` (and optionally ``max_epsilon``) trains with a fixed σ and records
+        the ε spent.
     n_components
         PCA dimensions. pCDBN's moment tensors have ``n_components**degree`` entries.
     layer, log_normalize
@@ -145,7 +148,8 @@ def annotate(
     The fitted classifier. Writes the labels to ``adata_query.obs`` and the privacy record to
     ``uns["dpsc"]["annotation"]`` of both AnnData objects. Nothing is written if an error occurs.
     """
-    labels = _check_inputs(adata_ref, adata_query, label_key, epsilon, method)
+    fixed_noise = method == "dpsgd" and method_kwargs.get("noise_multiplier") is not None and epsilon is None
+    labels = _check_inputs(adata_ref, adata_query, label_key, 1.0 if fixed_noise else epsilon, method)
     genes = list(adata_ref.var_names)
     if not 1 <= n_components <= min(len(genes), adata_query.n_obs):
         limit = min(len(genes), adata_query.n_obs)
@@ -161,7 +165,7 @@ def annotate(
         scale[scale == 0] = 1.0
         Z_ref, Z_query = Z_ref / scale, Z_query / scale
         model = fm.DPSGDClassifier(
-            epsilon=None if method == "mlp" else float(epsilon),
+            epsilon=None if method == "mlp" or fixed_noise else float(epsilon),
             delta=delta,
             random_state=random_state,
             **method_kwargs,
