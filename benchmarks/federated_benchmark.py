@@ -23,6 +23,11 @@ from pathlib import Path
 
 DATASETS = {"pbmc": ("pbmc_10x_4k_top2000.h5", 2), "bladder": ("mouse_bladder_top2000.h5", 4)}
 METHODS = ["fedsc", "fedbyol", "fedsimsiam", "fedsimclr", "fedmoco", "fedmocov2", "centralized", "PCA+KMeans"]
+DP_METHODS = {  # client-level DP: (method, ε per site, update rule on the noisy gradient)
+    "fedsc DP ε=8 sgd": ("fedsc", 8.0, "sgd"),
+    "fedsc DP ε=8 dpsignadam": ("fedsc", 8.0, "dpsignadam"),
+    "fedsc DP ε=2 dpsignadam": ("fedsc", 2.0, "dpsignadam"),
+}
 PAPER = {  # FedSC paper, Table 1: ARI / NMI / silhouette (×100)
     ("pbmc", "fedsc"): "62.57 / 68.35 / 54.70",
     ("bladder", "fedsc"): "34.35 / 57.84 / 29.58",
@@ -69,8 +74,12 @@ def run(args: argparse.Namespace) -> None:
                 else:
                     dpsc.pp.partition(adata, 4, label_key="label", types_per_client=types_per_client,
                                       random_state=seed)
-                    rec = dpsc.tl.fit_federated(adata, method=method, n_clusters=k, rounds=args.rounds,
-                                                local_epochs=args.local_epochs, random_state=seed)
+                    base_method, eps, opt = DP_METHODS.get(method, (method, None, "sgd"))
+                    rec = dpsc.tl.fit_federated(adata, method=base_method, n_clusters=k, rounds=args.rounds,
+                                                local_epochs=args.local_epochs, random_state=seed,
+                                                epsilon=eps, optimizer=opt)
+                    if eps is not None:
+                        row["epsilon_spent_max_site"] = rec["privacy"]["epsilon"]
                     Z = adata.obsm["X_fedsc"]
                     pred = adata.obs["fed_cluster"].astype(int).to_numpy()
                     row.update(seconds_per_round=rec["seconds_per_round"], final_loss=rec["loss"][-1])
@@ -99,7 +108,7 @@ def report(path: Path) -> str:
         out += [f"## {name}", "",
                 "| method | ARI | NMI | silhouette | s / round | n | paper ARI / NMI / sil. |",
                 "|---|---|---|---|---|---|---|"]
-        for method in METHODS:
+        for method in [*METHODS, *DP_METHODS]:
             g = group[group.method == method]
             if g.empty:
                 continue

@@ -5,14 +5,18 @@ import torch
 
 import dpsc
 from dpsc.federated import (
+    PER_CELL_METHODS,
+    ClientDP,
     SSLConfig,
     SSLNet,
     byol_loss,
     calibrate_lambda,
     divergence,
     divergence_aware_update,
+    dp_schedule,
     ema_weight,
     local_train,
+    local_train_private,
 )
 
 matplotlib.use("Agg")
@@ -98,3 +102,55 @@ def test_fit_federated_bad_input(small_adata):
     with pytest.raises(ValueError, match="fewer than 2 cells"):
         dpsc.tl.fit_federated(adata, client_key="tiny")
     assert "X_fedsc" not in adata.obsm
+
+
+def test_per_cell_loss_couples_no_cells():
+    torch.manual_seed(0)
+    for method in PER_CELL_METHODS:
+        net = SSLNet(20, SSLConfig(method=method))
+        x1 = torch.rand(6, 20, requires_grad=True)
+        x2 = torch.rand(6, 20, requires_grad=True)
+        loss = net.per_cell_loss(x1, x2)
+        assert loss.shape == (6,)
+        loss[0].backward()
+        assert torch.all(x1.grad[1:] == 0) and torch.all(x2.grad[1:] == 0)
+        assert x1.grad[0].abs().sum() > 0
+    with pytest.raises(ValueError, match="no per-cell loss"):
+        SSLNet(20, SSLConfig(method="fedsimclr")).per_cell_loss(x1, x2)
+
+
+def test_local_train_private_steps_noise_and_clean_state():
+    rng = np.random.default_rng(0)
+    X = np.log1p(rng.poisson(2.0, size=(300, 30)).astype(np.float32))
+    q, per_epoch = dp_schedule(300, 128)
+    assert q == pytest.approx(128 / 300) and per_epoch == 3
+    weights = []
+    for sigma, opt in ((0.0, "sgd"), (5.0, "sgd"), (5.0, "dpsignadam")):
+        torch.manual_seed(0)
+        net = SSLNet(30, SSLConfig(method="fedsc"))
+        keys = set(net.state_dict())
+        loss, steps = local_train_private(net, X, 2, seed=0, dp=ClientDP(sigma, 1.0, opt, 0.01))
+        assert steps == 2 * per_epoch and np.isfinite(loss)
+        assert set(net.state_dict()) == keys
+        assert not any(hasattr(p, "grad_sample") for p in net.parameters())
+        weights.append(net.online[0].weight.detach().clone())
+    assert not torch.allclose(weights[0], weights[1])  # the noise reaches the update
+
+
+def test_fit_federated_with_client_level_dp(small_adata):
+    pytest.importorskip("flwr")
+    adata = small_adata.copy()
+    dpsc.pp.partition(adata, 2)
+    record = dpsc.tl.fit_federated(
+        adata, rounds=2, local_epochs=1, n_clusters=4, epsilon=4.0, optimizer="dpsignadam"
+    )
+    privacy = record["privacy"]
+    assert set(privacy["epsilon_per_site"]) == set(adata.obs["client"].astype(str))
+    assert 0 < privacy["epsilon"] <= 4.0
+    assert privacy["optimizer"] == "dpsignadam"
+    assert "replacing one of that site's cells" in privacy["statement"]
+    assert privacy["mean_dp_steps_per_round_reported"] > 0
+    with pytest.raises(ValueError, match="compares cells within a batch"):
+        dpsc.tl.fit_federated(adata, method="fedsimclr", epsilon=4.0)
+    with pytest.raises(ValueError, match="epsilon must be > 0"):
+        dpsc.tl.fit_federated(adata, epsilon=0.0)

@@ -2,21 +2,38 @@
 
 from ._ema import calibrate_lambda, divergence, divergence_aware_update, ema_weight
 from ._flower import DEFAULTS, make_apps, require_flwr, run_federation, write_client_data
-from ._ssl import METHODS, SSLConfig, SSLNet, byol_loss, embed, info_nce, local_train, nt_xent
+from ._ssl import (
+    METHODS,
+    PER_CELL_METHODS,
+    ClientDP,
+    SSLConfig,
+    SSLNet,
+    byol_loss,
+    dp_schedule,
+    embed,
+    info_nce,
+    local_train,
+    local_train_private,
+    nt_xent,
+)
 
 __all__ = [
     "DEFAULTS",
     "METHODS",
+    "PER_CELL_METHODS",
+    "ClientDP",
     "SSLConfig",
     "SSLNet",
     "byol_loss",
     "calibrate_lambda",
     "divergence",
     "divergence_aware_update",
+    "dp_schedule",
     "ema_weight",
     "embed",
     "info_nce",
     "local_train",
+    "local_train_private",
     "make_apps",
     "nt_xent",
     "require_flwr",

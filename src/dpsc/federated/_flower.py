@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from ._ema import calibrate_lambda, divergence, divergence_aware_update, ema_weight
-from ._ssl import SSLConfig, SSLNet, local_train
+from ._ssl import ClientDP, SSLConfig, SSLNet, local_train, local_train_private
 
 DEFAULTS: dict[str, Any] = {
     "method": "fedsc",
@@ -29,6 +29,11 @@ DEFAULTS: dict[str, Any] = {
     "lr": 0.032,
     "batch-size": 128,
     "mask-rate": 0.2,
+    # client-level DP (off when "noise-multipliers" is empty): JSON list of σ per partition-id
+    "noise-multipliers": "",
+    "max-grad-norm": 1.0,
+    "dp-optimizer": "sgd",
+    "dp-lr": 0.032,
 }
 
 
@@ -108,12 +113,21 @@ def make_apps(settings: dict[str, Any]):
             net.load_shared(global_state)
             net.target.load_state_dict(net.online.state_dict())
         epochs = int(msg.content["config"]["local-epochs"])
-        loss = local_train(net, X, epochs, seed=int(s["seed"]) * 100_003 + 1009 * pid + server_round)
+        seed = int(s["seed"]) * 100_003 + 1009 * pid + server_round
+        dp_steps = 0
+        if s["noise-multipliers"]:
+            sigma = float(json.loads(s["noise-multipliers"])[pid])
+            dp = ClientDP(sigma, float(s["max-grad-norm"]), str(s["dp-optimizer"]), float(s["dp-lr"]))
+            loss, dp_steps = local_train_private(net, X, epochs, seed, dp)
+        else:
+            loss = local_train(net, X, epochs, seed=seed)
         context.state["local"] = ArrayRecord(net.state_dict())
         reply = RecordDict(
             {
                 "arrays": ArrayRecord(net.shared_state()),
-                "metrics": MetricRecord({"loss": loss, "mu": mu, "num-examples": int(X.shape[0])}),
+                "metrics": MetricRecord(
+                    {"loss": loss, "mu": mu, "dp-steps": dp_steps, "num-examples": int(X.shape[0])}
+                ),
             }
         )
         return Message(content=reply, reply_to=msg)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 METHODS = ("fedsc", "fedbyol", "fedsimsiam", "fedsimclr", "fedmoco", "fedmocov2")
+PER_CELL_METHODS = ("fedsc", "fedbyol", "fedsimsiam")  # losses with no cross-cell terms: DP-SGD applies
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,23 @@ class SSLNet(nn.Module):
         r"""EMA target: :math:`\xi \leftarrow \tau\xi + (1-\tau)\theta`."""
         for t, o in zip(self.target.parameters(), self.online.parameters(), strict=True):
             t.mul_(self.config.tau).add_(o.detach(), alpha=1 - self.config.tau)
+
+    def per_cell_loss(self, v1: torch.Tensor, v2: torch.Tensor) -> torch.Tensor:
+        """Loss of each cell, ``(B,)``, for the methods without negatives (:data:`PER_CELL_METHODS`).
+
+        Cell ``i``'s term depends only on its own two views, so per-sample gradients are really
+        per cell (the target encoder is a no-grad copy and adds no coupling).
+        """
+        m = self.config.method
+        if m not in PER_CELL_METHODS:
+            raise ValueError(f"method={m!r} compares cells within a batch; it has no per-cell loss.")
+        z1, z2 = self.online(v1), self.online(v2)
+        p1, p2 = self.predictor(z1), self.predictor(z2)
+        if m == "fedsimsiam":
+            return (byol_loss(p1, z2.detach()) + byol_loss(p2, z1.detach())) / 2
+        with torch.no_grad():
+            t1, t2 = self.target(v1), self.target(v2)
+        return byol_loss(p1, t2) + byol_loss(p2, t1)
 
     def loss(self, v1: torch.Tensor, v2: torch.Tensor) -> torch.Tensor:
         """Mean over cells of the method's symmetrised loss for views ``v1``, ``v2``."""
@@ -153,6 +172,86 @@ def local_train(net: SSLNet, X: np.ndarray, epochs: int, seed: int) -> float:
             losses.append(float(loss.detach()))
         last = float(np.mean(losses)) if losses else last
     return last
+
+
+@dataclass(frozen=True)
+class ClientDP:
+    """DP-SGD settings of one site: noise multiplier σ, clipping norm C, update rule, lr."""
+
+    noise_multiplier: float
+    max_grad_norm: float = 1.0
+    optimizer: str = "sgd"
+    lr: float = 0.032
+
+
+def dp_schedule(n_cells: int, batch_size: int) -> tuple[float, int]:
+    """Poisson rate ``q = min(1, B/n)`` and steps per local epoch ``⌈1/q⌉`` of a site."""
+    q = min(1.0, batch_size / n_cells)
+    return q, int(np.ceil(1.0 / q))
+
+
+def local_train_private(
+    net: SSLNet, X: np.ndarray, epochs: int, seed: int, dp: ClientDP
+) -> tuple[float, int]:
+    r"""DP-SGD local training of the online encoder and predictor; returns (mean loss, steps).
+
+    Each step draws a Poisson batch (every cell independently with probability ``q``), computes
+    the per-cell losses (:meth:`SSLNet.per_cell_loss`), and lets Opacus clip each cell's
+    gradient to ``C`` and add :math:`N(0, σ^2C^2)` before the update rule
+    (:func:`dpsc.optim.make_optimizer`; ``"dpsignsgd"``/``"dpsignadam"`` take the sign of the
+    noisy gradient). Per-sample gradients are vectorised by Opacus's ``GradSampleModule`` hooks.
+    An empty batch still takes a pure-noise step, as the accountant assumes. The EMA target
+    encoder follows the (already private) online weights: post-processing.
+    """
+    from opacus import GradSampleModule
+    from opacus.optimizers import DPOptimizer
+
+    from ..optim import make_optimizer
+
+    cfg = net.config
+    data = torch.as_tensor(X, dtype=torch.float32)
+    n = data.shape[0]
+    q, steps_per_epoch = dp_schedule(n, cfg.batch_size)
+    gen = torch.Generator().manual_seed(seed)
+    noise_gen = torch.Generator().manual_seed(seed + 7919)
+    container = nn.ModuleList([net.online, net.predictor])
+    gsm = GradSampleModule(container, loss_reduction="sum")
+    params = [p for p in container.parameters() if p.requires_grad]
+    optimizer = DPOptimizer(
+        make_optimizer(dp.optimizer, params, dp.lr), noise_multiplier=dp.noise_multiplier,
+        max_grad_norm=dp.max_grad_norm, expected_batch_size=max(1, round(q * n)), loss_reduction="mean",
+        generator=noise_gen,
+    )  # fmt: skip
+    net.train()
+    losses, steps = [], 0
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*[Ff]ull backward hook.*")
+            for _ in range(epochs):
+                for _ in range(steps_per_epoch):
+                    optimizer.zero_grad(set_to_none=True)
+                    batch = data[torch.rand(n, generator=gen) < q]
+                    if batch.shape[0] == 0:
+                        for p in params:
+                            p.grad_sample = torch.zeros((1, *p.shape))
+                    else:
+                        per_cell = net.per_cell_loss(
+                            masked_view(batch, cfg.mask_rate, gen), masked_view(batch, cfg.mask_rate, gen)
+                        )
+                        per_cell.sum().backward()
+                        losses.append(float(per_cell.mean().detach()))
+                    optimizer.step()
+                    steps += 1
+                    if cfg.method != "fedsimsiam":
+                        net.update_target()
+    finally:
+        gsm._close()
+        for p in params:
+            for attr in ("grad_sample", "_forward_counter", "summed_grad"):
+                if hasattr(p, attr):
+                    delattr(p, attr)
+            p.grad = None
+    return (float(np.mean(losses[-steps_per_epoch:])) if losses else float("nan")), steps
 
 
 @torch.no_grad()

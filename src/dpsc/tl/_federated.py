@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import tempfile
 import time
 from pathlib import Path
@@ -14,11 +15,39 @@ import torch
 from sklearn.cluster import KMeans
 
 from .._validation import check_matrix, get_matrix
-from ..federated import METHODS, SSLConfig, SSLNet, embed, require_flwr, run_federation, write_client_data
+from ..federated import (
+    METHODS,
+    PER_CELL_METHODS,
+    SSLConfig,
+    SSLNet,
+    dp_schedule,
+    embed,
+    require_flwr,
+    run_federation,
+    write_client_data,
+)
 from ..module._dcan import input_representation
+from ..optim import OPTIMIZERS
+from ..privacy import calibrate_noise_multiplier, make_accountant
 from ._fit import DEFAULT_N_CLUSTERS
 
 MIN_CLIENT_CELLS = 2
+DEFAULT_CLIENT_LRS = {"sgd": 0.032, "adam": 1e-3, "adadelta": 1.0, "dpsignsgd": 1e-3, "dpsignadam": 1e-3}
+
+
+def federated_statement(epsilons: dict[str, float], delta: float, optimizer: str) -> str:
+    """Plain-language scope of client-level DP in :func:`fit_federated`."""
+    worst = max(epsilons.values())
+    return (
+        f"Each site trains with DP-SGD ({optimizer} update on the noisy gradient, Opacus) and the "
+        f"weights it sends every round satisfy (ε_k, {delta:g})-DP with respect to replacing one of "
+        f"that site's cells; ε_k ≤ {worst:.3g} for every site (per site in 'epsilon_per_site'). "
+        "Covered: every message a site sends, hence everything the server and the other sites see, "
+        "and the final global model (post-processing). A cell is protected by its own site's ε. Not "
+        "covered: the embeddings and clusters written to this AnnData (computed on the cells "
+        "themselves), the number of cells per site (public), and site-level privacy (whether a "
+        "site took part, or its whole data set)."
+    )
 
 
 def represent(matrix, likelihood: str) -> np.ndarray:
@@ -37,6 +66,11 @@ def fit_federated(
     local_epochs: int = 5,
     alpha: float = 0.7,
     epsilon: float | None = None,
+    delta: float = 1e-5,
+    optimizer: str = "sgd",
+    max_grad_norm: float = 1.0,
+    private_lr: float | None = None,
+    accountant: str = "rdp",
     layer: str | None = None,
     likelihood: str = "zinb",
     random_state: int = 0,
@@ -69,8 +103,17 @@ def fit_federated(
         benchmark for what the shorter schedule costs in quality).
     alpha
         FedSC's EMA scale α (λ is set so that μ = α the first time a site compares models).
-    epsilon
-        Client-level DP is not implemented yet; must be ``None``.
+    epsilon, delta
+        Client-level DP: every site trains with DP-SGD calibrated (Opacus ``accountant``) so
+        that its ``rounds × local_epochs × ⌈1/q⌉`` Poisson steps spend at most ``(epsilon,
+        delta)`` with respect to its own cells (``q = min(1, 128/n_k)``). Only for the methods
+        with per-cell losses (``"fedsc"``, ``"fedbyol"``, ``"fedsimsiam"``). ``None``: no DP.
+    optimizer, max_grad_norm, private_lr
+        Update rule on the noisy gradient (``"sgd"``, ``"adam"``, ``"dpsignsgd"``,
+        ``"dpsignadam"``), clipping norm C, and learning rate (default per rule:
+        :data:`DEFAULT_CLIENT_LRS`, not tuned on private data).
+    accountant
+        ``"rdp"`` or ``"prv"`` (Opacus).
     layer, likelihood
         Where the expression is and whether it is counts.
     random_state
@@ -85,9 +128,15 @@ def fit_federated(
     if method not in METHODS:
         raise ValueError(f"Unknown method {method!r}; choose one of {METHODS}.")
     if epsilon is not None:
-        raise NotImplementedError(
-            "Client-level DP for federated training is not implemented yet; use epsilon=None."
-        )
+        if not float(epsilon) > 0:
+            raise ValueError(f"epsilon must be > 0 (or None for no DP), got {epsilon}.")
+        if method not in PER_CELL_METHODS:
+            raise ValueError(
+                f"method={method!r} compares cells within a batch, so per-cell gradients are not "
+                f"independent and DP-SGD's accounting would not hold; use one of {PER_CELL_METHODS}."
+            )
+        if optimizer not in OPTIMIZERS:
+            raise ValueError(f"Unknown optimizer {optimizer!r}; choose one of {OPTIMIZERS}.")
     if client_key not in adata.obs:
         raise ValueError(
             f"obs[{client_key!r}] is missing: assign cells to sites first, e.g. dpsc.pp.partition(adata, 4)."
@@ -111,12 +160,30 @@ def fit_federated(
         raise ValueError(
             f"Site(s) {list(small.index)} have fewer than {MIN_CLIENT_CELLS} cells; merge or drop them."
         )
+    if epsilon is not None and not 0 < delta < 1 / sizes.max():
+        raise ValueError(
+            f"delta must be in (0, 1/n_k) for every site (largest n_k = {sizes.max()}), got {delta}."
+        )
     require_flwr()
 
     X = represent(matrix, likelihood)
     parts = [X[(sites == name).to_numpy()] for name in names]
     settings = {"method": method, "rounds": rounds, "local-epochs": local_epochs, "alpha": alpha,
                 "seed": random_state}
+    dp_plan = None
+    if epsilon is not None:
+        batch = SSLConfig().batch_size
+        dp_plan = {}
+        for name in names:
+            q, per_epoch = dp_schedule(int(sizes[name]), batch)
+            steps = rounds * local_epochs * per_epoch
+            sigma = calibrate_noise_multiplier(float(epsilon), delta, q, steps, accountant)
+            dp_plan[name] = (sigma, q, steps)
+        lr = DEFAULT_CLIENT_LRS[optimizer] if private_lr is None else float(private_lr)
+        settings.update({
+            "noise-multipliers": json.dumps([dp_plan[name][0] for name in names]),
+            "max-grad-norm": float(max_grad_norm), "dp-optimizer": optimizer, "dp-lr": lr,
+        })  # fmt: skip
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="dpsc_fed_") as tmp:
         data_dir = Path(tmp) / "data"
@@ -143,5 +210,26 @@ def fit_federated(
         "seconds_per_round": wall / rounds,
         "privacy": "none: federated training without DP; the shared model weights are not DP releases.",
     }
+    if dp_plan is not None:
+        steps_done = [history[r].get("dp-steps", 0) for r in sorted(history)]
+        per_site = {}
+        for name, (sigma, q, steps) in dp_plan.items():
+            acc = make_accountant(accountant)
+            acc.history = [(sigma, q, steps)]
+            per_site[name] = float(acc.get_epsilon(delta=delta))
+        record["privacy"] = {
+            "target_epsilon": float(epsilon),
+            "epsilon_per_site": per_site,
+            "epsilon": max(per_site.values()),
+            "delta": delta,
+            "noise_multiplier_per_site": {k: v[0] for k, v in dp_plan.items()},
+            "sample_rate_per_site": {k: v[1] for k, v in dp_plan.items()},
+            "steps_per_site": {k: v[2] for k, v in dp_plan.items()},
+            "mean_dp_steps_per_round_reported": float(np.mean(steps_done)) if steps_done else 0.0,
+            "max_grad_norm": float(max_grad_norm),
+            "optimizer": optimizer,
+            "accountant": accountant,
+            "statement": federated_statement(per_site, delta, optimizer),
+        }
     adata.uns.setdefault("dpsc", {})["federated"] = record
     return record
