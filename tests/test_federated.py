@@ -154,3 +154,30 @@ def test_fit_federated_with_client_level_dp(small_adata):
         dpsc.tl.fit_federated(adata, method="fedsimclr", epsilon=4.0)
     with pytest.raises(ValueError, match="epsilon must be > 0"):
         dpsc.tl.fit_federated(adata, epsilon=0.0)
+
+
+def test_ghost_clipping_equals_explicit_per_cell_clipping():
+    """Σ_i clip_C(g_i) from Opacus's ghost clipping equals the loop over cells, one at a time."""
+    from opacus.grad_sample import GradSampleModuleFastGradientClipping
+
+    from dpsc.train._ghost import ghost_clipped_backward, release_privacy_hooks
+
+    torch.manual_seed(0)
+    net = SSLNet(12, SSLConfig(method="fedsc", hidden=(8,), n_latent=4))
+    v1, v2 = torch.rand(5, 12), torch.rand(5, 12)
+    params = [p for p in [*net.online.parameters(), *net.predictor.parameters()]]
+    C = 0.05
+    expected = [torch.zeros_like(p) for p in params]
+    for i in range(5):
+        grads = torch.autograd.grad(net.per_cell_loss(v1[i : i + 1], v2[i : i + 1]).sum(), params)
+        norm = torch.sqrt(sum((g**2).sum() for g in grads))
+        for e, g in zip(expected, grads, strict=True):
+            e += g * min(1.0, C / float(norm))
+    container = torch.nn.ModuleList([net.online, net.predictor])
+    gsm = GradSampleModuleFastGradientClipping(
+        container, loss_reduction="sum", max_grad_norm=C, use_ghost_clipping=True
+    )
+    ghost_clipped_backward(gsm, net.per_cell_loss(v1, v2), params)
+    for e, p in zip(expected, params, strict=True):
+        torch.testing.assert_close(p.grad, e, rtol=1e-4, atol=1e-7)
+    release_privacy_hooks(gsm, params)

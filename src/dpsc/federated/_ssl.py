@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 import itertools
-import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -85,13 +84,16 @@ class SSLNet(nn.Module):
         """Loss of each cell, ``(B,)``, for the methods without negatives (:data:`PER_CELL_METHODS`).
 
         Cell ``i``'s term depends only on its own two views, so per-sample gradients are really
-        per cell (the target encoder is a no-grad copy and adds no coupling).
+        per cell (the target encoder is a no-grad copy and adds no coupling). Both views go through
+        the online encoder and predictor as one ``(cells, 2, genes)`` tensor, so each module sees
+        each cell once (what Opacus's ghost clipping needs; its per-cell norm covers both views).
         """
         m = self.config.method
         if m not in PER_CELL_METHODS:
             raise ValueError(f"method={m!r} compares cells within a batch; it has no per-cell loss.")
-        z1, z2 = self.online(v1), self.online(v2)
-        p1, p2 = self.predictor(z1), self.predictor(z2)
+        z = self.online(torch.stack([v1, v2], dim=1))
+        p = self.predictor(z)
+        z1, z2, p1, p2 = z[:, 0], z[:, 1], p[:, 0], p[:, 1]
         if m == "fedsimsiam":
             return (byol_loss(p1, z2.detach()) + byol_loss(p2, z1.detach())) / 2
         with torch.no_grad():
@@ -199,58 +201,53 @@ def local_train_private(
     the per-cell losses (:meth:`SSLNet.per_cell_loss`), and lets Opacus clip each cell's
     gradient to ``C`` and add :math:`N(0, σ^2C^2)` before the update rule
     (:func:`dpsc.optim.make_optimizer`; ``"dpsignsgd"``/``"dpsignadam"`` take the sign of the
-    noisy gradient). Per-sample gradients are vectorised by Opacus's ``GradSampleModule`` hooks.
+    noisy gradient). Clipping is Opacus's ghost clipping
+    (:func:`dpsc.train._ghost.ghost_clipped_backward`): per-cell norms without per-cell gradients.
     An empty batch still takes a pure-noise step, as the accountant assumes. The EMA target
     encoder follows the (already private) online weights: post-processing.
     """
-    from opacus import GradSampleModule
-    from opacus.optimizers import DPOptimizer
+    from opacus.grad_sample import GradSampleModuleFastGradientClipping
+    from opacus.optimizers import DPOptimizerFastGradientClipping
 
     from ..optim import make_optimizer
+    from ..train._ghost import ghost_clipped_backward, release_privacy_hooks
 
     cfg = net.config
     data = torch.as_tensor(X, dtype=torch.float32)
     n = data.shape[0]
     q, steps_per_epoch = dp_schedule(n, cfg.batch_size)
     gen = torch.Generator().manual_seed(seed)
-    noise_gen = torch.Generator().manual_seed(seed + 7919)
     container = nn.ModuleList([net.online, net.predictor])
-    gsm = GradSampleModule(container, loss_reduction="sum")
+    gsm = GradSampleModuleFastGradientClipping(
+        container, loss_reduction="sum", max_grad_norm=dp.max_grad_norm, use_ghost_clipping=True
+    )
     params = [p for p in container.parameters() if p.requires_grad]
-    optimizer = DPOptimizer(
+    optimizer = DPOptimizerFastGradientClipping(
         make_optimizer(dp.optimizer, params, dp.lr), noise_multiplier=dp.noise_multiplier,
         max_grad_norm=dp.max_grad_norm, expected_batch_size=max(1, round(q * n)), loss_reduction="mean",
-        generator=noise_gen,
+        generator=torch.Generator().manual_seed(seed + 7919),
     )  # fmt: skip
     net.train()
     losses, steps = [], 0
     try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*[Ff]ull backward hook.*")
-            for _ in range(epochs):
-                for _ in range(steps_per_epoch):
-                    optimizer.zero_grad(set_to_none=True)
-                    batch = data[torch.rand(n, generator=gen) < q]
-                    if batch.shape[0] == 0:
-                        for p in params:
-                            p.grad_sample = torch.zeros((1, *p.shape))
-                    else:
-                        per_cell = net.per_cell_loss(
-                            masked_view(batch, cfg.mask_rate, gen), masked_view(batch, cfg.mask_rate, gen)
-                        )
-                        per_cell.sum().backward()
-                        losses.append(float(per_cell.mean().detach()))
-                    optimizer.step()
-                    steps += 1
-                    if cfg.method != "fedsimsiam":
-                        net.update_target()
+        for _ in range(epochs):
+            for _ in range(steps_per_epoch):
+                optimizer.zero_grad(set_to_none=True)
+                batch = data[torch.rand(n, generator=gen) < q]
+                if batch.shape[0] == 0:  # empty Poisson draw: a pure-noise step
+                    for p in params:
+                        p.grad = torch.zeros_like(p)
+                else:
+                    v1, v2 = masked_view(batch, cfg.mask_rate, gen), masked_view(batch, cfg.mask_rate, gen)
+                    per_cell = net.per_cell_loss(v1, v2)
+                    ghost_clipped_backward(gsm, per_cell, params)
+                    losses.append(float(per_cell.mean().detach()))
+                optimizer.step()
+                steps += 1
+                if cfg.method != "fedsimsiam":
+                    net.update_target()
     finally:
-        gsm._close()
-        for p in params:
-            for attr in ("grad_sample", "_forward_counter", "summed_grad"):
-                if hasattr(p, attr):
-                    delattr(p, attr)
-            p.grad = None
+        release_privacy_hooks(gsm, params)
     return (float(np.mean(losses[-steps_per_epoch:])) if losses else float("nan")), steps
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from typing import Literal
 
@@ -16,6 +15,7 @@ from torch import nn
 
 from ..module import DCANModule
 from ..optim import make_optimizer
+from ._ghost import ghost_clipped_backward, release_privacy_hooks
 
 Stage = Literal["instance", "cluster"]
 Scope = Literal["encoder", "full"]
@@ -205,12 +205,9 @@ class DCANTrainingPlan(pl.LightningModule):
     def detach_privacy(self) -> None:
         """Remove Opacus hooks and per-parameter bookkeeping (state-dict keys never change)."""
         if self._gsm is not None:
-            self._gsm._close()
+            release_privacy_hooks(self._gsm, list(self.module.parameters()))
             self._gsm = None
         for p in self.module.parameters():
-            for attr in ("grad_sample", "_norm_sample", "summed_grad", "_forward_counter"):
-                if hasattr(p, attr):
-                    delattr(p, attr)
             p.grad = None
 
     def on_train_start(self) -> None:
@@ -278,23 +275,10 @@ class DCANTrainingPlan(pl.LightningModule):
 
     def private_step(self, loss: torch.Tensor) -> None:
         """DP step: ghost-clipped, noised gradient on private parameters (steps 2–4 above)."""
-        private = self.private_parameters
         self._private_opt.zero_grad(set_to_none=True)
         if self._public_opt is not None:
             self._public_opt.zero_grad(set_to_none=True)
-        with warnings.catch_warnings():
-            # Opacus's norm hooks are full backward hooks; the first layer's input (the data)
-            # needs no gradient, which torch reports on every call.
-            warnings.filterwarnings("ignore", message="Full backward hook is firing")
-            loss.sum().backward(retain_graph=True)
-            coef = self._gsm.get_clipping_coef().detach()
-            for p in private:
-                p.grad = None
-            self._gsm.disable_hooks()
-            try:
-                torch.autograd.backward((coef * loss).sum(), inputs=private)
-            finally:
-                self._gsm.enable_hooks()
+        ghost_clipped_backward(self._gsm, loss, self.private_parameters)
         self._noisy_step()
         if self._public_opt is not None:
             n = loss.shape[0]
