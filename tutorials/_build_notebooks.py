@@ -397,7 +397,7 @@ Two private learners:
 - **DP-SGD** (`method="dpsgd"`, Opacus): noise on every clipped gradient step; the privacy cost grows
   with every epoch.
 
-Full run: about 3 minutes on a laptop CPU.
+Full run: about a minute on a laptop CPU (53 s on 2 cores).
 """),
     code(SETUP),
     code("""
