@@ -81,25 +81,20 @@ class DPSGDClassifier:
 
     def _train(self, engine: Any, module: nn.Module, optimizer: Any, loader: Any, private: bool) -> None:
         if private:
+            common = {
+                "module": module,
+                "optimizer": optimizer,
+                "data_loader": loader,
+                "max_grad_norm": self.max_grad_norm,
+                "poisson_sampling": True,
+            }
             if self.noise_multiplier is None:
                 module, optimizer, loader = engine.make_private_with_epsilon(
-                    module=module,
-                    optimizer=optimizer,
-                    data_loader=loader,
-                    target_epsilon=self.epsilon,
-                    target_delta=self.delta,
-                    epochs=self.epochs,
-                    max_grad_norm=self.max_grad_norm,
-                    poisson_sampling=True,
+                    **common, target_epsilon=self.epsilon, target_delta=self.delta, epochs=self.epochs
                 )
             else:
                 module, optimizer, loader = engine.make_private(
-                    module=module,
-                    optimizer=optimizer,
-                    data_loader=loader,
-                    noise_multiplier=self.noise_multiplier,
-                    max_grad_norm=self.max_grad_norm,
-                    poisson_sampling=True,
+                    **common, noise_multiplier=self.noise_multiplier
                 )
             self.noise_multiplier_ = float(optimizer.noise_multiplier)
         loss_fn = nn.CrossEntropyLoss()
