@@ -137,7 +137,7 @@ def test_local_train_private_steps_noise_and_clean_state():
     assert not torch.allclose(weights[0], weights[1])  # the noise reaches the update
 
 
-def test_fit_federated_with_client_level_dp(small_adata):
+def test_fit_federated_with_client_level_dp(small_adata, tmp_path):
     pytest.importorskip("flwr")
     adata = small_adata.copy()
     dpsc.pp.partition(adata, 2)
@@ -150,6 +150,7 @@ def test_fit_federated_with_client_level_dp(small_adata):
     assert privacy["optimizer"] == "dpsignadam"
     assert "replacing one of that site's cells" in privacy["statement"]
     assert privacy["mean_dp_steps_per_round_reported"] > 0
+    adata.write_h5ad(tmp_path / "fed.h5ad")  # the record must survive a round trip to disk
     with pytest.raises(ValueError, match="compares cells within a batch"):
         dpsc.tl.fit_federated(adata, method="fedsimclr", epsilon=4.0)
     with pytest.raises(ValueError, match="epsilon must be > 0"):

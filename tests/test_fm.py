@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 
+import anndata
 import numpy as np
 import pytest
 import torch
@@ -146,11 +147,12 @@ def test_spent_epsilon_and_released_coefficients_do_not_depend_on_epochs(digits)
     ]
     assert models[0].spent_epsilon_ == models[1].spent_epsilon_ == 0.5
     assert (
-        models[0].privacy_record()["layers"][0]["laplace_scale"]
-        == models[1].privacy_record()["layers"][0]["laplace_scale"]
+        models[0].privacy_record()["layers"]["rbm_0"]["laplace_scale"]
+        == models[1].privacy_record()["layers"]["rbm_0"]["laplace_scale"]
     )
     assert not np.allclose(models[0].layers_[0].weights_, models[1].layers_[0].weights_)  # training did run
-    assert sum(layer["epsilon"] for layer in models[1].privacy_record()["layers"]) == pytest.approx(0.5)
+    layers = models[1].privacy_record()["layers"]
+    assert sum(layer["epsilon"] for layer in layers.values()) == pytest.approx(0.5)
 
 
 def test_convolutional_dbn_learns_digits_without_noise(digits):
@@ -181,7 +183,7 @@ def ref_query(pbmc_full):
 
 
 @pytest.mark.parametrize("method", ["pcdbn", "dpsgd"])
-def test_annotate_writes_valid_labels_and_records(ref_query, method):
+def test_annotate_writes_valid_labels_and_records(ref_query, method, tmp_path):
     ref, query = ref_query
     dpsc.tl.annotate(ref, query, "cell_type", epsilon=1.0, method=method, epochs=5)
     assert set(query.obs["dp_label"].astype(str)) <= set(ref.obs["cell_type"].astype(str))
@@ -191,6 +193,9 @@ def test_annotate_writes_valid_labels_and_records(ref_query, method):
         record = adata.uns["dpsc"]["annotation"]
         assert record["method"] == method and 0 < record["epsilon"] <= 1.0 + 1e-9
         assert "query cells" in record["statement"]
+    path = tmp_path / "query.h5ad"
+    query.write_h5ad(path)  # the record must survive a round trip to disk
+    assert anndata.read_h5ad(path).uns["dpsc"]["annotation"]["method"] == method
 
 
 def test_annotate_bad_input_is_rejected_and_leaves_data_untouched(ref_query):

@@ -434,10 +434,11 @@ pd.DataFrame(rows).round(3)
     code("""
 record = records["pcdbn"]  # what the pCDBN fit above wrote to uns["dpsc"]["annotation"]
 print(record["statement"], end="\\n\\n")
-print("ε per layer:", [round(layer["epsilon"], 3) for layer in record["layers"]])
-print("Laplace scales:", [round(layer["laplace_scale"], 3) for layer in record["layers"]])
-print("Chebyshev degree", record["layers"][0]["degree"], "on [−R, R], R =", record["layers"][0]["radius"],
-      "max error", round(record["layers"][0]["approximation_max_error"], 4))
+layers = record["layers"]
+print("ε per layer:", {name: round(layer["epsilon"], 3) for name, layer in layers.items()})
+print("Laplace scales:", {name: round(layer["laplace_scale"], 3) for name, layer in layers.items()})
+print("Chebyshev degree", layers["rbm_0"]["degree"], "on [−R, R], R =", layers["rbm_0"]["radius"],
+      "max error", round(layers["rbm_0"]["approximation_max_error"], 4))
 """),
     md("""
 ## Where the labels land

@@ -198,7 +198,11 @@ class PrivateDBN:
             "epsilon": self.spent_epsilon_,
             "delta": 0.0,
             "epsilon_split": [float(s) for s in self._split()],
-            "layers": [layer.privacy_record() for layer in self.layers_] + [self.top_.privacy_record()],
+            # a dict, not a list of dicts, so that the record can be written to .h5ad
+            "layers": {
+                **{f"rbm_{i}": layer.privacy_record() for i, layer in enumerate(self.layers_)},
+                "softmax": self.top_.privacy_record(),
+            },
             "composition": "sequential (sum of the per-layer ε), pure ε-DP",
             "epochs": self.epochs,
         }
