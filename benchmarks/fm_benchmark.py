@@ -131,11 +131,11 @@ def part_epochs(args, emit) -> None:
 
 
 def _epsilon_after(sigma: float, rate: float, epochs: int, steps_per_epoch: int) -> float:
-    from opacus.accountants import create_accountant
+    from dpsc.privacy import make_accountant, spent_epsilon
 
-    accountant = create_accountant("prv")
+    accountant = make_accountant("prv")
     accountant.history = [(sigma, rate, epochs * steps_per_epoch)]
-    return float(accountant.get_epsilon(1e-5))
+    return spent_epsilon(accountant, 1e-5)
 
 
 def part_digits(args, emit) -> None:

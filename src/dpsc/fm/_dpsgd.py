@@ -151,10 +151,8 @@ def _projected_epsilon(
     mechanism: str, engine: Any, sigma: float, sample_rate: float, steps: int, delta: float
 ) -> float:
     """ε after ``steps`` more steps, from a copy of the engine's accountant history."""
-    from opacus.accountants import create_accountant
+    from ..privacy import make_accountant, spent_epsilon
 
-    accountant = create_accountant(mechanism)
-    accountant.history = list(engine.accountant.history)
-    for _ in range(steps):
-        accountant.step(noise_multiplier=sigma, sample_rate=sample_rate)
-    return float(accountant.get_epsilon(delta))
+    accountant = make_accountant(mechanism)
+    accountant.history = [*engine.accountant.history, (sigma, sample_rate, steps)]
+    return spent_epsilon(accountant, delta)

@@ -7,10 +7,12 @@ from typing import Any
 import anndata as ad
 import numpy as np
 import scipy.sparse as sp
+import torch
 from sklearn.decomposition import PCA
 
 from .. import fm
 from .._validation import get_matrix
+from ..module._dcan import input_representation
 
 METHODS = ("pcdbn", "dpsgd", "mlp")
 
@@ -47,8 +49,7 @@ def _expression(adata: ad.AnnData, layer: str | None, genes: list[str], log_norm
             raise ValueError(
                 "log_normalize=True needs non-negative counts; pass log_normalize=False for transformed data."
             )
-        totals = X.sum(1, keepdims=True)
-        X = np.log1p(np.divide(X * 1e4, totals, out=np.zeros_like(X), where=totals > 0))
+        X = input_representation(torch.as_tensor(X), "zinb").numpy()  # log1p CP10k, per cell
     return X
 
 

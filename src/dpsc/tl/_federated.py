@@ -28,7 +28,7 @@ from ..federated import (
 )
 from ..module._dcan import input_representation
 from ..optim import OPTIMIZERS
-from ..privacy import calibrate_noise_multiplier, make_accountant
+from ..privacy import calibrate_noise_multiplier, make_accountant, spent_epsilon
 from ._fit import DEFAULT_N_CLUSTERS
 
 MIN_CLIENT_CELLS = 2
@@ -216,7 +216,7 @@ def fit_federated(
         for name, (sigma, q, steps) in dp_plan.items():
             acc = make_accountant(accountant)
             acc.history = [(sigma, q, steps)]
-            per_site[name] = float(acc.get_epsilon(delta=delta))
+            per_site[name] = spent_epsilon(acc, delta)
         record["privacy"] = {
             "target_epsilon": float(epsilon),
             "epsilon_per_site": per_site,
