@@ -26,8 +26,15 @@ def run(out: Path, seeds: list[int], epsilons: list[str], threads: int, features
             eps = None if eps_text == "none" else float(eps_text)
             adata = dpsc.datasets.pbmc4k()
             start = time.perf_counter()
-            table = dpsc.tl.audit(adata, epsilon=eps, attack="both", n_shadow=1, random_state=seed,
-                                  features=features, progress_bar=False)
+            table = dpsc.tl.audit(
+                adata,
+                epsilon=eps,
+                attack="both",
+                n_shadow=1,
+                random_state=seed,
+                features=features,
+                progress_bar=False,
+            )
             wall = time.perf_counter() - start
             with out.open("a") as fh:
                 for row in table.to_dict("records"):

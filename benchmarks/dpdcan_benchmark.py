@@ -16,10 +16,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import platform
+import re
 import resource
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 import numpy as np
@@ -90,6 +94,9 @@ def run_one(args: argparse.Namespace) -> dict:
         "n_obs": adata.n_obs,
         "n_vars": adata.n_vars,
         "k": k,
+        "host": f"{platform.node()} ({os.cpu_count()} CPUs), torch {torch.__version__}",
+        "threads": args.threads,
+        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
     }
     start = time.perf_counter()
     if args.config.startswith("scanpy"):
@@ -135,6 +142,28 @@ def run_one(args: argparse.Namespace) -> dict:
     return row
 
 
+def _place(row) -> str:
+    """Where one fit ran: its GPU's model name, or "<n> CPUs" (rows written before the host was
+    recorded came from the 2-CPU development machine)."""
+    device = row.get("device")
+    if isinstance(device, str) and device != "cpu":
+        return device.split()[1] if device.startswith("NVIDIA") else device
+    host = row.get("host")
+    match = re.search(r"\((\d+) CPUs\)", host) if isinstance(host, str) else None
+    return f"{match.group(1)} CPUs" if match else "2 CPUs"
+
+
+def _ran_on(group) -> str:
+    """Count of fits per place; wall times are only comparable within one place."""
+    places = group.apply(_place, axis=1)
+    return "; ".join(f"{name} ×{n}" for name, n in places.value_counts(sort=False).items())
+
+
+def _config_order(config: str) -> int:
+    order = list(ALL_CONFIGS)
+    return order.index(config) if config in order else len(order)
+
+
 def report(path: Path) -> str:
     """Markdown tables (mean ± sd over seeds) from a results file."""
     import pandas as pd
@@ -155,27 +184,30 @@ def report(path: Path) -> str:
         out += [
             f"## {name} ({g0['n_obs']} cells × {g0['n_vars']} genes, {g0['k']} types; {DATASETS[name][2]})",
             "",
-            "| method | ARI | NMI | ε spent | seeds | wall s | peak RSS MB | paper ARI / NMI |",
-            "|---|---|---|---|---|---|---|---|",
+            "| method | ARI | NMI | ε spent | seeds | wall s | peak RSS MB | ran on | paper ARI / NMI |",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
-        for cfg, g in group.groupby("config", sort=False):
+        configs = sorted(group["config"].unique(), key=_config_order)
+        for cfg in configs:
+            g = group[group["config"] == cfg]
             eps = g["epsilon"].dropna()
             ari = f"{g.ari.mean():.3f} ± {g.ari.std(ddof=0):.3f}"
             nmi = f"{g.nmi.mean():.3f} ± {g.nmi.std(ddof=0):.3f}"
             spent = f"{eps.max():.3f}" if len(eps) else "—"
-            cost = f"{g.wall_s.mean():.0f} | {g.peak_rss_mb.max():.0f}"
+            cost = f"{g.wall_s.mean():.0f} | {g.peak_rss_mb.max():.0f} | {_ran_on(g)}"
             out.append(
                 f"| {cfg} | {ari} | {nmi} | {spent} | {len(g)} | {cost} | {PAPER.get((name, cfg), '')} |"
             )
-        base = group[group.config == "DCAN (non-private)"].set_index("seed").wall_s
-        dp = group[group.config == "DP-DCAN eps=8"].set_index("seed").wall_s
+        timed = group[group.apply(_place, axis=1) == "2 CPUs"]  # sequential runs, one machine
+        base = timed[timed.config == "DCAN (non-private)"].set_index("seed").wall_s
+        dp = timed[timed.config == "DP-DCAN eps=8"].set_index("seed").wall_s
         common = base.index.intersection(dp.index)
         if len(common):
             ratios = (dp[common] / base[common]).round(2).tolist()
             out += [
                 "",
                 "DP/non-DP wall-time ratio (DP-DCAN ε=8 vs DCAN, same epochs, same seed, "
-                f"sequential runs): {ratios}",
+                f"sequential runs on the 2-CPU development machine): {ratios}",
             ]
         out.append("")
     return "\n".join(out)
@@ -189,6 +221,10 @@ def main() -> None:
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default="benchmarks/results/dpdcan.jsonl")
+    parser.add_argument(
+        "--jobs", type=int, default=1, help="fits run at the same time (wall times then share the CPU)"
+    )
+    parser.add_argument("--todo", help="file of fits to run, one 'dataset seed config' per line")
     parser.add_argument("--report")
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--dataset", help=argparse.SUPPRESS)
@@ -203,41 +239,41 @@ def main() -> None:
         return
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    for dataset in args.datasets:
-        for seed in args.seeds:
-            for config in args.configs:
-                cmd = [
-                    sys.executable,
-                    __file__,
-                    "--one",
-                    "--data",
-                    args.data,
-                    "--dataset",
-                    dataset,
-                    "--config",
-                    config,
-                    "--seed",
-                    str(seed),
-                    "--threads",
-                    str(args.threads),
-                ]
-                proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-                lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-                if proc.returncode != 0 or not lines:
-                    print(
-                        f"FAILED {dataset} {config} {seed}:\n{proc.stderr[-2000:]}",
-                        file=sys.stderr,
-                        flush=True,
-                    )
-                    continue
-                row = json.loads(lines[-1][7:])
-                with out.open("a") as fh:
-                    fh.write(json.dumps(row) + "\n")
+    todo = [(d, seed, c) for d in args.datasets for seed in args.seeds for c in args.configs]
+    if args.todo:  # an explicit list of fits, one "dataset seed config" per line
+        todo = [
+            (ln.split(maxsplit=2)[0], int(ln.split()[1]), ln.split(maxsplit=2)[2])
+            for ln in Path(args.todo).read_text().splitlines()
+            if ln.strip()
+        ]
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:  # each fit is its own subprocess
+        futures = {pool.submit(_run_subprocess, args, *job): job for job in todo}
+        for future in as_completed(futures):  # rows are written as fits finish
+            dataset, seed, config = futures[future]
+            proc = future.result()
+            lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+            if proc.returncode != 0 or not lines:
                 print(
-                    f"{dataset:8s} seed={seed} {config:24s} ARI={row['ari']:.3f} NMI={row['nmi']:.3f} "
-                    f"eps={row.get('epsilon')} t={row['wall_s']:.0f}s",
-                    flush=True,
+                    f"FAILED {dataset} {config} {seed}:\n{proc.stderr[-2000:]}", file=sys.stderr, flush=True
                 )
+                continue
+            row = json.loads(lines[-1][7:])
+            with out.open("a") as fh:
+                fh.write(json.dumps(row) + "\n")
+            print(
+                f"{dataset:8s} seed={seed} {config:24s} ARI={row['ari']:.3f} NMI={row['nmi']:.3f} "
+                f"eps={row.get('epsilon')} t={row['wall_s']:.0f}s",
+                flush=True,
+            )
+
+
+def _run_subprocess(
+    args: argparse.Namespace, dataset: str, seed: int, config: str
+) -> subprocess.CompletedProcess:
+    """Run one fit in a fresh interpreter (so peak RSS and thread settings are its own)."""
+    cmd = [sys.executable, __file__, "--one", "--data", args.data, "--dataset", dataset, "--config", config]
+    cmd += ["--seed", str(seed), "--threads", str(args.threads)]
+    return subprocess.run(cmd, capture_output=True, text=True, check=False)
 
 
 if __name__ == "__main__":

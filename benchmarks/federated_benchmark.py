@@ -56,8 +56,13 @@ def run(args: argparse.Namespace) -> None:
             for method in args.methods:
                 adata = base.copy()
                 start = time.perf_counter()
-                row = {"dataset": name, "method": method, "seed": seed, "rounds": args.rounds,
-                       "local_epochs": args.local_epochs}
+                row = {
+                    "dataset": name,
+                    "method": method,
+                    "seed": seed,
+                    "rounds": args.rounds,
+                    "local_epochs": args.local_epochs,
+                }
                 if method == "PCA+KMeans":
                     sc.pp.normalize_total(adata, target_sum=1e4)
                     sc.pp.log1p(adata)
@@ -72,12 +77,20 @@ def run(args: argparse.Namespace) -> None:
                     Z = embed(net, X)
                     pred = KMeans(k, n_init=10, random_state=seed).fit_predict(Z)
                 else:
-                    dpsc.pp.partition(adata, 4, label_key="label", types_per_client=types_per_client,
-                                      random_state=seed)
+                    dpsc.pp.partition(
+                        adata, 4, label_key="label", types_per_client=types_per_client, random_state=seed
+                    )
                     base_method, eps, opt = DP_METHODS.get(method, (method, None, "sgd"))
-                    rec = dpsc.tl.fit_federated(adata, method=base_method, n_clusters=k, rounds=args.rounds,
-                                                local_epochs=args.local_epochs, random_state=seed,
-                                                epsilon=eps, optimizer=opt)
+                    rec = dpsc.tl.fit_federated(
+                        adata,
+                        method=base_method,
+                        n_clusters=k,
+                        rounds=args.rounds,
+                        local_epochs=args.local_epochs,
+                        random_state=seed,
+                        epsilon=eps,
+                        optimizer=opt,
+                    )
                     if eps is not None:
                         row["epsilon_spent_max_site"] = rec["privacy"]["epsilon"]
                     Z = adata.obsm["X_fedsc"]
@@ -91,29 +104,42 @@ def run(args: argparse.Namespace) -> None:
                 )
                 with open(args.out, "a") as fh:
                     fh.write(json.dumps(row) + "\n")
-                print(f"{name} seed={seed} {method:12s} ARI={row['ari']:.3f} NMI={row['nmi']:.3f} "
-                      f"t={row['wall_s']:.0f}s", file=sys.stderr, flush=True)
+                print(
+                    f"{name} seed={seed} {method:12s} ARI={row['ari']:.3f} NMI={row['nmi']:.3f} "
+                    f"t={row['wall_s']:.0f}s",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
 
 def report(path: Path) -> str:
     import pandas as pd
 
     df = pd.DataFrame([json.loads(x) for x in path.read_text().splitlines() if x.strip()])
-    out = ["# FedSC benchmark (Flower simulation, K = 4 sites)", "",
-           "Command: `python benchmarks/federated_benchmark.py --data ../shared/data --seeds "
-           f"{' '.join(str(int(s)) for s in sorted(df.seed.unique()))} --rounds {int(df.rounds.iloc[0])} "
-           f"--local-epochs {int(df.local_epochs.iloc[0])}`. Mean ± sd over seeds; the paper trains "
-           "300 rounds × 5 local epochs. Non-IID split: PBMC 2 cell types per site, bladder 4.", ""]
+    out = [
+        "# FedSC benchmark (Flower simulation, K = 4 sites)",
+        "",
+        "Command: `python benchmarks/federated_benchmark.py --data ../shared/data --seeds "
+        f"{' '.join(str(int(s)) for s in sorted(df.seed.unique()))} --rounds {int(df.rounds.iloc[0])} "
+        f"--local-epochs {int(df.local_epochs.iloc[0])}`. Mean ± sd over seeds; the paper trains "
+        "300 rounds × 5 local epochs. Non-IID split: PBMC 2 cell types per site, bladder 4.",
+        "",
+    ]
     for name, group in df.groupby("dataset", sort=False):
-        out += [f"## {name}", "",
-                "| method | ARI | NMI | silhouette | s / round | n | paper ARI / NMI / sil. |",
-                "|---|---|---|---|---|---|---|"]
+        out += [
+            f"## {name}",
+            "",
+            "| method | ARI | NMI | silhouette | s / round | n | paper ARI / NMI / sil. |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for method in [*METHODS, *DP_METHODS]:
             g = group[group.method == method]
             if g.empty:
                 continue
-            cells = [f"{g[m].mean():.3f} ± {g[m].std():.3f}" if len(g) > 1 else f"{g[m].mean():.3f}"
-                     for m in ("ari", "nmi", "silhouette")]
+            cells = [
+                f"{g[m].mean():.3f} ± {g[m].std():.3f}" if len(g) > 1 else f"{g[m].mean():.3f}"
+                for m in ("ari", "nmi", "silhouette")
+            ]
             has_rounds = "seconds_per_round" in g and g.seconds_per_round.notna().any()
             spr = f"{g.seconds_per_round.mean():.1f}" if has_rounds else ""
             paper = PAPER.get((name, method), "")

@@ -58,7 +58,11 @@ def synthetic(n_values, repeats, d=10, eps=2.0, n_test=1000):
                 model = _make(name, eps, rep, ytr, y_center=0.0, y_scale=1.0).fit(Xtr, ytr)
                 rows.append(
                     {
-                        "part": "synthetic", "n": n, "repeat": rep, "method": name, "epsilon": eps,
+                        "part": "synthetic",
+                        "n": n,
+                        "repeat": rep,
+                        "method": name,
+                        "epsilon": eps,
                         "spearman": linear.spearman(yte, model.predict(Xte)),
                         "seconds": time.perf_counter() - t0,
                     }
@@ -91,7 +95,10 @@ def gdsc(data: Path, eps_values, n_splits, n_public=10, n_test=15, n_genes=10):
                     pred = model.predict(X[test])
                     rows.append(
                         {
-                            "part": "gdsc", "drug": drug, "split": split, "method": name,
+                            "part": "gdsc",
+                            "drug": drug,
+                            "split": split,
+                            "method": name,
                             "epsilon": None if name.startswith("non-private") else eps,
                             "n_private": int(priv.size),
                             "spearman": linear.spearman(y_all[test], pred),

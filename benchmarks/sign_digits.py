@@ -47,8 +47,12 @@ def run_one(name: str, epsilon: float, seed: int, epochs: int = 30) -> dict:
     steps_per_epoch = round(1 / q)
     steps = epochs * steps_per_epoch
     sigma = get_noise_multiplier(target_epsilon=epsilon, target_delta=1e-5, sample_rate=q, steps=steps)
-    kw = {"noise_multiplier": sigma, "max_grad_norm": 1.0, "expected_batch_size": 64,
-          "generator": torch.Generator().manual_seed(seed + 1)}
+    kw = {
+        "noise_multiplier": sigma,
+        "max_grad_norm": 1.0,
+        "expected_batch_size": 64,
+        "generator": torch.Generator().manual_seed(seed + 1),
+    }
     params = list(model.parameters())
     lr = LRS[name]
     opt = {
@@ -75,9 +79,16 @@ def run_one(name: str, epsilon: float, seed: int, epochs: int = 30) -> dict:
         opt.step()
     with torch.no_grad():
         accuracy = float((model(Xte).argmax(1) == yte).float().mean())
-    return {"optimizer": name, "epsilon": epsilon, "seed": seed, "accuracy": accuracy,
-            "spent_epsilon": acc.get_epsilon(1e-5), "sigma": sigma, "steps": steps,
-            "seconds": time.perf_counter() - start}
+    return {
+        "optimizer": name,
+        "epsilon": epsilon,
+        "seed": seed,
+        "accuracy": accuracy,
+        "spent_epsilon": acc.get_epsilon(1e-5),
+        "sigma": sigma,
+        "steps": steps,
+        "seconds": time.perf_counter() - start,
+    }
 
 
 def report(path: Path) -> str:
@@ -87,11 +98,16 @@ def report(path: Path) -> str:
     df = pd.DataFrame(payload["rows"])
     table = df.groupby(["optimizer", "epsilon"]).accuracy.agg(["mean", "std"]).reset_index()
     eps = sorted(df.epsilon.unique())
-    out = ["# DP-SignSGD classification check (scikit-learn digits)", "",
-           f"Command: `{payload['command']}`. Test accuracy, mean ± sd over seeds "
-           f"{sorted(int(s) for s in df.seed.unique())}; "
-           "MLP 64→128→10, 30 epochs, q = 64/n, C = 1, δ = 1e-5.", "",
-           "| optimizer | " + " | ".join(f"ε = {e:g}" for e in eps) + " |", "|---" * (len(eps) + 1) + "|"]
+    out = [
+        "# DP-SignSGD classification check (scikit-learn digits)",
+        "",
+        f"Command: `{payload['command']}`. Test accuracy, mean ± sd over seeds "
+        f"{sorted(int(s) for s in df.seed.unique())}; "
+        "MLP 64→128→10, 30 epochs, q = 64/n, C = 1, δ = 1e-5.",
+        "",
+        "| optimizer | " + " | ".join(f"ε = {e:g}" for e in eps) + " |",
+        "|---" * (len(eps) + 1) + "|",
+    ]
     for name in LRS:
         cells = []
         for e in eps:

@@ -127,3 +127,23 @@ def test_empty_batch_still_steps_and_is_accounted(tiny_module):
     assert plan.dp.accountant.history == [(1.0, 0.1, 1)]
     assert not torch.equal(before, tiny_module.encoder[0].weight)
     plan.detach_privacy()
+
+
+def test_generators_follow_the_parameters_device():
+    from dpsc.module._dcan import mask_views
+    from dpsc.train._plan import generator_on
+
+    cpu = torch.Generator().manual_seed(5)
+    assert generator_on(cpu, torch.device("cpu")) is cpu
+    assert generator_on(None, torch.device("cpu")) is None
+    # masks come from the generator's own device, so a seeded CPU generator gives the same
+    # masks whatever device the data is on
+    rep = torch.ones(4, 6)
+    a = mask_views(rep, 2, 0.5, torch.Generator().manual_seed(3))
+    b = mask_views(rep, 2, 0.5, torch.Generator().manual_seed(3))
+    assert torch.equal(a, b) and 0 < int((a == 0).sum()) < a.numel()
+    if torch.cuda.is_available():
+        moved = generator_on(cpu, torch.device("cuda"))
+        assert moved.device.type == "cuda" and moved.initial_seed() == cpu.initial_seed()
+        on_gpu = mask_views(rep.cuda(), 2, 0.5, torch.Generator().manual_seed(3))
+        assert torch.equal(on_gpu.cpu(), a)

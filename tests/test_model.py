@@ -128,3 +128,11 @@ def test_gaussian_likelihood_for_lognormalised_data(small_adata):
     small_adata.X = sp.csr_matrix(np.log1p(small_adata.X.toarray()).astype(np.float32))
     dpsc.tl.fit(small_adata, epsilon=8.0, likelihood="gaussian", **TINY)
     assert np.isfinite(small_adata.obsm["X_dpdcan"]).all()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_private_fit_runs_on_gpu(small_adata):
+    adata = small_adata.copy()
+    dpsc.tl.fit(adata, epsilon=8.0, **{**TINY, "accelerator": "gpu"})
+    assert adata.uns["dpsc"]["privacy"]["epsilon"] <= 8.0
+    assert np.isfinite(adata.obsm["X_dpdcan"]).all()

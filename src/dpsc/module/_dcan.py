@@ -47,10 +47,13 @@ def mask_views(
     r"""Random masking augmentation: ``n_views`` copies with each entry zeroed w.p. ``rate``.
 
     Returns ``(n_cells, n_views, n_genes)``; the masks are drawn independently for every cell.
+    The masks are drawn on the generator's device (CPU for ``torch.Generator()``) and moved to
+    ``rep``'s device, so a seeded fit draws the same masks on CPU and GPU.
     """
     shape = (rep.shape[0], n_views, rep.shape[1])
-    keep = torch.rand(shape, generator=generator, device=rep.device) >= rate
-    return rep.unsqueeze(1) * keep
+    draw_device = generator.device if generator is not None else rep.device
+    keep = torch.rand(shape, generator=generator, device=draw_device) >= rate
+    return rep.unsqueeze(1) * keep.to(rep.device)
 
 
 class DCANModule(BaseModuleClass):

@@ -60,6 +60,19 @@ def _optimizer(name: str, params: list[nn.Parameter], lr: float) -> torch.optim.
     return make_optimizer(name, params, lr)
 
 
+def generator_on(generator: torch.Generator | None, device: torch.device) -> torch.Generator | None:
+    """Return ``generator`` if it lives on ``device``, else a generator there with its seed.
+
+    Opacus draws the DP noise with ``torch.normal(..., device=param.device, generator=g)``,
+    which requires ``g`` on the parameters' device; a seeded CPU generator is re-created on
+    the GPU from its initial seed (the noise stream then differs from a CPU fit's, the noise
+    distribution does not).
+    """
+    if generator is None or generator.device.type == torch.device(device).type:
+        return generator
+    return torch.Generator(device=device).manual_seed(generator.initial_seed())
+
+
 class DCANTrainingPlan(pl.LightningModule):
     r"""One stage of DCAN training, with manual optimisation and hand-assembled Opacus.
 
@@ -194,7 +207,7 @@ class DCANTrainingPlan(pl.LightningModule):
             max_grad_norm=self.dp.max_grad_norm,
             expected_batch_size=self.dp.expected_batch_size,
             loss_reduction="mean",
-            generator=self.dp.noise_generator,
+            generator=generator_on(self.dp.noise_generator, self.private_parameters[0].device),
             secure_mode=self.dp.secure_mode,
         )
         dp_opt.attach_step_hook(self.dp.accountant.get_optimizer_hook_fn(self.dp.sample_rate))
