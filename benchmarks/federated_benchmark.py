@@ -120,8 +120,8 @@ def report(path: Path) -> str:
         "# FedSC benchmark (Flower simulation, K = 4 sites)",
         "",
         "Command: `python benchmarks/federated_benchmark.py --data ../shared/data --seeds "
-        f"{' '.join(str(int(s)) for s in sorted(df.seed.unique()))} --rounds {int(df.rounds.iloc[0])} "
-        f"--local-epochs {int(df.local_epochs.iloc[0])}`. Mean ± sd over seeds; the paper trains "
+        f"{' '.join(str(int(s)) for s in sorted(df.seed.unique()))} --rounds R --local-epochs E` "
+        'with R × E as in the column "rounds × epochs". Mean ± sd over seeds; the paper trains '
         "300 rounds × 5 local epochs. Non-IID split: PBMC 2 cell types per site, bladder 4.",
         "",
     ]
@@ -129,23 +129,31 @@ def report(path: Path) -> str:
         out += [
             f"## {name}",
             "",
-            "| method | ARI | NMI | silhouette | s / round | n | paper ARI / NMI / sil. |",
-            "|---|---|---|---|---|---|---|",
+            "| method | rounds × epochs | ARI | NMI | silhouette | s / round | n | paper ARI / NMI / sil. |",
+            "|---|---|---|---|---|---|---|---|",
         ]
         for method in [*METHODS, *DP_METHODS]:
-            g = group[group.method == method]
-            if g.empty:
-                continue
-            cells = [
-                f"{g[m].mean():.3f} ± {g[m].std():.3f}" if len(g) > 1 else f"{g[m].mean():.3f}"
-                for m in ("ari", "nmi", "silhouette")
-            ]
-            has_rounds = "seconds_per_round" in g and g.seconds_per_round.notna().any()
-            spr = f"{g.seconds_per_round.mean():.1f}" if has_rounds else ""
-            paper = PAPER.get((name, method), "")
-            out.append(f"| {method} | " + " | ".join(cells) + f" | {spr} | {len(g)} | {paper} |")
+            rows = group[group.method == method]
+            for (rounds, epochs), g in rows.groupby(["rounds", "local_epochs"], dropna=False):
+                out.append(_row(name, method, rounds, epochs, g))
         out.append("")
     return "\n".join(out)
+
+
+def _row(name: str, method: str, rounds, epochs, g) -> str:
+    """One table row: a method at one training length, mean ± sd over its seeds."""
+    import pandas as pd
+
+    no_training = pd.isna(rounds) or method == "PCA+KMeans"
+    length = "—" if no_training else f"{int(rounds)} × {int(epochs)}"
+    cells = [
+        f"{g[m].mean():.3f} ± {g[m].std():.3f}" if len(g) > 1 else f"{g[m].mean():.3f}"
+        for m in ("ari", "nmi", "silhouette")
+    ]
+    has_rounds = "seconds_per_round" in g and g.seconds_per_round.notna().any()
+    spr = f"{g.seconds_per_round.mean():.1f}" if has_rounds else ""
+    paper = PAPER.get((name, method), "")
+    return f"| {method} | {length} | " + " | ".join(cells) + f" | {spr} | {len(g)} | {paper} |"
 
 
 def main() -> None:

@@ -156,6 +156,7 @@ from pathlib import Path
 rows = Path("../benchmarks/results/dpdcan.jsonl").read_text().splitlines()
 bench = pd.DataFrame([pd.read_json(r, typ="series") for r in rows if r.strip()])
 bench = bench[bench.config.str.startswith(("DCAN", "DP-DCAN", "DPE-DCAN"))]
+bench = bench[~bench.config.str.contains("cluster lr 0.1")]  # rows of the former default
 bench["method"] = np.where(bench.config.str.startswith("DPE"), "DPE-DCAN (full)", "DP-DCAN (encoder)")
 bench.loc[bench.config.str.startswith("DCAN"), "method"] = "DP-DCAN (encoder)"
 fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
