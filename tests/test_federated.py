@@ -148,7 +148,7 @@ def test_fit_federated_with_client_level_dp(small_adata, tmp_path):
     assert set(privacy["epsilon_per_site"]) == set(adata.obs["client"].astype(str))
     assert 0 < privacy["epsilon"] <= 4.0
     assert privacy["optimizer"] == "dpsignadam"
-    assert "replacing one of that site's cells" in privacy["statement"]
+    assert "adding or removing one of that site's cells" in privacy["statement"]
     assert privacy["mean_dp_steps_per_round_reported"] > 0
     adata.write_h5ad(tmp_path / "fed.h5ad")  # the record must survive a round trip to disk
     with pytest.raises(ValueError, match="compares cells within a batch"):

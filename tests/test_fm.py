@@ -153,6 +153,10 @@ def test_spent_epsilon_and_released_coefficients_do_not_depend_on_epochs(digits)
     assert not np.allclose(models[0].layers_[0].weights_, models[1].layers_[0].weights_)  # training did run
     layers = models[1].privacy_record()["layers"]
     assert sum(layer["epsilon"] for layer in layers.values()) == pytest.approx(0.5)
+    # used directly, the estimator still says what its ε covers
+    statement = models[1].privacy_record()["statement"]
+    assert statement.startswith("0.5-differential privacy with respect to replacing one of the ")
+    assert f" {len(y)} private training rows" in statement and "Not covered" in statement
 
 
 def test_convolutional_dbn_learns_digits_without_noise(digits):
@@ -172,6 +176,9 @@ def test_dpsgd_classifier_stops_at_budget():
     assert model.epochs_trained_ < 40
     assert model.spent_epsilon_ <= 2.0
     assert np.all(np.diff(model.epsilon_history_) > 0)
+    statement = model.privacy_record()["statement"]
+    assert "adding or removing one of the 200 private training rows" in statement  # Opacus: add/remove
+    assert f"({model.spent_epsilon_:.3g}, 1.0e-05)-differential privacy" in statement
 
 
 @pytest.fixture

@@ -76,6 +76,9 @@ def test_epsilon_composition_sums_to_target(prior, monkeypatch):
     assert sum(model.budget_split_.values()) == pytest.approx(1.0)
     assert set(model.budget_split_) == ({"xx", "xy", "yy"} if prior == "gamma" else {"xx", "xy"})
     assert np.all(np.isfinite(model.coef_))
+    record = model.privacy_record()
+    assert record["epsilon"] == pytest.approx(1.5) and record["delta"] == 0.0
+    assert record["statement"].startswith("1.5-differential privacy with respect to replacing one of the 200")
 
 
 def test_infinite_epsilon_equals_non_private_bayesian_lr():
@@ -83,6 +86,8 @@ def test_infinite_epsilon_equals_non_private_bayesian_lr():
     priv = linear.RobustPrivateLR(np.inf, bounds=(10.0, 100.0), y_center=0.0, y_scale=1.0).fit(X, y)
     ref = linear.BayesianLR(y_center=0.0, y_scale=1.0).fit(X, y)
     np.testing.assert_allclose(priv.predict(X), ref.predict(X), rtol=1e-10, atol=1e-12)
+    for model in (priv, ref):  # no noise: the record must not claim a guarantee
+        assert model.privacy_record()["statement"].startswith("No differential privacy")
     # and the projection is really applied when bounds bite
     clipped = linear.RobustPrivateLR(np.inf, bounds=(0.05, 100.0), y_center=0.0, y_scale=1.0).fit(X, y)
     assert not np.allclose(clipped.coef_, ref.coef_)

@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from ..privacy import estimator_statement
 from ._moments import scale_patches
 from ._rbm import PrivateRBM
 from ._softmax import PrivateSoftmax
@@ -144,6 +145,7 @@ class PrivateDBN:
         if not self.epsilon > 0:
             raise ValueError(f"epsilon must be > 0, got {self.epsilon}.")
         X = np.asarray(X, dtype=float)
+        self.n_train_ = int(X.shape[0])
         self.classes_, codes = np.unique(np.asarray(y), return_inverse=True)
         if self.classes_.size < 2:
             raise ValueError("Need at least 2 classes to train a classifier.")
@@ -205,4 +207,12 @@ class PrivateDBN:
             },
             "composition": "sequential (sum of the per-layer ε), pure ε-DP",
             "epochs": self.epochs,
+            "statement": estimator_statement(
+                epsilon=self.spent_epsilon_,
+                delta=0.0,
+                n_rows=self.n_train_,
+                mechanism="the functional mechanism (Laplace noise on the Chebyshev coefficients of "
+                "each layer's objective, released once, whatever the number of epochs)",
+                covered="the weights of every layer",
+            ),
         }

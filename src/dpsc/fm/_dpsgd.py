@@ -9,6 +9,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..privacy import estimator_statement
+
 
 class DPSGDClassifier:
     """One-hidden-layer MLP trained with DP-SGD (Abadi et al. 2016) through Opacus.
@@ -57,6 +59,7 @@ class DPSGDClassifier:
         torch.manual_seed(self.random_state)
         self.classes_, codes = np.unique(np.asarray(y), return_inverse=True)
         X_t = torch.as_tensor(np.asarray(X), dtype=torch.float32)
+        self.n_train_ = int(X_t.shape[0])
         y_t = torch.as_tensor(codes, dtype=torch.long)
         self.network_ = nn.Sequential(
             nn.Linear(X_t.shape[1], self.hidden), nn.ReLU(), nn.Linear(self.hidden, self.classes_.size)
@@ -134,7 +137,13 @@ class DPSGDClassifier:
 
     def privacy_record(self) -> dict[str, Any]:
         if self.epsilon is None and self.noise_multiplier is None:
-            return {"epsilon": float("inf"), "mechanism": "none (non-private MLP)"}
+            return {
+                "epsilon": float("inf"),
+                "mechanism": "none (non-private MLP)",
+                "statement": estimator_statement(
+                    epsilon=None, delta=0.0, n_rows=self.n_train_, mechanism="", covered=""
+                ),
+            }
         return {
             "epsilon": self.spent_epsilon_,
             "delta": self.delta,
@@ -144,6 +153,14 @@ class DPSGDClassifier:
             "max_grad_norm": self.max_grad_norm,
             "epochs": self.epochs_trained_,
             "epsilon_history": list(self.epsilon_history_),
+            "statement": estimator_statement(
+                epsilon=self.spent_epsilon_,
+                delta=self.delta,
+                n_rows=self.n_train_,
+                mechanism=f"DP-SGD with Poisson sampling and Opacus {self.accountant.upper()} accounting",
+                covered="the network weights",
+                neighbours="adding or removing",
+            ),
         }
 
 

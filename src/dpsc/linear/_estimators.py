@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 from sklearn.base import BaseEstimator, RegressorMixin
 
+from ..privacy import estimator_statement
 from ._auxiliary import choose_bounds_and_split, synthetic_auxiliary
 from ._bayes import fixed_precision_posterior, gamma_prior_posterior_mean
 from ._preprocess import normalise_rows, project
@@ -90,6 +91,9 @@ def _fit_private_mean(
 class _NormalisedLinearModel(RegressorMixin, BaseEstimator):
     """Shared preprocessing and prediction; subclasses implement ``_fit_normalised``."""
 
+    #: How the noise is added, for the privacy statement ("" for the non-private estimators).
+    _mechanism = ""
+
     def _preprocess_fit(
         self, X: Any, y: Any, X_public: Any, y_public: Any
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -127,8 +131,32 @@ class _NormalisedLinearModel(RegressorMixin, BaseEstimator):
     def fit(self, X: Any, y: Any, X_public: Any = None, y_public: Any = None) -> _NormalisedLinearModel:
         """Fit on private ``(X, y)`` and, optionally, exact public ``(X_public, y_public)``."""
         Xn, yn, Xp, yp = self._preprocess_fit(X, y, X_public, y_public)
+        self.n_private_, self.n_public_ = int(Xn.shape[0]), int(Xp.shape[0])
         self.coef_ = np.asarray(self._fit_normalised(Xn, yn, Xp, yp), dtype=float)
         return self
+
+    def privacy_record(self) -> dict[str, Any]:
+        """ε spent by the last ``fit`` and a plain statement of what it covers (pure ε-DP, δ = 0)."""
+        if not hasattr(self, "coef_"):
+            raise RuntimeError(f"This {type(self).__name__} is not fitted yet; call fit first.")
+        epsilon = float(self.spent_epsilon_)
+        statement = estimator_statement(
+            epsilon=None if not self._mechanism else epsilon,
+            delta=0.0,
+            n_rows=self.n_private_,
+            mechanism=self._mechanism,
+            covered="the coefficients",
+        )
+        if self._mechanism and self.n_public_:
+            statement += f" The {self.n_public_} public rows are used exactly and are not protected."
+        return {
+            "epsilon": epsilon,
+            "delta": 0.0,
+            "mechanism": self._mechanism or "none",
+            "n_private": self.n_private_,
+            "n_public": self.n_public_,
+            "statement": statement,
+        }
 
     def predict(self, X: Any) -> np.ndarray:
         r"""Predict the target in its original units: :math:`\hat y = s_y\, \tilde x^\top \beta + c_y`."""
@@ -171,6 +199,8 @@ class RobustPrivateLR(_NormalisedLinearModel):
     y_center, y_scale
         Target centre/scale; default from the public samples.
     """
+
+    _mechanism = "Laplace noise on the projected sufficient statistics (Honkela et al. 2018)"
 
     def __init__(
         self,
@@ -221,9 +251,20 @@ class RobustPrivateLR(_NormalisedLinearModel):
         details: dict[str, Any] = {}
         rng = np.random.default_rng(self.random_state)
         coef = _fit_private_mean(
-            X, y, Xp, yp, epsilon=epsilon, bound_x=bx, bound_y=by, split=split, row_norm=1.0,
-            prior=self.prior, rng=rng, prior_precision=self.prior_precision,
-            noise_precision=self.noise_precision, details=details,
+            X,
+            y,
+            Xp,
+            yp,
+            epsilon=epsilon,
+            bound_x=bx,
+            bound_y=by,
+            split=split,
+            row_norm=1.0,
+            prior=self.prior,
+            rng=rng,
+            prior_precision=self.prior_precision,
+            noise_precision=self.noise_precision,
+            details=details,
         )
         self.budget_split_ = details["budget_split"]
         self.sensitivities_ = details["sensitivities"]
@@ -245,6 +286,8 @@ class OutputPerturbationLR(_NormalisedLinearModel):
     (norm :math:`\sim \mathrm{Gamma}(d, \Delta_2/\varepsilon)`, uniform direction) is ε-DP.
     ``regularization="auto"`` chooses :math:`\Lambda` on synthetic auxiliary data.
     """
+
+    _mechanism = "output perturbation of the ridge minimiser (Chaudhuri et al. 2011, Alg. 1)"
 
     def __init__(
         self,
@@ -315,6 +358,8 @@ class FunctionalMechanismLR(_NormalisedLinearModel):
     intercept is fitted (data are centred with public constants). Needs ``pip install "dpsc[baselines]"``.
     """
 
+    _mechanism = "the functional mechanism (Laplace noise on the objective's coefficients, diffprivlib)"
+
     def __init__(
         self,
         epsilon: float = 2.0,
@@ -343,7 +388,10 @@ class FunctionalMechanismLR(_NormalisedLinearModel):
         Xall = project(np.vstack([X, Xp]), bx)
         yall = project(np.concatenate([y, yp]), by)
         model = LinearRegression(
-            epsilon=epsilon, bounds_X=(-bx, bx), bounds_y=(-by, by), fit_intercept=False,
+            epsilon=epsilon,
+            bounds_X=(-bx, bx),
+            bounds_y=(-by, by),
+            fit_intercept=False,
             random_state=self.random_state,
         )
         model.fit(Xall, yall)

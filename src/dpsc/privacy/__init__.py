@@ -8,7 +8,7 @@ from ._accounting import (
     spent_epsilon,
 )
 from ._kmeans import dp_kmeans_centroids, kmeans_release_steps
-from ._statement import PrivacyRecord, privacy_statement
+from ._statement import PrivacyRecord, estimator_statement, privacy_statement
 
 __all__ = [
     "ACCOUNTANTS",
@@ -16,6 +16,7 @@ __all__ = [
     "calibrate_noise_multiplier",
     "dp_kmeans_centroids",
     "epsilon_curve",
+    "estimator_statement",
     "kmeans_release_steps",
     "make_accountant",
     "privacy_statement",

@@ -62,6 +62,53 @@ def privacy_statement(
     return " ".join(lines)
 
 
+def estimator_statement(
+    *,
+    epsilon: float | None,
+    delta: float,
+    n_rows: int,
+    mechanism: str,
+    covered: str,
+    neighbours: str = "replacing",
+) -> str:
+    """Plain-language scope of the guarantee of a stand-alone private estimator.
+
+    Written into ``privacy_record()["statement"]`` of the estimators in :mod:`dpsc.fm` and
+    :mod:`dpsc.linear` when they are used directly, outside the ``tl`` functions (which write a
+    statement specific to their own inputs).
+
+    Parameters
+    ----------
+    epsilon
+        ε spent; ``None`` or ``inf`` for a non-private estimator.
+    delta
+        δ of the claim (0 for pure ε-DP).
+    n_rows
+        Number of private training rows passed to ``fit``.
+    mechanism
+        How the noise was added, e.g. ``"Laplace noise on the sufficient statistics"``.
+    covered
+        What was released with noise, e.g. ``"the coefficients"``.
+    neighbours
+        The neighbouring relation of the proof: ``"replacing"`` (bounded DP: Laplace mechanisms
+        with a known number of rows) or ``"adding or removing"`` (DP-SGD with Poisson sampling).
+    """
+    if epsilon is None or epsilon == float("inf"):
+        return (
+            f"No differential privacy: this estimator used its {n_rows} training rows without noise; "
+            "its parameters and predictions may reveal information about any of them."
+        )
+    claim = f"({epsilon:.3g}, {delta:.1e})" if delta else f"{epsilon:.3g}"
+    return (
+        f"{claim}-differential privacy with respect to {neighbours} one of the {n_rows} private "
+        f"training rows (features and target), by {mechanism}. Covered: {covered} and anything "
+        "computed from them on other data. Not covered: the number of rows and the feature list "
+        "(treated as public), any scaling or feature map fitted on the private rows before this "
+        "estimator saw them, predictions made for the "
+        "training rows themselves, and hyper-parameters chosen by looking at these rows."
+    )
+
+
 @dataclass
 class PrivacyRecord:
     """What a fit spent, written to ``adata.uns["dpsc"]["privacy"]``.

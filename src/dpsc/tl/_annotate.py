@@ -28,8 +28,10 @@ def annotation_statement(method: str, epsilon: float, delta: float, n_reference:
         else f"({epsilon:g}, {delta:g})-differential privacy (DP-SGD, Poisson sampling, Opacus PRV "
         "accountant)"
     )
+    # the Laplace (functional) mechanism is proven for replacement; Opacus accounts add/remove
+    neighbours = "replacing" if method == "pcdbn" else "adding or removing"
     return (
-        f"The trained classifier satisfies {kind} with respect to replacing any one of the "
+        f"The trained classifier satisfies {kind} with respect to {neighbours} any one of the "
         f"{n_reference} reference cells (its expression profile and its label). Covered: the model "
         "and the labels and confidences it predicts for the query cells. Not covered: the query cells "
         "themselves (the feature map — PCA — is fitted on them, and they are assumed to be yours); "

@@ -40,12 +40,13 @@ def federated_statement(epsilons: dict[str, float], delta: float, optimizer: str
     worst = max(epsilons.values())
     return (
         f"Each site trains with DP-SGD ({optimizer} update on the noisy gradient, Opacus) and the "
-        f"weights it sends every round satisfy (ε_k, {delta:g})-DP with respect to replacing one of "
-        f"that site's cells; ε_k ≤ {worst:.3g} for every site (per site in 'epsilon_per_site'). "
-        "Covered: every message a site sends, hence everything the server and the other sites see, "
+        f"weights it sends every round satisfy (ε_k, {delta:g})-DP with respect to adding or "
+        f"removing one of that site's cells (Poisson sampling); ε_k ≤ {worst:.3g} for every site "
+        "(per site in 'epsilon_per_site'). Covered: every message a site sends, hence everything "
+        "the server and the other sites see, "
         "and the final global model (post-processing). A cell is protected by its own site's ε. Not "
         "covered: the embeddings and clusters written to this AnnData (computed on the cells "
-        "themselves), the number of cells per site (public), and site-level privacy (whether a "
+        "themselves), the number of cells per site (treated as public), and site-level privacy (whether a "
         "site took part, or its whole data set)."
     )
 
