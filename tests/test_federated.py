@@ -9,6 +9,7 @@ from dpsc.federated import (
     ClientDP,
     SSLConfig,
     SSLNet,
+    apply_scaling,
     byol_loss,
     calibrate_lambda,
     divergence,
@@ -17,6 +18,8 @@ from dpsc.federated import (
     ema_weight,
     local_train,
     local_train_private,
+    pooled_scaling,
+    site_sums,
 )
 
 matplotlib.use("Agg")
@@ -89,6 +92,32 @@ def test_fit_federated_two_clients_two_rounds(small_adata):
     assert len(record["loss"]) == 2 and np.isfinite(record["loss"]).all()
     assert record["mu"][0] == 0.0 and record["mu"][1] == pytest.approx(0.7)  # EMA from round 2 on
     assert dpsc.pl.federated(adata, show=False).get_xlabel() == "round"
+
+
+def test_pooled_gene_scaling_equals_statistics_of_all_cells():
+    rng = np.random.default_rng(0)
+    X = rng.gamma(2.0, size=(60, 7))
+    X[:, 3] = 1.5  # a constant gene: centred, not divided by 0
+    parts = [X[:10], X[10:35], X[35:]]
+    mean, std = pooled_scaling([site_sums(p) for p in parts])
+    np.testing.assert_allclose(mean, X.mean(0), rtol=1e-12)
+    np.testing.assert_allclose(std, X.std(0), atol=1e-12)
+    Z = apply_scaling(X, mean, std)
+    np.testing.assert_allclose(Z.mean(0), 0.0, atol=1e-5)
+    np.testing.assert_allclose(np.delete(Z.std(0), 3), 1.0, rtol=1e-4)
+    assert np.all(Z[:, 3] == 0.0)
+    assert apply_scaling(X, mean, std, clip=0.5).max() == pytest.approx(0.5)
+
+
+def test_fit_federated_with_pooled_gene_scaling(small_adata):
+    pytest.importorskip("flwr")
+    adata = small_adata.copy()
+    dpsc.pp.partition(adata, 2, label_key="cell_type", types_per_client=4)
+    record = dpsc.tl.fit_federated(adata, rounds=2, local_epochs=1, n_clusters=4, scale_genes=True)
+    assert record["scale_genes"] and "per-gene sums" in record["privacy"]
+    assert np.isfinite(adata.obsm["X_fedsc"]).all() and len(record["loss"]) == 2
+    with pytest.raises(ValueError, match="scale_genes=True sends"):
+        dpsc.tl.fit_federated(adata, rounds=1, local_epochs=1, epsilon=8.0, scale_genes=True)
 
 
 def test_fit_federated_bad_input(small_adata):

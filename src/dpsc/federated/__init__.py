@@ -1,7 +1,8 @@
 """FedSC: federated self-supervised single-cell clustering on Flower."""
 
 from ._ema import calibrate_lambda, divergence, divergence_aware_update, ema_weight
-from ._flower import DEFAULTS, make_apps, require_flwr, run_federation, write_client_data
+from ._flower import DEFAULTS, make_apps, read_scaling, require_flwr, run_federation, write_client_data
+from ._scaling import apply_scaling, pooled_scaling, site_sums
 from ._ssl import (
     METHODS,
     PER_CELL_METHODS,
@@ -24,6 +25,7 @@ __all__ = [
     "ClientDP",
     "SSLConfig",
     "SSLNet",
+    "apply_scaling",
     "byol_loss",
     "calibrate_lambda",
     "divergence",
@@ -36,7 +38,10 @@ __all__ = [
     "local_train_private",
     "make_apps",
     "nt_xent",
+    "pooled_scaling",
+    "read_scaling",
     "require_flwr",
     "run_federation",
+    "site_sums",
     "write_client_data",
 ]

@@ -9,6 +9,7 @@ deployment (``flwr run`` with one SuperNode per site; see the docs).
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ import numpy as np
 import torch
 
 from ._ema import calibrate_lambda, divergence, divergence_aware_update, ema_weight
+from ._scaling import apply_scaling, pooled_scaling, site_sums
 from ._ssl import ClientDP, SSLConfig, SSLNet, local_train, local_train_private
 
 DEFAULTS: dict[str, Any] = {
@@ -29,6 +31,8 @@ DEFAULTS: dict[str, Any] = {
     "lr": 0.032,
     "batch-size": 128,
     "mask-rate": 0.2,
+    # one "query" round first: sites send per-gene sums, all z-score with the pooled statistics
+    "scale-genes": False,
     # client-level DP (off when "noise-multipliers" is empty): JSON list of σ per partition-id
     "noise-multipliers": "",
     "max-grad-norm": 1.0,
@@ -72,20 +76,42 @@ def make_apps(settings: dict[str, Any]):
         torch.manual_seed(int(s["seed"]))
         net = SSLNet(int(meta["n_genes"]), _ssl_config(s))
         n = int(meta["n_clients"])
+        out = Path(s["out-dir"])
+        out.mkdir(parents=True, exist_ok=True)
+        train_config = ConfigRecord({"local-epochs": int(s["local-epochs"])})
+        if bool(s["scale-genes"]):
+            mean, std = _pooled_gene_statistics(grid, n)
+            np.savez(out / "scaling.npz", mean=mean, std=std)
+            train_config["gene-mean"], train_config["gene-std"] = mean.tolist(), std.tolist()
         strategy = FedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=n, min_available_nodes=n)
         result = strategy.start(
             grid=grid,
             initial_arrays=ArrayRecord(net.shared_state()),
             num_rounds=int(s["rounds"]),
-            train_config=ConfigRecord({"local-epochs": int(s["local-epochs"])}),
+            train_config=train_config,
         )
-        out = Path(s["out-dir"])
-        out.mkdir(parents=True, exist_ok=True)
         torch.save(result.arrays.to_torch_state_dict(), out / "global.pt")
         history = {
             int(r): {k: float(v) for k, v in m.items()} for r, m in result.train_metrics_clientapp.items()
         }
         (out / "history.json").write_text(json.dumps(history))
+
+    def _pooled_gene_statistics(grid: Grid, n: int) -> tuple[np.ndarray, np.ndarray]:
+        while len(nodes := list(grid.get_node_ids())) < n:  # SuperNodes register asynchronously
+            time.sleep(0.1)
+        queries = [Message(content=RecordDict({}), dst_node_id=node, message_type="query") for node in nodes]
+        replies = list(grid.send_and_receive(queries))
+        failed = [reply.error for reply in replies if reply.has_error()]
+        if failed or len(replies) != len(nodes):
+            missing = len(nodes) - len(replies)
+            raise RuntimeError(f"Gene statistics: {missing} site(s) did not reply; errors: {failed}")
+        return pooled_scaling([reply.content["sums"].to_torch_state_dict() for reply in replies])
+
+    @client_app.query()
+    def client_sums(msg: Message, context: Context) -> Message:
+        s = {**base, **dict(context.run_config)}
+        X = np.load(Path(s["data-dir"]) / f"client_{int(context.node_config['partition-id'])}.npy")
+        return Message(content=RecordDict({"sums": ArrayRecord(site_sums(X))}), reply_to=msg)
 
     @client_app.train()
     def client_train(msg: Message, context: Context) -> Message:
@@ -93,7 +119,10 @@ def make_apps(settings: dict[str, Any]):
         s = {**base, **dict(context.run_config)}
         pid = int(context.node_config["partition-id"])
         X = np.load(Path(s["data-dir"]) / f"client_{pid}.npy")
-        server_round = int(msg.content["config"]["server-round"])
+        config = msg.content["config"]
+        if "gene-mean" in config:
+            X = apply_scaling(X, np.asarray(config["gene-mean"]), np.asarray(config["gene-std"]))
+        server_round = int(config["server-round"])
         net = SSLNet(X.shape[1], _ssl_config(s))
         global_state = msg.content["arrays"].to_torch_state_dict()
         mu = 0.0
@@ -112,7 +141,7 @@ def make_apps(settings: dict[str, Any]):
         else:
             net.load_shared(global_state)
             net.target.load_state_dict(net.online.state_dict())
-        epochs = int(msg.content["config"]["local-epochs"])
+        epochs = int(config["local-epochs"])
         seed = int(s["seed"]) * 100_003 + 1009 * pid + server_round
         dp_steps = 0
         if s["noise-multipliers"]:
@@ -176,3 +205,12 @@ def run_federation(settings: dict[str, Any], n_clients: int, n_cpus: int = 2) ->
     state = torch.load(out / "global.pt", weights_only=True)
     history = {int(k): v for k, v in json.loads((out / "history.json").read_text()).items()}
     return state, history
+
+
+def read_scaling(out_dir: str | Path) -> tuple[np.ndarray, np.ndarray] | None:
+    """Return the pooled gene ``(mean, std)`` a run with ``scale-genes`` saved, else ``None``."""
+    path = Path(out_dir) / "scaling.npz"
+    if not path.exists():
+        return None
+    with np.load(path) as saved:
+        return saved["mean"], saved["std"]
