@@ -36,21 +36,19 @@ DATASETS = {
     "biase": ("biase_hvg2000_lognorm.h5", "gaussian", "as given (log-normalised)"),
     "yan": ("yan_rpkm.h5", "gaussian", "log1p(RPKM), top 2000 genes by variance"),
 }
-CONFIGS = {
-    "DCAN (non-private)": {"epsilon": None, "scope": "encoder"},
+PRIVATE_CONFIGS = {
     "DP-DCAN eps=8": {"epsilon": 8.0, "scope": "encoder"},
     "DP-DCAN eps=6": {"epsilon": 6.0, "scope": "encoder"},
     "DP-DCAN eps=4": {"epsilon": 4.0, "scope": "encoder"},
     "DPE-DCAN eps=8 (full)": {"epsilon": 8.0, "scope": "full"},
+}
+CONFIGS = {
+    "DCAN (non-private)": {"epsilon": None, "scope": "encoder"},
+    **PRIVATE_CONFIGS,
     # dpsc 0.1.0 default before the cluster-stage DP learning rate went from 0.1 to 0.01
     **{
         f"{name}, cluster lr 0.1": {**cfg, "cluster_private_lr": 0.1}
-        for name, cfg in {
-            "DP-DCAN eps=8": {"epsilon": 8.0, "scope": "encoder"},
-            "DP-DCAN eps=6": {"epsilon": 6.0, "scope": "encoder"},
-            "DP-DCAN eps=4": {"epsilon": 4.0, "scope": "encoder"},
-            "DPE-DCAN eps=8 (full)": {"epsilon": 8.0, "scope": "full"},
-        }.items()
+        for name, cfg in PRIVATE_CONFIGS.items()
     },
 }
 SIGN_CONFIGS = {  # issue 3: update rule of the private parameters (same σ, q, steps for all)
