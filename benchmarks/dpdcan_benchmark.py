@@ -36,6 +36,11 @@ DATASETS = {
     "biase": ("biase_hvg2000_lognorm.h5", "gaussian", "as given (log-normalised)"),
     "yan": ("yan_rpkm.h5", "gaussian", "log1p(RPKM), top 2000 genes by variance"),
 }
+OVERSAMPLED_KMEANS = {  # DP k-means start with 3k Lloyd centroids reduced to k, 200 releases
+    "n_sketch_steps": 40,
+    "steps_per_round": 40,
+    "kmeans_kwargs": {"n_bits": 6, "oversampling": 3, "count_scale": 0.3},
+}
 PRIVATE_CONFIGS = {
     "DP-DCAN eps=8": {"epsilon": 8.0, "scope": "encoder"},
     "DP-DCAN eps=6": {"epsilon": 6.0, "scope": "encoder"},
@@ -47,10 +52,21 @@ CONFIGS = {
     **PRIVATE_CONFIGS,
     # dpsc 0.1.0 default before the cluster-stage DP learning rate went from 0.1 to 0.01
     **{
-        f"{name}, cluster lr 0.1": {**cfg, "cluster_private_lr": 0.1}
-        for name, cfg in PRIVATE_CONFIGS.items()
+        f"{name}, cluster lr 0.1": {**cfg, "cluster_private_lr": 0.1} for name, cfg in PRIVATE_CONFIGS.items()
+    },
+    **{
+        f"{name}, oversampled k-means": {**cfg, **OVERSAMPLED_KMEANS} for name, cfg in PRIVATE_CONFIGS.items()
     },
 }
+DIAGNOSTIC_CONFIGS = {  # where the loss is: the private instance stage + DP k-means start alone
+    f"DP-DCAN eps={eps:g}, oversampled k-means, no cluster stage": {
+        "epsilon": eps,
+        "scope": "encoder",
+        "cluster_epochs": 0,
+        **OVERSAMPLED_KMEANS,
+    }
+    for eps in (8.0, 4.0)
+} | {"DP-DCAN eps=8, no cluster stage": {"epsilon": 8.0, "scope": "encoder", "cluster_epochs": 0}}
 SIGN_CONFIGS = {  # issue 3: update rule of the private parameters (same σ, q, steps for all)
     f"DP-DCAN eps={eps:g} {opt}": {
         "epsilon": eps,
@@ -61,7 +77,7 @@ SIGN_CONFIGS = {  # issue 3: update rule of the private parameters (same σ, q, 
     for eps in (8.0, 4.0, 2.0, 1.0)
     for opt in ("sgd", "adam", "dpsignsgd", "dpsignadam")
 }
-ALL_CONFIGS = {**CONFIGS, **SIGN_CONFIGS}
+ALL_CONFIGS = {**CONFIGS, **DIAGNOSTIC_CONFIGS, **SIGN_CONFIGS}
 PAPER = {  # DP-DCAN paper, Table 2/5 (PBMC), best-epoch selection against labels
     ("pbmc", "DP-DCAN eps=8"): "70.87 / 72.53",
     ("pbmc", "DP-DCAN eps=6"): "68.12 / 72.53",
@@ -133,7 +149,7 @@ def run_one(args: argparse.Namespace) -> dict:
             epsilon=cfg["epsilon"],
             scope=cfg["scope"],
             optimizer=cfg.get("optimizer", "sgd"),
-            **({"cluster_private_lr": cfg["cluster_private_lr"]} if "cluster_private_lr" in cfg else {}),
+            **{key: value for key, value in cfg.items() if key not in ("epsilon", "scope", "optimizer")},
             n_clusters=k,
             likelihood=DATASETS[args.dataset][1],
             random_state=args.seed,

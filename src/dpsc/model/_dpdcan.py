@@ -149,6 +149,7 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
         n_sketch_steps: int = 20,
         n_lloyd_rounds: int = 4,
         steps_per_round: int = 10,
+        kmeans_kwargs: dict | None = None,
         random_state: int = 0,
         secure_mode: bool = False,
         accelerator: str = "auto",
@@ -198,6 +199,9 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
             Clipping radius and release counts of the DP k-means initialisation
             (:func:`~dpsc.privacy.dp_kmeans_centroids`). The default radius is ``latent_scale``,
             the norm of every latent point, so no point is clipped.
+        kmeans_kwargs
+            Further options of :func:`~dpsc.privacy.dp_kmeans_centroids` that change no
+            step count (``n_bits``, ``oversampling``, ``count_scale``).
         random_state
             Seed of initialisation, sampling, masking and (unless ``secure_mode``) noise.
         secure_mode
@@ -229,6 +233,12 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
         private_lr = default_lr if private_lr is None else private_lr
         cluster_private_lr = default_cluster_lr if cluster_private_lr is None else cluster_private_lr
 
+        unknown = set(kmeans_kwargs or {}) - {"n_bits", "oversampling", "count_scale"}
+        if unknown:
+            raise ValueError(
+                f"kmeans_kwargs accepts n_bits, oversampling and count_scale, not {sorted(unknown)}; "
+                "the release counts are the arguments n_sketch_steps, n_lloyd_rounds, steps_per_round."
+            )
         if kmeans_clip_norm is None:
             if self.module.latent_scale is None:
                 raise ValueError(
@@ -284,7 +294,12 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
             )
 
         self._init_centroids(
-            splitter, dp, kmeans_clip_norm, (n_sketch_steps, n_lloyd_rounds, steps_per_round), random_state
+            splitter,
+            dp,
+            kmeans_clip_norm,
+            (n_sketch_steps, n_lloyd_rounds, steps_per_round),
+            kmeans_kwargs or {},
+            random_state,
         )
 
         if cluster_epochs > 0:
@@ -331,6 +346,7 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
             "n_sketch_steps": n_sketch_steps,
             "n_lloyd_rounds": n_lloyd_rounds,
             "steps_per_round": steps_per_round,
+            "kmeans_kwargs": dict(kmeans_kwargs or {}),
             "random_state": random_state,
             "planned_steps": planned_steps,
         }
@@ -359,7 +375,7 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
         return self.history_
 
     @torch.no_grad()
-    def _init_centroids(self, splitter, dp, clip_norm, release_counts, random_state) -> None:
+    def _init_centroids(self, splitter, dp, clip_norm, release_counts, kmeans_kwargs, random_state) -> None:
         """k-means initialisation: DP releases under ``dp``, plain k-means otherwise."""
         self.module.eval()
         device = next(self.module.parameters()).device
@@ -390,6 +406,7 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
             steps_per_round=release_counts[2],
             sphere_radius=self.module.latent_scale,
             random_state=random_state,
+            **kmeans_kwargs,
         )
         centroids.copy_(torch.as_tensor(init, dtype=centroids.dtype))
 
