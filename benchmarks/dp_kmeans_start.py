@@ -45,11 +45,10 @@ def private_latent(dataset: str, data: Path, epsilon: float, seed: int):
 
 def score_starts(z, truth, model, epsilon: float, seed: int, reps: int) -> list[dict]:
     import torch
-    from opacus.accountants.utils import get_noise_multiplier
     from sklearn.cluster import KMeans
     from sklearn.metrics import adjusted_rand_score
 
-    from dpsc.privacy import dp_kmeans_centroids, kmeans_release_steps
+    from dpsc.privacy import calibrate_noise_multiplier, dp_kmeans_centroids, kmeans_release_steps
 
     k = len(np.unique(truth))
     reference = KMeans(k, n_init=10, random_state=0).fit_predict(z)
@@ -59,13 +58,7 @@ def score_starts(z, truth, model, epsilon: float, seed: int, reps: int) -> list[
     rows = []
     for name, opts in OPTION_SETS.items():
         releases = kmeans_release_steps(opts["n_sketch_steps"], 4, opts["steps_per_round"])
-        sigma = get_noise_multiplier(
-            target_epsilon=epsilon,
-            target_delta=1e-5,
-            sample_rate=q,
-            steps=training_steps + releases,
-            accountant="rdp",
-        )
+        sigma = calibrate_noise_multiplier(epsilon, 1e-5, q, training_steps + releases)
         for rep in range(reps):
             rng = np.random.default_rng(1000 * seed + rep)
             centroids = dp_kmeans_centroids(
