@@ -36,42 +36,63 @@ DATASETS = {
     "biase": ("biase_hvg2000_lognorm.h5", "gaussian", "as given (log-normalised)"),
     "yan": ("yan_rpkm.h5", "gaussian", "log1p(RPKM), top 2000 genes by variance"),
 }
-OVERSAMPLED_KMEANS = {  # DP k-means start with 3k Lloyd centroids reduced to k, 200 releases
+# The DP k-means start and DEC target of dpsc 0.1.0 (defaults until stop 16), spelled out so
+# that the rows run with them keep their meaning.
+FORMER_START = {
+    "n_sketch_steps": 20,
+    "steps_per_round": 10,
+    "kmeans_kwargs": {"n_bits": 5, "oversampling": 1, "count_scale": 1.0},
+}
+FORMER_TARGET = {"target_frequency": "uniform"}
+FORMER = {**FORMER_START, **FORMER_TARGET}
+OVERSAMPLED_KMEANS = {  # the default start since stop 16: 3k Lloyd centroids reduced to k, 200 releases
     "n_sketch_steps": 40,
     "steps_per_round": 40,
     "kmeans_kwargs": {"n_bits": 6, "oversampling": 3, "count_scale": 0.3},
 }
+FROZEN = {"cluster_train_encoder": False}  # cluster stage trains centroids (and decoder) only
 PRIVATE_CONFIGS = {
     "DP-DCAN eps=8": {"epsilon": 8.0, "scope": "encoder"},
     "DP-DCAN eps=6": {"epsilon": 6.0, "scope": "encoder"},
     "DP-DCAN eps=4": {"epsilon": 4.0, "scope": "encoder"},
     "DPE-DCAN eps=8 (full)": {"epsilon": 8.0, "scope": "full"},
 }
+VARIANTS = {  # label suffix: settings that differ from the current defaults
+    "former start and target": FORMER,
+    # dpsc 0.1.0 default before the cluster-stage DP learning rate went from 0.1 to 0.01
+    "cluster lr 0.1": {**FORMER, "cluster_private_lr": 0.1},
+    "uniform target": FORMER_TARGET,
+    "former start": FORMER_START,
+    "former start and target, frozen encoder": {**FORMER, **FROZEN},
+    "uniform target, frozen encoder": {**FORMER_TARGET, **FROZEN},
+}
 CONFIGS = {
     "DCAN (non-private)": {"epsilon": None, "scope": "encoder"},
+    "DCAN (non-private), uniform target": {"epsilon": None, "scope": "encoder", **FORMER_TARGET},
     **PRIVATE_CONFIGS,
-    # dpsc 0.1.0 default before the cluster-stage DP learning rate went from 0.1 to 0.01
     **{
-        f"{name}, cluster lr 0.1": {**cfg, "cluster_private_lr": 0.1} for name, cfg in PRIVATE_CONFIGS.items()
-    },
-    **{
-        f"{name}, oversampled k-means": {**cfg, **OVERSAMPLED_KMEANS} for name, cfg in PRIVATE_CONFIGS.items()
+        f"{name}, {suffix}": {**cfg, **extra}
+        for suffix, extra in VARIANTS.items()
+        for name, cfg in PRIVATE_CONFIGS.items()
     },
 }
 DIAGNOSTIC_CONFIGS = {  # where the loss is: the private instance stage + DP k-means start alone
-    f"DP-DCAN eps={eps:g}, oversampled k-means, no cluster stage": {
-        "epsilon": eps,
+    f"DP-DCAN eps={eps:g}, no cluster stage": {"epsilon": eps, "scope": "encoder", "cluster_epochs": 0}
+    for eps in (8.0, 4.0)
+} | {
+    "DP-DCAN eps=8, former start, no cluster stage": {
+        "epsilon": 8.0,
         "scope": "encoder",
         "cluster_epochs": 0,
-        **OVERSAMPLED_KMEANS,
+        **FORMER_START,
     }
-    for eps in (8.0, 4.0)
-} | {"DP-DCAN eps=8, no cluster stage": {"epsilon": 8.0, "scope": "encoder", "cluster_epochs": 0}}
+}
 SIGN_CONFIGS = {  # issue 3: update rule of the private parameters (same σ, q, steps for all)
     f"DP-DCAN eps={eps:g} {opt}": {
         "epsilon": eps,
         "scope": "encoder",
         "optimizer": opt,
+        **FORMER,  # run before stop 16's defaults
         **({"cluster_private_lr": 0.1} if opt == "sgd" else {}),  # run before the 0.01 default
     }
     for eps in (8.0, 4.0, 2.0, 1.0)
@@ -229,7 +250,7 @@ def report(path: Path) -> str:
                 f"| {cfg} | {ari} | {nmi} | {spent} | {len(g)} | {cost} | {PAPER.get((name, cfg), '')} |"
             )
         timed = group[group.apply(_place, axis=1) == "2 CPUs"]  # sequential runs, one machine
-        base = timed[timed.config == "DCAN (non-private)"].set_index("seed").wall_s
+        base = timed[timed.config == "DCAN (non-private), uniform target"].set_index("seed").wall_s
         # the learning rate does not change the cost; the "cluster lr 0.1" rows ran beside DCAN's
         dp = timed[timed.config == "DP-DCAN eps=8, cluster lr 0.1"]
         dp = (dp if len(dp) else timed[timed.config == "DP-DCAN eps=8"]).set_index("seed").wall_s

@@ -147,3 +147,30 @@ def test_generators_follow_the_parameters_device():
         assert moved.device.type == "cuda" and moved.initial_seed() == cpu.initial_seed()
         on_gpu = mask_views(rep.cuda(), 2, 0.5, torch.Generator().manual_seed(3))
         assert torch.equal(on_gpu.cpu(), a)
+
+
+def test_frozen_encoder_cluster_stage_noises_only_centroids(tiny_module, counts):
+    dp = DPConfig(
+        noise_multiplier=1.0,
+        max_grad_norm=C,
+        sample_rate=0.1,
+        expected_batch_size=6,
+        accountant=make_accountant("rdp"),
+        noise_generator=torch.Generator().manual_seed(0),
+    )
+    plan = DCANTrainingPlan(tiny_module, stage="cluster", dp=dp, optimizer="sgd", lr=0.1, train_encoder=False)
+    assert plan.private_parameters == [tiny_module.clustering.centroids]
+    plan.attach_privacy()
+    plan.on_train_start()
+    encoder = [p.detach().clone() for p in tiny_module.encoder.parameters()]
+    centroids = tiny_module.clustering.centroids.detach().clone()
+    plan.training_step({"X": counts}, 0)
+    assert all(torch.equal(a, p) for a, p in zip(encoder, tiny_module.encoder.parameters(), strict=True))
+    assert not torch.equal(centroids, tiny_module.clustering.centroids)
+    assert plan.dp.accountant.history == [(1.0, 0.1, 1)]
+    plan.detach_privacy()
+    assert all(p.requires_grad for p in tiny_module.encoder.parameters())
+    # the instance stage always trains the encoder
+    assert DCANTrainingPlan(
+        tiny_module, stage="instance", dp=None, optimizer="sgd", lr=0.1, train_encoder=False
+    ).train_encoder

@@ -32,8 +32,10 @@ def test_fit_writes_documented_keys(small_adata):
         assert key in rec
     assert 0 < rec["epsilon"] <= 4.0
     assert rec["scope"] == "encoder" and "decoder" in rec["statement"] and "Not covered" in rec["statement"]
-    # steps actually run: 3 epochs x 10 Poisson draws + 60 k-means releases
-    assert rec["steps"] == 3 * 10 + 60 == small_adata.uns["dpsc"]["params"]["planned_steps"]
+    # steps actually run: 3 epochs x 10 Poisson draws + 200 k-means releases (40 + 4 x 40)
+    # + 1 cluster-frequency release per cluster epoch
+    assert rec["steps"] == 3 * 10 + 200 + 1 == small_adata.uns["dpsc"]["params"]["planned_steps"]
+    assert rec["kmeans_steps"] == 200 and rec["frequency_steps"] == 1
     assert rec["curve_steps"][-1] == rec["steps"]
     assert rec["curve_epsilon"][-1] == pytest.approx(rec["epsilon"])
 

@@ -84,9 +84,13 @@ def test_cluster_stage_terms_are_per_cell(tiny_module, counts, name):
     assert changed_rows(tiny_module, _cluster_term(tiny_module, name), counts) == {K}
 
 
-def test_cluster_stage_total_is_per_cell(tiny_module, counts):
+@pytest.mark.parametrize("frequency", [None, "released"])
+def test_cluster_stage_total_is_per_cell(tiny_module, counts, frequency):
+    # released frequencies are a constant (computed before the step), as dp_cluster_frequency gives
+    f = None if frequency is None else torch.linspace(5.0, 1.0, tiny_module.clustering.centroids.shape[0])
+
     def total(x):
-        return tiny_module.cluster_stage_loss(x, betas=(0.4, 0.4, 0.2))[0]
+        return tiny_module.cluster_stage_loss(x, betas=(0.4, 0.4, 0.2), frequency=f)[0]
 
     assert changed_rows(tiny_module, total, counts) == {K}
 

@@ -102,3 +102,15 @@ def check_fit_args(*, n_obs: int, n_clusters: int, scope: str, batch_size: int |
             f"q = batch_size / n_obs); got {batch_size}."
         )
     return int(batch_size)
+
+
+TARGET_FREQUENCIES = ("uniform", "released")
+
+
+def check_target_frequency(target_frequency: str) -> None:
+    """Refuse a cluster-frequency option of DEC's target other than the two dpsc implements."""
+    if target_frequency not in TARGET_FREQUENCIES:
+        raise ValueError(
+            f"Unknown target_frequency {target_frequency!r}; choose 'uniform' (f_j = 1) or "
+            "'released' (noisy cluster frequencies, one accounted release per cluster epoch)."
+        )

@@ -1,6 +1,6 @@
 """User-facing models (scvi-tools ``BaseModelClass`` subclasses) and shared-model loaders."""
 
-from ._dpdcan import DPDCAN
+from ._dpdcan import DEFAULT_KMEANS_OPTIONS, DPDCAN
 from ._shared import SharedEncoder
 
-__all__ = ["DPDCAN", "SharedEncoder"]
+__all__ = ["DEFAULT_KMEANS_OPTIONS", "DPDCAN", "SharedEncoder"]

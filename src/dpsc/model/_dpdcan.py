@@ -18,12 +18,19 @@ from scvi.model.base import BaseModelClass, UnsupervisedTrainingMixin
 from scvi.train import TrainRunner
 from sklearn.cluster import KMeans
 
-from .._validation import check_fit_args, check_matrix, check_privacy_args, get_matrix
+from .._validation import (
+    check_fit_args,
+    check_matrix,
+    check_privacy_args,
+    check_target_frequency,
+    get_matrix,
+)
 from ..module import DCANModule
 from ..optim import DEFAULT_PRIVATE_LRS, OPTIMIZERS
 from ..privacy import (
     PrivacyRecord,
     calibrate_noise_multiplier,
+    dp_cluster_frequency,
     dp_kmeans_centroids,
     epsilon_curve,
     kmeans_release_steps,
@@ -34,6 +41,11 @@ from ..privacy import (
 from ..train import DCANTrainingPlan, DPConfig, PoissonDataSplitter
 
 logger = logging.getLogger(__name__)
+
+#: Options of :func:`~dpsc.privacy.dp_kmeans_centroids` used by :meth:`DPDCAN.train` unless
+#: ``kmeans_kwargs`` overrides them: noisy Lloyd rounds with 3k centroids reduced to k, count
+#: column weighted 0.3·R, 2^6 sketch buckets (``benchmarks/results/dpdcan.md``).
+DEFAULT_KMEANS_OPTIONS: dict[str, float] = {"n_bits": 6, "oversampling": 3, "count_scale": 0.3}
 
 SHARED_WEIGHTS = "shared_encoder.pt"
 SHARED_META = "shared_encoder.json"
@@ -145,22 +157,25 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
         mask_rate: float = 0.2,
         betas: tuple[float, float, float] = (0.4, 0.4, 0.2),
         target_power: float = 2.0,
+        target_frequency: str = "released",
+        cluster_train_encoder: bool = True,
         kmeans_clip_norm: float | None = None,
-        n_sketch_steps: int = 20,
+        n_sketch_steps: int = 40,
         n_lloyd_rounds: int = 4,
-        steps_per_round: int = 10,
+        steps_per_round: int = 40,
         kmeans_kwargs: dict | None = None,
         random_state: int = 0,
         secure_mode: bool = False,
         accelerator: str = "auto",
         progress_bar: bool = True,
     ) -> None:
-        """Train both stages; with ``epsilon`` the whole fit is (ε, δ)-DP (see the record).
+        r"""Train both stages; with ``epsilon`` the whole fit is (ε, δ)-DP (see the record).
 
         The noise multiplier σ is calibrated once, before training, for the total number of
         sampled-Gaussian steps of the fit: ``(instance_epochs + cluster_epochs) ×
         round(1/q)`` DP-SGD steps plus ``n_sketch_steps + n_lloyd_rounds × steps_per_round`` DP k-means
-        releases, all with Poisson rate ``q = batch_size / n_obs``. The ε recorded is the
+        releases (plus ``cluster_epochs`` frequency releases with ``target_frequency="released"``),
+        all with Poisson rate ``q = batch_size / n_obs``. The ε recorded is the
         accountant's value after the steps that actually ran. No epoch, learning rate or
         checkpoint is chosen from the data: the final model is the result.
 
@@ -195,19 +210,32 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
             Instance-stage reconstruction weight and masking rate.
         betas, target_power
             Cluster-stage weights (ZINB, DEC, separation) and target sharpening exponent.
+        target_frequency
+            Cluster frequencies :math:`f_j` in DEC's target :math:`p_{ij} \propto q_{ij}^2/f_j`:
+            ``"released"`` (default): at the start of every cluster epoch, the soft assignments
+            of one Poisson sample of cells are summed and released with Gaussian noise
+            (:func:`~dpsc.privacy.dp_cluster_frequency`, one accounted step; exact over all
+            cells in a non-private fit); ``"uniform"``: :math:`f_j = 1` (dpsc 0.1.0 behaviour).
+        cluster_train_encoder
+            Train the encoder in the cluster stage (the paper's Alg. 1); ``False`` keeps the
+            instance-stage encoder and trains only the centroids (and the decoder) there.
         kmeans_clip_norm, n_sketch_steps, n_lloyd_rounds, steps_per_round
             Clipping radius and release counts of the DP k-means initialisation
             (:func:`~dpsc.privacy.dp_kmeans_centroids`). The default radius is ``latent_scale``,
             the norm of every latent point, so no point is clipped.
         kmeans_kwargs
             Further options of :func:`~dpsc.privacy.dp_kmeans_centroids` that change no
-            step count (``n_bits``, ``oversampling``, ``count_scale``).
+            step count (``n_bits``, ``oversampling``, ``count_scale``); they update
+            :data:`dpsc.model.DEFAULT_KMEANS_OPTIONS` (6 bits, oversampling 3, count scale 0.3). The start
+            of dpsc 0.1.0 is ``n_sketch_steps=20, steps_per_round=10, kmeans_kwargs={"n_bits":
+            5, "oversampling": 1, "count_scale": 1.0}``.
         random_state
             Seed of initialisation, sampling, masking and (unless ``secure_mode``) noise.
         secure_mode
             Use Opacus's secure noise generation for the DP-SGD steps (results then not
-            reproducible). The k-means releases then draw noise from a torch generator seeded
-            from the operating system, not from a cryptographically secure sampler.
+            reproducible). The k-means and frequency releases then draw noise from a torch
+            generator seeded from the operating system, not from a cryptographically secure
+            sampler.
         accelerator
             Lightning accelerator.
         progress_bar
@@ -233,12 +261,14 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
         private_lr = default_lr if private_lr is None else private_lr
         cluster_private_lr = default_cluster_lr if cluster_private_lr is None else cluster_private_lr
 
-        unknown = set(kmeans_kwargs or {}) - {"n_bits", "oversampling", "count_scale"}
+        check_target_frequency(target_frequency)
+        unknown = set(kmeans_kwargs or {}) - set(DEFAULT_KMEANS_OPTIONS)
         if unknown:
             raise ValueError(
                 f"kmeans_kwargs accepts n_bits, oversampling and count_scale, not {sorted(unknown)}; "
                 "the release counts are the arguments n_sketch_steps, n_lloyd_rounds, steps_per_round."
             )
+        kmeans_options = {**DEFAULT_KMEANS_OPTIONS, **(kmeans_kwargs or {})}
         if kmeans_clip_norm is None:
             if self.module.latent_scale is None:
                 raise ValueError(
@@ -249,7 +279,8 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
         sample_rate = batch_size / n_obs
         steps_per_epoch = max(1, round(1.0 / sample_rate))
         km_steps = kmeans_release_steps(n_sketch_steps, n_lloyd_rounds, steps_per_round)
-        planned_steps = (instance_epochs + cluster_epochs) * steps_per_epoch + km_steps
+        frequency_steps = cluster_epochs if target_frequency == "released" else 0
+        planned_steps = (instance_epochs + cluster_epochs) * steps_per_epoch + km_steps + frequency_steps
         splitter = PoissonDataSplitter(self.adata_manager, sample_rate, steps_per_epoch, seed=random_state)
         dp = None
         sigma = 0.0
@@ -298,7 +329,7 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
             dp,
             kmeans_clip_norm,
             (n_sketch_steps, n_lloyd_rounds, steps_per_round),
-            kmeans_kwargs or {},
+            kmeans_options,
             random_state,
         )
 
@@ -309,6 +340,10 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
                 optimizer="adadelta",
                 lr=cluster_lr,
                 private_lr=cluster_private_lr,
+                frequency_source=(
+                    self._frequency_source(splitter, dp) if target_frequency == "released" else None
+                ),
+                train_encoder=cluster_train_encoder,
                 seed=random_state + 2,
                 **common,
             )
@@ -327,6 +362,7 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
             scope=scope,
             max_grad_norm=max_grad_norm,
             km_steps=km_steps if dp else 0,
+            frequency_steps=frequency_steps if dp else 0,
             secure_mode=secure_mode,
         ).to_dict()
         self.train_params_ = {
@@ -342,11 +378,13 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
             "mask_rate": mask_rate,
             "betas": list(betas),
             "target_power": target_power,
+            "target_frequency": target_frequency,
+            "cluster_train_encoder": cluster_train_encoder,
             "kmeans_clip_norm": kmeans_clip_norm,
             "n_sketch_steps": n_sketch_steps,
             "n_lloyd_rounds": n_lloyd_rounds,
             "steps_per_round": steps_per_round,
-            "kmeans_kwargs": dict(kmeans_kwargs or {}),
+            "kmeans_kwargs": kmeans_options,
             "random_state": random_state,
             "planned_steps": planned_steps,
         }
@@ -373,6 +411,28 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
         finally:
             plan.detach_privacy()
         return self.history_
+
+    def _frequency_source(self, splitter, dp):
+        """Callable releasing DEC's cluster frequencies (noisy under ``dp``, exact otherwise)."""
+        device = next(self.module.parameters()).device
+        if dp is None:
+
+            def exact() -> torch.Tensor:
+                frequency = torch.as_tensor(self.predict_proba().sum(0), dtype=torch.float32)
+                self.module.train()  # predict_proba leaves the module in eval mode
+                return frequency.to(device)
+
+            return exact
+        gen = dp.noise_generator or torch.Generator().manual_seed(secrets.randbits(63))
+
+        def release() -> torch.Tensor:
+            x = splitter.sample_batch()[REGISTRY_KEYS.X_KEY].to(device)
+            q = self.module.soft_assignment(self.module.encode(self.module.represent(x))).cpu()
+            frequency = dp_cluster_frequency(q, noise_multiplier=dp.noise_multiplier, generator=gen)
+            dp.accountant.step(noise_multiplier=dp.noise_multiplier, sample_rate=dp.sample_rate)
+            return frequency.float().to(device)
+
+        return release
 
     @torch.no_grad()
     def _init_centroids(self, splitter, dp, clip_norm, release_counts, kmeans_kwargs, random_state) -> None:
@@ -422,6 +482,7 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
         scope,
         max_grad_norm,
         km_steps,
+        frequency_steps,
         secure_mode,
     ) -> PrivacyRecord:
         n_obs = self.adata.n_obs
@@ -463,6 +524,7 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
             statement=statement,
             private_parameters=private,
             kmeans_steps=km_steps,
+            frequency_steps=frequency_steps,
             secure_mode=secure_mode,
             curve_steps=curve_steps,
             curve_epsilon=curve_eps,

@@ -172,18 +172,20 @@ class DCANModule(BaseModuleClass):
         *,
         betas: tuple[float, float, float],
         target_power: float = 2.0,
+        frequency: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         r"""Per-cell data terms of the cluster stage (DP-DCAN Alg. 1, stage 2).
 
         :math:`L_i = \beta_1 L^{\mathrm{ZINB}}_i + \beta_2 \mathrm{KL}(p_i \Vert q_i)` with the
-        per-cell target :math:`p_i` of :func:`~dpsc.module.per_cell_target`. The third term of
+        per-cell target :math:`p_i` of :func:`~dpsc.module.per_cell_target` (with the released
+        cluster ``frequency``, a constant, when given). The third term of
         the paper's objective, :math:`\beta_3 L^{\mathrm{sep}}`, depends on the centroids only;
         it is returned by :meth:`parameter_penalty` and handled apart (see the training plan).
         """
         z = self.encode(self.represent(x))
         recon = self.reconstruction_per_cell(x, z)
         q = self.soft_assignment(z)
-        kl = dec_kl_per_cell(q, per_cell_target(q, target_power))
+        kl = dec_kl_per_cell(q, per_cell_target(q, target_power, frequency))
         loss = betas[0] * recon + betas[1] * kl
         return loss, {"reconstruction": recon.detach(), "clustering": kl.detach()}
 

@@ -71,18 +71,24 @@ def student_t_assignment(sq_dist: torch.Tensor, alpha: float = 1.0) -> torch.Ten
     return torch.softmax(logits, dim=-1)
 
 
-def per_cell_target(q: torch.Tensor, power: float = 2.0) -> torch.Tensor:
+def per_cell_target(
+    q: torch.Tensor, power: float = 2.0, frequency: torch.Tensor | None = None
+) -> torch.Tensor:
     r"""Sharpened target distribution computed from one cell's own assignment.
 
     DEC's target (Xie et al. 2016, Eq. 3) is :math:`p_{ij} \propto q_{ij}^2 / f_j` with cluster
     frequency :math:`f_j = \sum_i q_{ij}` taken over the batch or the data set, which couples
     all cells: one cell moves every other cell's target, and per-sample clipping no longer
-    bounds its influence. dpsc drops :math:`f_j` (equivalently, assumes uniform cluster sizes)
-    and uses :math:`p_{ij} = q_{ij}^{\,\kappa} / \sum_{j'} q_{ij'}^{\,\kappa}` with
-    :math:`\kappa` = ``power``, normalised over clusters of the same cell. The target is
-    detached (treated as a constant, as in DEC).
+    bounds its influence. dpsc computes
+    :math:`p_{ij} = (q_{ij}^{\,\kappa} / f_j) / \sum_{j'} (q_{ij'}^{\,\kappa} / f_{j'})` with
+    :math:`\kappa` = ``power``, normalised over clusters of the same cell, where ``frequency``
+    is a *constant* :math:`f` released beforehand (:func:`~dpsc.privacy.dp_cluster_frequency`),
+    so cell *i*'s target depends on cell *i* only; ``frequency=None`` takes :math:`f_j = 1`
+    (uniform cluster sizes). The target is detached (treated as a constant, as in DEC).
     """
     p = q.detach().pow(power)
+    if frequency is not None:
+        p = p / frequency.to(p)
     return p / p.sum(-1, keepdim=True)
 
 

@@ -7,6 +7,7 @@ from ._accounting import (
     make_accountant,
     spent_epsilon,
 )
+from ._frequency import dp_cluster_frequency
 from ._kmeans import dp_kmeans_centroids, kmeans_release_steps
 from ._statement import PrivacyRecord, estimator_statement, privacy_statement
 
@@ -14,6 +15,7 @@ __all__ = [
     "ACCOUNTANTS",
     "PrivacyRecord",
     "calibrate_noise_multiplier",
+    "dp_cluster_frequency",
     "dp_kmeans_centroids",
     "epsilon_curve",
     "estimator_statement",

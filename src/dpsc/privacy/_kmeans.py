@@ -29,10 +29,11 @@ The three phases (all post-processing of such releases):
    reduced to :math:`k` by weighted k-means (post-processing: the reduction sees no cell).
 
 On the latent of a private PBMC instance stage (ε = 8) ``oversampling=3, count_scale=0.3``
-with 40 + 4 × 40 releases and 6 bits gives a better start than the defaults (ARI of the start
-0.67–0.69 vs 0.61–0.65, agreement with non-private k-means 0.77–0.84 vs 0.68;
-``benchmarks/results/dp_kmeans_start.md``), but whole fits were not better on PBMC
-(``benchmarks/results/dpdcan.md``, rows "oversampled k-means"), so the defaults stay.
+with 40 + 4 × 40 releases and 6 bits gives a better start than this function's defaults (ARI of
+the start 0.67–0.69 vs 0.61–0.65, agreement with non-private k-means 0.77–0.84 vs 0.68;
+``benchmarks/results/dp_kmeans_start.md``). :meth:`dpsc.model.DPDCAN.train` uses that setting by
+default, together with DEC frequencies released during the cluster stage
+(``benchmarks/results/dpdcan.md``).
 
 Because DCAN's latents lie on a sphere of radius :math:`s`, :math:`R = s` clips nothing.
 

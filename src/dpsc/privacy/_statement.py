@@ -126,7 +126,8 @@ class PrivacyRecord:
     sample_rate
         Poisson sampling rate q.
     steps
-        Sampled-Gaussian steps that ran (DP-SGD steps of both stages plus k-means releases).
+        Sampled-Gaussian steps that ran (DP-SGD steps of both stages plus k-means releases
+        plus cluster-frequency releases).
     max_grad_norm
         Per-cell clipping norm C.
     accountant
@@ -149,6 +150,7 @@ class PrivacyRecord:
     statement: str
     private_parameters: list[str] = field(default_factory=list)
     kmeans_steps: int = 0
+    frequency_steps: int = 0
     secure_mode: bool = False
     curve_steps: list[int] = field(default_factory=list)
     curve_epsilon: list[float] = field(default_factory=list)

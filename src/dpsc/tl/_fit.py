@@ -6,7 +6,13 @@ import anndata as ad
 import pandas as pd
 import torch
 
-from .._validation import check_fit_args, check_matrix, check_privacy_args, get_matrix
+from .._validation import (
+    check_fit_args,
+    check_matrix,
+    check_privacy_args,
+    check_target_frequency,
+    get_matrix,
+)
 from ..model import DPDCAN
 from ..optim import OPTIMIZERS
 
@@ -97,6 +103,7 @@ def fit(
     check_fit_args(n_obs=adata.n_obs, n_clusters=n_clusters, scope=scope, batch_size=batch_size)
     check_privacy_args(epsilon, delta, adata.n_obs)
     check_matrix(matrix, likelihood)
+    check_target_frequency(train_kwargs.get("target_frequency", "released"))
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"Unknown optimizer {optimizer!r}; choose one of {OPTIMIZERS}.")
     train_kwargs.setdefault("private_optimizer", optimizer)

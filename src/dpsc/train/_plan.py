@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -115,6 +116,14 @@ class DCANTrainingPlan(pl.LightningModule):
         Instance-stage weight of the reconstruction loss and masking rate.
     betas, target_power
         Cluster-stage loss weights and the target sharpening exponent.
+    frequency_source
+        Cluster stage only: called at the start of every epoch, returns the cluster frequencies
+        :math:`f` of DEC's target for that epoch (under DP a noisy release that the callable
+        itself accounts, :func:`~dpsc.privacy.dp_cluster_frequency`); ``None`` uses uniform
+        frequencies.
+    train_encoder
+        Cluster stage only: ``False`` freezes the encoder, so the stage trains the centroids
+        (and the decoder) on a fixed latent space.
     seed
         Seed of the masking augmentation.
     """
@@ -133,6 +142,8 @@ class DCANTrainingPlan(pl.LightningModule):
         mask_rate: float = 0.2,
         betas: tuple[float, float, float] = (0.4, 0.4, 0.2),
         target_power: float = 2.0,
+        frequency_source: Callable[[], torch.Tensor] | None = None,
+        train_encoder: bool = True,
         seed: int = 0,
     ):
         super().__init__()
@@ -147,6 +158,9 @@ class DCANTrainingPlan(pl.LightningModule):
         self.mask_rate = mask_rate
         self.betas = betas
         self.target_power = target_power
+        self.frequency_source = frequency_source
+        self.train_encoder = train_encoder or stage == "instance"
+        self.cluster_frequency: torch.Tensor | None = None
         self.automatic_optimization = False
         self.mask_generator = torch.Generator().manual_seed(int(seed))
         private, public = self._split_modules()
@@ -158,7 +172,7 @@ class DCANTrainingPlan(pl.LightningModule):
 
     # -- parameter groups ------------------------------------------------------------------
     def _split_modules(self) -> tuple[list[nn.Module], list[nn.Module]]:
-        used = [self.module.encoder]
+        used = [self.module.encoder] if self.train_encoder else []
         if self.stage == "cluster":
             used.append(self.module.clustering)
         decoder = self.module.public_decoder_modules()
@@ -217,6 +231,7 @@ class DCANTrainingPlan(pl.LightningModule):
 
     def detach_privacy(self) -> None:
         """Remove Opacus hooks and per-parameter bookkeeping (state-dict keys never change)."""
+        self.module.encoder.requires_grad_(True)  # a frozen cluster-stage encoder is unfrozen
         if self._gsm is not None:
             release_privacy_hooks(self._gsm, list(self.module.parameters()))
             self._gsm = None
@@ -226,6 +241,13 @@ class DCANTrainingPlan(pl.LightningModule):
     def on_train_start(self) -> None:
         """Put the module in training mode (scvi leaves it in eval mode after a stage)."""
         self.module.train()
+        self.module.encoder.requires_grad_(self.train_encoder)
+
+    def on_train_epoch_start(self) -> None:
+        """Refresh DEC's cluster frequencies (one release per epoch) when a source is given."""
+        if self.stage == "cluster" and self.frequency_source is not None:
+            with torch.no_grad():
+                self.cluster_frequency = self.frequency_source()
 
     def on_train_end(self) -> None:
         """Leave the module clean for saving and inference."""
@@ -238,7 +260,9 @@ class DCANTrainingPlan(pl.LightningModule):
             return self.module.instance_stage_loss(
                 x, rho=self.rho, mask_rate=self.mask_rate, generator=self.mask_generator
             )
-        return self.module.cluster_stage_loss(x, betas=self.betas, target_power=self.target_power)
+        return self.module.cluster_stage_loss(
+            x, betas=self.betas, target_power=self.target_power, frequency=self.cluster_frequency
+        )
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         """One (DP-)SGD step on a Poisson batch."""

@@ -1,0 +1,86 @@
+"""DEC's cluster frequencies, released with the sampled Gaussian mechanism (one step each)."""
+
+import numpy as np
+import pytest
+import torch
+
+import dpsc
+from conftest import FAST
+from dpsc.module import dec_kl_per_cell, per_cell_target, student_t_assignment
+from dpsc.privacy import dp_cluster_frequency
+
+
+def test_exact_release_is_the_column_sum_and_one_cell_moves_it_by_at_most_one():
+    q = student_t_assignment(torch.rand(50, 4) * 5)
+    exact = dp_cluster_frequency(q, noise_multiplier=0.0, generator=None, floor=0.0)
+    torch.testing.assert_close(exact, q.double().sum(0))
+    without_last = dp_cluster_frequency(q[:-1], noise_multiplier=0.0, generator=None, floor=0.0)
+    # add/remove one cell: the L2 change is the cell's own row, at most 1 (the sensitivity)
+    change = (exact - without_last).norm().item()
+    assert change == pytest.approx(q[-1].double().norm().item())
+    assert change <= 1.0
+    # a one-hot row attains the bound
+    onehot = torch.eye(4)[:1]
+    assert dp_cluster_frequency(onehot, noise_multiplier=0.0, generator=None, floor=0.0).norm() == 1.0
+
+
+def test_noise_std_is_sigma_and_floor_applies():
+    q = torch.full((10, 3), 1 / 3)
+    gen = torch.Generator().manual_seed(0)
+    draws = torch.stack(
+        [dp_cluster_frequency(q, noise_multiplier=2.5, generator=gen, floor=-1e9) for _ in range(4000)]
+    )
+    assert draws.mean().item() == pytest.approx(10 / 3, abs=0.1)
+    assert draws.std().item() == pytest.approx(2.5, rel=0.05)
+    low = dp_cluster_frequency(torch.zeros(0, 3), noise_multiplier=5.0, generator=gen, floor=1.0)
+    assert torch.all(low >= 1.0)
+
+
+def test_rows_off_the_simplex_are_refused():
+    with pytest.raises(ValueError, match="simplex"):
+        dp_cluster_frequency(torch.full((2, 2), 1.0), noise_multiplier=1.0, generator=None)
+
+
+def test_target_with_frequency_is_dec_equation_3():
+    q = student_t_assignment(torch.rand(6, 3) * 4)
+    f = q.sum(0)
+    expected = q.pow(2) / f
+    expected = expected / expected.sum(1, keepdim=True)
+    torch.testing.assert_close(per_cell_target(q, 2.0, f), expected)
+    # uniform frequencies give the per-cell target without f
+    torch.testing.assert_close(per_cell_target(q, 2.0, torch.ones(3)), per_cell_target(q, 2.0))
+    # a rare cluster gets a larger target weight than with uniform frequencies
+    rare = torch.tensor([10.0, 10.0, 1.0])
+    assert torch.all(per_cell_target(q, 2.0, rare)[:, 2] > per_cell_target(q, 2.0)[:, 2])
+    assert torch.all(dec_kl_per_cell(q, per_cell_target(q, 2.0, rare)) >= -1e-7)
+
+
+def test_released_frequencies_are_accounted_steps(small_adata):
+    fit = {"n_clusters": 3, **FAST, "cluster_epochs": 2}
+    uniform = small_adata.copy()
+    dpsc.tl.fit(small_adata, epsilon=8.0, **fit)  # "released" is the default
+    rec = small_adata.uns["dpsc"]["privacy"]
+    params = small_adata.uns["dpsc"]["params"]
+    # (2 + 2) epochs × 10 Poisson draws + 200 k-means releases + 1 frequency release per cluster epoch
+    assert rec["frequency_steps"] == 2
+    assert rec["steps"] == 4 * 10 + 200 + 2 == params["planned_steps"]
+    assert params["target_frequency"] == "released"
+    assert 0 < rec["epsilon"] <= 8.0
+
+    dpsc.tl.fit(uniform, epsilon=8.0, target_frequency="uniform", **fit)
+    assert uniform.uns["dpsc"]["privacy"]["frequency_steps"] == 0
+    assert uniform.uns["dpsc"]["privacy"]["steps"] == 4 * 10 + 200
+    assert not np.allclose(uniform.obsm["X_dpdcan"], small_adata.obsm["X_dpdcan"])
+
+
+def test_non_private_fit_uses_exact_frequencies_and_spends_nothing(small_adata):
+    dpsc.tl.fit(small_adata, epsilon=None, target_frequency="released", n_clusters=3, **FAST)
+    assert small_adata.uns["dpsc"]["privacy"]["frequency_steps"] == 0
+    assert small_adata.obs["dp_cluster"].notna().all()
+
+
+def test_unknown_target_frequency_is_refused_and_adata_untouched(small_adata):
+    before = small_adata.copy()
+    with pytest.raises(ValueError, match="target_frequency"):
+        dpsc.tl.fit(small_adata, epsilon=8.0, target_frequency="batch", n_clusters=3, **FAST)
+    assert set(small_adata.obsm) == set(before.obsm) and set(small_adata.uns) == set(before.uns)
