@@ -73,10 +73,14 @@ def test_released_frequencies_are_accounted_steps(small_adata):
     assert not np.allclose(uniform.obsm["X_dpdcan"], small_adata.obsm["X_dpdcan"])
 
 
-def test_non_private_fit_uses_exact_frequencies_and_spends_nothing(small_adata):
+def test_non_private_fit_uses_frequencies_and_spends_nothing(small_adata):
+    uniform = small_adata.copy()
     dpsc.tl.fit(small_adata, epsilon=None, target_frequency="released", n_clusters=3, **FAST)
+    dpsc.tl.fit(uniform, epsilon=None, target_frequency="uniform", n_clusters=3, **FAST)
     assert small_adata.uns["dpsc"]["privacy"]["frequency_steps"] == 0
-    assert small_adata.obs["dp_cluster"].notna().all()
+    assert small_adata.uns["dpsc"]["privacy"]["steps"] == 0
+    # the exact frequencies enter the cluster-stage target: the fit differs from the uniform one
+    assert not np.allclose(uniform.obsm["X_dpdcan"], small_adata.obsm["X_dpdcan"])
 
 
 def test_unknown_target_frequency_is_refused_and_adata_untouched(small_adata):
