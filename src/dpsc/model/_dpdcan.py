@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import secrets
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import anndata as ad
@@ -412,6 +412,21 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
             plan.detach_privacy()
         return self.history_
 
+    def _encode_poisson_batch(self, splitter) -> torch.Tensor:
+        """Latent codes of one fresh Poisson sample of the training cells (rate q)."""
+        device = next(self.module.parameters()).device
+        x = splitter.sample_batch()[REGISTRY_KEYS.X_KEY].to(device)
+        return self.module.encode(self.module.represent(x))
+
+    @staticmethod
+    def _release_tools(dp: DPConfig) -> tuple[Callable[[], None], torch.Generator]:
+        """Accountant hook (one (σ, q) step) and noise generator of the non-SGD releases."""
+
+        def record_step() -> None:
+            dp.accountant.step(noise_multiplier=dp.noise_multiplier, sample_rate=dp.sample_rate)
+
+        return record_step, dp.noise_generator or torch.Generator().manual_seed(secrets.randbits(63))
+
     def _frequency_source(self, splitter, dp):
         """Callable releasing DEC's cluster frequencies (noisy under ``dp``, exact otherwise)."""
         device = next(self.module.parameters()).device
@@ -423,13 +438,12 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
                 return frequency.to(device)
 
             return exact
-        gen = dp.noise_generator or torch.Generator().manual_seed(secrets.randbits(63))
+        record_step, gen = self._release_tools(dp)
 
         def release() -> torch.Tensor:
-            x = splitter.sample_batch()[REGISTRY_KEYS.X_KEY].to(device)
-            q = self.module.soft_assignment(self.module.encode(self.module.represent(x))).cpu()
+            q = self.module.soft_assignment(self._encode_poisson_batch(splitter)).cpu()
             frequency = dp_cluster_frequency(q, noise_multiplier=dp.noise_multiplier, generator=gen)
-            dp.accountant.step(noise_multiplier=dp.noise_multiplier, sample_rate=dp.sample_rate)
+            record_step()
             return frequency.float().to(device)
 
         return release
@@ -438,7 +452,6 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
     def _init_centroids(self, splitter, dp, clip_norm, release_counts, kmeans_kwargs, random_state) -> None:
         """k-means initialisation: DP releases under ``dp``, plain k-means otherwise."""
         self.module.eval()
-        device = next(self.module.parameters()).device
         centroids = self.module.clustering.centroids
         if dp is None:
             z = self.get_latent_representation()
@@ -446,16 +459,9 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
             centroids.copy_(torch.as_tensor(km.cluster_centers_, dtype=centroids.dtype))
             return
 
-        def sample_latents() -> torch.Tensor:
-            x = splitter.sample_batch()[REGISTRY_KEYS.X_KEY].to(device)
-            return self.module.encode(self.module.represent(x)).cpu()
-
-        def record_step() -> None:
-            dp.accountant.step(noise_multiplier=dp.noise_multiplier, sample_rate=dp.sample_rate)
-
-        gen = dp.noise_generator or torch.Generator().manual_seed(secrets.randbits(63))
+        record_step, gen = self._release_tools(dp)
         init = dp_kmeans_centroids(
-            sample_latents,
+            lambda: self._encode_poisson_batch(splitter).cpu(),
             self.n_clusters,
             noise_multiplier=dp.noise_multiplier,
             clip_norm=clip_norm,

@@ -72,7 +72,7 @@ def _noisy_table(
     clip_norm: float,
     noise_multiplier: float,
     generator: torch.Generator,
-    count_scale: float = 1.0,
+    count_scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     r"""One Gaussian release of per-row (sum of clipped points, count).
 
