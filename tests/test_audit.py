@@ -36,7 +36,10 @@ def test_audit_end_to_end(small_adata):
         adata, epsilon=4.0, delta=1e-3, attack="both", features="encoder+decoder", n_clusters=3, **FAST_FIT
     )
     assert list(table.attack) == [
-        "shadow", "shadow (encoder+decoder)", "threshold", "threshold (reconstruction)"
+        "shadow",
+        "shadow (encoder+decoder)",
+        "threshold",
+        "threshold (reconstruction)",
     ]
     for key in ("auc", "accuracy", "tpr_at_fpr_0.01", "tpr_at_fpr_0.1"):
         assert table[key].between(0, 1).all()

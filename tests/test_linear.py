@@ -66,6 +66,7 @@ def test_noise_scale_matches_sensitivity_and_split():
 def test_epsilon_composition_sums_to_target(prior, monkeypatch):
     if prior == "gamma":  # keep the VI short in the unit tests
         orig = linear._estimators.gamma_prior_posterior_mean
+
         def short(*a, **k):
             return orig(*a, **k, n_steps=200, n_samples=50)
 

@@ -9,9 +9,7 @@ import numpy as np
 import pandas as pd
 
 
-def read_gdsc(
-    expression_csv: str | Path, response_csv: str | Path, *, target: str = "LN_IC50"
-) -> ad.AnnData:
+def read_gdsc(expression_csv: str | Path, response_csv: str | Path, *, target: str = "LN_IC50") -> ad.AnnData:
     """Join a GDSC expression table with a long-format drug-response table.
 
     Parameters

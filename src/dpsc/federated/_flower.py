@@ -53,7 +53,9 @@ def require_flwr() -> None:
 
 def _ssl_config(s: dict[str, Any]) -> SSLConfig:
     return SSLConfig(
-        method=str(s["method"]), lr=float(s["lr"]), batch_size=int(s["batch-size"]),
+        method=str(s["method"]),
+        lr=float(s["lr"]),
+        batch_size=int(s["batch-size"]),
         mask_rate=float(s["mask-rate"]),
     )
 

@@ -151,7 +151,9 @@ def local_train(net: SSLNet, X: np.ndarray, epochs: int, seed: int) -> float:
     cfg = net.config
     opt = torch.optim.SGD(
         [p for p in net.parameters() if p.requires_grad],
-        lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
+        lr=cfg.lr,
+        momentum=cfg.momentum,
+        weight_decay=cfg.weight_decay,
     )
     gen = torch.Generator().manual_seed(seed)
     data = torch.as_tensor(X, dtype=torch.float32)
@@ -223,10 +225,13 @@ def local_train_private(
     )
     params = [p for p in container.parameters() if p.requires_grad]
     optimizer = DPOptimizerFastGradientClipping(
-        make_optimizer(dp.optimizer, params, dp.lr), noise_multiplier=dp.noise_multiplier,
-        max_grad_norm=dp.max_grad_norm, expected_batch_size=max(1, round(q * n)), loss_reduction="mean",
+        make_optimizer(dp.optimizer, params, dp.lr),
+        noise_multiplier=dp.noise_multiplier,
+        max_grad_norm=dp.max_grad_norm,
+        expected_batch_size=max(1, round(q * n)),
+        loss_reduction="mean",
         generator=torch.Generator().manual_seed(seed + 7919),
-    )  # fmt: skip
+    )
     net.train()
     losses, steps = [], 0
     try:

@@ -83,8 +83,17 @@ def choose_bounds_and_split(
             priv = slice(n_public, n_public + n_private)
             test = slice(n_public + n_private, None)
             beta = _fit_private_mean(
-                X[priv], y[priv], X[pub], y[pub], epsilon=epsilon, bound_x=wx / np.sqrt(d), bound_y=wy,
-                split=split, row_norm=1.0, prior="fixed", rng=np.random.default_rng(noise_seed),
+                X[priv],
+                y[priv],
+                X[pub],
+                y[pub],
+                epsilon=epsilon,
+                bound_x=wx / np.sqrt(d),
+                bound_y=wy,
+                split=split,
+                row_norm=1.0,
+                prior="fixed",
+                rng=np.random.default_rng(noise_seed),
             )
             rho = spearmanr(X[test] @ beta, y[test]).statistic
             scores.append(0.0 if np.isnan(rho) else rho)

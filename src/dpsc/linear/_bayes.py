@@ -77,9 +77,7 @@ def gamma_prior_posterior_mean(
     def model() -> None:
         lam = pyro.sample("lam", dist.Gamma(conc, rt))
         lam0 = pyro.sample("lam0", dist.Gamma(conc, rt))
-        beta = pyro.sample(
-            "beta", dist.Normal(torch.zeros(d, dtype=torch.float64), lam0.rsqrt()).to_event(1)
-        )
+        beta = pyro.sample("beta", dist.Normal(torch.zeros(d, dtype=torch.float64), lam0.rsqrt()).to_event(1))
         quad = t_yy - 2 * beta @ t_xy + beta @ t_xx @ beta
         pyro.factor("likelihood", 0.5 * n * torch.log(lam / (2 * torch.pi)) - 0.5 * lam * quad)
 

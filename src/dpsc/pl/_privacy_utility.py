@@ -50,8 +50,14 @@ def privacy_utility(
         if len(private):
             stats = private.groupby(x)[y].agg(["mean", "std"]).reset_index().sort_values(x)
             target.errorbar(
-                stats[x], stats["mean"], yerr=stats["std"].fillna(0), marker="o", ms=4, capsize=3,
-                color=color, label=str(name),
+                stats[x],
+                stats["mean"],
+                yerr=stats["std"].fillna(0),
+                marker="o",
+                ms=4,
+                capsize=3,
+                color=color,
+                label=str(name),
             )
         if len(public):
             target.axhline(public[y].mean(), color=color, ls="--", lw=1, label=f"{name} (non-private)")

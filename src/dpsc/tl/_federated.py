@@ -183,8 +183,14 @@ def fit_federated(
 
     X = represent(matrix, likelihood)
     parts = [X[(sites == name).to_numpy()] for name in names]
-    settings = {"method": method, "rounds": rounds, "local-epochs": local_epochs, "alpha": alpha,
-                "seed": random_state, "scale-genes": bool(scale_genes)}
+    settings = {
+        "method": method,
+        "rounds": rounds,
+        "local-epochs": local_epochs,
+        "alpha": alpha,
+        "seed": random_state,
+        "scale-genes": bool(scale_genes),
+    }
     dp_plan = None
     if epsilon is not None:
         batch = SSLConfig().batch_size
@@ -195,10 +201,14 @@ def fit_federated(
             sigma = calibrate_noise_multiplier(float(epsilon), delta, q, steps, accountant)
             dp_plan[name] = (sigma, q, steps)
         lr = DEFAULT_CLIENT_LRS[optimizer] if private_lr is None else float(private_lr)
-        settings.update({
-            "noise-multipliers": json.dumps([dp_plan[name][0] for name in names]),
-            "max-grad-norm": float(max_grad_norm), "dp-optimizer": optimizer, "dp-lr": lr,
-        })  # fmt: skip
+        settings.update(
+            {
+                "noise-multipliers": json.dumps([dp_plan[name][0] for name in names]),
+                "max-grad-norm": float(max_grad_norm),
+                "dp-optimizer": optimizer,
+                "dp-lr": lr,
+            }
+        )
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="dpsc_fed_") as tmp:
         data_dir = Path(tmp) / "data"
