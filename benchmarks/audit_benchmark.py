@@ -29,6 +29,7 @@ def run(
     from dpsc.optim import DEFAULT_PRIVATE_LRS
 
     torch.set_num_threads(threads)
+    start_and_target = json.dumps(_start_and_target(), sort_keys=True)
     for seed in seeds:
         for eps_text in epsilons:
             eps = None if eps_text == "none" else float(eps_text)
@@ -53,9 +54,21 @@ def run(
                         wall_s=wall,
                         features=features,
                         cluster_private_lr=cluster_private_lr or DEFAULT_PRIVATE_LRS["sgd"][1],
+                        start_and_target=start_and_target,
                     )
                     fh.write(json.dumps(row) + "\n")
             print(f"seed {seed} eps {eps_text}: done in {wall:.0f} s", file=sys.stderr, flush=True)
+
+
+def _start_and_target() -> dict:
+    """The k-means start and DEC target options a default fit uses (recorded with each row)."""
+    import inspect
+
+    from dpsc.model import DEFAULT_KMEANS_OPTIONS, DPDCAN
+
+    params = inspect.signature(DPDCAN.train).parameters
+    names = ("n_sketch_steps", "n_lloyd_rounds", "steps_per_round", "target_frequency")
+    return {**{name: params[name].default for name in names}, **DEFAULT_KMEANS_OPTIONS}
 
 
 def report(path: Path) -> str:
@@ -63,33 +76,51 @@ def report(path: Path) -> str:
 
     df = pd.DataFrame([json.loads(x) for x in path.read_text().splitlines() if x.strip()])
     df["model"] = df.target_epsilon.map(lambda e: "non-private" if pd.isna(e) else f"ε = {e:g}")
+    # rows written before these were recorded ran with the then defaults: cluster-stage DP
+    # learning rate 0.1, dpsc 0.1.0's k-means start and the uniform DEC target
+    df["cluster_private_lr"] = df.get("cluster_private_lr", pd.Series(index=df.index)).fillna(0.1)
+    df["start_and_target"] = df.get("start_and_target", pd.Series(index=df.index)).fillna("")
+    current = json.dumps(_start_and_target(), sort_keys=True)
     cols = ["auc", "accuracy", "tpr_at_fpr_0.01", "tpr_at_fpr_0.1", "epsilon_lower_bound"]
-    agg = df.groupby(["model", "features", "attack"])[cols].mean().reset_index()
-    seeds = sorted(int(s) for s in df.seed.unique())
-    # rows written before the option was recorded ran with the then default, 0.1
-    lrs = df.get("cluster_private_lr", pd.Series(index=df.index, dtype=float)).fillna(0.1).unique()
-    lr_flag = "".join(f" --cluster-private-lr {v:g}" for v in sorted(lrs))
     out = [
         "# Membership-inference audit (PBMC 4k, DP-DCAN, scope='encoder')",
         "",
-        f"Command: `python benchmarks/audit_benchmark.py --seeds {' '.join(map(str, seeds))}{lr_flag}`; "
-        f"mean over seeds {seeds}. Cells split 2:1:2:1 (target train/test, shadow train/test), "
-        "1 shadow model, default fit settings (50 + 40 epochs), δ = 1e-5. `encoder` features are "
-        "what a receiver of the shared model can compute; `encoder+decoder` adds the decoder's "
-        "per-cell reconstruction loss (the decoder is not shared under scope='encoder'). "
-        "Accuracy is balanced (chance = 0.5). The ε lower bound uses 95 % "
-        "Clopper–Pearson bounds at a threshold chosen on the shadow model.",
-        "",
-        "| model | features | attack | AUC | accuracy | TPR@FPR≤1% | TPR@FPR≤10% | empirical ε (lower b.) |",
-        "|---|---|---|---|---|---|---|---|",
+        "Cells split 2:1:2:1 (target train/test, shadow train/test), 1 shadow model, default fit "
+        "settings (50 + 40 epochs), δ = 1e-5. `encoder` features are what a receiver of the shared "
+        "model can compute; `encoder+decoder` adds the decoder's per-cell reconstruction loss (the "
+        "decoder is not shared under scope='encoder'). Accuracy is balanced (chance = 0.5). The ε "
+        "lower bound uses 95 % Clopper–Pearson bounds at a threshold chosen on the shadow model.",
     ]
-    for r in agg.itertuples(index=False):
-        out.append(
-            f"| {r.model} | {r.features} | {r.attack} | {r.auc:.3f} | {r.accuracy:.3f} | {r._5:.3f} | "
-            f"{r._6:.3f} | {r.epsilon_lower_bound:.2f} |"
-        )
-    walls = df.groupby("model").wall_s.mean().round(0).to_dict()
-    out += ["", f"Wall time per audit (2 fits + features), seconds: {walls}."]
+    groups = df.groupby(["start_and_target", "cluster_private_lr"], sort=False)
+    for (settings, lr), group in sorted(groups, key=lambda item: item[0][0] == current, reverse=True):
+        seeds = sorted(int(s) for s in group.seed.unique())
+        if settings == current:
+            title = "Current defaults"
+        elif settings:
+            title = f"k-means start and DEC target {settings}"
+        else:
+            title = "dpsc 0.1.0 defaults (former k-means start, uniform DEC target)"
+        lr_flag = "" if settings == current and lr == 0.01 else f" --cluster-private-lr {lr:g}"
+        agg = group.groupby(["model", "features", "attack"])[cols].mean().reset_index()
+        out += [
+            "",
+            f"## {title}, cluster-stage DP learning rate {lr:g}",
+            "",
+            f"Command: `python benchmarks/audit_benchmark.py --seeds {' '.join(map(str, seeds))}{lr_flag}`"
+            + ("" if settings == current else " with the dpsc of that time")
+            + f"; mean over seeds {seeds}.",
+            "",
+            "| model | features | attack | AUC | accuracy | TPR@FPR≤1% | TPR@FPR≤10% "
+            "| empirical ε (lower b.) |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for r in agg.itertuples(index=False):
+            out.append(
+                f"| {r.model} | {r.features} | {r.attack} | {r.auc:.3f} | {r.accuracy:.3f} | {r._5:.3f} | "
+                f"{r._6:.3f} | {r.epsilon_lower_bound:.2f} |"
+            )
+        walls = group.groupby("model").wall_s.mean().round(0).to_dict()
+        out += ["", f"Wall time per audit (2 fits + features), seconds: {walls}."]
     return "\n".join(out)
 
 
