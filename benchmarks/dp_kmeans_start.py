@@ -8,10 +8,17 @@ Poisson samples and noise. σ for each option set is the one a full default fit
 ARI (nearest centroid vs labels), agreement (ARI vs non-private k-means on the same latent, a
 label-free measure) and the number of centroids that are nearest to at least one cell.
 
+``--latent former`` (the default, the committed stop-15 table) starts from the instance stage of
+a fit with dpsc 0.1.0's k-means releases; ``--latent default`` from the instance stage of a
+full default fit (σ of its 1140 steps on PBMC). ``--cache DIR`` keeps the latents, so further
+option sets can be scored without training again.
+
 Usage (from the repo root)::
 
     python benchmarks/dp_kmeans_start.py --data ../shared/data --seeds 0 1 --reps 4 \
         --out benchmarks/results/dp_kmeans_start.md
+    python benchmarks/dp_kmeans_start.py --data ../shared/data --seeds 0 1 2 --reps 4 \
+        --latent default --cache /tmp/latents
 """
 
 from __future__ import annotations
@@ -32,12 +39,25 @@ OPTION_SETS = {
 }
 
 
-def private_latent(dataset: str, data: Path, epsilon: float, seed: int):
-    """Latent codes after a private instance stage only, and the labels."""
+def private_latent(dataset: str, data: Path, epsilon: float, seed: int, latent: str):
+    """Latent codes after a private instance stage only, the labels, q and the latent radius.
+
+    ``latent="former"``: the instance stage of a fit with dpsc 0.1.0's 60 k-means releases and
+    no cluster stage (σ calibrated for 560 steps). ``latent="default"``: the instance stage of
+    a full default fit (σ for 500 + 200 + 400 + 40 steps): the sketch release count is raised
+    so that the fit plans exactly the steps of the full default fit, and with the same seed
+    the instance stage is the one that fit runs.
+    """
     import dpsc
 
     adata = load(dataset, data)
     k = adata.obs["label"].nunique()
+    if latent == "former":
+        options = FORMER_START
+    else:
+        epochs = max(1, round(adata.n_obs / max(1, round(0.1 * adata.n_obs))))
+        full_default_steps = 90 * epochs + 40 + 4 * 40 + 40
+        options = {"n_sketch_steps": full_default_steps - 50 * epochs - 4 * 40}
     model = dpsc.tl.fit(
         adata,
         epsilon=epsilon,
@@ -45,12 +65,29 @@ def private_latent(dataset: str, data: Path, epsilon: float, seed: int):
         cluster_epochs=0,
         random_state=seed,
         progress_bar=False,
-        **FORMER_START,  # the latent of the committed results: a fit with dpsc 0.1.0's 60 releases
+        **options,
     )
-    return model.get_latent_representation(), adata.obs["label"].astype(str).to_numpy(), model
+    if latent == "default":
+        assert model.train_params_["planned_steps"] == full_default_steps
+    return (
+        model.get_latent_representation(),
+        adata.obs["label"].astype(str).to_numpy(),
+        model.privacy_["sample_rate"],
+        float(model.module.latent_scale),
+    )
 
 
-def score_starts(z, truth, model, epsilon: float, seed: int, reps: int) -> list[dict]:
+def score_starts(
+    z,
+    truth,
+    q: float,
+    radius: float,
+    epsilon: float,
+    seed: int,
+    reps: int,
+    frequency_steps: int,
+    option_sets: dict[str, dict],
+) -> list[dict]:
     import torch
     from sklearn.cluster import KMeans
     from sklearn.metrics import adjusted_rand_score
@@ -60,10 +97,10 @@ def score_starts(z, truth, model, epsilon: float, seed: int, reps: int) -> list[
     k = len(np.unique(truth))
     reference = KMeans(k, n_init=10, random_state=0).fit_predict(z)
     latent = torch.as_tensor(z, dtype=torch.float64)
-    q = model.privacy_["sample_rate"]
-    training_steps = 90 * max(1, round(1.0 / q))  # the full default fit: 50 + 40 epochs
+    # the full default fit: 50 + 40 epochs (+ one frequency release per cluster epoch)
+    training_steps = 90 * max(1, round(1.0 / q)) + frequency_steps
     rows = []
-    for name, opts in OPTION_SETS.items():
+    for name, opts in option_sets.items():
         releases = kmeans_release_steps(opts["n_sketch_steps"], 4, opts["steps_per_round"])
         sigma = calibrate_noise_multiplier(epsilon, 1e-5, q, training_steps + releases)
         for rep in range(reps):
@@ -72,12 +109,12 @@ def score_starts(z, truth, model, epsilon: float, seed: int, reps: int) -> list[
                 lambda rng=rng: latent[torch.as_tensor(rng.random(len(latent)) < q)],
                 k,
                 noise_multiplier=sigma,
-                clip_norm=model.module.latent_scale,
+                clip_norm=radius,
                 record_step=lambda: None,
                 generator=torch.Generator().manual_seed(1000 * seed + rep),
                 n_sketch_steps=opts["n_sketch_steps"],
                 steps_per_round=opts["steps_per_round"],
-                sphere_radius=model.module.latent_scale,
+                sphere_radius=radius,
                 random_state=rep,
                 **opts["kmeans_kwargs"],
             )
@@ -107,13 +144,33 @@ def main() -> None:
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
     parser.add_argument("--reps", type=int, default=4)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--latent",
+        choices=["former", "default"],
+        default="former",
+        help="instance stage to start from (see private_latent); 'former' made the committed table",
+    )
+    parser.add_argument("--options", nargs="+", help="option sets to run (default: all)")
+    parser.add_argument("--cache", help="folder keeping the private latents between runs")
     parser.add_argument("--out")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    option_sets = {name: OPTION_SETS[name] for name in args.options or OPTION_SETS}
     rows = []
     for seed in args.seeds:
-        z, truth, model = private_latent(args.dataset, Path(args.data), args.epsilon, seed)
-        rows += score_starts(z, truth, model, args.epsilon, seed, args.reps)
+        cached = Path(args.cache or ".") / f"{args.dataset}_{args.latent}_eps{args.epsilon:g}_seed{seed}.npz"
+        if args.cache and cached.exists():
+            saved = np.load(cached, allow_pickle=False)
+            z, truth, q, radius = saved["z"], saved["truth"], float(saved["q"]), float(saved["radius"])
+        else:
+            z, truth, q, radius = private_latent(
+                args.dataset, Path(args.data), args.epsilon, seed, args.latent
+            )
+            if args.cache:
+                cached.parent.mkdir(parents=True, exist_ok=True)
+                np.savez(cached, z=z, truth=np.asarray(truth, dtype=str), q=q, radius=radius)
+        frequency_steps = 40 if args.latent == "default" else 0
+        rows += score_starts(z, truth, q, radius, args.epsilon, seed, args.reps, frequency_steps, option_sets)
     df = pd.DataFrame(rows)
     table = df.groupby(["seed", "options"], sort=False).agg(
         sigma=("sigma", "first"),
@@ -128,7 +185,8 @@ def main() -> None:
             f"# DP k-means start alone ({args.dataset}, ε = {args.epsilon:g})",
             "",
             f"Command: `python benchmarks/dp_kmeans_start.py --data {args.data} --dataset {args.dataset} "
-            f"--epsilon {args.epsilon:g} --seeds {' '.join(map(str, args.seeds))} --reps {args.reps}`",
+            f"--epsilon {args.epsilon:g} --seeds {' '.join(map(str, args.seeds))} --reps {args.reps} "
+            f"--latent {args.latent}`",
             "",
             "Mean over reps (fresh Poisson samples and noise on the same private latent). ARI: nearest",
             "centroid vs labels; agreement: ARI vs non-private k-means on the same latent (label-free);",
