@@ -39,6 +39,26 @@ OPTION_SETS = {
 }
 
 
+def default_step_counts(steps_per_epoch: int) -> dict[str, int]:
+    """Steps of a default :meth:`dpsc.model.DPDCAN.train` fit, read from its signature."""
+    import inspect
+
+    from dpsc.model import DPDCAN
+
+    d = {name: p.default for name, p in inspect.signature(DPDCAN.train).parameters.items()}
+    frequency = d["cluster_epochs"] if d["target_frequency"] == "released" else 0
+    lloyd = d["n_lloyd_rounds"] * d["steps_per_round"]
+    training = (d["instance_epochs"] + d["cluster_epochs"]) * steps_per_epoch + frequency
+    return {
+        "instance": d["instance_epochs"] * steps_per_epoch,
+        "lloyd": lloyd,
+        "frequency": frequency,
+        "total": training + d["n_sketch_steps"] + lloyd,
+        "epochs": d["instance_epochs"] + d["cluster_epochs"],
+        "lloyd_rounds": d["n_lloyd_rounds"],
+    }
+
+
 def private_latent(dataset: str, data: Path, epsilon: float, seed: int, latent: str):
     """Latent codes after a private instance stage only, the labels, q and the latent radius.
 
@@ -55,9 +75,9 @@ def private_latent(dataset: str, data: Path, epsilon: float, seed: int, latent: 
     if latent == "former":
         options = FORMER_START
     else:
-        epochs = max(1, round(adata.n_obs / max(1, round(0.1 * adata.n_obs))))
-        full_default_steps = 90 * epochs + 40 + 4 * 40 + 40
-        options = {"n_sketch_steps": full_default_steps - 50 * epochs - 4 * 40}
+        steps_per_epoch = max(1, round(adata.n_obs / max(1, round(0.1 * adata.n_obs))))
+        counts = default_step_counts(steps_per_epoch)
+        options = {"n_sketch_steps": counts["total"] - counts["instance"] - counts["lloyd"]}
     model = dpsc.tl.fit(
         adata,
         epsilon=epsilon,
@@ -68,7 +88,7 @@ def private_latent(dataset: str, data: Path, epsilon: float, seed: int, latent: 
         **options,
     )
     if latent == "default":
-        assert model.train_params_["planned_steps"] == full_default_steps
+        assert model.train_params_["planned_steps"] == counts["total"]
     return (
         model.get_latent_representation(),
         adata.obs["label"].astype(str).to_numpy(),
@@ -97,11 +117,14 @@ def score_starts(
     k = len(np.unique(truth))
     reference = KMeans(k, n_init=10, random_state=0).fit_predict(z)
     latent = torch.as_tensor(z, dtype=torch.float64)
-    # the full default fit: 50 + 40 epochs (+ one frequency release per cluster epoch)
-    training_steps = 90 * max(1, round(1.0 / q)) + frequency_steps
+    # the full default fit: its epochs (+ one frequency release per cluster epoch)
+    counts = default_step_counts(max(1, round(1.0 / q)))
+    training_steps = counts["epochs"] * max(1, round(1.0 / q)) + frequency_steps
     rows = []
     for name, opts in option_sets.items():
-        releases = kmeans_release_steps(opts["n_sketch_steps"], 4, opts["steps_per_round"])
+        releases = kmeans_release_steps(
+            opts["n_sketch_steps"], counts["lloyd_rounds"], opts["steps_per_round"]
+        )
         sigma = calibrate_noise_multiplier(epsilon, 1e-5, q, training_steps + releases)
         for rep in range(reps):
             rng = np.random.default_rng(1000 * seed + rep)
@@ -169,7 +192,7 @@ def main() -> None:
             if args.cache:
                 cached.parent.mkdir(parents=True, exist_ok=True)
                 np.savez(cached, z=z, truth=np.asarray(truth, dtype=str), q=q, radius=radius)
-        frequency_steps = 40 if args.latent == "default" else 0
+        frequency_steps = default_step_counts(1)["frequency"] if args.latent == "default" else 0
         rows += score_starts(z, truth, q, radius, args.epsilon, seed, args.reps, frequency_steps, option_sets)
     df = pd.DataFrame(rows)
     table = df.groupby(["seed", "options"], sort=False).agg(
