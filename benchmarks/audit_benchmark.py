@@ -74,6 +74,8 @@ def _start_and_target() -> dict:
 def report(path: Path) -> str:
     import pandas as pd
 
+    from dpsc.optim import DEFAULT_PRIVATE_LRS
+
     df = pd.DataFrame([json.loads(x) for x in path.read_text().splitlines() if x.strip()])
     df["model"] = df.target_epsilon.map(lambda e: "non-private" if pd.isna(e) else f"ε = {e:g}")
     # rows written before these were recorded ran with the then defaults: cluster-stage DP
@@ -100,7 +102,8 @@ def report(path: Path) -> str:
             title = f"k-means start and DEC target {settings}"
         else:
             title = "dpsc 0.1.0 defaults (former k-means start, uniform DEC target)"
-        lr_flag = "" if settings == current and lr == 0.01 else f" --cluster-private-lr {lr:g}"
+        default_lr = settings == current and lr == DEFAULT_PRIVATE_LRS["sgd"][1]
+        lr_flag = "" if default_lr else f" --cluster-private-lr {lr:g}"
         agg = group.groupby(["model", "features", "attack"])[cols].mean().reset_index()
         out += [
             "",
