@@ -62,13 +62,13 @@ def run(
 
 def _start_and_target() -> dict:
     """The k-means start and DEC target options a default fit uses (recorded with each row)."""
-    import inspect
+    from dpdcan_benchmark import train_defaults
 
-    from dpsc.model import DEFAULT_KMEANS_OPTIONS, DPDCAN
+    from dpsc.model import DEFAULT_KMEANS_OPTIONS
 
-    params = inspect.signature(DPDCAN.train).parameters
+    defaults = train_defaults()
     names = ("n_sketch_steps", "n_lloyd_rounds", "steps_per_round", "target_frequency")
-    return {**{name: params[name].default for name in names}, **DEFAULT_KMEANS_OPTIONS}
+    return {**{name: defaults[name] for name in names}, **DEFAULT_KMEANS_OPTIONS}
 
 
 def report(path: Path) -> str:

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from dpdcan_benchmark import FORMER_START, OVERSAMPLED_KMEANS, load
+from dpdcan_benchmark import FORMER_START, OVERSAMPLED_KMEANS, load, train_defaults
 
 OPTION_SETS = {
     # "default" is dpsc 0.1.0's start (the default when these results were made)
@@ -41,11 +41,7 @@ OPTION_SETS = {
 
 def default_step_counts(steps_per_epoch: int) -> dict[str, int]:
     """Steps of a default :meth:`dpsc.model.DPDCAN.train` fit, read from its signature."""
-    import inspect
-
-    from dpsc.model import DPDCAN
-
-    d = {name: p.default for name, p in inspect.signature(DPDCAN.train).parameters.items()}
+    d = train_defaults()
     frequency = d["cluster_epochs"] if d["target_frequency"] == "released" else 0
     lloyd = d["n_lloyd_rounds"] * d["steps_per_round"]
     training = (d["instance_epochs"] + d["cluster_epochs"]) * steps_per_epoch + frequency

@@ -106,6 +106,15 @@ PAPER = {  # DP-DCAN paper, Table 2/5 (PBMC), best-epoch selection against label
 }
 
 
+def train_defaults() -> dict:
+    """Default arguments of :meth:`dpsc.model.DPDCAN.train` (what a fit without options uses)."""
+    import inspect
+
+    from dpsc.model import DPDCAN
+
+    return {name: p.default for name, p in inspect.signature(DPDCAN.train).parameters.items()}
+
+
 def load(name: str, data_dir: Path):
     """AnnData for a benchmark data set (cells with no signal and all-zero genes removed)."""
     import scanpy as sc

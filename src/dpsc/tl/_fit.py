@@ -103,7 +103,8 @@ def fit(
     check_fit_args(n_obs=adata.n_obs, n_clusters=n_clusters, scope=scope, batch_size=batch_size)
     check_privacy_args(epsilon, delta, adata.n_obs)
     check_matrix(matrix, likelihood)
-    check_target_frequency(train_kwargs.get("target_frequency", "released"))
+    if "target_frequency" in train_kwargs:  # DPDCAN.train's own default is valid
+        check_target_frequency(train_kwargs["target_frequency"])
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"Unknown optimizer {optimizer!r}; choose one of {OPTIMIZERS}.")
     train_kwargs.setdefault("private_optimizer", optimizer)
