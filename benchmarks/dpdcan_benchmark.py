@@ -98,7 +98,12 @@ SIGN_CONFIGS = {  # issue 3: update rule of the private parameters (same σ, q, 
     for eps in (8.0, 4.0, 2.0, 1.0)
     for opt in ("sgd", "adam", "dpsignsgd", "dpsignadam")
 }
-ALL_CONFIGS = {**CONFIGS, **DIAGNOSTIC_CONFIGS, **SIGN_CONFIGS}
+SIGN_CURRENT_CONFIGS = {  # the same comparison with the current defaults (stop 18); sgd is "DP-DCAN eps=…"
+    f"DP-DCAN eps={eps:g} {opt}, current defaults": {"epsilon": eps, "scope": "encoder", "optimizer": opt}
+    for eps in (8.0, 6.0, 4.0)
+    for opt in ("adam", "dpsignsgd", "dpsignadam")
+}
+ALL_CONFIGS = {**CONFIGS, **DIAGNOSTIC_CONFIGS, **SIGN_CONFIGS, **SIGN_CURRENT_CONFIGS}
 PAPER = {  # DP-DCAN paper, Table 2/5 (PBMC), best-epoch selection against labels
     ("pbmc", "DP-DCAN eps=8"): "70.87 / 72.53",
     ("pbmc", "DP-DCAN eps=6"): "68.12 / 72.53",
