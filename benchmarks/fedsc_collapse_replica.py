@@ -12,6 +12,7 @@ Usage (from the repo root; the numbers in ``results/federated.md``)::
     python benchmarks/fedsc_collapse_replica.py --seed 1 --variant layernorm --rounds 40
     python benchmarks/fedsc_collapse_replica.py --seed 1 --variant tau996 --rounds 30
     python benchmarks/fedsc_collapse_replica.py --seed 1 --variant zscore --rounds 50
+    python benchmarks/fedsc_collapse_replica.py --seed 1 --variant batchnorm --rounds 50
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import itertools
 import json
 from pathlib import Path
 
-VARIANTS = ("base", "layernorm", "tau996", "zscore")
+VARIANTS = ("base", "layernorm", "tau996", "zscore", "batchnorm")
 
 
 def main() -> None:
@@ -59,12 +60,14 @@ def main() -> None:
     from dpsc.tl._federated import represent
 
     torch.set_num_threads(1)
-    if args.variant == "layernorm":  # LayerNorm after every hidden layer (per cell, DP-compatible)
+    norms = {"layernorm": nn.LayerNorm, "batchnorm": nn.BatchNorm1d}
+    if args.variant in norms:  # a norm after every hidden layer (LayerNorm: per cell; BatchNorm: not)
+        norm = norms[args.variant]
 
         def mlp(n_in: int, hidden: tuple[int, ...], n_out: int) -> nn.Sequential:
             layers: list[nn.Module] = []
             for a, b in itertools.pairwise([n_in, *hidden]):
-                layers += [nn.Linear(a, b), nn.LayerNorm(b), nn.ReLU()]
+                layers += [nn.Linear(a, b), norm(b), nn.ReLU()]
             return nn.Sequential(*layers, nn.Linear(([n_in, *hidden])[-1], n_out))
 
         _ssl._mlp = mlp
