@@ -39,20 +39,15 @@ OPTION_SETS = {
 }
 
 
-def default_step_counts(steps_per_epoch: int) -> dict[str, int]:
-    """Steps of a default :meth:`dpsc.model.DPDCAN.train` fit, read from its signature."""
+def default_step_counts(sample_rate: float) -> dict[str, int]:
+    """Steps a default :meth:`dpsc.model.DPDCAN.train` fit plans at rate q (the model's own count)."""
+    from dpsc.model._dpdcan import planned_step_counts
+
     d = train_defaults()
-    frequency = d["cluster_epochs"] if d["target_frequency"] == "released" else 0
-    lloyd = d["n_lloyd_rounds"] * d["steps_per_round"]
-    training = (d["instance_epochs"] + d["cluster_epochs"]) * steps_per_epoch + frequency
-    return {
-        "instance": d["instance_epochs"] * steps_per_epoch,
-        "lloyd": lloyd,
-        "frequency": frequency,
-        "total": training + d["n_sketch_steps"] + lloyd,
-        "epochs": d["instance_epochs"] + d["cluster_epochs"],
-        "lloyd_rounds": d["n_lloyd_rounds"],
-    }
+    names = ("instance_epochs", "cluster_epochs", "n_sketch_steps", "n_lloyd_rounds", "steps_per_round")
+    return planned_step_counts(
+        sample_rate, **{name: d[name] for name in names}, target_frequency=d["target_frequency"]
+    )
 
 
 def private_latent(dataset: str, data: Path, epsilon: float, seed: int, latent: str):
@@ -65,15 +60,17 @@ def private_latent(dataset: str, data: Path, epsilon: float, seed: int, latent: 
     the instance stage is the one that fit runs.
     """
     import dpsc
+    from dpsc._validation import check_fit_args
 
     adata = load(dataset, data)
     k = adata.obs["label"].nunique()
     if latent == "former":
         options = FORMER_START
-    else:
-        steps_per_epoch = max(1, round(adata.n_obs / max(1, round(0.1 * adata.n_obs))))
-        counts = default_step_counts(steps_per_epoch)
-        options = {"n_sketch_steps": counts["total"] - counts["instance"] - counts["lloyd"]}
+    else:  # the left-out cluster-stage and frequency steps go to the sketch: σ is the full fit's
+        batch_size = check_fit_args(n_obs=adata.n_obs, n_clusters=k, scope="encoder", batch_size=None)
+        counts = default_step_counts(batch_size / adata.n_obs)
+        sketch = train_defaults()["n_sketch_steps"] + counts["cluster"] + counts["frequency"]
+        options = {"n_sketch_steps": sketch}
     model = dpsc.tl.fit(
         adata,
         epsilon=epsilon,
@@ -101,7 +98,7 @@ def score_starts(
     epsilon: float,
     seed: int,
     reps: int,
-    frequency_steps: int,
+    count_frequency: bool,
     option_sets: dict[str, dict],
 ) -> list[dict]:
     import torch
@@ -113,14 +110,13 @@ def score_starts(
     k = len(np.unique(truth))
     reference = KMeans(k, n_init=10, random_state=0).fit_predict(z)
     latent = torch.as_tensor(z, dtype=torch.float64)
-    # the full default fit: its epochs (+ one frequency release per cluster epoch)
-    counts = default_step_counts(max(1, round(1.0 / q)))
-    training_steps = counts["epochs"] * max(1, round(1.0 / q)) + frequency_steps
+    # the full default fit: its epochs (+ its frequency releases when the latent is its own)
+    counts = default_step_counts(q)
+    training_steps = counts["instance"] + counts["cluster"] + (counts["frequency"] if count_frequency else 0)
+    n_lloyd_rounds = train_defaults()["n_lloyd_rounds"]
     rows = []
     for name, opts in option_sets.items():
-        releases = kmeans_release_steps(
-            opts["n_sketch_steps"], counts["lloyd_rounds"], opts["steps_per_round"]
-        )
+        releases = kmeans_release_steps(opts["n_sketch_steps"], n_lloyd_rounds, opts["steps_per_round"])
         sigma = calibrate_noise_multiplier(epsilon, 1e-5, q, training_steps + releases)
         for rep in range(reps):
             rng = np.random.default_rng(1000 * seed + rep)
@@ -188,8 +184,8 @@ def main() -> None:
             if args.cache:
                 cached.parent.mkdir(parents=True, exist_ok=True)
                 np.savez(cached, z=z, truth=np.asarray(truth, dtype=str), q=q, radius=radius)
-        frequency_steps = default_step_counts(1)["frequency"] if args.latent == "default" else 0
-        rows += score_starts(z, truth, q, radius, args.epsilon, seed, args.reps, frequency_steps, option_sets)
+        count_frequency = args.latent == "default"
+        rows += score_starts(z, truth, q, radius, args.epsilon, seed, args.reps, count_frequency, option_sets)
     df = pd.DataFrame(rows)
     table = df.groupby(["seed", "options"], sort=False).agg(
         sigma=("sigma", "first"),

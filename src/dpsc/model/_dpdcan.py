@@ -47,6 +47,39 @@ logger = logging.getLogger(__name__)
 #: column weighted 0.3·R, 2^6 sketch buckets (``benchmarks/results/dpdcan.md``).
 DEFAULT_KMEANS_OPTIONS: dict[str, float] = {"n_bits": 6, "oversampling": 3, "count_scale": 0.3}
 
+
+def planned_step_counts(
+    sample_rate: float,
+    *,
+    instance_epochs: int,
+    cluster_epochs: int,
+    n_sketch_steps: int,
+    n_lloyd_rounds: int,
+    steps_per_round: int,
+    target_frequency: str,
+) -> dict[str, int]:
+    r"""Sampled-Gaussian steps a DP-DCAN fit plans, all at Poisson rate ``sample_rate`` = q.
+
+    An epoch is :math:`E = \max(1, \mathrm{round}(1/q))` batches, so the fit plans
+
+    .. math:: T = (e_{inst} + e_{clu})\,E + (s_{sketch} + r \cdot s_{round}) + f,
+
+    with :math:`f = e_{clu}` frequency releases when ``target_frequency="released"`` (else 0).
+    σ is calibrated for ``T``. Returns ``steps_per_epoch`` (E), ``instance``, ``cluster``,
+    ``kmeans``, ``frequency`` and ``total`` (T).
+    """
+    steps_per_epoch = max(1, round(1.0 / sample_rate))
+    counts = {
+        "steps_per_epoch": steps_per_epoch,
+        "instance": instance_epochs * steps_per_epoch,
+        "cluster": cluster_epochs * steps_per_epoch,
+        "kmeans": kmeans_release_steps(n_sketch_steps, n_lloyd_rounds, steps_per_round),
+        "frequency": cluster_epochs if target_frequency == "released" else 0,
+    }
+    counts["total"] = counts["instance"] + counts["cluster"] + counts["kmeans"] + counts["frequency"]
+    return counts
+
+
 SHARED_WEIGHTS = "shared_encoder.pt"
 SHARED_META = "shared_encoder.json"
 
@@ -277,10 +310,17 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
             kmeans_clip_norm = float(self.module.latent_scale)
         torch.manual_seed(random_state)
         sample_rate = batch_size / n_obs
-        steps_per_epoch = max(1, round(1.0 / sample_rate))
-        km_steps = kmeans_release_steps(n_sketch_steps, n_lloyd_rounds, steps_per_round)
-        frequency_steps = cluster_epochs if target_frequency == "released" else 0
-        planned_steps = (instance_epochs + cluster_epochs) * steps_per_epoch + km_steps + frequency_steps
+        plan = planned_step_counts(
+            sample_rate,
+            instance_epochs=instance_epochs,
+            cluster_epochs=cluster_epochs,
+            n_sketch_steps=n_sketch_steps,
+            n_lloyd_rounds=n_lloyd_rounds,
+            steps_per_round=steps_per_round,
+            target_frequency=target_frequency,
+        )
+        steps_per_epoch, km_steps = plan["steps_per_epoch"], plan["kmeans"]
+        frequency_steps, planned_steps = plan["frequency"], plan["total"]
         splitter = PoissonDataSplitter(self.adata_manager, sample_rate, steps_per_epoch, seed=random_state)
         dp = None
         sigma = 0.0
