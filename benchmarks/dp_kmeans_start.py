@@ -39,15 +39,37 @@ OPTION_SETS = {
 }
 
 
-def default_step_counts(sample_rate: float) -> dict[str, int]:
-    """Steps a default :meth:`dpsc.model.DPDCAN.train` fit plans at rate q (the model's own count)."""
+def default_step_counts(sample_rate: float, instance_epochs: int | None = None) -> dict[str, int]:
+    """Steps a default :meth:`dpsc.model.DPDCAN.train` fit plans at rate q (the model's own count).
+
+    ``instance_epochs`` replaces the default number of instance epochs when given.
+    """
     from dpsc.model._dpdcan import planned_step_counts
 
     d = train_defaults()
+    if instance_epochs is not None:
+        d["instance_epochs"] = instance_epochs
     names = ("instance_epochs", "cluster_epochs", "n_sketch_steps", "n_lloyd_rounds", "steps_per_round")
     return planned_step_counts(
         sample_rate, **{name: d[name] for name in names}, target_frequency=d["target_frequency"]
     )
+
+
+def instance_only_sketch(
+    n_obs: int, n_clusters: int, instance_epochs: int | None = None
+) -> tuple[int, dict[str, int]]:
+    """Sketch release count that makes a fit without cluster stage plan a full default fit's steps.
+
+    A fit with ``cluster_epochs=0`` and this ``n_sketch_steps`` runs the instance stage of a
+    full default fit (with ``instance_epochs`` instance epochs, if given) under the same σ: the
+    left-out cluster-stage and frequency steps go to the sketch. Returns the count and the full
+    fit's :func:`default_step_counts`.
+    """
+    from dpsc._validation import check_fit_args
+
+    batch_size = check_fit_args(n_obs=n_obs, n_clusters=n_clusters, scope="encoder", batch_size=None)
+    counts = default_step_counts(batch_size / n_obs, instance_epochs)
+    return train_defaults()["n_sketch_steps"] + counts["cluster"] + counts["frequency"], counts
 
 
 def private_latent(dataset: str, data: Path, epsilon: float, seed: int, latent: str):
@@ -60,16 +82,13 @@ def private_latent(dataset: str, data: Path, epsilon: float, seed: int, latent: 
     the instance stage is the one that fit runs.
     """
     import dpsc
-    from dpsc._validation import check_fit_args
 
     adata = load(dataset, data)
     k = adata.obs["label"].nunique()
     if latent == "former":
         options = FORMER_START
     else:  # the left-out cluster-stage and frequency steps go to the sketch: σ is the full fit's
-        batch_size = check_fit_args(n_obs=adata.n_obs, n_clusters=k, scope="encoder", batch_size=None)
-        counts = default_step_counts(batch_size / adata.n_obs)
-        sketch = train_defaults()["n_sketch_steps"] + counts["cluster"] + counts["frequency"]
+        sketch, counts = instance_only_sketch(adata.n_obs, k)
         options = {"n_sketch_steps": sketch}
     model = dpsc.tl.fit(
         adata,

@@ -45,7 +45,7 @@ logger = logging.getLogger(__name__)
 #: Options of :func:`~dpsc.privacy.dp_kmeans_centroids` used by :meth:`DPDCAN.train` unless
 #: ``kmeans_kwargs`` overrides them: noisy Lloyd rounds with 3k centroids reduced to k, count
 #: column weighted 0.3·R, 2^6 sketch buckets (``benchmarks/results/dpdcan.md``).
-DEFAULT_KMEANS_OPTIONS: dict[str, float] = {"n_bits": 6, "oversampling": 3, "count_scale": 0.3}
+DEFAULT_KMEANS_OPTIONS: dict[str, int | float] = {"n_bits": 6, "oversampling": 3, "count_scale": 0.3}
 
 
 def planned_step_counts(
