@@ -93,16 +93,12 @@ def averaged_latents(
         _plan.DCANTrainingPlan.training_step = original
     assert model.train_params_["planned_steps"] == counts["total"]
     latents = {"last iterate": model.get_latent_representation()}
-    encoder = model.module.encoder
-    last = [p.detach().clone() for p in encoder.parameters()]
+    encoder = model.module.encoder  # overwritten by each average in turn; the model is discarded
     for d, moments in averages.items():
         with torch.no_grad():
             for p, m in zip(encoder.parameters(), moments, strict=True):
                 p.copy_(m / (1 - d ** step["t"]))
         latents[f"EMA {d:g}"] = model.get_latent_representation()
-    with torch.no_grad():
-        for p, a in zip(encoder.parameters(), last, strict=True):
-            p.copy_(a)
     return latents, adata.obs["label"].astype(str).to_numpy(), model.privacy_["noise_multiplier"]
 
 
