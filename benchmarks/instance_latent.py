@@ -69,13 +69,12 @@ def averaged_latents(
     def tracked_step(plan, batch, batch_idx):
         original(plan, batch, batch_idx)
         params = [p.detach() for p in plan.module.encoder.parameters()]
-        t = step["t"]
         with torch.no_grad():
             for d in DECAYS:
                 moments = averages.setdefault(d, [torch.zeros_like(p) for p in params])
                 for m, p in zip(moments, params, strict=True):
                     m.mul_(d).add_(p, alpha=1 - d)
-        step["t"] = t + 1
+        step["t"] += 1
 
     _plan.DCANTrainingPlan.training_step = tracked_step
     try:
