@@ -6,7 +6,9 @@ of extra privacy cost: averaging the encoder's iterates, and the number of insta
 
 DP-SGD's guarantee covers the whole sequence of noisy iterates, so any average of them is
 post-processing and costs no privacy (De et al. 2022 use an exponential moving average of the
-weights for DP image classifiers). This diagnostic runs the private instance stage of a default
+weights for DP image classifiers). An average inherits exactly the fit's guarantee, including
+the caveat that the fit's statement makes for ``scope="encoder"`` (the encoder's gradients pass
+through the decoder, which trains without noise). This diagnostic runs the private instance stage of a default
 DP-DCAN fit (σ of the full fit's steps, as in ``dp_kmeans_start.py --latent default``; with
 ``--instance-epochs E`` the full fit has E instance epochs instead of 50) once per seed and,
 during it, keeps bias-corrected exponential moving averages of the encoder weights (as Adam
