@@ -2,8 +2,9 @@
 
 Every method runs in Flower's simulation engine (one SuperNode per site). ``centralized`` trains
 the same BYOL network on all cells for rounds × local epochs; ``PCA+KMeans`` is scanpy's
-log1p(CP10k) → 32 PCs → k-means. ``fedsc + gene z-score`` and ``fedbyol + gene z-score`` run
-``fit_federated(..., scale_genes=True)`` (genes z-scored with statistics pooled over the sites);
+log1p(CP10k) → 32 PCs → k-means. ``<method> + gene z-score`` runs ``fit_federated(...,
+scale_genes=True)`` (genes z-scored with statistics pooled over the sites; the default of
+``fit_federated`` without ``epsilon``), the plain method names run it with ``scale_genes=False``;
 ``centralized + gene z-score`` z-scores with the statistics of all cells. ARI/NMI against the
 labels; silhouette of the embedding under the predicted clusters.
 
@@ -33,6 +34,10 @@ DP_METHODS = {  # client-level DP: (method, ε per site, update rule on the nois
 SCALED_METHODS = {  # scale_genes=True: sites z-score genes with statistics pooled over the sites
     "fedsc + gene z-score": "fedsc",
     "fedbyol + gene z-score": "fedbyol",
+    "fedsimsiam + gene z-score": "fedsimsiam",
+    "fedsimclr + gene z-score": "fedsimclr",
+    "fedmoco + gene z-score": "fedmoco",
+    "fedmocov2 + gene z-score": "fedmocov2",
 }
 CENTRALIZED_SCALED = "centralized + gene z-score"  # z-scored with the statistics of all cells
 PAPER = {  # FedSC paper, Table 1: ARI / NMI / silhouette (×100)
@@ -163,7 +168,7 @@ def _row(name: str, method: str, rounds, epochs, g) -> str:
     ]
     has_rounds = "seconds_per_round" in g and g.seconds_per_round.notna().any()
     spr = f"{g.seconds_per_round.mean():.1f}" if has_rounds else ""
-    paper = PAPER.get((name, method), "")
+    paper = PAPER.get((name, SCALED_METHODS.get(method, method)), "")
     return f"| {method} | {length} | " + " | ".join(cells) + f" | {spr} | {len(g)} | {paper} |"
 
 
@@ -175,8 +180,8 @@ def main() -> None:
     parser.add_argument("--datasets", nargs="+", default=list(DATASETS))
     parser.add_argument("--methods", nargs="+", default=METHODS)
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    parser.add_argument("--rounds", type=int, default=20)
-    parser.add_argument("--local-epochs", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=250)  # fit_federated's defaults
+    parser.add_argument("--local-epochs", type=int, default=1)
     parser.add_argument("--out", default="benchmarks/results/federated.jsonl")
     parser.add_argument("--report", type=Path)
     args = parser.parse_args()

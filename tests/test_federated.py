@@ -91,6 +91,7 @@ def test_fit_federated_two_clients_two_rounds(small_adata):
     assert adata.obs["fed_cluster"].nunique() <= 4
     assert len(record["loss"]) == 2 and np.isfinite(record["loss"]).all()
     assert record["mu"][0] == 0.0 and record["mu"][1] == pytest.approx(0.7)  # EMA from round 2 on
+    assert record["scale_genes"] and "per-gene sums" in record["privacy"]  # default without epsilon
     assert dpsc.pl.federated(adata, show=False).get_xlabel() == "round"
 
 
@@ -118,6 +119,15 @@ def test_fit_federated_with_pooled_gene_scaling(small_adata):
     assert np.isfinite(adata.obsm["X_fedsc"]).all() and len(record["loss"]) == 2
     with pytest.raises(ValueError, match="scale_genes=True sends"):
         dpsc.tl.fit_federated(adata, rounds=1, local_epochs=1, epsilon=8.0, scale_genes=True)
+
+
+def test_flower_apps_refuse_gene_sums_with_client_level_dp():
+    from dpsc.federated._flower import DEFAULTS, check_settings
+
+    check_settings({**DEFAULTS, "scale-genes": True})
+    check_settings({**DEFAULTS, "noise-multipliers": "[1.0, 1.0]"})
+    with pytest.raises(ValueError, match="set scale-genes to false"):
+        check_settings({**DEFAULTS, "scale-genes": True, "noise-multipliers": "[1.0, 1.0]"})
 
 
 def test_fit_federated_bad_input(small_adata):
@@ -177,6 +187,7 @@ def test_fit_federated_with_client_level_dp(small_adata, tmp_path):
     assert set(privacy["epsilon_per_site"]) == set(adata.obs["client"].astype(str))
     assert 0 < privacy["epsilon"] <= 4.0
     assert privacy["optimizer"] == "dpsignadam"
+    assert record["scale_genes"] is False  # the default turns the noise-free sums off with epsilon
     assert "adding or removing one of that site's cells" in privacy["statement"]
     assert privacy["mean_dp_steps_per_round_reported"] > 0
     adata.write_h5ad(tmp_path / "fed.h5ad")  # the record must survive a round trip to disk

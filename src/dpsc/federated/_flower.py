@@ -22,8 +22,8 @@ from ._ssl import ClientDP, SSLConfig, SSLNet, local_train, local_train_private
 
 DEFAULTS: dict[str, Any] = {
     "method": "fedsc",
-    "rounds": 50,
-    "local-epochs": 5,
+    "rounds": 250,
+    "local-epochs": 1,
     "alpha": 0.7,
     "seed": 0,
     "data-dir": "",
@@ -32,6 +32,7 @@ DEFAULTS: dict[str, Any] = {
     "batch-size": 128,
     "mask-rate": 0.2,
     # one "query" round first: sites send per-gene sums, all z-score with the pooled statistics
+    # (off for the bare apps; dpsc.tl.fit_federated turns it on unless the sites train with DP)
     "scale-genes": False,
     # client-level DP (off when "noise-multipliers" is empty): JSON list of σ per partition-id
     "noise-multipliers": "",
@@ -60,6 +61,19 @@ def _ssl_config(s: dict[str, Any]) -> SSLConfig:
     )
 
 
+def check_settings(settings: dict[str, Any]) -> None:
+    """Refuse settings whose messages the client-level DP guarantee would not cover.
+
+    ``scale-genes`` sends each site's per-gene sums without noise; with ``noise-multipliers``
+    (DP-SGD at the sites) those sums would leak outside the per-site (ε, δ).
+    """
+    if bool(settings["scale-genes"]) and settings["noise-multipliers"]:
+        raise ValueError(
+            "scale-genes sends each site's per-gene sums without noise, which the client-level DP "
+            "guarantee (noise-multipliers) would not cover; set scale-genes to false."
+        )
+
+
 def make_apps(settings: dict[str, Any]):
     """Build the ``(ServerApp, ClientApp)`` pair for the given settings."""
     require_flwr()
@@ -74,6 +88,7 @@ def make_apps(settings: dict[str, Any]):
     @server_app.main()
     def server_main(grid: Grid, context: Context) -> None:
         s = {**base, **dict(context.run_config)}
+        check_settings(s)
         meta = json.loads((Path(s["data-dir"]) / "meta.json").read_text())
         torch.manual_seed(int(s["seed"]))
         net = SSLNet(int(meta["n_genes"]), _ssl_config(s))
