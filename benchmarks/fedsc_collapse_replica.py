@@ -15,8 +15,7 @@ Usage (from the repo root; the numbers in ``results/federated.md``)::
     python benchmarks/fedsc_collapse_replica.py --seed 1 --variant batchnorm --rounds 50
     python benchmarks/fedsc_collapse_replica.py --seed 1 --variant zscore --rounds 250 --local-epochs 1
 
-``--local-epochs`` (default 5) sets the local epochs per round; ``--dataset bladder`` splits mouse
-bladder with 4 cell types per site instead of PBMC 4k with 2.
+``--local-epochs`` (default 5) sets the local epochs per round.
 """
 
 from __future__ import annotations
@@ -38,7 +37,6 @@ def main() -> None:
     parser.add_argument("--variant", choices=VARIANTS, default="base")
     parser.add_argument("--rounds", type=int, default=50)
     parser.add_argument("--local-epochs", type=int, default=5)
-    parser.add_argument("--dataset", choices=("pbmc", "bladder"), default="pbmc")
     args = parser.parse_args()
 
     import numpy as np
@@ -78,13 +76,11 @@ def main() -> None:
 
         _ssl._mlp = mlp
     cfg = SSLConfig(method="fedsc", **({"tau": 0.996} if args.variant == "tau996" else {}))
-    files = {"pbmc": ("pbmc_10x_4k_top2000.h5", 2), "bladder": ("mouse_bladder_top2000.h5", 4)}
-    file_name, types_per_client = files[args.dataset]
-    adata = dpsc.datasets.read_h5(Path(args.data) / file_name)
+    adata = dpsc.datasets.read_h5(Path(args.data) / "pbmc_10x_4k_top2000.h5")
     sc.pp.filter_genes(adata, min_counts=1)
     truth = adata.obs["label"].astype(str).to_numpy()
     k = len(set(truth))
-    dpsc.pp.partition(adata, 4, label_key="label", types_per_client=types_per_client, random_state=args.seed)
+    dpsc.pp.partition(adata, 4, label_key="label", types_per_client=2, random_state=args.seed)
     sites = adata.obs["client"].astype(str)
     X = represent(adata.X, "zinb")
     parts = [X[(sites == s).to_numpy()] for s in sorted(sites.unique())]
@@ -100,8 +96,7 @@ def main() -> None:
         p = s / s.sum()
         labels = KMeans(k, n_init=10, random_state=args.seed).fit_predict(Z)
         row = {
-            "dataset": args.dataset, "seed": args.seed, "variant": args.variant,
-            "local_epochs": args.local_epochs, "round": r,
+            "seed": args.seed, "variant": args.variant, "local_epochs": args.local_epochs, "round": r,
             "loss": round(float(np.mean(losses)), 5) if losses else None,
             "mu": [round(m, 2) for m in mus],
             "ari": round(adjusted_rand_score(truth, labels), 3),
