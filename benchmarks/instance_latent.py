@@ -1,8 +1,9 @@
-"""How good is the private instance-stage latent? Averaged iterates and instance epochs.
+r"""How good is the private instance-stage latent? Averaged iterates, instance epochs, view pairs.
 
-Two levers on the latent that the DP k-means start and the cluster stage work from, both free
-of extra privacy cost: averaging the encoder's iterates, and the number of instance epochs
-(at the same ε, σ is recalibrated for the fit's total steps).
+Three levers on the latent that the DP k-means start and the cluster stage work from, all free
+of extra privacy cost: averaging the encoder's iterates, the number of instance epochs (at the
+same ε, σ is recalibrated for the fit's total steps), and the number of masked view pairs per
+cell (augmentation multiplicity, ``--view-pairs``, below).
 
 DP-SGD's guarantee covers the whole sequence of noisy iterates, so any average of them is
 post-processing and costs no privacy (De et al. 2022 use an exponential moving average of the
@@ -21,12 +22,22 @@ Each latent (last iterate and every average) is scored by non-private k-means ag
 labels (ARI): the ceiling that the DP k-means start and the cluster stage work from. Labels are
 used for scoring only.
 
+Augmentation multiplicity (De et al. 2022, Sec. 3.2): with ``--view-pairs K`` every cell's
+instance loss is the mean over K independent pairs of masked views,
+:math:`L_i = \rho L^{\mathrm{ZINB}}_i + (1-\rho) \frac1K \sum_k L^{\mathrm{ins}}_i(v^{(2k-1)}_i,
+v^{(2k)}_i)`, so the cell's gradient averages its own K draws of the masks before clipping. It is
+still one cell's loss, so the sensitivity and the privacy cost are unchanged. As in
+:meth:`dpsc.module.DCANModule.instance_stage_loss`, the clean view and all 2K masked views go
+through the encoder as one tensor (one forward pass per step, which the ghost clipping needs).
+
 Usage (from the repo root)::
 
     python benchmarks/instance_latent.py --data ../shared/data --seeds 0 1 2 --epsilon 8 \
         --out benchmarks/results/instance_latent.jsonl
     python benchmarks/instance_latent.py --data ../shared/data --seeds 0 1 2 --epsilon 8 \
         --instance-epochs 100 --out benchmarks/results/instance_latent.jsonl
+    python benchmarks/instance_latent.py --data ../shared/data --seeds 0 1 2 3 --epsilon 4 \
+        --view-pairs 4 --out benchmarks/results/instance_latent.jsonl
     python benchmarks/instance_latent.py --report benchmarks/results/instance_latent.jsonl
 """
 
@@ -34,7 +45,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import platform
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -44,6 +57,43 @@ from dp_kmeans_start import instance_only_sketch
 from dpdcan_benchmark import load
 
 DECAYS = (0.9, 0.98, 0.99, 0.995)
+FIRST_HOST = "stop 19 machine"  # rows written before the script recorded its host
+
+
+def cpu_model() -> str:
+    """The CPU's model name (Linux), else the platform's machine type."""
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.machine()
+
+
+@contextmanager
+def view_pairs(n_pairs: int):
+    """Within the block, the instance-stage loss averages ``n_pairs`` masked view pairs per cell."""
+    import torch
+
+    from dpsc.module import DCANModule, _dcan
+    from dpsc.module._losses import instance_loss_per_cell
+
+    def multiplied(self, x, *, rho, mask_rate, generator=None):
+        rep = self.represent(x)
+        masked = _dcan.mask_views(rep, 2 * n_pairs, mask_rate, generator)
+        z_all = self.encode(torch.cat([rep.unsqueeze(1), masked], dim=1))
+        recon = self.reconstruction_per_cell(x, z_all[:, 0])
+        pairs = [instance_loss_per_cell(z_all[:, 1 + 2 * k : 3 + 2 * k]) for k in range(n_pairs)]
+        inst = torch.stack(pairs).mean(0)
+        return rho * recon + (1.0 - rho) * inst, {"reconstruction": recon.detach(), "instance": inst.detach()}
+
+    original = DCANModule.instance_stage_loss
+    if n_pairs > 1:
+        DCANModule.instance_stage_loss = multiplied
+    try:
+        yield
+    finally:
+        DCANModule.instance_stage_loss = original
 
 
 def averaged_latents(
@@ -108,16 +158,20 @@ def report(path: Path) -> str:
     import pandas as pd
 
     df = pd.DataFrame([json.loads(line) for line in path.read_text().splitlines() if line.strip()])
+    df["view_pairs"] = df.get("view_pairs", 1)
+    df["view_pairs"] = df["view_pairs"].fillna(1).astype(int)
+    df["host"] = df.get("host", FIRST_HOST)
+    df["host"] = df["host"].fillna(FIRST_HOST)
     out = [
-        "| ε | instance epochs | σ | weights | k-means ARI | per seed |",
-        "|---|---|---|---|---|---|",
+        "| ε | instance epochs | view pairs | σ | weights | ran on | k-means ARI | per seed |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    keys = ["epsilon", "instance_epochs", "noise_multiplier", "weights"]
-    for (eps, epochs, sigma, weights), g in df.groupby(keys, sort=False):
+    keys = ["epsilon", "instance_epochs", "view_pairs", "noise_multiplier", "weights", "host"]
+    for (eps, epochs, pairs, sigma, weights, host), g in df.groupby(keys, sort=False):
         g = g.sort_values("seed")
         seeds = ", ".join(f"{a:.3f}" for a in g.kmeans_ari)
         ari = f"{g.kmeans_ari.mean():.3f} ± {g.kmeans_ari.std(ddof=0):.3f}"
-        out.append(f"| {eps:g} | {epochs} | {sigma:.3f} | {weights} | {ari} | {seeds} |")
+        out.append(f"| {eps:g} | {epochs} | {pairs} | {sigma:.3f} | {weights} | {host} | {ari} | {seeds} |")
     return "\n".join(out)
 
 
@@ -132,6 +186,7 @@ def main() -> None:
     parser.add_argument("--epsilon", type=float, default=8.0)
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--instance-epochs", type=int, default=50, help="as DPDCAN.train's default")
+    parser.add_argument("--view-pairs", type=int, default=1, help="masked view pairs per cell (default 1)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", help="JSON lines file the rows are appended to (default: stdout only)")
     parser.add_argument("--report", type=Path, help="print the markdown table of a results file and exit")
@@ -140,10 +195,13 @@ def main() -> None:
         print(report(args.report))
         return
     torch.set_num_threads(args.threads)
+    if args.view_pairs < 1:
+        parser.error("--view-pairs must be at least 1")
     for seed in args.seeds:
-        latents, truth, sigma = averaged_latents(
-            args.dataset, Path(args.data), args.epsilon, seed, args.instance_epochs
-        )
+        with view_pairs(args.view_pairs):
+            latents, truth, sigma = averaged_latents(
+                args.dataset, Path(args.data), args.epsilon, seed, args.instance_epochs
+            )
         k = len(np.unique(truth))
         for name, z in latents.items():
             pred = KMeans(k, n_init=10, random_state=0).fit_predict(z)
@@ -151,10 +209,12 @@ def main() -> None:
                 "dataset": args.dataset,
                 "epsilon": args.epsilon,
                 "instance_epochs": args.instance_epochs,
+                "view_pairs": args.view_pairs,
                 "noise_multiplier": sigma,
                 "seed": seed,
                 "weights": name,
                 "kmeans_ari": float(adjusted_rand_score(truth, pred)),
+                "host": f"{cpu_model()}, torch {torch.__version__}",
             }
             print(json.dumps(row), flush=True)
             if args.out:
