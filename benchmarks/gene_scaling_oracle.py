@@ -36,7 +36,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 from dpdcan_benchmark import load
-from instance_latent import cpu_model
+from instance_latent import common_arguments, cpu_model, emit, summarize
 
 SCALINGS = ("none", "exact")
 
@@ -105,9 +105,8 @@ def report(path: Path) -> str:
     out = ["| ε | input scaling | ARI | per seed | clusters found |", "|---|---|---|---|---|"]
     for (eps, scaling), g in df.groupby(["target_epsilon", "scaling"], sort=False):
         g = g.sort_values("seed")
-        per_seed = ", ".join(f"{a:.3f}" for a in g.ari)
+        ari, per_seed = summarize(g.ari)
         found = ", ".join(str(c) for c in g.n_clusters_found)
-        ari = f"{g.ari.mean():.3f} ± {g.ari.std(ddof=0):.3f}"
         out.append(f"| {eps:g} | {scaling} | {ari} | {per_seed} | {found} |")
     return "\n".join(out)
 
@@ -116,14 +115,9 @@ def main() -> None:
     import torch
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", default="../shared/data")
-    parser.add_argument("--dataset", default="pbmc")
+    common_arguments(parser)
     parser.add_argument("--scaling", nargs="+", choices=SCALINGS, default=list(SCALINGS))
     parser.add_argument("--epsilon", nargs="+", type=float, default=[8.0])
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--out", help="JSON lines file the rows are appended to (default: stdout only)")
-    parser.add_argument("--report", type=Path, help="print the markdown table of a results file and exit")
     args = parser.parse_args()
     if args.report:
         print(report(args.report))
@@ -132,11 +126,7 @@ def main() -> None:
     for epsilon in args.epsilon:
         for scaling in args.scaling:
             for seed in args.seeds:
-                row = run_fit(args.dataset, Path(args.data), scaling, epsilon, seed)
-                print(json.dumps(row), flush=True)
-                if args.out:
-                    with open(args.out, "a") as fh:
-                        fh.write(json.dumps(row) + "\n")
+                emit(run_fit(args.dataset, Path(args.data), scaling, epsilon, seed), args.out)
 
 
 if __name__ == "__main__":

@@ -153,6 +153,30 @@ def averaged_latents(
     return latents, adata.obs["label"].astype(str).to_numpy(), model.privacy_["noise_multiplier"]
 
 
+def summarize(values) -> tuple[str, str]:
+    """``"mean ± sd"`` (ddof 0) and the comma-separated values, each to 3 decimals."""
+    values = np.asarray(values, dtype=float)
+    return f"{values.mean():.3f} ± {values.std():.3f}", ", ".join(f"{v:.3f}" for v in values)
+
+
+def emit(row: dict, out: str | None) -> None:
+    """Print a result row as JSON and append it to the JSON lines file ``out`` (if given)."""
+    print(json.dumps(row), flush=True)
+    if out:
+        with open(out, "a") as fh:
+            fh.write(json.dumps(row) + "\n")
+
+
+def common_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options shared by the PBMC diagnostics: data, seeds, threads, output and report."""
+    parser.add_argument("--data", default="../shared/data")
+    parser.add_argument("--dataset", default="pbmc")
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", help="JSON lines file the rows are appended to (default: stdout only)")
+    parser.add_argument("--report", type=Path, help="print the markdown table of a results file and exit")
+
+
 def report(path: Path) -> str:
     """Markdown table of k-means ARI per (ε, instance epochs, weights): mean ± sd (ddof 0), per seed."""
     import pandas as pd
@@ -168,9 +192,7 @@ def report(path: Path) -> str:
     ]
     keys = ["epsilon", "instance_epochs", "view_pairs", "noise_multiplier", "weights", "host"]
     for (eps, epochs, pairs, sigma, weights, host), g in df.groupby(keys, sort=False):
-        g = g.sort_values("seed")
-        seeds = ", ".join(f"{a:.3f}" for a in g.kmeans_ari)
-        ari = f"{g.kmeans_ari.mean():.3f} ± {g.kmeans_ari.std(ddof=0):.3f}"
+        ari, seeds = summarize(g.sort_values("seed").kmeans_ari)
         out.append(f"| {eps:g} | {epochs} | {pairs} | {sigma:.3f} | {weights} | {host} | {ari} | {seeds} |")
     return "\n".join(out)
 
@@ -181,15 +203,10 @@ def main() -> None:
     from sklearn.metrics import adjusted_rand_score
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", default="../shared/data")
-    parser.add_argument("--dataset", default="pbmc")
+    common_arguments(parser)
     parser.add_argument("--epsilon", type=float, default=8.0)
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--instance-epochs", type=int, default=50, help="as DPDCAN.train's default")
     parser.add_argument("--view-pairs", type=int, default=1, help="masked view pairs per cell (default 1)")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--out", help="JSON lines file the rows are appended to (default: stdout only)")
-    parser.add_argument("--report", type=Path, help="print the markdown table of a results file and exit")
     args = parser.parse_args()
     if args.report:
         print(report(args.report))
@@ -216,10 +233,7 @@ def main() -> None:
                 "kmeans_ari": float(adjusted_rand_score(truth, pred)),
                 "host": f"{cpu_model()}, torch {torch.__version__}",
             }
-            print(json.dumps(row), flush=True)
-            if args.out:
-                with open(args.out, "a") as fh:
-                    fh.write(json.dumps(row) + "\n")
+            emit(row, args.out)
 
 
 if __name__ == "__main__":
