@@ -22,7 +22,7 @@ Each latent (last iterate and every average) is scored by non-private k-means ag
 labels (ARI): the ceiling that the DP k-means start and the cluster stage work from. Labels are
 used for scoring only.
 
-Augmentation multiplicity (De et al. 2022, Sec. 3.2): with ``--view-pairs K`` every cell's
+Augmentation multiplicity (De et al. 2022): with ``--view-pairs K`` every cell's
 instance loss is the mean over K independent pairs of masked views,
 :math:`L_i = \rho L^{\mathrm{ZINB}}_i + (1-\rho) \frac1K \sum_k L^{\mathrm{ins}}_i(v^{(2k-1)}_i,
 v^{(2k)}_i)`, so the cell's gradient averages its own K draws of the masks before clipping. It is
