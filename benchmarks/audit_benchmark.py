@@ -53,7 +53,7 @@ def run(
                         target_epsilon=eps,
                         wall_s=wall,
                         features=features,
-                        cluster_private_lr=cluster_private_lr or DEFAULT_PRIVATE_LRS["sgd"][1],
+                        cluster_private_lr=cluster_private_lr or DEFAULT_PRIVATE_LRS["sgd"]["dpdcan_cluster"],
                         start_and_target=start_and_target,
                     )
                     fh.write(json.dumps(row) + "\n")
@@ -102,7 +102,7 @@ def report(path: Path) -> str:
             title = f"k-means start and DEC target {settings}"
         else:
             title = "dpsc 0.1.0 defaults (former k-means start, uniform DEC target)"
-        default_lr = settings == current and lr == DEFAULT_PRIVATE_LRS["sgd"][1]
+        default_lr = settings == current and lr == DEFAULT_PRIVATE_LRS["sgd"]["dpdcan_cluster"]
         lr_flag = "" if default_lr else f" --cluster-private-lr {lr:g}"
         agg = group.groupby(["model", "features", "attack"])[cols].mean().reset_index()
         out += [

@@ -44,7 +44,7 @@ def default_step_counts(sample_rate: float, instance_epochs: int | None = None) 
 
     ``instance_epochs`` replaces the default number of instance epochs when given.
     """
-    from dpsc.model._dpdcan import planned_step_counts
+    from dpsc.model import planned_step_counts
 
     d = train_defaults()
     if instance_epochs is not None:
@@ -96,6 +96,7 @@ def private_latent(dataset: str, data: Path, epsilon: float, seed: int, latent: 
         n_clusters=k,
         cluster_epochs=0,
         random_state=seed,
+        noise_seed=seed,  # repeatable: the guarantee does not hold against this seed
         progress_bar=False,
         **options,
     )

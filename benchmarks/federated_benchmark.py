@@ -103,6 +103,7 @@ def run(args: argparse.Namespace) -> None:
                         rounds=args.rounds,
                         local_epochs=args.local_epochs,
                         random_state=seed,
+                        noise_seed=seed,  # repeatable tables: no guarantee against this seed
                         epsilon=eps,
                         optimizer=opt,
                         scale_genes=method in SCALED_METHODS,

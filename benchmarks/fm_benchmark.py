@@ -62,10 +62,12 @@ def part_annotation(args, emit) -> None:
             runs = [("mlp", None)] + [(m, e) for m in ("pcdbn", "dpsgd") for e in EPSILONS]
             for method, eps in runs:
                 start = time.perf_counter()
-                dpsc.tl.annotate(ref, query, "label", epsilon=eps, method=method, random_state=seed)
+                dpsc.tl.annotate(
+                    ref, query, "label", epsilon=eps, method=method, random_state=seed, noise_seed=seed
+                )
                 row = {"part": "annotation", "dataset": name, "seed": seed, "method": method, "epsilon": eps}
                 row.update(score(query.obs["label"], query.obs["dp_label"]))
-                row["spent_epsilon"] = query.uns["dpsc"]["annotation"]["epsilon"]
+                row["spent_epsilon"] = query.uns["dpsc"]["dp_label"]["reference"]["epsilon"]
                 row["wall_s"] = time.perf_counter() - start
                 emit(row)
 
@@ -78,7 +80,9 @@ def part_noiseless(args, emit) -> None:
         adata = dpsc.datasets.read_h5(Path(args.data) / DATASETS[name])
         for seed in args.seeds:
             ref, query = split(adata, seed)
-            dpsc.tl.annotate(ref, query, "label", epsilon=1e9, method="pcdbn", random_state=seed)
+            dpsc.tl.annotate(
+                ref, query, "label", epsilon=1e9, method="pcdbn", random_state=seed, noise_seed=seed
+            )
             row = {"part": "noiseless", "dataset": name, "seed": seed, "method": "pcdbn"}
             row.update(score(query.obs["label"], query.obs["dp_label"]))
             emit(row)
@@ -95,8 +99,9 @@ def part_epochs(args, emit) -> None:
         ref, query = split(adata, seed)
         for epochs in (1, 10, 50, 100, 200, 400):
             dpsc.tl.annotate(
-                ref, query, "label", epsilon=budget, method="pcdbn", epochs=epochs, random_state=seed
-            )
+                ref, query, "label", epsilon=budget, method="pcdbn", epochs=epochs, random_state=seed,
+                noise_seed=seed,
+            )  # fmt: skip
             row = {
                 "part": "epochs",
                 "seed": seed,
@@ -105,7 +110,7 @@ def part_epochs(args, emit) -> None:
                 "epochs_trained": epochs,
             }
             row.update(score(query.obs["label"], query.obs["dp_label"]))
-            row["spent_epsilon"] = query.uns["dpsc"]["annotation"]["epsilon"]
+            row["spent_epsilon"] = query.uns["dpsc"]["dp_label"]["reference"]["epsilon"]
             emit(row)
         steps = -(-ref.n_obs // batch)  # Opacus: sample rate 1/len(loader), len(loader) steps per epoch
         sigma = get_noise_multiplier(
@@ -118,9 +123,9 @@ def part_epochs(args, emit) -> None:
         for epochs in (1, 2, 5, 10, 20, 50):
             dpsc.tl.annotate(
                 ref, query, "label", epsilon=None, method="dpsgd", noise_multiplier=sigma, max_epsilon=budget,
-                epochs=epochs, batch_size=batch, random_state=seed,
+                epochs=epochs, batch_size=batch, random_state=seed, noise_seed=seed,
             )  # fmt: skip
-            record = query.uns["dpsc"]["annotation"]
+            record = query.uns["dpsc"]["dp_label"]["reference"]
             row = {"part": "epochs", "seed": seed, "method": "dpsgd", "epochs_asked": epochs}
             row["epochs_trained"] = record["epochs"]
             row["noise_multiplier"] = sigma
@@ -154,10 +159,10 @@ def part_digits(args, emit) -> None:
                 if method == "pcdbn":
                     model = fm.PrivateDBN(
                         (8,), epsilon=1e9 if eps is None else eps, image_shape=(8, 8), kernel_size=3, pool=3,
-                        epochs=100, random_state=seed,
+                        epochs=100, random_state=seed, noise_seed=seed,
                     )  # fmt: skip
                 else:
-                    model = fm.DPSGDClassifier(epsilon=eps, random_state=seed)
+                    model = fm.DPSGDClassifier(epsilon=eps, random_state=seed, noise_seed=seed)
                 model.fit(X[tr], y[tr])
                 row = {"part": "digits", "seed": seed, "method": method, "epsilon": eps}
                 row.update(score(y[te], model.predict(X[te])))
@@ -168,7 +173,7 @@ def part_digits(args, emit) -> None:
                 for eps in (1.0, None):
                     model = fm.PrivateDBN(
                         (8,), epsilon=1e9 if eps is None else eps, image_shape=(8, 8), kernel_size=2, pool=3,
-                        degree=degree, approximation=kind, epochs=100, random_state=seed,
+                        degree=degree, approximation=kind, epochs=100, random_state=seed, noise_seed=seed,
                     )  # fmt: skip
                     model.fit(X[tr], y[tr])
                     row = {

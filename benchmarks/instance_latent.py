@@ -138,6 +138,7 @@ def averaged_latents(
             cluster_epochs=0,
             n_sketch_steps=sketch,
             random_state=seed,
+            noise_seed=seed,  # repeatable: the guarantee does not hold against this seed
             progress_bar=False,
         )
     finally:

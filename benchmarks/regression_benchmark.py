@@ -26,9 +26,11 @@ import numpy as np
 from dpsc import datasets, linear
 
 METHODS = {
-    "robust private LR": lambda eps, s, **kw: linear.RobustPrivateLR(eps, random_state=s, **kw),
+    "robust private LR": lambda eps, s, **kw: linear.RobustPrivateLR(eps, random_state=s, noise_seed=s, **kw),
     "private LR, no projection": None,  # bounds from the data range, built below
-    "output perturbation": lambda eps, s, **kw: linear.OutputPerturbationLR(eps, random_state=s, **kw),
+    "output perturbation": lambda eps, s, **kw: linear.OutputPerturbationLR(
+        eps, random_state=s, noise_seed=s, **kw
+    ),
     "functional mechanism (diffprivlib)": lambda eps, s, **kw: linear.FunctionalMechanismLR(
         eps, random_state=s, **kw
     ),
@@ -42,7 +44,7 @@ def _make(name: str, eps: float, seed: int, y_priv_std: np.ndarray, **kw):
         # B_x = 1 cannot clip a unit-norm sample; B_y = the largest |y| of the private samples,
         # read from the data (not private: the paper's unprojected variant, optimistic).
         bound_y = float(np.abs(y_priv_std).max())
-        return linear.RobustPrivateLR(eps, bounds=(1.0, bound_y), random_state=seed, **kw)
+        return linear.RobustPrivateLR(eps, bounds=(1.0, bound_y), random_state=seed, noise_seed=seed, **kw)
     return METHODS[name](eps, seed, **kw)
 
 

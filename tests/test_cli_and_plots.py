@@ -34,9 +34,10 @@ def test_cli_fit_prints_statement_and_scores(small_adata, tmp_path, capsys):
     assert rc == 0
     text = capsys.readouterr().out
     assert "Privacy spent: epsilon =" in text and "What this covers:" in text
+    assert "guarantee = heuristic" in text and "HEURISTIC" in text
     assert "ARI =" in text and "Wall time" in text
     back = ad.read_h5ad(out)
-    assert "X_dpdcan" in back.obsm and back.uns["dpsc"]["privacy"]["epsilon"] <= 4
+    assert "X_dpdcan" in back.obsm and back.uns["dpsc"]["X_dpdcan"]["privacy"]["epsilon"] <= 4
     assert (tmp_path / "share" / "shared_encoder.pt").exists()
 
 
@@ -68,7 +69,12 @@ def test_plots_return_axes_and_save(small_adata, tmp_path):
     ax = dpsc.pl.privacy(small_adata, show=False, save=tmp_path / "eps.png")
     assert (tmp_path / "eps.png").exists()
     ys = ax.lines[0].get_ydata()
-    assert ys[-1] == pytest.approx(small_adata.uns["dpsc"]["privacy"]["epsilon"])
+    assert ys[-1] == pytest.approx(dpsc.privacy.get_record(small_adata, "X_dpdcan")["epsilon"])
+    dpsc.tl.fit(small_adata, epsilon=2.0, n_clusters=3, key_added="X_second", cluster_key="c2", **FAST)
+    ax = dpsc.pl.ledger(small_adata, show=False, save=tmp_path / "ledger.png")
+    assert (tmp_path / "ledger.png").exists() and len(ax.patches) == 2
+    total = ax.lines[0].get_ydata()[-1]
+    assert total == pytest.approx(dpsc.privacy.spent(small_adata)[0])
     with pytest.raises(KeyError, match="X_tsne"):
         dpsc.pl.embedding(small_adata, basis="tsne", show=False)
 

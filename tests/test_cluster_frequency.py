@@ -59,8 +59,8 @@ def test_released_frequencies_are_accounted_steps(small_adata):
     fit = {"n_clusters": 3, **FAST, "cluster_epochs": 2}
     uniform = small_adata.copy()
     dpsc.tl.fit(small_adata, epsilon=8.0, **fit)  # "released" is the default
-    rec = small_adata.uns["dpsc"]["privacy"]
-    params = small_adata.uns["dpsc"]["params"]
+    rec = small_adata.uns["dpsc"]["X_dpdcan"]["privacy"]
+    params = small_adata.uns["dpsc"]["X_dpdcan"]["params"]
     # (2 + 2) epochs × 10 Poisson draws + 200 k-means releases + 1 frequency release per cluster epoch
     assert rec["frequency_steps"] == 2
     assert rec["steps"] == 4 * 10 + 200 + 2 == params["planned_steps"]
@@ -68,8 +68,8 @@ def test_released_frequencies_are_accounted_steps(small_adata):
     assert 0 < rec["epsilon"] <= 8.0
 
     dpsc.tl.fit(uniform, epsilon=8.0, target_frequency="uniform", **fit)
-    assert uniform.uns["dpsc"]["privacy"]["frequency_steps"] == 0
-    assert uniform.uns["dpsc"]["privacy"]["steps"] == 4 * 10 + 200
+    assert uniform.uns["dpsc"]["X_dpdcan"]["privacy"]["frequency_steps"] == 0
+    assert uniform.uns["dpsc"]["X_dpdcan"]["privacy"]["steps"] == 4 * 10 + 200
     assert not np.allclose(uniform.obsm["X_dpdcan"], small_adata.obsm["X_dpdcan"])
 
 
@@ -77,8 +77,8 @@ def test_non_private_fit_uses_frequencies_and_spends_nothing(small_adata):
     uniform = small_adata.copy()
     dpsc.tl.fit(small_adata, epsilon=None, target_frequency="released", n_clusters=3, **FAST)
     dpsc.tl.fit(uniform, epsilon=None, target_frequency="uniform", n_clusters=3, **FAST)
-    assert small_adata.uns["dpsc"]["privacy"]["frequency_steps"] == 0
-    assert small_adata.uns["dpsc"]["privacy"]["steps"] == 0
+    assert small_adata.uns["dpsc"]["X_dpdcan"]["privacy"]["frequency_steps"] == 0
+    assert small_adata.uns["dpsc"]["X_dpdcan"]["privacy"]["steps"] == 0
     # the exact frequencies enter the cluster-stage target: the fit differs from the uniform one
     assert not np.allclose(uniform.obsm["X_dpdcan"], small_adata.obsm["X_dpdcan"])
 

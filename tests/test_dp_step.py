@@ -1,23 +1,22 @@
 import pytest
 import torch
 
-from dpsc.privacy import make_accountant
-from dpsc.train import DCANTrainingPlan, DPConfig
+from dpsc.privacy import DPSGDSettings, NoiseSource, make_accountant
+from dpsc.train import DCANTrainingPlan
 
 C = 0.05
 
 
 def make_plan(module, stage, scope, sigma, seed=0, lr=0.0):
-    dp = DPConfig(
+    dp = DPSGDSettings(
         noise_multiplier=sigma,
         max_grad_norm=C,
         sample_rate=0.1,
         expected_batch_size=6,
         accountant=make_accountant("rdp"),
-        scope=scope,
-        noise_generator=torch.Generator().manual_seed(seed),
+        noise=NoiseSource(seed),
     )
-    plan = DCANTrainingPlan(module, stage=stage, dp=dp, optimizer="sgd", lr=lr)
+    plan = DCANTrainingPlan(module, stage=stage, dp=dp, scope=scope, optimizer="sgd", lr=lr)
     plan.attach_privacy()
     return plan
 
@@ -29,7 +28,7 @@ def loss_of(plan, x):
 
 def explicit_per_cell_grads(plan, x, params):
     """Reference: one autograd call per cell, with Opacus's hooks switched off."""
-    plan._gsm.disable_hooks()
+    plan._engine._gsm.disable_hooks()
     try:
         loss = loss_of(plan, x)
         rows = []
@@ -37,7 +36,7 @@ def explicit_per_cell_grads(plan, x, params):
             grads = torch.autograd.grad(loss[i], params, retain_graph=True)
             rows.append(torch.cat([g.flatten() for g in grads]))
     finally:
-        plan._gsm.enable_hooks()
+        plan._engine._gsm.enable_hooks()
     return torch.stack(rows)
 
 
@@ -49,7 +48,7 @@ def test_ghost_norms_equal_explicit_per_cell_norms(tiny_module, counts, stage, s
     explicit = explicit_per_cell_grads(plan, counts, private).norm(dim=1)
     loss = loss_of(plan, counts)
     loss.sum().backward()
-    ghost = plan._gsm.get_norm_sample()
+    ghost = plan._engine._gsm.get_norm_sample()
     torch.testing.assert_close(ghost, explicit, rtol=1e-4, atol=1e-6)
     plan.detach_privacy()
 
@@ -131,11 +130,8 @@ def test_empty_batch_still_steps_and_is_accounted(tiny_module):
 
 def test_generators_follow_the_parameters_device():
     from dpsc.module._dcan import mask_views
-    from dpsc.train._plan import generator_on
 
-    cpu = torch.Generator().manual_seed(5)
-    assert generator_on(cpu, torch.device("cpu")) is cpu
-    assert generator_on(None, torch.device("cpu")) is None
+    assert NoiseSource(5).torch_generator("dpsgd", "cpu").device.type == "cpu"
     # masks come from the generator's own device, so a seeded CPU generator gives the same
     # masks whatever device the data is on
     rep = torch.ones(4, 6)
@@ -143,20 +139,20 @@ def test_generators_follow_the_parameters_device():
     b = mask_views(rep, 2, 0.5, torch.Generator().manual_seed(3))
     assert torch.equal(a, b) and 0 < int((a == 0).sum()) < a.numel()
     if torch.cuda.is_available():
-        moved = generator_on(cpu, torch.device("cuda"))
-        assert moved.device.type == "cuda" and moved.initial_seed() == cpu.initial_seed()
+        moved = NoiseSource(5).torch_generator("dpsgd", "cuda")
+        assert moved.device.type == "cuda"
         on_gpu = mask_views(rep.cuda(), 2, 0.5, torch.Generator().manual_seed(3))
         assert torch.equal(on_gpu.cpu(), a)
 
 
 def test_frozen_encoder_cluster_stage_noises_only_centroids(tiny_module, counts):
-    dp = DPConfig(
+    dp = DPSGDSettings(
         noise_multiplier=1.0,
         max_grad_norm=C,
         sample_rate=0.1,
         expected_batch_size=6,
         accountant=make_accountant("rdp"),
-        noise_generator=torch.Generator().manual_seed(0),
+        noise=NoiseSource(0),
     )
     plan = DCANTrainingPlan(tiny_module, stage="cluster", dp=dp, optimizer="sgd", lr=0.1, train_encoder=False)
     assert plan.private_parameters == [tiny_module.clustering.centroids]

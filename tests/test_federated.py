@@ -91,7 +91,9 @@ def test_fit_federated_two_clients_two_rounds(small_adata):
     assert adata.obs["fed_cluster"].nunique() <= 4
     assert len(record["loss"]) == 2 and np.isfinite(record["loss"]).all()
     assert record["mu"][0] == 0.0 and record["mu"][1] == pytest.approx(0.7)  # EMA from round 2 on
-    assert record["scale_genes"] and "per-gene sums" in record["privacy"]  # default without epsilon
+    # default without epsilon: no guarantee, and the statement names the noise-free gene sums
+    assert record["scale_genes"] and "per-gene sums" in record["privacy"]["statement"]
+    assert record["privacy"]["guarantee"] == "none" and dpsc.privacy.spent(adata)[0] == np.inf
     assert dpsc.pl.federated(adata, show=False).get_xlabel() == "round"
 
 
@@ -115,7 +117,7 @@ def test_fit_federated_with_pooled_gene_scaling(small_adata):
     adata = small_adata.copy()
     dpsc.pp.partition(adata, 2, label_key="cell_type", types_per_client=4)
     record = dpsc.tl.fit_federated(adata, rounds=2, local_epochs=1, n_clusters=4, scale_genes=True)
-    assert record["scale_genes"] and "per-gene sums" in record["privacy"]
+    assert record["scale_genes"] and "per-gene sums" in record["privacy"]["statement"]
     assert np.isfinite(adata.obsm["X_fedsc"]).all() and len(record["loss"]) == 2
     with pytest.raises(ValueError, match="scale_genes=True sends"):
         dpsc.tl.fit_federated(adata, rounds=1, local_epochs=1, epsilon=8.0, scale_genes=True)
@@ -168,8 +170,8 @@ def test_local_train_private_steps_noise_and_clean_state():
         torch.manual_seed(0)
         net = SSLNet(30, SSLConfig(method="fedsc"))
         keys = set(net.state_dict())
-        loss, steps = local_train_private(net, X, 2, seed=0, dp=ClientDP(sigma, 1.0, opt, 0.01))
-        assert steps == 2 * per_epoch and np.isfinite(loss)
+        steps = local_train_private(net, X, 2, seed=0, dp=ClientDP(sigma, 1.0, opt, 0.01), noise_seed=1)
+        assert steps == 2 * per_epoch
         assert set(net.state_dict()) == keys
         assert not any(hasattr(p, "grad_sample") for p in net.parameters())
         weights.append(net.online[0].weight.detach().clone())
@@ -188,8 +190,13 @@ def test_fit_federated_with_client_level_dp(small_adata, tmp_path):
     assert 0 < privacy["epsilon"] <= 4.0
     assert privacy["optimizer"] == "dpsignadam"
     assert record["scale_genes"] is False  # the default turns the noise-free sums off with epsilon
-    assert "adding or removing one of that site's cells" in privacy["statement"]
-    assert privacy["mean_dp_steps_per_round_reported"] > 0
+    assert "adding or removing one cell of its site" in privacy["statement"]
+    assert privacy["guarantee"] == "proven" and "never by the server" in privacy["statement"]
+    assert record["mean_dp_steps_per_round_reported"] > 0
+    # the sites' messages carry the DP weights and public counts only: no un-noised loss
+    assert list(record["loss"]) == []
+    assert set(record["reported_metrics"]) == {"dp-steps", "mu"}  # num-examples: FedAvg weights
+    assert dpsc.privacy.spent(adata)[0] == pytest.approx(privacy["epsilon"])
     adata.write_h5ad(tmp_path / "fed.h5ad")  # the record must survive a round trip to disk
     with pytest.raises(ValueError, match="compares cells within a batch"):
         dpsc.tl.fit_federated(adata, method="fedsimclr", epsilon=4.0)
@@ -201,7 +208,7 @@ def test_ghost_clipping_equals_explicit_per_cell_clipping():
     """Σ_i clip_C(g_i) from Opacus's ghost clipping equals the loop over cells, one at a time."""
     from opacus.grad_sample import GradSampleModuleFastGradientClipping
 
-    from dpsc.train._ghost import ghost_clipped_backward, release_privacy_hooks
+    from dpsc.privacy._ghost import ghost_clipped_backward, release_privacy_hooks
 
     torch.manual_seed(0)
     net = SSLNet(12, SSLConfig(method="fedsc", hidden=(8,), n_latent=4))

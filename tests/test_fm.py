@@ -155,7 +155,7 @@ def test_spent_epsilon_and_released_coefficients_do_not_depend_on_epochs(digits)
     assert sum(layer["epsilon"] for layer in layers.values()) == pytest.approx(0.5)
     # used directly, the estimator still says what its ε covers
     statement = models[1].privacy_record()["statement"]
-    assert statement.startswith("0.5-differential privacy with respect to replacing one of the ")
+    assert statement.startswith("Proven 0.5-differential privacy with respect to replacing one of the ")
     assert f" {len(y)} private training rows" in statement and "Not covered" in statement
 
 
@@ -196,13 +196,18 @@ def test_annotate_writes_valid_labels_and_records(ref_query, method, tmp_path):
     assert set(query.obs["dp_label"].astype(str)) <= set(ref.obs["cell_type"].astype(str))
     conf = query.obs["dp_label_confidence"].to_numpy()
     assert np.all((conf > 0) & (conf <= 1))
-    for adata in (ref, query):
-        record = adata.uns["dpsc"]["annotation"]
-        assert record["method"] == method and 0 < record["epsilon"] <= 1.0 + 1e-9
-        assert "query cells" in record["statement"]
+    result = ref.uns["dpsc"]["dp_label"]
+    record = result["privacy"]
+    assert result["method"] == method and 0 < record["epsilon"] <= 1.0 + 1e-9
+    assert record["guarantee"] == "proven" and "query cells" in record["statement"]
+    assert dpsc.privacy.spent(ref)[0] == pytest.approx(record["epsilon"])
+    # the query cells were read without noise (the PCA is fitted on them): their ledger says so
+    on_query = query.uns["dpsc"]["dp_label"]
+    assert on_query["privacy"]["guarantee"] == "none" and dpsc.privacy.spent(query)[0] == np.inf
+    assert on_query["reference"]["epsilon"] == record["epsilon"]
     path = tmp_path / "query.h5ad"
     query.write_h5ad(path)  # the record must survive a round trip to disk
-    assert anndata.read_h5ad(path).uns["dpsc"]["annotation"]["method"] == method
+    assert anndata.read_h5ad(path).uns["dpsc"]["dp_label"]["method"] == method
 
 
 def test_annotate_bad_input_is_rejected_and_leaves_data_untouched(ref_query):

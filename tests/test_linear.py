@@ -79,7 +79,9 @@ def test_epsilon_composition_sums_to_target(prior, monkeypatch):
     assert np.all(np.isfinite(model.coef_))
     record = model.privacy_record()
     assert record["epsilon"] == pytest.approx(1.5) and record["delta"] == 0.0
-    assert record["statement"].startswith("1.5-differential privacy with respect to replacing one of the 200")
+    assert record["statement"].startswith(
+        "Proven 1.5-differential privacy with respect to replacing one of the 200"
+    )
 
 
 def test_infinite_epsilon_equals_non_private_bayesian_lr():
@@ -175,9 +177,11 @@ def test_tl_private_regression_writes_results():
     adata = _gdsc_like()
     model = dpsc.tl.private_regression(adata, "drug", epsilon=2.0, n_genes=5, public_mask="public")
     assert "drug_dp_pred" in adata.obs and np.isfinite(adata.obs["drug_dp_pred"]).all()
-    record = adata.uns["dpsc"]["regression"]["drug"]
+    result = adata.uns["dpsc"]["drug_dp_pred"]
+    record = result["privacy"]
     assert record["epsilon"] == pytest.approx(2.0) and record["n_public"] == 7 and record["n_private"] == 32
-    assert len(record["genes"]) == 5 and "Not covered" in record["statement"]
+    assert len(result["genes"]) == 5 and "Not covered" in record["statement"]
+    assert dpsc.privacy.spent(adata) == (pytest.approx(2.0), 0.0)
     assert model.spent_epsilon_ == pytest.approx(2.0)
 
 

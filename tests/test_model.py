@@ -16,7 +16,7 @@ def test_fit_writes_documented_keys(small_adata):
     assert isinstance(model, DPDCAN)
     assert small_adata.obsm["X_dpdcan"].shape == (small_adata.n_obs, 32)
     assert isinstance(small_adata.obs["dp_cluster"].dtype, pd.CategoricalDtype)
-    rec = small_adata.uns["dpsc"]["privacy"]
+    rec = small_adata.uns["dpsc"]["X_dpdcan"]["privacy"]
     for key in (
         "epsilon",
         "target_epsilon",
@@ -34,20 +34,55 @@ def test_fit_writes_documented_keys(small_adata):
     assert rec["scope"] == "encoder" and "decoder" in rec["statement"] and "Not covered" in rec["statement"]
     # steps actually run: 3 epochs x 10 Poisson draws + 200 k-means releases (40 + 4 x 40)
     # + 1 cluster-frequency release per cluster epoch
-    assert rec["steps"] == 3 * 10 + 200 + 1 == small_adata.uns["dpsc"]["params"]["planned_steps"]
+    assert rec["steps"] == 3 * 10 + 200 + 1 == small_adata.uns["dpsc"]["X_dpdcan"]["params"]["planned_steps"]
     assert rec["kmeans_steps"] == 200 and rec["frequency_steps"] == 1
     assert rec["curve_steps"][-1] == rec["steps"]
     assert rec["curve_epsilon"][-1] == pytest.approx(rec["epsilon"])
 
 
-def test_same_seed_same_result_and_other_seed_differs(small_adata):
-    a, b, c = small_adata.copy(), small_adata.copy(), small_adata.copy()
+def test_noise_is_secret_unless_a_noise_seed_is_opted_into(small_adata):
+    a, b, c, d = (small_adata.copy() for _ in range(4))
     dpsc.tl.fit(a, epsilon=8.0, random_state=1, **TINY)
     dpsc.tl.fit(b, epsilon=8.0, random_state=1, **TINY)
-    dpsc.tl.fit(c, epsilon=8.0, random_state=2, **TINY)
+    # same random_state, secret noise: different encoders (and the record says secret)
+    assert not np.allclose(a.obsm["X_dpdcan"], b.obsm["X_dpdcan"])
+    assert a.uns["dpsc"]["X_dpdcan"]["privacy"]["noise"]["secret"]
+    assert "seeded with OS entropy" in a.uns["dpsc"]["X_dpdcan"]["privacy"]["statement"]
+    dpsc.tl.fit(c, epsilon=8.0, random_state=1, noise_seed=11, **TINY)
+    dpsc.tl.fit(d, epsilon=8.0, random_state=1, noise_seed=11, **TINY)
+    np.testing.assert_array_equal(c.obsm["X_dpdcan"], d.obsm["X_dpdcan"])
+    np.testing.assert_array_equal(c.obs["dp_cluster"], d.obs["dp_cluster"])
+    record = c.uns["dpsc"]["X_dpdcan"]["privacy"]
+    assert not record["noise"]["secret"] and "does NOT hold against anyone who knows" in record["statement"]
+
+
+def test_every_mechanism_draws_from_the_secure_source(small_adata, monkeypatch):
+    """With the OS-entropy seam patched to a constant, two secret fits coincide: nothing else is random."""
+    import dpsc.privacy._noise as noise
+
+    calls = []
+
+    def fixed() -> int:
+        calls.append(1)
+        return 12345
+
+    monkeypatch.setattr(noise, "secure_seed", fixed)
+    a, b = small_adata.copy(), small_adata.copy()
+    dpsc.tl.fit(a, epsilon=8.0, random_state=1, **TINY)
+    n_calls = len(calls)
+    dpsc.tl.fit(b, epsilon=8.0, random_state=1, **TINY)
+    assert n_calls >= 4  # sampling, DP-SGD noise of each stage, k-means and frequency releases
     np.testing.assert_array_equal(a.obsm["X_dpdcan"], b.obsm["X_dpdcan"])
-    np.testing.assert_array_equal(a.obs["dp_cluster"], b.obs["dp_cluster"])
-    assert not np.allclose(a.obsm["X_dpdcan"], c.obsm["X_dpdcan"])
+
+
+def test_scope_sets_the_guarantee(small_adata):
+    a, b = small_adata.copy(), small_adata.copy()
+    dpsc.tl.fit(a, epsilon=8.0, **TINY)
+    dpsc.tl.fit(b, epsilon=8.0, scope="full", **TINY)
+    enc, full = (x.uns["dpsc"]["X_dpdcan"]["privacy"] for x in (a, b))
+    assert enc["guarantee"] == "heuristic" and enc["statement"].startswith("HEURISTIC")
+    assert "not a proof" in enc["statement"][:60]
+    assert full["guarantee"] == "proven" and full["statement"].startswith("Proven")
 
 
 def test_copy_returns_annotated_copy_and_leaves_input(small_adata):
@@ -60,20 +95,20 @@ def test_copy_returns_annotated_copy_and_leaves_input(small_adata):
 def test_dense_and_sparse_give_the_same_fit(small_adata):
     dense = small_adata.copy()
     dense.X = dense.X.toarray()
-    dpsc.tl.fit(dense, epsilon=8.0, **TINY)
-    dpsc.tl.fit(small_adata, epsilon=8.0, **TINY)
+    dpsc.tl.fit(dense, epsilon=8.0, noise_seed=0, **TINY)
+    dpsc.tl.fit(small_adata, epsilon=8.0, noise_seed=0, **TINY)
     np.testing.assert_allclose(dense.obsm["X_dpdcan"], small_adata.obsm["X_dpdcan"], rtol=1e-5, atol=1e-5)
 
 
 def test_non_private_and_full_scope(small_adata):
     a = small_adata.copy()
     dpsc.tl.fit(a, epsilon=None, **TINY)
-    assert np.isnan(a.uns["dpsc"]["privacy"]["epsilon"])
-    assert "No differential privacy" in a.uns["dpsc"]["privacy"]["statement"]
+    assert np.isnan(a.uns["dpsc"]["X_dpdcan"]["privacy"]["epsilon"])
+    assert "No differential privacy" in a.uns["dpsc"]["X_dpdcan"]["privacy"]["statement"]
     b = small_adata.copy()
     dpsc.tl.fit(b, epsilon=8.0, scope="full", **TINY)
-    assert b.uns["dpsc"]["privacy"]["scope"] == "full"
-    assert "decoder" in " ".join(b.uns["dpsc"]["privacy"]["private_parameters"])
+    assert b.uns["dpsc"]["X_dpdcan"]["privacy"]["scope"] == "full"
+    assert "decoder" in " ".join(b.uns["dpsc"]["X_dpdcan"]["privacy"]["private_parameters"])
 
 
 def test_layer_and_h5ad_round_trip(small_adata, tmp_path):
@@ -85,7 +120,8 @@ def test_layer_and_h5ad_round_trip(small_adata, tmp_path):
     import anndata as ad
 
     back = ad.read_h5ad(path)
-    assert back.uns["dpsc"]["privacy"]["statement"] == small_adata.uns["dpsc"]["privacy"]["statement"]
+    record = small_adata.uns["dpsc"]["X_dpdcan"]["privacy"]
+    assert back.uns["dpsc"]["X_dpdcan"]["privacy"]["statement"] == record["statement"]
 
 
 def test_trained_model_refuses_a_second_ledger(small_adata):
@@ -102,6 +138,7 @@ def test_save_load_round_trip(small_adata, tmp_path):
     np.testing.assert_allclose(loaded.get_latent_representation(), z, rtol=1e-6)
     np.testing.assert_array_equal(loaded.predict(), model.predict())
     assert loaded.privacy_["epsilon"] == model.privacy_["epsilon"]
+    assert model.history_ is None  # no exact training losses are kept after a DP fit
 
 
 def test_export_shared_has_no_decoder_and_reproduces_outputs(small_adata, tmp_path):
@@ -136,5 +173,5 @@ def test_gaussian_likelihood_for_lognormalised_data(small_adata):
 def test_private_fit_runs_on_gpu(small_adata):
     adata = small_adata.copy()
     dpsc.tl.fit(adata, epsilon=8.0, **{**TINY, "accelerator": "gpu"})
-    assert adata.uns["dpsc"]["privacy"]["epsilon"] <= 8.0
+    assert adata.uns["dpsc"]["X_dpdcan"]["privacy"]["epsilon"] <= 8.0
     assert np.isfinite(adata.obsm["X_dpdcan"]).all()

@@ -94,9 +94,9 @@ def test_unknown_optimizer_name():
 def test_fit_with_sign_optimizer(small_adata, scope):
     adata = small_adata.copy()
     dpsc.tl.fit(adata, epsilon=4.0, delta=1e-3, scope=scope, optimizer="dpsignadam", **FAST)
-    record = adata.uns["dpsc"]["privacy"]
+    record = adata.uns["dpsc"]["X_dpdcan"]["privacy"]
     assert record["epsilon"] <= 4.0 + 1e-9
-    assert adata.uns["dpsc"]["params"]["private_optimizer"] == "dpsignadam"
+    assert adata.uns["dpsc"]["X_dpdcan"]["params"]["private_optimizer"] == "dpsignadam"
     assert np.isfinite(adata.obsm["X_dpdcan"]).all()
 
 

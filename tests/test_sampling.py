@@ -1,6 +1,7 @@
 import numpy as np
 
 from dpsc.model import DPDCAN
+from dpsc.privacy import NoiseSource
 from dpsc.train import PoissonDataSplitter
 
 
@@ -8,7 +9,9 @@ def test_poisson_batches_vary_and_match_the_rate(small_adata):
     DPDCAN.setup_anndata(small_adata)
     model = DPDCAN(small_adata, n_clusters=3)
     n = small_adata.n_obs
-    splitter = PoissonDataSplitter(model.adata_manager, sample_rate=0.1, steps_per_epoch=10, seed=0)
+    splitter = PoissonDataSplitter(
+        model.adata_manager, sample_rate=0.1, steps_per_epoch=10, noise=NoiseSource()
+    )
     sizes = []
     for _ in range(20):
         batches = list(splitter.train_dataloader())
@@ -24,7 +27,9 @@ def test_poisson_batches_vary_and_match_the_rate(small_adata):
 def test_batches_are_rows_of_the_data(small_adata):
     DPDCAN.setup_anndata(small_adata)
     model = DPDCAN(small_adata, n_clusters=3)
-    splitter = PoissonDataSplitter(model.adata_manager, sample_rate=0.5, steps_per_epoch=1, seed=3)
+    splitter = PoissonDataSplitter(
+        model.adata_manager, sample_rate=0.5, steps_per_epoch=1, noise=NoiseSource()
+    )
     batch = next(iter(splitter.train_dataloader()))["X"].numpy()
     dense = small_adata.X.toarray()
     assert all(any(np.array_equal(row, d) for d in dense) for row in batch[:5])

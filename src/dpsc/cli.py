@@ -93,14 +93,16 @@ def _fit(args: argparse.Namespace) -> int:
         progress_bar=not args.no_progress,
     )
     wall = time.perf_counter() - start
-    record = adata.uns["dpsc"]["privacy"]
+    from .privacy import get_record
+
+    record = get_record(adata, "X_dpdcan")
     print()
     if epsilon is not None:
         print(
             f"Privacy spent: epsilon = {record['epsilon']:.3f} (target {record['target_epsilon']:g}), "
             f"delta = {record['delta']:g}, sigma = {record['noise_multiplier']:.3f}, "
             f"q = {record['sample_rate']:.4f}, steps = {record['steps']}, C = {record['max_grad_norm']:g}, "
-            f"accountant = {record['accountant']}"
+            f"accountant = {record['accountant']}, guarantee = {record['guarantee']}"
         )
     print("What this covers:")
     print(textwrap.fill(record["statement"], width=96, initial_indent="  ", subsequent_indent="  "))

@@ -37,6 +37,9 @@ DEFAULTS: dict[str, Any] = {
     # client-level DP (off when "noise-multipliers" is empty): JSON list of σ per partition-id
     "noise-multipliers": "",
     "max-grad-norm": 1.0,
+    # -1: every site seeds its DP noise and sampling from OS entropy (the server never sets it);
+    # >= 0: an opt-in for tests and benchmarks, the guarantee then does not hold against its holder
+    "noise-seed": -1,
     "dp-optimizer": "sgd",
     "dp-lr": 0.032,
 }
@@ -160,22 +163,18 @@ def make_apps(settings: dict[str, Any]):
             net.target.load_state_dict(net.online.state_dict())
         epochs = int(config["local-epochs"])
         seed = int(s["seed"]) * 100_003 + 1009 * pid + server_round
-        dp_steps = 0
+        metrics = {"mu": mu, "num-examples": int(X.shape[0])}
         if s["noise-multipliers"]:
             sigma = float(json.loads(s["noise-multipliers"])[pid])
             dp = ClientDP(sigma, float(s["max-grad-norm"]), str(s["dp-optimizer"]), float(s["dp-lr"]))
-            loss, dp_steps = local_train_private(net, X, epochs, seed, dp)
+            noise_seed = int(s["noise-seed"])
+            site_seed = None if noise_seed < 0 else noise_seed * 100_003 + 1009 * pid + server_round
+            # no loss in the reply: under DP it would be an un-noised statistic of the site's cells
+            metrics["dp-steps"] = local_train_private(net, X, epochs, seed, dp, noise_seed=site_seed)
         else:
-            loss = local_train(net, X, epochs, seed=seed)
+            metrics["loss"] = local_train(net, X, epochs, seed=seed)
         context.state["local"] = ArrayRecord(net.state_dict())
-        reply = RecordDict(
-            {
-                "arrays": ArrayRecord(net.shared_state()),
-                "metrics": MetricRecord(
-                    {"loss": loss, "mu": mu, "dp-steps": dp_steps, "num-examples": int(X.shape[0])}
-                ),
-            }
-        )
+        reply = RecordDict({"arrays": ArrayRecord(net.shared_state()), "metrics": MetricRecord(metrics)})
         return Message(content=reply, reply_to=msg)
 
     return server_app, client_app

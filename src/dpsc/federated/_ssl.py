@@ -195,65 +195,62 @@ def dp_schedule(n_cells: int, batch_size: int) -> tuple[float, int]:
 
 
 def local_train_private(
-    net: SSLNet, X: np.ndarray, epochs: int, seed: int, dp: ClientDP
-) -> tuple[float, int]:
-    r"""DP-SGD local training of the online encoder and predictor; returns (mean loss, steps).
+    net: SSLNet, X: np.ndarray, epochs: int, seed: int, dp: ClientDP, noise_seed: int | None = None
+) -> int:
+    r"""DP-SGD local training of the online encoder and predictor; returns the steps taken.
 
-    Each step draws a Poisson batch (every cell independently with probability ``q``), computes
-    the per-cell losses (:meth:`SSLNet.per_cell_loss`), and lets Opacus clip each cell's
+    Each step draws a Poisson batch (every cell independently with probability ``q``, from the
+    site's own secret sampling stream), computes the per-cell losses
+    (:meth:`SSLNet.per_cell_loss`), and lets :class:`~dpsc.privacy.DPSGDEngine` clip each cell's
     gradient to ``C`` and add :math:`N(0, σ^2C^2)` before the update rule
-    (:func:`dpsc.optim.make_optimizer`; ``"dpsignsgd"``/``"dpsignadam"`` take the sign of the
-    noisy gradient). Clipping is Opacus's ghost clipping
-    (:func:`dpsc.train._ghost.ghost_clipped_backward`): per-cell norms without per-cell gradients.
-    An empty batch still takes a pure-noise step, as the accountant assumes. The EMA target
-    encoder follows the (already private) online weights: post-processing.
+    (:func:`dpsc.optim.make_optimizer`). An empty batch still takes a pure-noise step, as the
+    accountant assumes. The EMA target encoder follows the (already private) online weights:
+    post-processing. ``seed`` drives the masks only; the noise and the samples come from the
+    site's own :class:`~dpsc.privacy.NoiseSource` (secret unless ``noise_seed``), never from a
+    value the server sends. No loss is returned: an exact mean loss is an un-noised statistic of
+    the site's cells.
     """
-    from opacus.grad_sample import GradSampleModuleFastGradientClipping
-    from opacus.optimizers import DPOptimizerFastGradientClipping
-
     from ..optim import make_optimizer
-    from ..train._ghost import ghost_clipped_backward, release_privacy_hooks
+    from ..privacy import DPSGDEngine, DPSGDSettings, NoiseSource, make_accountant
 
     cfg = net.config
     data = torch.as_tensor(X, dtype=torch.float32)
     n = data.shape[0]
     q, steps_per_epoch = dp_schedule(n, cfg.batch_size)
-    gen = torch.Generator().manual_seed(seed)
-    container = nn.ModuleList([net.online, net.predictor])
-    gsm = GradSampleModuleFastGradientClipping(
-        container, loss_reduction="sum", max_grad_norm=dp.max_grad_norm, use_ghost_clipping=True
-    )
-    params = [p for p in container.parameters() if p.requires_grad]
-    optimizer = DPOptimizerFastGradientClipping(
-        make_optimizer(dp.optimizer, params, dp.lr),
+    mask_gen = torch.Generator().manual_seed(seed)
+    settings = DPSGDSettings(
         noise_multiplier=dp.noise_multiplier,
         max_grad_norm=dp.max_grad_norm,
+        sample_rate=q,
         expected_batch_size=max(1, round(q * n)),
-        loss_reduction="mean",
-        generator=torch.Generator().manual_seed(seed + 7919),
+        accountant=make_accountant("rdp"),  # the site's own log; the record is computed from the plan
+        noise=NoiseSource(noise_seed),
     )
+    private = [net.online, net.predictor]
+    params = [p for m in private for p in m.parameters() if p.requires_grad]
+    engine = DPSGDEngine(private, make_optimizer(dp.optimizer, params, dp.lr), settings)
+    draw = settings.sampler()
     net.train()
-    losses, steps = [], 0
+    steps = 0
     try:
-        for _ in range(epochs):
-            for _ in range(steps_per_epoch):
-                optimizer.zero_grad(set_to_none=True)
-                batch = data[torch.rand(n, generator=gen) < q]
-                if batch.shape[0] == 0:  # empty Poisson draw: a pure-noise step
-                    for p in params:
-                        p.grad = torch.zeros_like(p)
-                else:
-                    v1, v2 = masked_view(batch, cfg.mask_rate, gen), masked_view(batch, cfg.mask_rate, gen)
-                    per_cell = net.per_cell_loss(v1, v2)
-                    ghost_clipped_backward(gsm, per_cell, params)
-                    losses.append(float(per_cell.mean().detach()))
-                optimizer.step()
-                steps += 1
-                if cfg.method != "fedsimsiam":
-                    net.update_target()
+        for _ in range(epochs * steps_per_epoch):
+            batch = data[draw(n)]
+            if batch.shape[0] == 0:
+                engine.empty_step()
+            else:
+                v1, v2 = (
+                    masked_view(batch, cfg.mask_rate, mask_gen),
+                    masked_view(batch, cfg.mask_rate, mask_gen),
+                )
+                engine.zero_grad()
+                engine.backward(net.per_cell_loss(v1, v2))
+                engine.step()
+            steps += 1
+            if cfg.method != "fedsimsiam":
+                net.update_target()
     finally:
-        release_privacy_hooks(gsm, params)
-    return (float(np.mean(losses[-steps_per_epoch:])) if losses else float("nan")), steps
+        engine.close()
+    return steps
 
 
 @torch.no_grad()

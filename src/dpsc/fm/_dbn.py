@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from ..privacy import estimator_statement
+from ..privacy import NoiseSource, estimator_record
 from ._moments import scale_patches
 from ._rbm import PrivateRBM
 from ._softmax import PrivateSoftmax
@@ -93,6 +93,7 @@ class PrivateDBN:
         input_l1_bound: float | None = None,
         regularization: float | None = None,
         random_state: int = 0,
+        noise_seed: int | None = None,
     ) -> None:
         self.hidden = tuple(hidden)
         self.epsilon = epsilon
@@ -108,6 +109,7 @@ class PrivateDBN:
         self.input_l1_bound = input_l1_bound
         self.regularization = regularization
         self.random_state = random_state
+        self.noise_seed = noise_seed
 
     def _split(self) -> np.ndarray:
         n_layers = len(self.hidden) + 1
@@ -151,7 +153,7 @@ class PrivateDBN:
             raise ValueError("Need at least 2 classes to train a classifier.")
         split = self._split()
         self.epsilon_per_layer_ = [float(self.epsilon * s) for s in split]
-        rng = np.random.default_rng(self.random_state)
+        rng = NoiseSource(self.noise_seed).numpy_rng("laplace")  # secret unless noise_seed
         self.layers_: list[PrivateRBM] = []
         if self.image_shape is not None and not self.hidden:
             raise ValueError("Image input needs at least one (convolutional) hidden layer.")
@@ -196,23 +198,23 @@ class PrivateDBN:
 
     def privacy_record(self) -> dict[str, Any]:
         """Per-layer ε, mechanisms, sensitivities and the total (sequential composition)."""
-        return {
-            "epsilon": self.spent_epsilon_,
-            "delta": 0.0,
-            "epsilon_split": [float(s) for s in self._split()],
-            # a dict, not a list of dicts, so that the record can be written to .h5ad
-            "layers": {
-                **{f"rbm_{i}": layer.privacy_record() for i, layer in enumerate(self.layers_)},
-                "softmax": self.top_.privacy_record(),
+        return estimator_record(
+            tool="PrivateDBN",
+            epsilon=self.spent_epsilon_,
+            delta=0.0,
+            n_rows=self.n_train_,
+            mechanism="the functional mechanism (Laplace noise on the Chebyshev coefficients of each "
+            "layer's objective, released once, whatever the number of epochs)",
+            covered="the weights of every layer",
+            noise_seed=self.noise_seed,
+            details={
+                "epsilon_split": [float(s) for s in self._split()],
+                # a dict, not a list of dicts, so that the record can be written to .h5ad
+                "layers": {
+                    **{f"rbm_{i}": layer.privacy_record() for i, layer in enumerate(self.layers_)},
+                    "softmax": self.top_.privacy_record(),
+                },
+                "composition": "sequential (sum of the per-layer ε), pure ε-DP",
+                "epochs": self.epochs,
             },
-            "composition": "sequential (sum of the per-layer ε), pure ε-DP",
-            "epochs": self.epochs,
-            "statement": estimator_statement(
-                epsilon=self.spent_epsilon_,
-                delta=0.0,
-                n_rows=self.n_train_,
-                mechanism="the functional mechanism (Laplace noise on the Chebyshev coefficients of "
-                "each layer's objective, released once, whatever the number of epochs)",
-                covered="the weights of every layer",
-            ),
-        }
+        ).to_dict()

@@ -1,29 +1,37 @@
-"""DP-SGD MLP classifier (Opacus): the gradient-perturbation comparison for the functional mechanism."""
+"""DP-SGD MLP classifier: the gradient-perturbation comparison for the functional mechanism."""
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
-from ..privacy import estimator_statement
+from ..privacy import (
+    DPSGDEngine,
+    DPSGDSettings,
+    NoiseSource,
+    calibrate_noise_multiplier,
+    estimator_record,
+    make_accountant,
+    spent_epsilon,
+)
 
 
 class DPSGDClassifier:
-    """One-hidden-layer MLP trained with DP-SGD (Abadi et al. 2016) through Opacus.
+    """One-hidden-layer MLP trained with DP-SGD through :class:`~dpsc.privacy.DPSGDEngine`.
 
-    Per-sample gradients are clipped to ``max_grad_norm`` and ``N(0, σ²C²)`` noise is added to
-    their sum; batches are Poisson-sampled with rate ``batch_size / n`` (Opacus ``DPDataLoader``),
-    as the accountant assumes. The accountant is Opacus's PRV accountant by default (``"rdp"``
-    selectable); RDP with Opacus's default orders cannot certify ε below about 0.19 at
-    δ = 1e-5. ``σ`` is calibrated by Opacus to spend ``epsilon`` over ``epochs``
-    (``make_private_with_epsilon``), or given as ``noise_multiplier``, in which case training
-    stops at the first epoch whose spent ε would exceed ``max_epsilon``. Unlike the functional
-    mechanism, the spent ε grows with every epoch. ``epsilon=None`` and ``noise_multiplier=None``
-    train the same network without privacy.
+    Each step includes every row independently with rate ``q = batch_size / n`` (Poisson
+    sampling from the secret stream, as the accountant assumes), clips each row's gradient of its
+    own cross-entropy to ``max_grad_norm`` and adds ``N(0, σ²C²)`` to their sum; an empty sample
+    still takes the noisy step. An epoch is ``round(1/q)`` steps. The accountant is Opacus's PRV
+    accountant by default (``"rdp"`` selectable); RDP with Opacus's default orders cannot certify
+    ε below about 0.19 at δ = 1e-5. σ is calibrated to spend ``epsilon`` over ``epochs``, or
+    given as ``noise_multiplier``, in which case training stops before the first epoch whose
+    spent ε would exceed ``max_epsilon`` (a decision on public quantities only). Unlike the
+    functional mechanism, the spent ε grows with every epoch. ``epsilon=None`` and
+    ``noise_multiplier=None`` train the same network without privacy.
     """
 
     def __init__(
@@ -40,6 +48,7 @@ class DPSGDClassifier:
         hidden: int = 64,
         accountant: str = "prv",
         random_state: int = 0,
+        noise_seed: int | None = None,
     ) -> None:
         self.epsilon = epsilon
         self.delta = delta
@@ -52,124 +61,143 @@ class DPSGDClassifier:
         self.hidden = hidden
         self.accountant = accountant
         self.random_state = random_state
+        self.noise_seed = noise_seed
+
+    @property
+    def private(self) -> bool:
+        """Whether the fit uses DP-SGD."""
+        return self.epsilon is not None or self.noise_multiplier is not None
 
     def fit(self, X: np.ndarray, y: np.ndarray) -> DPSGDClassifier:
-        from opacus import PrivacyEngine
-
-        torch.manual_seed(self.random_state)
+        """Train on features ``X`` ``(n, d)`` and labels ``y``."""
+        torch.manual_seed(self.random_state)  # initialisation and the non-private shuffling only
         self.classes_, codes = np.unique(np.asarray(y), return_inverse=True)
         X_t = torch.as_tensor(np.asarray(X), dtype=torch.float32)
-        self.n_train_ = int(X_t.shape[0])
         y_t = torch.as_tensor(codes, dtype=torch.long)
+        self.n_train_ = int(X_t.shape[0])
         self.network_ = nn.Sequential(
             nn.Linear(X_t.shape[1], self.hidden), nn.ReLU(), nn.Linear(self.hidden, self.classes_.size)
         )
-        generator = torch.Generator().manual_seed(self.random_state)
-        loader = torch.utils.data.DataLoader(
-            torch.utils.data.TensorDataset(X_t, y_t),
-            batch_size=min(self.batch_size, len(y_t)),
-            shuffle=True,
-            generator=generator,
-        )
         optimizer = torch.optim.SGD(self.network_.parameters(), lr=self.lr, momentum=0.9)
-        private = self.epsilon is not None or self.noise_multiplier is not None
-        module = self.network_
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*[Ss]ecure RNG.*")
-            warnings.filterwarnings("ignore", message=".*[Ff]ull backward hook.*")
-            warnings.filterwarnings("ignore", message=".*[Oo]ptimal order.*")
-            engine = PrivacyEngine(accountant=self.accountant) if private else None
-            self._train(engine, module, optimizer, loader, private)
-        return self
-
-    def _train(self, engine: Any, module: nn.Module, optimizer: Any, loader: Any, private: bool) -> None:
-        if private:
-            common = {
-                "module": module,
-                "optimizer": optimizer,
-                "data_loader": loader,
-                "max_grad_norm": self.max_grad_norm,
-                "poisson_sampling": True,
-            }
-            if self.noise_multiplier is None:
-                module, optimizer, loader = engine.make_private_with_epsilon(
-                    **common, target_epsilon=self.epsilon, target_delta=self.delta, epochs=self.epochs
-                )
-            else:
-                module, optimizer, loader = engine.make_private(
-                    **common, noise_multiplier=self.noise_multiplier
-                )
-            self.noise_multiplier_ = float(optimizer.noise_multiplier)
-        loss_fn = nn.CrossEntropyLoss()
         self.epsilon_history_: list[float] = []
         self.epochs_trained_ = 0
-        for _ in range(self.epochs):
-            if private and self.max_epsilon is not None:
-                # would the next epoch overshoot the budget? account it on a copy first
-                projected = _projected_epsilon(
-                    self.accountant, engine, self.noise_multiplier_, 1 / len(loader), len(loader), self.delta
-                )
-                if projected > self.max_epsilon:
+        if self.private:
+            self._train_private(X_t, y_t, optimizer)
+        else:
+            self._train_plain(X_t, y_t, optimizer)
+        return self
+
+    def _settings(self, n: int) -> tuple[DPSGDSettings, int]:
+        q = min(1.0, self.batch_size / n)
+        steps_per_epoch = max(1, round(1.0 / q))
+        sigma = self.noise_multiplier
+        if sigma is None:
+            sigma = calibrate_noise_multiplier(
+                self.epsilon, self.delta, q, self.epochs * steps_per_epoch, self.accountant
+            )
+        settings = DPSGDSettings(
+            noise_multiplier=float(sigma),
+            max_grad_norm=self.max_grad_norm,
+            sample_rate=q,
+            expected_batch_size=max(1, round(q * n)),
+            accountant=make_accountant(self.accountant),
+            noise=NoiseSource(self.noise_seed),
+        )
+        return settings, steps_per_epoch
+
+    def _train_private(self, X: torch.Tensor, y: torch.Tensor, optimizer: torch.optim.Optimizer) -> None:
+        settings, steps_per_epoch = self._settings(len(y))
+        self.noise_multiplier_ = settings.noise_multiplier
+        self._accountant = settings.accountant
+        engine = DPSGDEngine([self.network_], optimizer, settings)
+        draw = settings.sampler()
+        loss_fn = nn.CrossEntropyLoss(reduction="none")
+        self.network_.train()
+        try:
+            for _ in range(self.epochs):
+                if (
+                    self.max_epsilon is not None
+                    and self._projected(settings, steps_per_epoch) > self.max_epsilon
+                ):
                     break
-            module.train()
+                for _ in range(steps_per_epoch):
+                    mask = draw(len(y))
+                    if not bool(mask.any()):
+                        engine.empty_step()
+                        continue
+                    engine.zero_grad()
+                    engine.backward(loss_fn(self.network_(X[mask]), y[mask]))
+                    engine.step()
+                self.epochs_trained_ += 1
+                self.epsilon_history_.append(spent_epsilon(settings.accountant, self.delta))
+        finally:
+            engine.close()
+        self.spent_epsilon_ = self.epsilon_history_[-1] if self.epsilon_history_ else 0.0
+
+    def _projected(self, settings: DPSGDSettings, steps: int) -> float:
+        """ε after one more epoch, from a copy of the accountant's history (public quantities)."""
+        accountant = make_accountant(self.accountant)
+        accountant.history = [
+            *settings.accountant.history,
+            (settings.noise_multiplier, settings.sample_rate, steps),
+        ]
+        return spent_epsilon(accountant, self.delta)
+
+    def _train_plain(self, X: torch.Tensor, y: torch.Tensor, optimizer: torch.optim.Optimizer) -> None:
+        loader = torch.utils.data.DataLoader(
+            torch.utils.data.TensorDataset(X, y),
+            batch_size=min(self.batch_size, len(y)),
+            shuffle=True,
+            generator=torch.Generator().manual_seed(self.random_state),
+        )
+        loss_fn = nn.CrossEntropyLoss()
+        self.network_.train()
+        for _ in range(self.epochs):
             for xb, yb in loader:
-                if len(yb) == 0:
-                    continue
                 optimizer.zero_grad()
-                loss_fn(module(xb), yb).backward()
+                loss_fn(self.network_(xb), yb).backward()
                 optimizer.step()
             self.epochs_trained_ += 1
-            if private:
-                self.epsilon_history_.append(float(engine.get_epsilon(self.delta)))
-        self.spent_epsilon_ = (
-            self.epsilon_history_[-1] if self.epsilon_history_ else (0.0 if private else float("inf"))
-        )
-        self._module = module
+        self.spent_epsilon_ = float("inf")
 
     def predict_proba(self, X: np.ndarray) -> np.ndarray:
-        self._module.eval()
+        """Class probabilities ``(n, n_classes)``."""
+        self.network_.eval()
         with torch.no_grad():
-            logits = self._module(torch.as_tensor(np.asarray(X), dtype=torch.float32))
+            logits = self.network_(torch.as_tensor(np.asarray(X), dtype=torch.float32))
         return torch.softmax(logits, 1).numpy()
 
     def predict(self, X: np.ndarray) -> np.ndarray:
+        """Most probable class of each row."""
         return self.classes_[self.predict_proba(X).argmax(1)]
 
     def privacy_record(self) -> dict[str, Any]:
-        if self.epsilon is None and self.noise_multiplier is None:
-            return {
-                "epsilon": float("inf"),
-                "mechanism": "none (non-private MLP)",
-                "statement": estimator_statement(
-                    epsilon=None, delta=0.0, n_rows=self.n_train_, mechanism="", covered=""
-                ),
-            }
-        return {
-            "epsilon": self.spent_epsilon_,
-            "delta": self.delta,
-            "mechanism": f"DP-SGD (Opacus), Poisson sampling, {self.accountant.upper()} accountant",
-            "accountant": self.accountant,
-            "noise_multiplier": self.noise_multiplier_,
-            "max_grad_norm": self.max_grad_norm,
-            "epochs": self.epochs_trained_,
-            "epsilon_history": list(self.epsilon_history_),
-            "statement": estimator_statement(
-                epsilon=self.spent_epsilon_,
-                delta=self.delta,
+        """Return what the fit spent and what it covers (:func:`~dpsc.privacy.estimator_record`)."""
+        if not self.private:
+            return estimator_record(
+                tool="DPSGDClassifier",
+                epsilon=None,
+                delta=0.0,
                 n_rows=self.n_train_,
-                mechanism=f"DP-SGD with Poisson sampling and Opacus {self.accountant.upper()} accounting",
+                mechanism="",
                 covered="the network weights",
-                neighbours="adding or removing",
-            ),
-        }
-
-
-def _projected_epsilon(
-    mechanism: str, engine: Any, sigma: float, sample_rate: float, steps: int, delta: float
-) -> float:
-    """ε after ``steps`` more steps, from a copy of the engine's accountant history."""
-    from ..privacy import make_accountant, spent_epsilon
-
-    accountant = make_accountant(mechanism)
-    accountant.history = [*engine.accountant.history, (sigma, sample_rate, steps)]
-    return spent_epsilon(accountant, delta)
+            ).to_dict()
+        return estimator_record(
+            tool="DPSGDClassifier",
+            epsilon=self.spent_epsilon_,
+            delta=self.delta,
+            n_rows=self.n_train_,
+            mechanism=f"DP-SGD with Poisson sampling and Opacus {self.accountant.upper()} accounting",
+            covered="the network weights",
+            neighbours="adding or removing",
+            noise_seed=self.noise_seed,
+            history=list(self._accountant.history),
+            accountant=self.accountant,
+            details={
+                "mechanism": f"DP-SGD, Poisson sampling, {self.accountant.upper()} accountant",
+                "noise_multiplier": self.noise_multiplier_,
+                "max_grad_norm": self.max_grad_norm,
+                "epochs": self.epochs_trained_,
+                "epsilon_history": list(self.epsilon_history_),
+            },
+        ).to_dict()

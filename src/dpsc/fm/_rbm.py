@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..privacy import NoiseSource
 from ._approx import approximate_softplus, chebyshev_error_bound
 from ._moments import check_patch_bound, moment_sensitivity, moment_tensors, release_moments
 
@@ -65,6 +66,7 @@ class PrivateRBM:
         n_chains: int = 256,
         gibbs_steps: int = 1,
         random_state: int = 0,
+        noise_seed: int | None = None,
     ) -> None:
         self.n_hidden = n_hidden
         self.epsilon = epsilon
@@ -76,6 +78,7 @@ class PrivateRBM:
         self.n_chains = n_chains
         self.gibbs_steps = gibbs_steps
         self.random_state = random_state
+        self.noise_seed = noise_seed
 
     # -- fitting -------------------------------------------------------------------------------
     def fit(self, patches: np.ndarray, rng: np.random.Generator | None = None) -> PrivateRBM:
@@ -88,7 +91,7 @@ class PrivateRBM:
                 "approximation='piecewise' is not a polynomial in the weights, so the functional "
                 "mechanism cannot perturb it; use 'chebyshev' or 'taylor'."
             )
-        rng = rng if rng is not None else np.random.default_rng(self.random_state)
+        rng = rng if rng is not None else NoiseSource(self.noise_seed).numpy_rng("laplace")
         n, n_patches, d = patches.shape
         self.n_patches_, self.n_inputs_ = n_patches, d
         self.visible_scale_ = float(n_patches * d)

@@ -6,6 +6,8 @@ from typing import Any
 
 import numpy as np
 
+from ..privacy import NoiseSource
+
 
 def softmax_sensitivity() -> float:
     """L1 sensitivity of ``(A, H) = (Σ_t y_t a_tᵀ, Σ_t a_t a_tᵀ)`` for ``‖a_t‖_1 ≤ 1``, one-hot ``y_t``.
@@ -36,11 +38,17 @@ class PrivateSoftmax:
     """
 
     def __init__(
-        self, *, epsilon: float = 0.5, regularization: float | None = None, random_state: int = 0
+        self,
+        *,
+        epsilon: float = 0.5,
+        regularization: float | None = None,
+        random_state: int = 0,
+        noise_seed: int | None = None,
     ) -> None:
         self.epsilon = epsilon
         self.regularization = regularization
         self.random_state = random_state
+        self.noise_seed = noise_seed
 
     def fit(
         self, features: np.ndarray, labels: np.ndarray, n_classes: int, rng: np.random.Generator | None = None
@@ -51,7 +59,7 @@ class PrivateSoftmax:
             raise ValueError("Softmax features violate ‖a‖_1 ≤ 1, the bound the sensitivity assumes.")
         if not self.epsilon > 0:
             raise ValueError(f"epsilon must be > 0, got {self.epsilon}.")
-        rng = rng if rng is not None else np.random.default_rng(self.random_state)
+        rng = rng if rng is not None else NoiseSource(self.noise_seed).numpy_rng("laplace")
         onehot = np.eye(n_classes)[np.asarray(labels, dtype=int)]
         self.laplace_scale_ = softmax_sensitivity() / self.epsilon
         A = onehot.T @ a + rng.laplace(0.0, self.laplace_scale_, size=(n_classes, a.shape[1]))

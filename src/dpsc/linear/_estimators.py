@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 from sklearn.base import BaseEstimator, RegressorMixin
 
-from ..privacy import estimator_statement
+from ..privacy import NoiseSource, estimator_record
 from ._auxiliary import choose_bounds_and_split, synthetic_auxiliary
 from ._bayes import fixed_precision_posterior, gamma_prior_posterior_mean
 from ._preprocess import normalise_rows, project
@@ -140,23 +140,22 @@ class _NormalisedLinearModel(RegressorMixin, BaseEstimator):
         if not hasattr(self, "coef_"):
             raise RuntimeError(f"This {type(self).__name__} is not fitted yet; call fit first.")
         epsilon = float(self.spent_epsilon_)
-        statement = estimator_statement(
-            epsilon=None if not self._mechanism else epsilon,
+        public = f"the {self.n_public_} public rows (used exactly)" if self.n_public_ else ""
+        return estimator_record(
+            tool=type(self).__name__,
+            epsilon=epsilon if self._mechanism else None,
             delta=0.0,
             n_rows=self.n_private_,
             mechanism=self._mechanism,
             covered="the coefficients",
-        )
-        if self._mechanism and self.n_public_:
-            statement += f" The {self.n_public_} public rows are used exactly and are not protected."
-        return {
-            "epsilon": epsilon,
-            "delta": 0.0,
-            "mechanism": self._mechanism or "none",
-            "n_private": self.n_private_,
-            "n_public": self.n_public_,
-            "statement": statement,
-        }
+            noise_seed=getattr(self, "noise_seed", None),
+            extra_not_covered=public,
+            details={
+                "mechanism": self._mechanism or "none",
+                "n_private": self.n_private_,
+                "n_public": self.n_public_,
+            },
+        ).to_dict()
 
     def predict(self, X: Any) -> np.ndarray:
         r"""Predict the target in its original units: :math:`\hat y = s_y\, \tilde x^\top \beta + c_y`."""
@@ -214,6 +213,7 @@ class RobustPrivateLR(_NormalisedLinearModel):
         y_center: float | None = None,
         y_scale: float | None = None,
         random_state: int = 0,
+        noise_seed: int | None = None,
     ) -> None:
         self.epsilon = epsilon
         self.budget_split = budget_split
@@ -224,6 +224,7 @@ class RobustPrivateLR(_NormalisedLinearModel):
         self.y_center = y_center
         self.y_scale = y_scale
         self.random_state = random_state
+        self.noise_seed = noise_seed
 
     def _fit_normalised(self, X: np.ndarray, y: np.ndarray, Xp: np.ndarray, yp: np.ndarray) -> np.ndarray:
         epsilon = _check_epsilon(self.epsilon)
@@ -249,7 +250,7 @@ class RobustPrivateLR(_NormalisedLinearModel):
             bx, by = self.bounds
         self.bounds_ = (float(bx), float(by))
         details: dict[str, Any] = {}
-        rng = np.random.default_rng(self.random_state)
+        rng = NoiseSource(self.noise_seed).numpy_rng("laplace")
         coef = _fit_private_mean(
             X,
             y,
@@ -298,6 +299,7 @@ class OutputPerturbationLR(_NormalisedLinearModel):
         y_center: float | None = None,
         y_scale: float | None = None,
         random_state: int = 0,
+        noise_seed: int | None = None,
     ) -> None:
         self.epsilon = epsilon
         self.bounds = bounds
@@ -305,6 +307,7 @@ class OutputPerturbationLR(_NormalisedLinearModel):
         self.y_center = y_center
         self.y_scale = y_scale
         self.random_state = random_state
+        self.noise_seed = noise_seed
 
     @staticmethod
     def _release(X, y, epsilon, bx, by, reg, rng) -> np.ndarray:
@@ -328,7 +331,7 @@ class OutputPerturbationLR(_NormalisedLinearModel):
             reg = _choose_regularization(Xall.shape[0], X.shape[1], epsilon, float(bx), float(by))
         self.regularization_ = float(reg)
         self.spent_epsilon_ = epsilon
-        rng = np.random.default_rng(self.random_state)
+        rng = NoiseSource(self.noise_seed).numpy_rng("laplace")
         return self._release(Xall, yall, epsilon, bx, by, float(reg), rng)
 
 
@@ -368,12 +371,14 @@ class FunctionalMechanismLR(_NormalisedLinearModel):
         y_center: float | None = None,
         y_scale: float | None = None,
         random_state: int = 0,
+        noise_seed: int | None = None,
     ) -> None:
         self.epsilon = epsilon
         self.bounds = bounds
         self.y_center = y_center
         self.y_scale = y_scale
         self.random_state = random_state
+        self.noise_seed = noise_seed
 
     def _fit_normalised(self, X: np.ndarray, y: np.ndarray, Xp: np.ndarray, yp: np.ndarray) -> np.ndarray:
         try:
@@ -392,7 +397,7 @@ class FunctionalMechanismLR(_NormalisedLinearModel):
             bounds_X=(-bx, bx),
             bounds_y=(-by, by),
             fit_intercept=False,
-            random_state=self.random_state,
+            random_state=self.noise_seed,  # None: diffprivlib draws from a secure source
         )
         model.fit(Xall, yall)
         self.spent_epsilon_ = epsilon

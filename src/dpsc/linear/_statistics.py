@@ -44,22 +44,24 @@ def sensitivities(d: int, bound_x: float, bound_y: float, row_norm: float = np.i
 
     With :math:`|x_j| \le B_x`, :math:`\lVert x\rVert_2 \le r` and :math:`|y| \le B_y`:
 
-    * :math:`S_{xx}` (the :math:`d(d+1)/2` upper-triangle entries): the diagonal of
-      :math:`xx^\top` is non-negative with sum :math:`\lVert x\rVert_2^2 \le \min(r^2, dB_x^2)`,
-      so it changes by at most that much in L1; the strict upper triangle has L1 norm
-      :math:`(\lVert x\rVert_1^2 - \lVert x\rVert_2^2)/2 \le \min((d-1)r^2, d(d-1)B_x^2)/2`
-      (using :math:`\lVert x\rVert_1^2 \le d\lVert x\rVert_2^2`), and a substitution can flip
-      its sign, so :math:`\Delta_{xx} = \min(r^2, dB_x^2) + \min((d-1)r^2, d(d-1)B_x^2)`.
-      Without the norm bound this is :math:`d^2B_x^2`.
+    * :math:`S_{xx}` (the :math:`d(d+1)/2` upper-triangle entries): a substitution
+      :math:`x \to x'` changes it by :math:`U(x) - U(x')`, with :math:`U(x)` the upper triangle
+      of :math:`xx^\top`. By the triangle inequality its L1 norm is at most
+      :math:`\lVert U(x)\rVert_1 + \lVert U(x')\rVert_1`, and
+      :math:`\lVert U(x)\rVert_1 = \sum_j x_j^2 + \sum_{j<k}|x_jx_k|
+      = (\lVert x\rVert_2^2 + \lVert x\rVert_1^2)/2`. With :math:`\lVert x\rVert_2^2 \le
+      \min(r^2, dB_x^2)` and :math:`\lVert x\rVert_1 \le \min(\sqrt d\, r, dB_x)`,
+      :math:`\Delta_{xx} = \min(r^2, dB_x^2) + \min(\sqrt d\, r, dB_x)^2`, valid for every
+      :math:`d` (for :math:`d = 2`, :math:`r = 1` it is 3; the pair :math:`x = (0.973, 0.230)`,
+      :math:`x' = (-0.230, 0.973)` reaches :math:`\sqrt5 \approx 2.24`). Without the norm bound
+      this is :math:`dB_x^2 + d^2B_x^2`.
     * :math:`S_{xy}`: :math:`\lVert x y\rVert_1 \le \min(dB_x, \sqrt d\, r)B_y`, so
       :math:`\Delta_{xy} = 2\min(dB_x, \sqrt d\, r)B_y`.
     * :math:`S_{yy}`: :math:`y^2 \in [0, B_y^2]`, so :math:`\Delta_{yy} = B_y^2`.
     """
-    r2 = row_norm**2
-    diag = min(r2, d * bound_x**2)
-    off = min((d - 1) * r2, d * (d - 1) * bound_x**2)
+    l2_sq = min(row_norm**2, d * bound_x**2)
     l1_x = min(d * bound_x, np.sqrt(d) * row_norm)
-    return {"xx": float(diag + off), "xy": float(2 * l1_x * bound_y), "yy": float(bound_y**2)}
+    return {"xx": float(l2_sq + l1_x**2), "xy": float(2 * l1_x * bound_y), "yy": float(bound_y**2)}
 
 
 def laplace_scales(sens: dict[str, float], epsilon: float, split: dict[str, float]) -> dict[str, float]:

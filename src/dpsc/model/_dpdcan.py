@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
-import secrets
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import anndata as ad
@@ -28,17 +27,16 @@ from .._validation import (
 from ..module import DCANModule
 from ..optim import DEFAULT_PRIVATE_LRS, OPTIMIZERS
 from ..privacy import (
+    DPSGDSettings,
+    NoiseSource,
     PrivacyRecord,
-    calibrate_noise_multiplier,
     dp_cluster_frequency,
     dp_kmeans_centroids,
-    epsilon_curve,
-    kmeans_release_steps,
     make_accountant,
-    privacy_statement,
     spent_epsilon,
 )
-from ..train import DCANTrainingPlan, DPConfig, PoissonDataSplitter
+from ..train import DCANTrainingPlan, PoissonDataSplitter
+from ._dcan_privacy import DCANPrivacyPlan, dcan_record, plan_privacy, planned_step_counts
 
 logger = logging.getLogger(__name__)
 
@@ -46,38 +44,6 @@ logger = logging.getLogger(__name__)
 #: ``kmeans_kwargs`` overrides them: noisy Lloyd rounds with 3k centroids reduced to k, count
 #: column weighted 0.3·R, 2^6 sketch buckets (``benchmarks/results/dpdcan.md``).
 DEFAULT_KMEANS_OPTIONS: dict[str, int | float] = {"n_bits": 6, "oversampling": 3, "count_scale": 0.3}
-
-
-def planned_step_counts(
-    sample_rate: float,
-    *,
-    instance_epochs: int,
-    cluster_epochs: int,
-    n_sketch_steps: int,
-    n_lloyd_rounds: int,
-    steps_per_round: int,
-    target_frequency: str,
-) -> dict[str, int]:
-    r"""Sampled-Gaussian steps a DP-DCAN fit plans, all at Poisson rate ``sample_rate`` = q.
-
-    An epoch is :math:`E = \max(1, \mathrm{round}(1/q))` batches, so the fit plans
-
-    .. math:: T = (e_{inst} + e_{clu})\,E + (s_{sketch} + r \cdot s_{round}) + f,
-
-    with :math:`f = e_{clu}` frequency releases when ``target_frequency="released"`` (else 0).
-    σ is calibrated for ``T``. Returns ``steps_per_epoch`` (E), ``instance``, ``cluster``,
-    ``kmeans``, ``frequency`` and ``total`` (T).
-    """
-    steps_per_epoch = max(1, round(1.0 / sample_rate))
-    counts = {
-        "steps_per_epoch": steps_per_epoch,
-        "instance": instance_epochs * steps_per_epoch,
-        "cluster": cluster_epochs * steps_per_epoch,
-        "kmeans": kmeans_release_steps(n_sketch_steps, n_lloyd_rounds, steps_per_round),
-        "frequency": cluster_epochs if target_frequency == "released" else 0,
-    }
-    counts["total"] = counts["instance"] + counts["cluster"] + counts["kmeans"] + counts["frequency"]
-    return counts
 
 
 SHARED_WEIGHTS = "shared_encoder.pt"
@@ -143,6 +109,7 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
         )
         self.n_clusters = n_clusters
         self.privacy_: dict = {}
+        self._record: PrivacyRecord | None = None
         self._model_summary_string = (
             f"DPDCAN: {self.summary_stats.n_vars} genes → {tuple(n_hidden)} → {n_latent} latent, "
             f"{n_clusters} clusters, {likelihood} likelihood"
@@ -198,7 +165,7 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
         steps_per_round: int = 40,
         kmeans_kwargs: dict | None = None,
         random_state: int = 0,
-        secure_mode: bool = False,
+        noise_seed: int | None = None,
         accelerator: str = "auto",
         progress_bar: bool = True,
     ) -> None:
@@ -206,11 +173,12 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
 
         The noise multiplier σ is calibrated once, before training, for the total number of
         sampled-Gaussian steps of the fit: ``(instance_epochs + cluster_epochs) ×
-        round(1/q)`` DP-SGD steps plus ``n_sketch_steps + n_lloyd_rounds × steps_per_round`` DP k-means
-        releases (plus ``cluster_epochs`` frequency releases with ``target_frequency="released"``),
-        all with Poisson rate ``q = batch_size / n_obs``. The ε recorded is the
-        accountant's value after the steps that actually ran. No epoch, learning rate or
-        checkpoint is chosen from the data: the final model is the result.
+        round(1/q)`` DP-SGD steps plus ``n_sketch_steps + n_lloyd_rounds × steps_per_round`` DP
+        k-means releases (plus ``cluster_epochs`` frequency releases with
+        ``target_frequency="released"``), all with Poisson rate ``q = batch_size / n_obs``
+        (:func:`~dpsc.model.planned_step_counts`). The ε recorded is the accountant's value after
+        the steps that actually ran. No epoch, learning rate or checkpoint is chosen from the
+        data: the final model is the result.
 
         Parameters
         ----------
@@ -219,7 +187,8 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
         delta
             Target δ; must be below ``1/n_obs``.
         scope
-            ``"encoder"`` (DP-DCAN) or ``"full"`` (DPE-DCAN).
+            ``"encoder"`` (DP-DCAN; heuristic guarantee, see the record) or ``"full"``
+            (DPE-DCAN; proven guarantee).
         instance_epochs, cluster_epochs
             Epochs of each stage; an epoch is ``round(1/q)`` Poisson batches.
         batch_size
@@ -248,7 +217,7 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
             ``"released"`` (default): at the start of every cluster epoch, the soft assignments
             of one Poisson sample of cells are summed and released with Gaussian noise
             (:func:`~dpsc.privacy.dp_cluster_frequency`, one accounted step; exact over all
-            cells in a non-private fit); ``"uniform"``: :math:`f_j = 1` (dpsc 0.1.0 behaviour).
+            cells in a non-private fit); ``"uniform"``: :math:`f_j = 1`.
         cluster_train_encoder
             Train the encoder in the cluster stage (the paper's Alg. 1); ``False`` keeps the
             instance-stage encoder and trains only the centroids (and the decoder) there.
@@ -259,177 +228,173 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
         kmeans_kwargs
             Further options of :func:`~dpsc.privacy.dp_kmeans_centroids` that change no
             step count (``n_bits``, ``oversampling``, ``count_scale``); they update
-            :data:`dpsc.model.DEFAULT_KMEANS_OPTIONS` (6 bits, oversampling 3, count scale 0.3). The start
-            of dpsc 0.1.0 is ``n_sketch_steps=20, steps_per_round=10, kmeans_kwargs={"n_bits":
-            5, "oversampling": 1, "count_scale": 1.0}``.
+            :data:`dpsc.model.DEFAULT_KMEANS_OPTIONS`.
         random_state
-            Seed of initialisation, sampling, masking and (unless ``secure_mode``) noise.
-        secure_mode
-            Use Opacus's secure noise generation for the DP-SGD steps (results then not
-            reproducible). The k-means and frequency releases then draw noise from a torch
-            generator seeded from the operating system, not from a cryptographically secure
-            sampler.
+            Seed of initialisation, masking and post-processing k-means. Never of the DP noise
+            or the Poisson samples.
+        noise_seed
+            ``None`` (default): noise and Poisson samples are secret (OS entropy), so two fits
+            with the same ``random_state`` differ. An integer makes them repeatable, for tests
+            and benchmarks only: the record then says the guarantee does not hold against
+            anyone who knows it.
         accelerator
             Lightning accelerator.
         progress_bar
             Show a progress bar per stage.
         """
-        if self.is_trained_:
-            raise RuntimeError(
-                "This model is already trained. Training it again would start a new privacy "
-                "ledger that ignores what the weights already learned from the cells; build a "
-                "new model (or dpsc.tl.fit) instead."
-            )
-        adata = self.adata
-        n_obs = adata.n_obs
-        batch_size = check_fit_args(
-            n_obs=n_obs, n_clusters=self.n_clusters, scope=scope, batch_size=batch_size
+        settings = self._check_train_settings(locals())
+        plan = self.plan_privacy(settings)
+        splitter = self._data_splitter_cls(
+            self.adata_manager, plan.sample_rate, plan.counts["steps_per_epoch"], plan.noise
         )
-        check_privacy_args(epsilon, delta, n_obs)
-        check_matrix(self.adata_manager.get_from_registry(REGISTRY_KEYS.X_KEY), self.module.likelihood)
-        acct = make_accountant(accountant)  # also rejects unknown names before any work
-        if private_optimizer not in OPTIMIZERS:
-            raise ValueError(f"Unknown optimizer {private_optimizer!r}; choose one of {OPTIMIZERS}.")
-        default_lr, default_cluster_lr = DEFAULT_PRIVATE_LRS[private_optimizer]
-        private_lr = default_lr if private_lr is None else private_lr
-        cluster_private_lr = default_cluster_lr if cluster_private_lr is None else cluster_private_lr
-
-        check_target_frequency(target_frequency)
-        unknown = set(kmeans_kwargs or {}) - set(DEFAULT_KMEANS_OPTIONS)
-        if unknown:
-            raise ValueError(
-                f"kmeans_kwargs accepts n_bits, oversampling and count_scale, not {sorted(unknown)}; "
-                "the release counts are the arguments n_sketch_steps, n_lloyd_rounds, steps_per_round."
-            )
-        kmeans_options = {**DEFAULT_KMEANS_OPTIONS, **(kmeans_kwargs or {})}
-        if kmeans_clip_norm is None:
-            if self.module.latent_scale is None:
-                raise ValueError(
-                    "With latent_scale=None, pass kmeans_clip_norm (the DP k-means clipping radius)."
-                )
-            kmeans_clip_norm = float(self.module.latent_scale)
-        torch.manual_seed(random_state)
-        sample_rate = batch_size / n_obs
-        plan = planned_step_counts(
-            sample_rate,
-            instance_epochs=instance_epochs,
-            cluster_epochs=cluster_epochs,
-            n_sketch_steps=n_sketch_steps,
-            n_lloyd_rounds=n_lloyd_rounds,
-            steps_per_round=steps_per_round,
-            target_frequency=target_frequency,
-        )
-        steps_per_epoch, km_steps = plan["steps_per_epoch"], plan["kmeans"]
-        frequency_steps, planned_steps = plan["frequency"], plan["total"]
-        splitter = PoissonDataSplitter(self.adata_manager, sample_rate, steps_per_epoch, seed=random_state)
-        dp = None
-        sigma = 0.0
-        if epsilon is not None:
-            sigma = calibrate_noise_multiplier(epsilon, delta, sample_rate, planned_steps, accountant)
-            noise_gen = None if secure_mode else torch.Generator().manual_seed(random_state + 1)
-            dp = DPConfig(
-                noise_multiplier=sigma,
-                max_grad_norm=max_grad_norm,
-                sample_rate=sample_rate,
-                expected_batch_size=batch_size,
-                accountant=acct,
-                scope=scope,
-                noise_generator=noise_gen,
-                secure_mode=secure_mode,
-            )
-            logger.info(
-                "Calibrated noise multiplier %.4f for %d steps at q=%.4f", sigma, planned_steps, sample_rate
-            )
-
-        common = {
+        dp = plan.settings
+        stage_common = {
             "dp": dp,
+            "scope": scope,
             "private_optimizer": private_optimizer,
             "rho": rho,
             "mask_rate": mask_rate,
             "betas": betas,
             "target_power": target_power,
         }
-        histories = {}
+        run = {"accelerator": accelerator, "progress_bar": progress_bar}
         if instance_epochs > 0:
-            plan = DCANTrainingPlan(
+            instance = self._training_plan_cls(
                 self.module,
                 stage="instance",
                 optimizer="adam",
                 lr=instance_lr,
-                private_lr=private_lr,
+                private_lr=settings["private_lr"],
                 seed=random_state,
-                **common,
+                **stage_common,
             )
-            histories["instance"] = self._run_stage(
-                plan, splitter, instance_epochs, accelerator, progress_bar
-            )
-
-        self._init_centroids(
-            splitter,
-            dp,
-            kmeans_clip_norm,
-            (n_sketch_steps, n_lloyd_rounds, steps_per_round),
-            kmeans_options,
-            random_state,
-        )
-
+            self._run_stage(instance, splitter, instance_epochs, **run)
+        self._init_centroids(splitter, dp, settings["kmeans"], random_state)
         if cluster_epochs > 0:
-            plan = DCANTrainingPlan(
+            frequency = self._frequency_source(splitter, dp) if target_frequency == "released" else None
+            cluster = self._training_plan_cls(
                 self.module,
                 stage="cluster",
                 optimizer="adadelta",
                 lr=cluster_lr,
-                private_lr=cluster_private_lr,
-                frequency_source=(
-                    self._frequency_source(splitter, dp) if target_frequency == "released" else None
-                ),
+                private_lr=settings["cluster_private_lr"],
+                frequency_source=frequency,
                 train_encoder=cluster_train_encoder,
                 seed=random_state + 2,
-                **common,
+                **stage_common,
             )
-            histories["cluster"] = self._run_stage(plan, splitter, cluster_epochs, accelerator, progress_bar)
-        self.history_ = {f"{stage}_{k}": v for stage, h in histories.items() for k, v in (h or {}).items()}
+            self._run_stage(cluster, splitter, cluster_epochs, **run)
         self.module.eval()
         self.is_trained_ = True
+        spent = None if dp is None else spent_epsilon(dp.accountant, delta)
+        self._record = dcan_record(plan, self.adata.n_obs, spent=spent)
+        self.privacy_ = self._record.to_dict()
+        self.train_params_ = self._train_params(settings, plan)
 
-        self.privacy_ = self._privacy_record(
-            epsilon=epsilon,
-            delta=delta,
-            sigma=sigma,
-            sample_rate=sample_rate,
-            accountant_name=accountant,
-            acct=acct,
-            scope=scope,
-            max_grad_norm=max_grad_norm,
-            km_steps=km_steps if dp else 0,
-            frequency_steps=frequency_steps if dp else 0,
-            secure_mode=secure_mode,
-        ).to_dict()
-        self.train_params_ = {
-            "instance_epochs": instance_epochs,
-            "cluster_epochs": cluster_epochs,
-            "batch_size": batch_size,
-            "instance_lr": instance_lr,
-            "cluster_lr": cluster_lr,
-            "private_optimizer": private_optimizer,
-            "private_lr": private_lr,
-            "cluster_private_lr": cluster_private_lr,
-            "rho": rho,
-            "mask_rate": mask_rate,
-            "betas": list(betas),
-            "target_power": target_power,
-            "target_frequency": target_frequency,
-            "cluster_train_encoder": cluster_train_encoder,
-            "kmeans_clip_norm": kmeans_clip_norm,
-            "n_sketch_steps": n_sketch_steps,
-            "n_lloyd_rounds": n_lloyd_rounds,
-            "steps_per_round": steps_per_round,
-            "kmeans_kwargs": kmeans_options,
-            "random_state": random_state,
-            "planned_steps": planned_steps,
+    def privacy_record(self) -> PrivacyRecord:
+        """Return the :class:`~dpsc.privacy.PrivacyRecord` of the last ``train``."""
+        if self._record is None:
+            raise RuntimeError("Train the model first: it has no privacy record yet.")
+        return self._record
+
+    def _check_train_settings(self, given: dict) -> dict:
+        """Validate ``train``'s arguments before any work; fill the defaults that depend on them."""
+        if self.is_trained_:
+            raise RuntimeError(
+                "This model is already trained. Training it again would start a new privacy "
+                "record that ignores what the weights already learned from the cells; build a "
+                "new model (or dpsc.tl.fit) instead."
+            )
+        s = {k: v for k, v in given.items() if k != "self"}
+        n_obs = self.adata.n_obs
+        s["batch_size"] = check_fit_args(
+            n_obs=n_obs, n_clusters=self.n_clusters, scope=s["scope"], batch_size=s["batch_size"]
+        )
+        check_privacy_args(s["epsilon"], s["delta"], n_obs)
+        check_matrix(self.adata_manager.get_from_registry(REGISTRY_KEYS.X_KEY), self.module.likelihood)
+        make_accountant(s["accountant"])  # rejects unknown names
+        if s["private_optimizer"] not in OPTIMIZERS:
+            raise ValueError(f"Unknown optimizer {s['private_optimizer']!r}; choose one of {OPTIMIZERS}.")
+        defaults = DEFAULT_PRIVATE_LRS[s["private_optimizer"]]
+        if s["private_lr"] is None:
+            s["private_lr"] = defaults["dpdcan_instance"]
+        if s["cluster_private_lr"] is None:
+            s["cluster_private_lr"] = defaults["dpdcan_cluster"]
+        check_target_frequency(s["target_frequency"])
+        unknown = set(s["kmeans_kwargs"] or {}) - set(DEFAULT_KMEANS_OPTIONS)
+        if unknown:
+            raise ValueError(
+                f"kmeans_kwargs accepts n_bits, oversampling and count_scale, not {sorted(unknown)}; "
+                "the release counts are the arguments n_sketch_steps, n_lloyd_rounds, steps_per_round."
+            )
+        clip = s["kmeans_clip_norm"]
+        if clip is None:
+            if self.module.latent_scale is None:
+                raise ValueError(
+                    "With latent_scale=None, pass kmeans_clip_norm (the DP k-means clipping radius)."
+                )
+            clip = float(self.module.latent_scale)
+        s["kmeans"] = {
+            "clip_norm": clip,
+            "n_sketch_steps": s["n_sketch_steps"],
+            "n_lloyd_rounds": s["n_lloyd_rounds"],
+            "steps_per_round": s["steps_per_round"],
+            **DEFAULT_KMEANS_OPTIONS,
+            **(s["kmeans_kwargs"] or {}),
         }
+        return s
 
-    def _run_stage(self, plan, splitter, epochs, accelerator, progress_bar):
+    def plan_privacy(self, settings: dict) -> DCANPrivacyPlan:
+        """Planned steps, calibrated σ and DP-SGD settings of a fit (reads no cell)."""
+        counts = planned_step_counts(
+            settings["batch_size"] / self.adata.n_obs,
+            **{k: settings[k] for k in ("instance_epochs", "cluster_epochs", "target_frequency")},
+            **{k: settings["kmeans"][k] for k in ("n_sketch_steps", "n_lloyd_rounds", "steps_per_round")},
+        )
+        plan = plan_privacy(
+            epsilon=settings["epsilon"],
+            delta=settings["delta"],
+            scope=settings["scope"],
+            n_obs=self.adata.n_obs,
+            batch_size=settings["batch_size"],
+            counts=counts,
+            max_grad_norm=settings["max_grad_norm"],
+            accountant=settings["accountant"],
+            noise=NoiseSource(settings["noise_seed"]),
+        )
+        if plan.settings is not None:
+            logger.info(
+                "Calibrated noise multiplier %.4f for %d steps at q=%.4f",
+                plan.settings.noise_multiplier,
+                counts["total"],
+                plan.sample_rate,
+            )
+        return plan
+
+    @staticmethod
+    def _train_params(settings: dict, plan: DCANPrivacyPlan) -> dict:
+        """Return the training settings as recorded in ``uns`` (no privacy-relevant secret)."""
+        skip = {
+            "epsilon",
+            "delta",
+            "scope",
+            "accountant",
+            "accelerator",
+            "progress_bar",
+            "kmeans",
+            "kmeans_clip_norm",
+            "kmeans_kwargs",
+            "max_grad_norm",
+        }
+        params = {k: v for k, v in settings.items() if k not in skip}
+        params["betas"] = list(params["betas"])
+        km = settings["kmeans"]
+        params["kmeans_clip_norm"] = km["clip_norm"]
+        params["kmeans_kwargs"] = {k: km[k] for k in DEFAULT_KMEANS_OPTIONS}
+        params["planned_steps"] = plan.counts["total"]
+        return params
+
+    def _run_stage(self, plan, splitter, epochs, accelerator, progress_bar) -> None:
         runner = self._train_runner_cls(
             self,
             training_plan=plan,
@@ -444,13 +409,14 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
             limit_val_batches=0,
         )
         self.module.train()
-        self.history_ = None  # scvi appends to an existing history; keep the stages apart
+        self.history_ = None  # per-stage logs are not kept: under DP they are exact statistics
         self.is_trained_ = False
         try:
             runner()
         finally:
             plan.detach_privacy()
-        return self.history_
+            if plan.dp is not None:
+                self.history_ = None
 
     def _encode_poisson_batch(self, splitter) -> torch.Tensor:
         """Latent codes of one fresh Poisson sample of the training cells (rate q)."""
@@ -458,16 +424,7 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
         x = splitter.sample_batch()[REGISTRY_KEYS.X_KEY].to(device)
         return self.module.encode(self.module.represent(x))
 
-    @staticmethod
-    def _release_tools(dp: DPConfig) -> tuple[Callable[[], None], torch.Generator]:
-        """Accountant hook (one (σ, q) step) and noise generator of the non-SGD releases."""
-
-        def record_step() -> None:
-            dp.accountant.step(noise_multiplier=dp.noise_multiplier, sample_rate=dp.sample_rate)
-
-        return record_step, dp.noise_generator or torch.Generator().manual_seed(secrets.randbits(63))
-
-    def _frequency_source(self, splitter, dp):
+    def _frequency_source(self, splitter, dp: DPSGDSettings | None):
         """Callable releasing DEC's cluster frequencies (noisy under ``dp``, exact otherwise)."""
         device = next(self.module.parameters()).device
         if dp is None:
@@ -478,18 +435,18 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
                 return frequency.to(device)
 
             return exact
-        record_step, gen = self._release_tools(dp)
+        gen = dp.noise.torch_generator("releases")
 
         def release() -> torch.Tensor:
             q = self.module.soft_assignment(self._encode_poisson_batch(splitter)).cpu()
             frequency = dp_cluster_frequency(q, noise_multiplier=dp.noise_multiplier, generator=gen)
-            record_step()
+            dp.record_release()
             return frequency.float().to(device)
 
         return release
 
     @torch.no_grad()
-    def _init_centroids(self, splitter, dp, clip_norm, release_counts, kmeans_kwargs, random_state) -> None:
+    def _init_centroids(self, splitter, dp: DPSGDSettings | None, kmeans: dict, random_state: int) -> None:
         """k-means initialisation: DP releases under ``dp``, plain k-means otherwise."""
         self.module.eval()
         centroids = self.module.clustering.centroids
@@ -498,83 +455,17 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
             km = KMeans(n_clusters=self.n_clusters, n_init=20, random_state=random_state).fit(z)
             centroids.copy_(torch.as_tensor(km.cluster_centers_, dtype=centroids.dtype))
             return
-
-        record_step, gen = self._release_tools(dp)
         init = dp_kmeans_centroids(
             lambda: self._encode_poisson_batch(splitter).cpu(),
             self.n_clusters,
             noise_multiplier=dp.noise_multiplier,
-            clip_norm=clip_norm,
-            record_step=record_step,
-            generator=gen,
-            n_sketch_steps=release_counts[0],
-            n_lloyd_rounds=release_counts[1],
-            steps_per_round=release_counts[2],
+            record_step=dp.record_release,
+            generator=dp.noise.torch_generator("releases"),
             sphere_radius=self.module.latent_scale,
             random_state=random_state,
-            **kmeans_kwargs,
+            **kmeans,
         )
         centroids.copy_(torch.as_tensor(init, dtype=centroids.dtype))
-
-    def _privacy_record(
-        self,
-        *,
-        epsilon,
-        delta,
-        sigma,
-        sample_rate,
-        accountant_name,
-        acct,
-        scope,
-        max_grad_norm,
-        km_steps,
-        frequency_steps,
-        secure_mode,
-    ) -> PrivacyRecord:
-        n_obs = self.adata.n_obs
-        decoder = "decoder (hidden layers and ZINB heads)"
-        if epsilon is None:
-            statement = privacy_statement(
-                epsilon=None, delta=delta, scope="none", n_obs=n_obs, private_parts=[], public_parts=[]
-            )
-            return PrivacyRecord(
-                epsilon=None,
-                target_epsilon=None,
-                delta=delta,
-                noise_multiplier=0.0,
-                sample_rate=sample_rate,
-                steps=0,
-                max_grad_norm=float("inf"),
-                accountant=accountant_name,
-                scope="none",
-                statement=statement,
-            )
-        private = ["encoder weights", "cluster centroids"] + ([decoder] if scope == "full" else [])
-        public = [] if scope == "full" else [decoder]
-        spent = spent_epsilon(acct, delta)
-        steps = int(sum(h[2] for h in acct.history))
-        curve_steps, curve_eps = epsilon_curve(list(acct.history), delta, accountant_name)
-        statement = privacy_statement(
-            epsilon=spent, delta=delta, scope=scope, n_obs=n_obs, private_parts=private, public_parts=public
-        )
-        return PrivacyRecord(
-            epsilon=spent,
-            target_epsilon=float(epsilon),
-            delta=delta,
-            noise_multiplier=sigma,
-            sample_rate=sample_rate,
-            steps=steps,
-            max_grad_norm=max_grad_norm,
-            accountant=accountant_name,
-            scope=scope,
-            statement=statement,
-            private_parameters=private,
-            kmeans_steps=km_steps,
-            frequency_steps=frequency_steps,
-            secure_mode=secure_mode,
-            curve_steps=curve_steps,
-            curve_epsilon=curve_eps,
-        )
 
     # -- inference -------------------------------------------------------------------------
     @torch.no_grad()
@@ -604,6 +495,21 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
         return self.predict_proba(adata, batch_size).argmax(1)
 
     # -- sharing ---------------------------------------------------------------------------
+    def save(self, dir_path: str, **kwargs) -> None:
+        """Save the whole model (scvi-tools format) for the data owner; not for sharing.
+
+        The file holds the decoder too. Under ``scope="encoder"`` that decoder was trained on the
+        cells without noise and carries no guarantee, so a warning is logged; share
+        :meth:`export_shared` instead. No training losses are saved after a DP fit (they are
+        exact statistics of the cells and are never logged).
+        """
+        if self.privacy_.get("guarantee") == "heuristic":
+            logger.warning(
+                "save() writes the noise-free decoder, which the DP guarantee does not cover: keep "
+                "this file with the data owner and share export_shared() instead."
+            )
+        super().save(dir_path, **kwargs)
+
     def export_shared(self, dir_path: str | Path, overwrite: bool = False) -> Path:
         """Write the part of the model that may be shared: encoder and centroids only.
 
@@ -645,7 +551,7 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
                     "likelihood": init["likelihood"],
                     "latent_scale": init["latent_scale"],
                     "privacy": {
-                        k: (None if isinstance(v, float) and np.isnan(v) else v)
+                        k: (None if isinstance(v, float) and np.isnan(v) else _json_safe(v))
                         for k, v in self.privacy_.items()
                     },
                 },
@@ -653,3 +559,8 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
             )
         )
         return out
+
+
+def _json_safe(value):
+    """Arrays (the Gaussian history) as nested lists, for the shared model's JSON."""
+    return value.tolist() if isinstance(value, np.ndarray) else value

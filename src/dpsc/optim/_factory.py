@@ -12,16 +12,18 @@ from ._sign import SignAdam, SignSGD
 
 OPTIMIZERS = ("sgd", "adam", "adadelta", "dpsignsgd", "dpsignadam")
 
-DEFAULT_PRIVATE_LRS: dict[str, tuple[float, float]] = {
-    # (instance stage, cluster stage) learning rates of the DP parameters of DP-DCAN.
-    # sgd: chosen on PBMC 4k (public, labelled): at cluster-stage lr 0.1 the DP fits collapse to
-    # 3-4 of 8 clusters, at 0.01 they keep 6-8 (benchmarks/results/dpdcan.md). The others are
-    # starting points, see the benchmarks.
-    "sgd": (1.0, 0.01),
-    "adam": (1e-4, 1e-5),
-    "adadelta": (1.0, 0.1),
-    "dpsignsgd": (1e-4, 1e-5),
-    "dpsignadam": (1e-4, 1e-5),
+DEFAULT_PRIVATE_LRS: dict[str, dict[str, float]] = {
+    # The one table of learning rates of DP parameters, per update rule and per use:
+    # DP-DCAN's instance and cluster stages, and the federated sites' local DP-SGD.
+    # sgd/dpdcan: chosen on PBMC 4k (public, labelled): at cluster-stage lr 0.1 the DP fits
+    # collapse to 3-4 of 8 clusters, at 0.01 they keep 6-8 (benchmarks/results/dpdcan.md);
+    # federated: the paper's local SGD rate. The others are starting points, not tuned on
+    # private data.
+    "sgd": {"dpdcan_instance": 1.0, "dpdcan_cluster": 0.01, "federated": 0.032},
+    "adam": {"dpdcan_instance": 1e-4, "dpdcan_cluster": 1e-5, "federated": 1e-3},
+    "adadelta": {"dpdcan_instance": 1.0, "dpdcan_cluster": 0.1, "federated": 1.0},
+    "dpsignsgd": {"dpdcan_instance": 1e-4, "dpdcan_cluster": 1e-5, "federated": 1e-3},
+    "dpsignadam": {"dpdcan_instance": 1e-4, "dpdcan_cluster": 1e-5, "federated": 1e-3},
 }
 
 

@@ -17,6 +17,7 @@ def embedding(
     basis: str = "umap",
     *,
     title: str | None = None,
+    privacy_key: str = "X_dpdcan",
     ax: Axes | None = None,
     show: bool | None = None,
     save: str | Path | None = None,
@@ -34,8 +35,10 @@ def embedding(
     basis
         Embedding name (``"umap"`` reads ``obsm["X_umap"]``).
     title
-        Panel title; the default names ε and its scope when ``uns["dpsc"]`` has a private fit
-        (the statement of what that covers is in ``uns["dpsc"]["privacy"]["statement"]``).
+        Panel title; the default names ε, the guarantee and the scope of the private fit
+        recorded under ``privacy_key`` (its statement: ``dpsc.privacy.get_record(adata, key)``).
+    privacy_key
+        ``key_added`` of the fit whose ε the default title names.
     ax, show, save
         scanpy's conventions; the Axes is returned when not shown.
     **kwargs
@@ -48,10 +51,10 @@ def embedding(
             "use_rep='X_dpdcan'); sc.tl.umap(adata)."
         )
     if title is None:
-        record = adata.uns.get("dpsc", {}).get("privacy", {})
+        record = adata.uns.get("dpsc", {}).get(privacy_key, {}).get("privacy", {})
         eps = record.get("epsilon")
         if isinstance(eps, float) and eps == eps:
-            title = f"{color} (ε = {eps:.3g}, {record.get('scope')} scope; see uns['dpsc']['privacy'])"
+            title = f"{color} (ε = {eps:.3g}, {record.get('guarantee')}, {record.get('scope')} scope)"
         else:
             title = str(color)
     target = get_ax(ax)

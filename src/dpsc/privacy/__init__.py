@@ -1,4 +1,4 @@
-"""Privacy: calibration, accounting, DP k-means, and what a guarantee covers."""
+"""Privacy: the DP-SGD engine, secret noise, accounting, records and the per-AnnData ledger."""
 
 from ._accounting import (
     ACCOUNTANTS,
@@ -7,20 +7,52 @@ from ._accounting import (
     make_accountant,
     spent_epsilon,
 )
+from ._engine import DPSGDEngine, DPSGDSettings
 from ._frequency import dp_cluster_frequency
 from ._kmeans import dp_kmeans_centroids, kmeans_release_steps
-from ._statement import PrivacyRecord, estimator_statement, privacy_statement
+from ._ledger import (
+    BudgetExceededError,
+    check_budget,
+    get_record,
+    ledger_frame,
+    set_budget,
+    spent,
+    write_result,
+)
+from ._noise import NoiseSource, secure_seed
+from ._record import (
+    COMMON_NOT_COVERED,
+    PrivacyRecord,
+    build_statement,
+    estimator_record,
+    no_guarantee_record,
+    planned_pure_record,
+)
 
 __all__ = [
     "ACCOUNTANTS",
+    "COMMON_NOT_COVERED",
+    "BudgetExceededError",
+    "DPSGDEngine",
+    "DPSGDSettings",
+    "NoiseSource",
     "PrivacyRecord",
+    "build_statement",
     "calibrate_noise_multiplier",
+    "check_budget",
     "dp_cluster_frequency",
     "dp_kmeans_centroids",
     "epsilon_curve",
-    "estimator_statement",
+    "estimator_record",
+    "get_record",
     "kmeans_release_steps",
+    "ledger_frame",
     "make_accountant",
-    "privacy_statement",
+    "no_guarantee_record",
+    "planned_pure_record",
+    "secure_seed",
+    "set_budget",
+    "spent",
     "spent_epsilon",
+    "write_result",
 ]

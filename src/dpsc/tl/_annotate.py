@@ -13,30 +13,36 @@ from sklearn.decomposition import PCA
 from .. import fm
 from .._validation import get_matrix
 from ..module._dcan import input_representation
+from ..privacy import (
+    PrivacyRecord,
+    check_budget,
+    no_guarantee_record,
+    planned_pure_record,
+    write_result,
+)
 
 METHODS = ("pcdbn", "dpsgd", "mlp")
 
 
-def annotation_statement(method: str, epsilon: float, delta: float, n_reference: int) -> str:
-    """Plain-language scope of the guarantee of :func:`annotate`."""
-    if method == "mlp":
-        return "No privacy guarantee: method='mlp' trains on the reference cells without noise."
-    kind = (
-        f"{epsilon:g}-differential privacy (pure ε, Laplace noise on the training objective's "
-        "coefficients, released once; independent of the number of epochs)"
-        if method == "pcdbn"
-        else f"({epsilon:g}, {delta:g})-differential privacy (DP-SGD, Poisson sampling, Opacus PRV "
-        "accountant)"
-    )
-    # the Laplace (functional) mechanism is proven for replacement; Opacus accounts add/remove
+def annotation_record(model_record: dict[str, Any], method: str, n_reference: int) -> PrivacyRecord:
+    """Return the classifier's record, with what :func:`annotate` covers and does not (reference cells)."""
+    record = PrivacyRecord.from_dict(model_record)
+    # the Laplace (functional) mechanism is proven for replacement; DP-SGD for adding or removing
     neighbours = "replacing" if method == "pcdbn" else "adding or removing"
-    return (
-        f"The trained classifier satisfies {kind} with respect to {neighbours} any one of the "
-        f"{n_reference} reference cells (its expression profile and its label). Covered: the model "
-        "and the labels and confidences it predicts for the query cells. Not covered: the query cells "
-        "themselves (the feature map — PCA — is fitted on them, and they are assumed to be yours); "
-        "the number of reference cells and the set of label names (treated as public); the gene list."
+    unit = f"{neighbours} one of the {n_reference} reference cells (its expression profile and its label)"
+    covered = "the classifier and the labels and confidences it predicts for the query cells"
+    not_covered = (
+        "the query cells themselves (the feature map, a PCA, is fitted on them, and they are assumed to "
+        "be yours); the number of reference cells and the set of label names (treated as public); the "
+        "gene list"
     )
+    return record.restate("annotate", unit=unit, covered=covered, not_covered=not_covered)
+
+
+def query_record(n_query: int) -> PrivacyRecord:
+    """Ledger record of the query cells: read without noise (the PCA is fitted on them)."""
+    covered = "the PCA feature map of the classifier and the labels written for the query cells"
+    return no_guarantee_record("annotate", unit=f"the {n_query} query cells", covered=covered)
 
 
 def _expression(adata: ad.AnnData, layer: str | None, genes: list[str], log_normalize: bool) -> np.ndarray:
@@ -148,11 +154,18 @@ def annotate(
 
     Returns
     -------
-    The fitted classifier. Writes the labels to ``adata_query.obs`` and the privacy record to
-    ``uns["dpsc"]["annotation"]`` of both AnnData objects. Nothing is written if an error occurs.
+    The fitted classifier. Writes the labels to ``adata_query.obs[key_added]``, the
+    classifier's privacy record to ``adata_ref.uns["dpsc"][key_added]`` (and a ledger entry
+    for the reference cells), and to ``adata_query.uns["dpsc"][key_added]`` a record with
+    ``guarantee="none"`` for the query cells (the PCA is fitted on them) plus the reference's
+    record. ``noise_seed=`` in ``method_kwargs`` makes the noise repeatable (tests only).
+    Nothing is written if an error occurs.
     """
     fixed_noise = method == "dpsgd" and method_kwargs.get("noise_multiplier") is not None and epsilon is None
     labels = _check_inputs(adata_ref, adata_query, label_key, 1.0 if fixed_noise else epsilon, method)
+    if method != "mlp" and not fixed_noise:
+        planned = planned_pure_record("annotate", epsilon)  # the ledger then records the exact history
+        check_budget(adata_ref, planned, key_added)
     genes = list(adata_ref.var_names)
     if not 1 <= n_components <= min(len(genes), adata_query.n_obs):
         limit = min(len(genes), adata_query.n_obs)
@@ -175,20 +188,18 @@ def annotate(
         )
     model.fit(Z_ref, labels)
     proba = model.predict_proba(Z_query)
-    record = {
+    record = annotation_record(model.privacy_record(), method, adata_ref.n_obs)
+    extra = {
         "method": method,
-        **model.privacy_record(),
         "label_key": label_key,
         "n_reference": int(adata_ref.n_obs),
         "n_query": int(adata_query.n_obs),
         "n_genes": len(genes),
         "features": f"log-normalised, PCA ({n_components} components) fitted on the query cells",
-        "key_added": key_added,
     }
-    record["statement"] = annotation_statement(method, record["epsilon"], delta, adata_ref.n_obs)
     adata_query.obs[key_added] = np.asarray(model.classes_)[proba.argmax(1)]
     adata_query.obs[key_added] = adata_query.obs[key_added].astype("category")
     adata_query.obs[f"{key_added}_confidence"] = proba.max(1)
-    for adata in (adata_ref, adata_query):
-        adata.uns.setdefault("dpsc", {})["annotation"] = record
+    write_result(adata_ref, key_added, record, **extra)
+    write_result(adata_query, key_added, query_record(adata_query.n_obs), reference=record.to_dict(), **extra)
     return model

@@ -12,6 +12,7 @@ from sklearn.metrics import roc_auc_score, roc_curve
 from sklearn.model_selection import cross_val_predict
 
 from ..audit import attack_metrics, best_thresholds, encoder_features, reconstruction_loss
+from ..privacy import PrivacyRecord, no_guarantee_record, write_result
 from ._fit import fit
 
 ATTACKS = ("shadow", "threshold", "both")
@@ -186,7 +187,7 @@ def audit(
 
     claimed = float(target.privacy_["epsilon"]) if epsilon is not None else float("inf")
     table = pd.DataFrame(rows).assign(claimed_epsilon=claimed, delta=delta, n_shadow=n_shadow)
-    user_adata.uns.setdefault("dpsc", {})["audit"] = {
+    report = {
         "table": {c: table[c].tolist() for c in table.columns},
         "roc": {k: {"fpr": v[0].tolist(), "tpr": v[1].tolist()} for k, v in curves.items()},
         "claimed_epsilon": claimed if np.isfinite(claimed) else "inf",
@@ -203,4 +204,11 @@ def audit(
         + "epsilon_lower_bound is an empirical, average-case lower bound from one attack at 95 % "
         "confidence; a bound of 0 shows no leak was proven, not that the true ε is small.",
     }
+    write_result(user_adata, "audit", audit_record(user_adata.n_obs), **report)
     return table
+
+
+def audit_record(n_obs: int) -> PrivacyRecord:
+    """Ledger record of an audit: its report reads the cells (and their membership) without noise."""
+    covered = "the audit report (attack scores, ROC curves) and the target and shadow models"
+    return no_guarantee_record("audit", unit=f"the {n_obs} audited cells", covered=covered)

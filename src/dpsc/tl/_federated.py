@@ -29,27 +29,96 @@ from ..federated import (
     write_client_data,
 )
 from ..module._dcan import input_representation
-from ..optim import OPTIMIZERS
-from ..privacy import calibrate_noise_multiplier, make_accountant, spent_epsilon
+from ..optim import DEFAULT_PRIVATE_LRS, OPTIMIZERS
+from ..privacy import (
+    NoiseSource,
+    PrivacyRecord,
+    build_statement,
+    calibrate_noise_multiplier,
+    check_budget,
+    make_accountant,
+    no_guarantee_record,
+    spent_epsilon,
+    write_result,
+)
 from ._fit import DEFAULT_N_CLUSTERS
 
 MIN_CLIENT_CELLS = 2
-DEFAULT_CLIENT_LRS = {"sgd": 0.032, "adam": 1e-3, "adadelta": 1.0, "dpsignsgd": 1e-3, "dpsignadam": 1e-3}
+
+FEDERATED_NOT_COVERED = (
+    "the embeddings and clusters written to this AnnData (computed on the cells themselves), the "
+    "number of cells per site (treated as public), and site-level privacy (whether a site took part, "
+    "or its whole data set)"
+)
 
 
-def federated_statement(epsilons: dict[str, float], delta: float, optimizer: str) -> str:
-    """Plain-language scope of client-level DP in :func:`fit_federated`."""
-    worst = max(epsilons.values())
-    return (
-        f"Each site trains with DP-SGD ({optimizer} update on the noisy gradient, Opacus) and the "
-        f"weights it sends every round satisfy (ε_k, {delta:g})-DP with respect to adding or "
-        f"removing one of that site's cells (Poisson sampling); ε_k ≤ {worst:.3g} for every site "
-        "(per site in 'epsilon_per_site'). Covered: every message a site sends, hence everything "
-        "the server and the other sites see, "
-        "and the final global model (post-processing). A cell is protected by its own site's ε. Not "
-        "covered: the embeddings and clusters written to this AnnData (computed on the cells "
-        "themselves), the number of cells per site (treated as public), and site-level privacy (whether a "
-        "site took part, or its whole data set)."
+def federated_record(
+    plan: dict[str, tuple[float, float, int]] | None,
+    *,
+    delta: float,
+    optimizer: str,
+    accountant: str,
+    max_grad_norm: float,
+    n_obs: int,
+    noise: NoiseSource,
+    scale_genes: bool,
+) -> PrivacyRecord:
+    """Record of a federated fit: per-site DP-SGD (parallel composition), or none.
+
+    A cell belongs to one site, so it is protected by its own site's (ε_k, δ): the ledger entry
+    carries the worst site's history, max_k ε_k (parallel composition, McSherry 2009).
+    """
+    unit = f"adding or removing one cell of its site ({n_obs} cells in all)"
+    if plan is None:
+        covered = "the global model and every message a site sent" + (
+            ", including each site's per-gene sums" if scale_genes else ""
+        )
+        return no_guarantee_record("fit_federated", unit=unit, covered=covered)
+    per_site = {}
+    for name, (sigma, q, steps) in plan.items():
+        acc = make_accountant(accountant)
+        acc.history = [(sigma, q, steps)]
+        per_site[name] = spent_epsilon(acc, delta)
+    worst = max(per_site, key=per_site.get)
+    covered = (
+        "every message a site sends (the weights after each round, hence everything the server and the "
+        "other sites see) and the final global model (post-processing); each cell by its own site's ε "
+        "(per site in 'epsilon_per_site')"
+    )
+    return PrivacyRecord(
+        tool="fit_federated",
+        epsilon=per_site[worst],
+        delta=delta,
+        guarantee="proven",
+        statement=build_statement(
+            guarantee="proven",
+            epsilon=per_site[worst],
+            delta=delta,
+            unit=unit,
+            mechanism=f"DP-SGD at every site ({optimizer} update on the noisy gradient, Poisson sampling, "
+            f"Opacus {accountant.upper()} accountant; noise drawn by each site, never by the server)",
+            covered=covered,
+            not_covered=FEDERATED_NOT_COVERED,
+            noise=noise.describe(),
+        ),
+        covered=covered,
+        not_covered=FEDERATED_NOT_COVERED,
+        accountant=accountant,
+        mechanisms=[f"sampled Gaussian at site {k}: sigma={v[0]:.4g}, q={v[1]:.4g}" for k, v in plan.items()],
+        history=[plan[worst]],
+        noise_multiplier=plan[worst][0],
+        sample_rate=plan[worst][1],
+        steps=plan[worst][2],
+        max_grad_norm=max_grad_norm,
+        scope="site",
+        noise=noise.to_dict(),
+        details={
+            "epsilon_per_site": per_site,
+            "noise_multiplier_per_site": {k: v[0] for k, v in plan.items()},
+            "sample_rate_per_site": {k: v[1] for k, v in plan.items()},
+            "steps_per_site": {k: v[2] for k, v in plan.items()},
+            "optimizer": optimizer,
+        },
     )
 
 
@@ -81,6 +150,7 @@ def fit_federated(
     cluster_key: str = "fed_cluster",
     n_cpus: int = 2,
     scale_genes: bool | None = None,
+    noise_seed: int | None = None,
 ) -> dict:
     """Train a self-supervised encoder across sites with Flower; cluster all cells with it.
 
@@ -118,7 +188,7 @@ def fit_federated(
     optimizer, max_grad_norm, private_lr
         Update rule on the noisy gradient (``"sgd"``, ``"adam"``, ``"dpsignsgd"``,
         ``"dpsignadam"``), clipping norm C, and learning rate (default per rule:
-        :data:`DEFAULT_CLIENT_LRS`, not tuned on private data).
+        :data:`dpsc.optim.DEFAULT_PRIVATE_LRS`, not tuned on private data).
     accountant
         ``"rdp"`` or ``"prv"`` (Opacus).
     layer, likelihood
@@ -127,6 +197,11 @@ def fit_federated(
         Seed of the initial model, local training and k-means.
     key_added, cluster_key, n_cpus
         Output keys; CPUs given to the simulation engine.
+    noise_seed
+        Opt-in for tests and benchmarks only: each site's DP noise and sampling are then derived
+        from this seed (which the server's run configuration carries), and the record says the
+        guarantee does not hold against anyone who knows it. ``None``: every site draws its own
+        secret noise.
     scale_genes
         Before training, each site sends its per-gene sums once and every site z-scores its cells
         with the pooled mean and standard deviation (:mod:`dpsc.federated._scaling`); the final
@@ -196,6 +271,7 @@ def fit_federated(
         "alpha": alpha,
         "seed": random_state,
         "scale-genes": bool(scale_genes),
+        "noise-seed": -1 if noise_seed is None else int(noise_seed),
     }
     dp_plan = None
     if epsilon is not None:
@@ -206,7 +282,7 @@ def fit_federated(
             steps = rounds * local_epochs * per_epoch
             sigma = calibrate_noise_multiplier(float(epsilon), delta, q, steps, accountant)
             dp_plan[name] = (sigma, q, steps)
-        lr = DEFAULT_CLIENT_LRS[optimizer] if private_lr is None else float(private_lr)
+        lr = DEFAULT_PRIVATE_LRS[optimizer]["federated"] if private_lr is None else float(private_lr)
         settings.update(
             {
                 "noise-multipliers": json.dumps([dp_plan[name][0] for name in names]),
@@ -215,6 +291,17 @@ def fit_federated(
                 "dp-lr": lr,
             }
         )
+    noise = NoiseSource(noise_seed)
+    record_args = {
+        "delta": delta,
+        "optimizer": optimizer,
+        "accountant": accountant,
+        "max_grad_norm": float(max_grad_norm),
+        "n_obs": adata.n_obs,
+        "noise": noise,
+        "scale_genes": bool(scale_genes),
+    }
+    check_budget(adata, federated_record(dp_plan, **record_args), "federated")
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="dpsc_fed_") as tmp:
         data_dir = Path(tmp) / "data"
@@ -233,39 +320,23 @@ def fit_federated(
     adata.obsm[key_added] = Z
     categories = [str(i) for i in range(n_clusters)]
     adata.obs[cluster_key] = pd.Categorical(labels.astype(str), categories=categories)
-    record = {
+    rounds_done = sorted(history)
+    result = {
         "method": method,
         "rounds": rounds,
         "local_epochs": local_epochs,
         "clients": {name: int(sizes[name]) for name in names},
-        "loss": [history[r]["loss"] for r in sorted(history)],
-        "mu": [history[r].get("mu", 0.0) for r in sorted(history)],
+        # under DP the sites send no loss (it would be an un-noised statistic of their cells)
+        "loss": [history[r]["loss"] for r in rounds_done if "loss" in history[r]],
+        "mu": [history[r].get("mu", 0.0) for r in rounds_done],
         "wall_s": wall,
         "seconds_per_round": wall / rounds,
         "scale_genes": bool(scale_genes),
-        "privacy": "none: federated training without DP; the shared model weights are not DP releases."
-        + (" Each site also sent its per-gene sums once, for the pooled scaling." if scale_genes else ""),
+        # what the sites' messages carried besides the weights (aggregated by the server)
+        "reported_metrics": sorted({k for r in rounds_done for k in history[r]}),
     }
     if dp_plan is not None:
-        steps_done = [history[r].get("dp-steps", 0) for r in sorted(history)]
-        per_site = {}
-        for name, (sigma, q, steps) in dp_plan.items():
-            acc = make_accountant(accountant)
-            acc.history = [(sigma, q, steps)]
-            per_site[name] = spent_epsilon(acc, delta)
-        record["privacy"] = {
-            "target_epsilon": float(epsilon),
-            "epsilon_per_site": per_site,
-            "epsilon": max(per_site.values()),
-            "delta": delta,
-            "noise_multiplier_per_site": {k: v[0] for k, v in dp_plan.items()},
-            "sample_rate_per_site": {k: v[1] for k, v in dp_plan.items()},
-            "steps_per_site": {k: v[2] for k, v in dp_plan.items()},
-            "mean_dp_steps_per_round_reported": float(np.mean(steps_done)) if steps_done else 0.0,
-            "max_grad_norm": float(max_grad_norm),
-            "optimizer": optimizer,
-            "accountant": accountant,
-            "statement": federated_statement(per_site, delta, optimizer),
-        }
-    adata.uns.setdefault("dpsc", {})["federated"] = record
-    return record
+        steps_done = [history[r].get("dp-steps", 0) for r in rounds_done]
+        result["mean_dp_steps_per_round_reported"] = float(np.mean(steps_done)) if steps_done else 0.0
+    write_result(adata, "federated", federated_record(dp_plan, **record_args), **result)
+    return adata.uns["dpsc"]["federated"]

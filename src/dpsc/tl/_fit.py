@@ -15,16 +15,12 @@ from .._validation import (
 )
 from ..model import DPDCAN
 from ..optim import OPTIMIZERS
+from ..privacy import check_budget, write_result
 
 DEFAULT_N_CLUSTERS = 8
 """Used when ``n_clusters`` is None: a fixed, data-independent default (never estimated)."""
 
 _SPLIT_INSTANCE = 5 / 9  # the reference's 50 instance + 40 cluster epochs
-
-
-def _h5ad_safe(params: dict) -> dict:
-    """Replace ``None`` (which ``.h5ad`` cannot store) by the string ``"None"``."""
-    return {k: ("None" if v is None else v) for k, v in params.items()}
 
 
 def fit(
@@ -41,6 +37,7 @@ def fit(
     accountant: str = "rdp",
     optimizer: str = "sgd",
     random_state: int = 0,
+    noise_seed: int | None = None,
     key_added: str = "X_dpdcan",
     cluster_key: str = "dp_cluster",
     copy: bool = False,
@@ -81,9 +78,14 @@ def fit(
         noisy gradient, :mod:`dpsc.optim`). Same accounting for all: the update is
         post-processing of the noisy gradient.
     random_state
-        Seed of everything random in the fit.
+        Seed of initialisation, masking and post-processing. Never of the DP noise or the Poisson
+        samples: those are secret unless ``noise_seed`` is given.
+    noise_seed
+        Opt-in for tests and benchmarks only: makes the DP noise and sampling repeatable. The
+        record then says the guarantee does not hold against anyone who knows the seed.
     key_added, cluster_key
-        Where the embedding (``obsm``) and the clusters (``obs``) go.
+        Where the embedding (``obsm``) and the clusters (``obs``) go; the privacy record and the
+        parameters go to ``uns["dpsc"][key_added]``.
     copy
         Work on and return a copy of ``adata``.
     progress_bar
@@ -94,8 +96,20 @@ def fit(
     Returns
     -------
     The trained :class:`~dpsc.model.DPDCAN`, or with ``copy=True`` the annotated copy.
-    Writes ``obsm[key_added]``, ``obs[cluster_key]`` (categorical), ``uns["dpsc"]["privacy"]``
-    and ``uns["dpsc"]["params"]``.
+    Writes ``obsm[key_added]``, ``obs[cluster_key]`` (categorical), the privacy record
+    ``uns["dpsc"][key_added]["privacy"]`` (:func:`dpsc.privacy.get_record`), the parameters
+    ``uns["dpsc"][key_added]["params"]``, and one entry of the AnnData's privacy ledger
+    (:func:`dpsc.privacy.spent`). With a budget set (:func:`dpsc.privacy.set_budget`), a fit
+    that would exceed it is refused before any work.
+
+    Notes
+    -----
+    What the ε covers: with ``scope="full"``, (ε, δ)-DP (proven) for the released encoder,
+    decoder and centroids with respect to adding or removing one training cell. With the
+    default ``scope="encoder"`` the guarantee is *heuristic*: the decoder trains without noise
+    and the encoder's gradients pass through it; the record's ``guarantee`` field and its
+    statement say so. Neither covers the outputs written for the training cells themselves,
+    nor gene selection done before dpsc. See ``docs/privacy.md``.
     """
     n_clusters = DEFAULT_N_CLUSTERS if n_clusters is None else n_clusters
     # Every check runs before adata is touched.
@@ -115,26 +129,30 @@ def fit(
         train_kwargs.setdefault("instance_epochs", instance)
         train_kwargs.setdefault("cluster_epochs", max_epochs - instance)
 
-    target = adata.copy() if copy else adata
-    DPDCAN.setup_anndata(target, layer=layer)
-    torch.manual_seed(random_state)  # the module's weights are drawn when the model is built
-    model = DPDCAN(target, n_clusters=n_clusters, likelihood=likelihood)
-    model.train(
+    train_kwargs.update(
         epsilon=epsilon,
         delta=delta,
         scope=scope,
         batch_size=batch_size,
         accountant=accountant,
         random_state=random_state,
+        noise_seed=noise_seed,
         progress_bar=progress_bar,
-        **train_kwargs,
     )
+    _check_planned_budget(adata, layer, n_clusters, likelihood, key_added, train_kwargs)
+
+    target = adata.copy() if copy else adata
+    DPDCAN.setup_anndata(target, layer=layer)
+    torch.manual_seed(random_state)  # the module's weights are drawn when the model is built
+    model = DPDCAN(target, n_clusters=n_clusters, likelihood=likelihood)
+    model.train(**train_kwargs)
     target.obsm[key_added] = model.get_latent_representation()
     labels = model.predict().astype(str)
     target.obs[cluster_key] = pd.Categorical(labels, categories=sorted(set(labels), key=int))
-    uns = target.uns.setdefault("dpsc", {})
-    uns["privacy"] = dict(model.privacy_)
-    uns["params"] = _h5ad_safe(
+    write_result(
+        target,
+        key_added,
+        model.privacy_record(),
         {
             "method": "dpdcan",
             "epsilon": epsilon,
@@ -147,8 +165,29 @@ def fit(
             "key_added": key_added,
             "cluster_key": cluster_key,
             **model.train_params_,
-        }
+        },
     )
     if copy:
         return target
     return model
+
+
+def _check_planned_budget(
+    adata: ad.AnnData, layer: str | None, n_clusters: int, likelihood: str, key: str, train_kwargs: dict
+) -> None:
+    """Refuse, before ``adata`` is touched, a fit whose planned spend would exceed the budget."""
+    if "budget" not in adata.uns.get("dpsc", {}):
+        return
+    probe = ad.AnnData(X=get_matrix(adata, layer), obs=adata.obs[[]], var=adata.var[[]])
+    DPDCAN.setup_anndata(probe)
+    model = DPDCAN(probe, n_clusters=n_clusters, likelihood=likelihood)
+    settings = model._check_train_settings({"self": model, **_train_defaults(), **train_kwargs})
+    check_budget(adata, model.plan_privacy(settings).planned_record(adata.n_obs), key)
+
+
+def _train_defaults() -> dict:
+    """``DPDCAN.train``'s keyword defaults."""
+    import inspect
+
+    sig = inspect.signature(DPDCAN.train)
+    return {k: p.default for k, p in sig.parameters.items() if p.default is not inspect.Parameter.empty}

@@ -10,6 +10,12 @@ import pandas as pd
 import scipy.sparse as sp
 
 from .. import linear
+from ..privacy import (
+    PrivacyRecord,
+    check_budget,
+    planned_pure_record,
+    write_result,
+)
 
 METHODS = {
     "robust": linear.RobustPrivateLR,
@@ -21,19 +27,22 @@ METHODS = {
 _NON_PRIVATE = ("non_private", "lasso")
 
 
-def regression_statement(method: str, epsilon: float, n_private: int, n_public: int) -> str:
-    """Plain-language scope of the guarantee of a private regression fit."""
-    if method in _NON_PRIVATE:
-        return f"No privacy guarantee: method={method!r} uses the private samples directly."
-    return (
-        f"The regression coefficients satisfy {epsilon:g}-differential privacy (pure ε, Laplace "
-        f"mechanism) with respect to replacing any one of the {n_private} private samples (its "
-        "features and its response). Covered: the coefficients and anything computed from them "
-        "alone. Not covered: the {n_public} public samples (used exactly), the number of private "
-        "samples (public under replacement), the gene choice and the centring constants (taken from "
-        "public samples or given by you), and the predictions written for the private samples "
-        "themselves, which also use each sample's own expression profile."
-    ).replace("{n_public}", str(n_public))
+def regression_record(model: Any, method: str, n_private: int, n_public: int) -> PrivacyRecord:
+    """Return the estimator's record, with what :func:`private_regression` covers and does not."""
+    record = PrivacyRecord.from_dict(model.privacy_record())
+    covered = "the regression coefficients and anything computed from them alone"
+    not_covered = (
+        f"the {n_public} public samples (used exactly), the number of private samples (public under "
+        "replacement), the gene choice and the centring constants (taken from public samples or given "
+        "by you), and the predictions written for the private samples themselves, which also use each "
+        "sample's own expression profile"
+    )
+    return record.restate(
+        "private_regression",
+        unit=f"replacing one of the {n_private} private samples (its features and its response)",
+        covered=covered,
+        not_covered=not_covered,
+    )
 
 
 def _public_mask(adata: ad.AnnData, public_mask: Any) -> np.ndarray:
@@ -113,13 +122,16 @@ def private_regression(
     key_added
         ``obs`` column for the predictions (default ``f"{target}_dp_pred"``).
     random_state
-        Seed of the noise (and of the auxiliary search).
+        Seed of the estimator's non-private randomness (e.g. the auxiliary search). Never of the
+        noise, which is secret unless ``noise_seed=`` is passed in ``method_kwargs`` (tests and
+        benchmarks only).
     **method_kwargs
         Passed to the estimator (e.g. ``prior="gamma"``, ``bounds=(B_x, B_y)``).
 
     Returns
     -------
-    The fitted estimator. Writes ``obs[key_added]`` and ``uns["dpsc"]["regression"][target]``.
+    The fitted estimator. Writes ``obs[key_added]``, the record ``uns["dpsc"][key_added]``
+    (``key_added`` defaults to ``f"{target}_dp_pred"``) and a ledger entry.
     """
     if method not in METHODS:
         raise ValueError(f"Unknown method {method!r}; choose one of {sorted(METHODS)}.")
@@ -143,6 +155,10 @@ def private_regression(
         raise ValueError(
             f"Need at least 2 private samples with a finite {target!r}, got {private_rows.sum()}."
         )
+    key = key_added or f"{target}_dp_pred"
+    if method not in _NON_PRIVATE:
+        planned = planned_pure_record("private_regression", epsilon)
+        check_budget(adata, planned, key)
     kwargs = dict(method_kwargs)
     if method not in _NON_PRIVATE:
         kwargs.setdefault("epsilon", epsilon)
@@ -151,20 +167,12 @@ def private_regression(
     model = METHODS[method](**kwargs)
     model.fit(Xg[private_rows], y[private_rows], Xg[public_rows], y[public_rows])
 
-    key = key_added or f"{target}_dp_pred"
     adata.obs[key] = model.predict(Xg)
-    spent = float(model.spent_epsilon_)
-    record = {
-        "method": method,
-        "epsilon": spent,
-        "genes": chosen,
-        "n_private": int(private_rows.sum()),
-        "n_public": int(public_rows.sum()),
-        "statement": regression_statement(method, spent, int(private_rows.sum()), int(public_rows.sum())),
-    }
+    n_private, n_public = int(private_rows.sum()), int(public_rows.sum())
+    extra: dict[str, Any] = {"method": method, "target": target, "genes": chosen}
     for attr in ("bounds_", "budget_split_", "laplace_scales_", "sensitivities_", "regularization_"):
         if hasattr(model, attr):
             value = getattr(model, attr)
-            record[attr.rstrip("_")] = dict(value) if isinstance(value, dict) else value
-    adata.uns.setdefault("dpsc", {}).setdefault("regression", {})[target] = record
+            extra[attr.rstrip("_")] = dict(value) if isinstance(value, dict) else value
+    write_result(adata, key, regression_record(model, method, n_private, n_public), **extra)
     return model

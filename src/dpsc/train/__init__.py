@@ -1,6 +1,6 @@
 """Lightning training machinery: Poisson-sampled data and the DP-DCAN training plan."""
 
 from ._data import PoissonDataSplitter
-from ._plan import DCANTrainingPlan, DPConfig
+from ._plan import DCANTrainingPlan
 
-__all__ = ["DCANTrainingPlan", "DPConfig", "PoissonDataSplitter"]
+__all__ = ["DCANTrainingPlan", "PoissonDataSplitter"]

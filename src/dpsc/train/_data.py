@@ -10,6 +10,8 @@ from scvi import REGISTRY_KEYS
 from scvi.data import AnnDataManager
 from torch.utils.data import DataLoader
 
+from ..privacy import NoiseSource
+
 
 class PoissonDataSplitter(LightningDataModule):
     """Training data module whose batches include each cell independently with rate ``q``.
@@ -28,16 +30,19 @@ class PoissonDataSplitter(LightningDataModule):
         Poisson rate q.
     steps_per_epoch
         Number of batches per epoch (``round(1/q)``: one pass in expectation).
-    seed
-        Seed of the sampling generator.
+    noise
+        Source of the sampling generator: secret (OS entropy) unless a ``noise_seed`` was opted
+        into. Never ``random_state``: who knows the sample knows whose cells shaped each step.
     """
 
-    def __init__(self, adata_manager: AnnDataManager, sample_rate: float, steps_per_epoch: int, seed: int):
+    def __init__(
+        self, adata_manager: AnnDataManager, sample_rate: float, steps_per_epoch: int, noise: NoiseSource
+    ):
         super().__init__()
         self.adata_manager = adata_manager
         self.sample_rate = sample_rate
         self.steps_per_epoch = steps_per_epoch
-        self.generator = torch.Generator().manual_seed(int(seed))
+        self.generator = noise.torch_generator("sampling")
         self.n_train = adata_manager.adata.n_obs
         self.n_val = 0
         self.train_idx = np.arange(self.n_train)

@@ -3,98 +3,39 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Literal
 
 import lightning.pytorch as pl
 import torch
-from opacus.accountants import IAccountant
-from opacus.grad_sample import GradSampleModuleFastGradientClipping
-from opacus.optimizers import DPOptimizerFastGradientClipping
 from scvi import REGISTRY_KEYS
 from torch import nn
 
 from ..module import DCANModule
 from ..optim import make_optimizer
-from ._ghost import ghost_clipped_backward, release_privacy_hooks
+from ..privacy import DPSGDEngine, DPSGDSettings
 
 Stage = Literal["instance", "cluster"]
 Scope = Literal["encoder", "full"]
-
-
-@dataclass
-class DPConfig:
-    """DP-SGD settings shared by both stages of one fit.
-
-    Attributes
-    ----------
-    noise_multiplier
-        σ; the Gaussian noise added to the sum of clipped gradients has std σ·C.
-    max_grad_norm
-        C, the per-cell clipping norm.
-    sample_rate
-        Poisson rate q (also given to the accountant).
-    expected_batch_size
-        q·n, the denominator of the noisy mean gradient.
-    accountant
-        Opacus accountant that every noisy step is reported to.
-    scope
-        ``"encoder"``: encoder and centroids get DP-SGD, the decoder trains without noise;
-        ``"full"``: every trained parameter gets DP-SGD.
-    noise_generator
-        Generator of the Gaussian noise (``None`` with ``secure_mode``).
-    secure_mode
-        Opacus secure noise generation (not reproducible).
-    """
-
-    noise_multiplier: float
-    max_grad_norm: float
-    sample_rate: float
-    expected_batch_size: int
-    accountant: IAccountant
-    scope: Scope = "encoder"
-    noise_generator: torch.Generator | None = None
-    secure_mode: bool = False
 
 
 def _optimizer(name: str, params: list[nn.Parameter], lr: float) -> torch.optim.Optimizer:
     return make_optimizer(name, params, lr)
 
 
-def generator_on(generator: torch.Generator | None, device: torch.device) -> torch.Generator | None:
-    """Return ``generator`` if it lives on ``device``, else a generator there with its seed.
-
-    Opacus draws the DP noise with ``torch.normal(..., device=param.device, generator=g)``,
-    which requires ``g`` on the parameters' device; a seeded CPU generator is re-created on
-    the GPU from its initial seed (the noise stream then differs from a CPU fit's, the noise
-    distribution does not).
-    """
-    if generator is None or generator.device.type == torch.device(device).type:
-        return generator
-    return torch.Generator(device=device).manual_seed(generator.initial_seed())
-
-
 class DCANTrainingPlan(pl.LightningModule):
     r"""One stage of DCAN training, with manual optimisation and hand-assembled Opacus.
 
     Private modules (the encoder, plus the centroids in the cluster stage, plus the decoder
-    under ``scope="full"``) are wrapped by Opacus's
-    :class:`~opacus.grad_sample.GradSampleModuleFastGradientClipping`, which computes every
-    cell's gradient norm from activation/back-prop Gram matrices without materialising
-    per-cell gradients ("ghost clipping", Li et al. 2022). One step (Abadi et al. 2016, Alg. 1):
+    under ``scope="full"``) train through the one DP-SGD engine,
+    :class:`~dpsc.privacy.DPSGDEngine` (ghost-clipped per-cell gradients, secret Gaussian noise,
+    Opacus accountant; its module docstring states the argument). After the noise, the gradient
+    of the data-independent centroid-separation term is added (post-processing) and the private
+    optimizer steps. An empty Poisson batch still takes the noisy step.
 
-    1. per-cell losses :math:`L_i` (``(n,)``) for the Poisson batch;
-    2. backward of :math:`\sum_i L_i` → per-cell norms :math:`\lVert\nabla_\theta L_i\rVert`
-       of the private parameters, and the non-private gradient of the public parameters;
-    3. backward of :math:`\sum_i c_i L_i`, :math:`c_i = \min(1, C/\lVert\nabla L_i\rVert)`,
-       restricted to the private parameters → :math:`\sum_i \mathrm{clip}_C(\nabla L_i)`;
-    4. :class:`~opacus.optimizers.DPOptimizerFastGradientClipping` adds
-       :math:`\mathcal N(0, \sigma^2 C^2 I)`, divides by :math:`qn` and reports the step to
-       the accountant; the gradient of the data-independent centroid-separation term is added
-       (post-processing) and the optimizer steps. An empty batch still takes the noisy step.
-
-    Public parameters (the decoder under ``scope="encoder"``) step with the plain mean
-    gradient of step 2.
+    Public parameters (the decoder under ``scope="encoder"``) step with the plain mean gradient
+    of the first backward pass: no noise, which is why that scope's guarantee is heuristic.
+    Under DP no training loss is logged: an exact mean loss over private cells is an un-noised
+    statistic of them.
 
     Parameters
     ----------
@@ -103,7 +44,10 @@ class DCANTrainingPlan(pl.LightningModule):
     stage
         ``"instance"`` or ``"cluster"``.
     dp
-        DP settings, or ``None`` for non-private training.
+        DP-SGD settings, or ``None`` for non-private training.
+    scope
+        ``"encoder"``: encoder and centroids get DP-SGD, the decoder trains without noise;
+        ``"full"``: every trained parameter gets DP-SGD.
     optimizer, lr
         Optimizer (``"adam"``, ``"adadelta"``, ``"sgd"`` with momentum 0.9) and learning rate of
         the non-private parameters, and of every parameter in a non-private fit.
@@ -125,7 +69,7 @@ class DCANTrainingPlan(pl.LightningModule):
         Cluster stage only: ``False`` freezes the encoder, so the stage trains the centroids
         (and the decoder) on a fixed latent space.
     seed
-        Seed of the masking augmentation.
+        Seed of the masking augmentation (not a privacy mechanism).
     """
 
     def __init__(
@@ -133,7 +77,8 @@ class DCANTrainingPlan(pl.LightningModule):
         module: DCANModule,
         *,
         stage: Stage,
-        dp: DPConfig | None,
+        dp: DPSGDSettings | None,
+        scope: Scope = "encoder",
         optimizer: str,
         lr: float,
         private_optimizer: str | None = None,
@@ -150,6 +95,7 @@ class DCANTrainingPlan(pl.LightningModule):
         self.module = module
         self.stage = stage
         self.dp = dp
+        self.scope = scope
         self.optimizer_name = optimizer
         self.lr = lr
         self.private_optimizer_name = private_optimizer or optimizer
@@ -166,7 +112,7 @@ class DCANTrainingPlan(pl.LightningModule):
         private, public = self._split_modules()
         self._private_modules = private
         self._public_modules = public
-        self._gsm: GradSampleModuleFastGradientClipping | None = None
+        self._engine: DPSGDEngine | None = None
         self._private_opt: torch.optim.Optimizer | None = None
         self._public_opt: torch.optim.Optimizer | None = None
 
@@ -176,7 +122,7 @@ class DCANTrainingPlan(pl.LightningModule):
         if self.stage == "cluster":
             used.append(self.module.clustering)
         decoder = self.module.public_decoder_modules()
-        if self.dp is None or self.dp.scope == "full":
+        if self.dp is None or self.scope == "full":
             return [*used, *decoder], []
         return used, decoder
 
@@ -208,33 +154,17 @@ class DCANTrainingPlan(pl.LightningModule):
             self._private_opt = _optimizer(self.optimizer_name, self.private_parameters, self.lr)
             return
         base = _optimizer(self.private_optimizer_name, self.private_parameters, self.private_lr)
-        container = nn.ModuleList(self._private_modules)
-        self._gsm = GradSampleModuleFastGradientClipping(
-            container,
-            loss_reduction="sum",
-            max_grad_norm=self.dp.max_grad_norm,
-            use_ghost_clipping=True,
-        )
-        dp_opt = DPOptimizerFastGradientClipping(
-            base,
-            noise_multiplier=self.dp.noise_multiplier,
-            max_grad_norm=self.dp.max_grad_norm,
-            expected_batch_size=self.dp.expected_batch_size,
-            loss_reduction="mean",
-            generator=generator_on(self.dp.noise_generator, self.private_parameters[0].device),
-            secure_mode=self.dp.secure_mode,
-        )
-        dp_opt.attach_step_hook(self.dp.accountant.get_optimizer_hook_fn(self.dp.sample_rate))
-        self._private_opt = dp_opt
+        self._engine = DPSGDEngine(self._private_modules, base, self.dp)
+        self._private_opt = self._engine.optimizer
         if self._public_modules:
             self._public_opt = _optimizer(self.optimizer_name, self.public_parameters, self.lr)
 
     def detach_privacy(self) -> None:
         """Remove Opacus hooks and per-parameter bookkeeping (state-dict keys never change)."""
         self.module.encoder.requires_grad_(True)  # a frozen cluster-stage encoder is unfrozen
-        if self._gsm is not None:
-            release_privacy_hooks(self._gsm, list(self.module.parameters()))
-            self._gsm = None
+        if self._engine is not None:
+            self._engine.close()
+            self._engine = None
         for p in self.module.parameters():
             p.grad = None
 
@@ -272,10 +202,10 @@ class DCANTrainingPlan(pl.LightningModule):
                 self.noisy_empty_step()
             return
         loss, parts = self.per_cell_loss(x)
-        if self.dp is None:
-            self.plain_step(loss)
-        else:
+        if self.dp is not None:
             self.private_step(loss)
+            return
+        self.plain_step(loss)
         n = x.shape[0]
         self.log(
             "train_loss", loss.mean().detach(), on_step=False, on_epoch=True, prog_bar=True, batch_size=n
@@ -299,24 +229,21 @@ class DCANTrainingPlan(pl.LightningModule):
         total.backward()
         self._private_opt.step()
 
-    def _noisy_step(self) -> None:
-        """Opacus noise + scaling + accounting, then the penalty gradient, then the update."""
-        if not self._private_opt.pre_step():
-            return
+    def _add_penalty_gradient(self) -> None:
+        """Add the gradient of the data-independent centroid penalty (post-processing)."""
         penalty = self.parameter_penalty()
         if penalty is not None:
             centroids = self.module.clustering.centroids
             (grad,) = torch.autograd.grad(penalty, centroids)
             centroids.grad = centroids.grad + grad
-        self._private_opt.original_optimizer.step()
 
     def private_step(self, loss: torch.Tensor) -> None:
         """DP step: ghost-clipped, noised gradient on private parameters (steps 2–4 above)."""
-        self._private_opt.zero_grad(set_to_none=True)
+        self._engine.zero_grad()
         if self._public_opt is not None:
             self._public_opt.zero_grad(set_to_none=True)
-        ghost_clipped_backward(self._gsm, loss, self.private_parameters)
-        self._noisy_step()
+        self._engine.backward(loss)
+        self._engine.step(self._add_penalty_gradient)
         if self._public_opt is not None:
             n = loss.shape[0]
             for p in self.public_parameters:
@@ -326,7 +253,4 @@ class DCANTrainingPlan(pl.LightningModule):
 
     def noisy_empty_step(self) -> None:
         """Empty Poisson batch: the private parameters still take a pure-noise step."""
-        self._private_opt.zero_grad(set_to_none=True)
-        for p in self.private_parameters:
-            p.grad = torch.zeros_like(p)
-        self._noisy_step()
+        self._engine.empty_step(self._add_penalty_gradient)

@@ -1,0 +1,213 @@
+r"""What a DP-DCAN fit will spend (planned before any work) and what it did spend (its record).
+
+A fit is a sequence of sampled-Gaussian steps, all with the same :math:`(\sigma, q)`: the
+DP-SGD steps of both stages, the DP k-means releases of the centroid start and the DEC
+frequency releases. σ is calibrated once, before training, so that the planned total
+:math:`T` (:func:`planned_step_counts`) spends at most the target ε
+(:func:`~dpsc.privacy.calibrate_noise_multiplier`); the record then reports the accountant's ε
+after the steps that actually ran.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..privacy import (
+    COMMON_NOT_COVERED,
+    DPSGDSettings,
+    NoiseSource,
+    PrivacyRecord,
+    build_statement,
+    calibrate_noise_multiplier,
+    epsilon_curve,
+    kmeans_release_steps,
+    make_accountant,
+    spent_epsilon,
+)
+
+DECODER = "decoder (hidden layers and ZINB heads)"
+
+HEURISTIC_REASON = (
+    "under scope='encoder' the decoder trains on the cells without noise and the encoder's "
+    "gradients pass through it, so every noisy encoder update depends on all cells through that "
+    "hidden state and the DP-SGD proof does not apply. Use scope='full' for a proven guarantee."
+)
+
+
+def planned_step_counts(
+    sample_rate: float,
+    *,
+    instance_epochs: int,
+    cluster_epochs: int,
+    n_sketch_steps: int,
+    n_lloyd_rounds: int,
+    steps_per_round: int,
+    target_frequency: str,
+) -> dict[str, int]:
+    r"""Sampled-Gaussian steps a DP-DCAN fit plans, all at Poisson rate ``sample_rate`` = q.
+
+    An epoch is :math:`E = \max(1, \mathrm{round}(1/q))` batches, so the fit plans
+
+    .. math:: T = (e_{inst} + e_{clu})\,E + (s_{sketch} + r \cdot s_{round}) + f,
+
+    with :math:`f = e_{clu}` frequency releases when ``target_frequency="released"`` (else 0).
+    Returns ``steps_per_epoch`` (E), ``instance``, ``cluster``, ``kmeans``, ``frequency`` and
+    ``total`` (T).
+    """
+    steps_per_epoch = max(1, round(1.0 / sample_rate))
+    counts = {
+        "steps_per_epoch": steps_per_epoch,
+        "instance": instance_epochs * steps_per_epoch,
+        "cluster": cluster_epochs * steps_per_epoch,
+        "kmeans": kmeans_release_steps(n_sketch_steps, n_lloyd_rounds, steps_per_round),
+        "frequency": cluster_epochs if target_frequency == "released" else 0,
+    }
+    counts["total"] = counts["instance"] + counts["cluster"] + counts["kmeans"] + counts["frequency"]
+    return counts
+
+
+@dataclass
+class DCANPrivacyPlan:
+    """The privacy side of one fit, fixed before training.
+
+    ``settings`` is ``None`` for a non-private fit; ``counts`` are the planned step counts.
+    """
+
+    epsilon: float | None
+    delta: float
+    scope: str
+    accountant: str
+    counts: dict[str, int]
+    sample_rate: float
+    settings: DPSGDSettings | None
+    noise: NoiseSource
+
+    def planned_record(self, n_obs: int) -> PrivacyRecord:
+        """Return the record the fit will write if every planned step runs (for the budget check)."""
+        if self.settings is None:
+            return dcan_record(self, n_obs, spent=None)
+        history = [(self.settings.noise_multiplier, self.sample_rate, self.counts["total"])]
+        accountant = make_accountant(self.accountant)
+        accountant.history = history
+        return dcan_record(self, n_obs, spent=spent_epsilon(accountant, self.delta), history=history)
+
+
+def plan_privacy(
+    *,
+    epsilon: float | None,
+    delta: float,
+    scope: str,
+    n_obs: int,
+    batch_size: int,
+    counts: dict[str, int],
+    max_grad_norm: float,
+    accountant: str,
+    noise: NoiseSource,
+) -> DCANPrivacyPlan:
+    """Calibrate σ for the planned steps and build the DP-SGD settings (no data is read)."""
+    sample_rate = batch_size / n_obs
+    settings = None
+    if epsilon is not None:
+        sigma = calibrate_noise_multiplier(epsilon, delta, sample_rate, counts["total"], accountant)
+        settings = DPSGDSettings(
+            noise_multiplier=sigma,
+            max_grad_norm=max_grad_norm,
+            sample_rate=sample_rate,
+            expected_batch_size=batch_size,
+            accountant=make_accountant(accountant),
+            noise=noise,
+        )
+    return DCANPrivacyPlan(epsilon, delta, scope, accountant, counts, sample_rate, settings, noise)
+
+
+def dcan_record(
+    plan: DCANPrivacyPlan,
+    n_obs: int,
+    *,
+    spent: float | None,
+    history: list[tuple[float, float, int]] | None = None,
+) -> PrivacyRecord:
+    """Return the fit's :class:`~dpsc.privacy.PrivacyRecord` (heuristic under ``scope="encoder"``)."""
+    unit = f"adding or removing one of the {n_obs} training cells"
+    if plan.settings is None:
+        covered = "this model (encoder, decoder, centroids)"
+        return PrivacyRecord(
+            tool="fit",
+            epsilon=None,
+            delta=plan.delta,
+            guarantee="none",
+            statement=build_statement(
+                guarantee="none",
+                epsilon=None,
+                delta=plan.delta,
+                unit=unit,
+                mechanism="",
+                covered=covered,
+                not_covered="",
+            ),
+            covered=covered,
+            scope="none",
+            accountant=plan.accountant,
+            sample_rate=plan.sample_rate,
+            max_grad_norm=float("inf"),
+            noise=plan.noise.to_dict(),
+            details={"private_parameters": [], "kmeans_steps": 0, "frequency_steps": 0},
+        )
+    s = plan.settings
+    history = list(s.accountant.history) if history is None else history
+    private = ["encoder weights", "cluster centroids"] + ([DECODER] if plan.scope == "full" else [])
+    covered = (
+        f"the released {', '.join(private)}, including the DP k-means start of the centroids and the "
+        "cluster-frequency releases, and anything computed from them on other data"
+    )
+    not_covered = COMMON_NOT_COVERED
+    if plan.scope == "encoder":
+        not_covered = (
+            f"the {DECODER}, trained without noise and never exported by export_shared; " + not_covered
+        )
+    guarantee = "heuristic" if plan.scope == "encoder" else "proven"
+    mechanism = (
+        "DP-SGD (ghost-clipped per-cell gradients, Gaussian noise, Poisson sampling) plus Gaussian "
+        f"k-means and frequency releases, composed by the Opacus {plan.accountant.upper()} accountant"
+    )
+    curve_steps, curve_eps = epsilon_curve(history, plan.delta, plan.accountant)
+    return PrivacyRecord(
+        tool="fit",
+        epsilon=spent,
+        delta=plan.delta,
+        guarantee=guarantee,
+        statement=build_statement(
+            guarantee=guarantee,
+            epsilon=spent,
+            delta=plan.delta,
+            unit=unit,
+            mechanism=mechanism,
+            covered=covered,
+            not_covered=not_covered,
+            reason=HEURISTIC_REASON,
+            noise=plan.noise.describe(),
+        ),
+        covered=covered,
+        not_covered=not_covered,
+        guarantee_reason=HEURISTIC_REASON if guarantee == "heuristic" else "",
+        target_epsilon=float(plan.epsilon),
+        accountant=plan.accountant,
+        mechanisms=[
+            f"sampled Gaussian, sigma={s.noise_multiplier:.4g}, q={s.sample_rate:.4g}, "
+            f"C={s.max_grad_norm:g} (DP-SGD) and sensitivity-scaled releases (k-means, frequencies)"
+        ],
+        history=[(float(a), float(b), int(c)) for a, b, c in history],
+        noise_multiplier=s.noise_multiplier,
+        sample_rate=s.sample_rate,
+        steps=int(sum(h[2] for h in history)),
+        max_grad_norm=s.max_grad_norm,
+        scope=plan.scope,
+        noise=plan.noise.to_dict(),
+        details={
+            "private_parameters": private,
+            "kmeans_steps": plan.counts["kmeans"],
+            "frequency_steps": plan.counts["frequency"],
+            "curve_steps": curve_steps,
+            "curve_epsilon": curve_eps,
+        },
+    )

@@ -1,0 +1,143 @@
+r"""The one DP-SGD engine: private modules + settings → clipped, noised, accounted steps.
+
+Every method in dpsc that trains with DP-SGD (DP-DCAN's Lightning plan, the federated sites,
+the annotation classifier) goes through :class:`DPSGDEngine`. One step is Abadi et al. (2016),
+Alg. 1, with Opacus doing the clipping, the noise and the accounting:
+
+1. the caller draws a Poisson batch (each cell independently with rate :math:`q`, from the
+   secret ``"sampling"`` stream of the :class:`~dpsc.privacy.NoiseSource`) and computes the
+   per-cell loss vector :math:`(L_i)`; each :math:`L_i` must depend on cell :math:`i` alone
+   (plus parameters and already-private state), which ``tests/test_per_cell_independence.py``
+   checks for every loss;
+2. :meth:`DPSGDEngine.backward` leaves :math:`\sum_i \mathrm{clip}_C(\nabla_\theta L_i)` in the
+   private parameters' ``.grad`` by ghost clipping (:func:`ghost_clipped_backward`), never
+   materialising per-cell gradients;
+3. :meth:`DPSGDEngine.step` lets :class:`~opacus.optimizers.DPOptimizerFastGradientClipping`
+   add :math:`\mathcal N(0, \sigma^2 C^2 I)` (secret generator, Opacus ``secure_mode``), divide by
+   the expected batch size :math:`qn`, report one :math:`(\sigma, q)` step to the accountant,
+   then applies the update rule. An empty Poisson batch still takes the noisy step
+   (:meth:`DPSGDEngine.empty_step`), as the accountant assumes.
+
+Because the noise is added to the sum of clipped per-cell gradients with Poisson sampling, each
+step is one application of the sampled Gaussian mechanism with sensitivity :math:`C`; the
+accountant composes the steps (Mironov et al. 2019 for RDP; Gopi et al. 2021 for PRV).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from opacus.accountants import IAccountant
+from opacus.grad_sample import GradSampleModuleFastGradientClipping
+from opacus.optimizers import DPOptimizerFastGradientClipping
+from torch import nn
+
+from ._ghost import ghost_clipped_backward, release_privacy_hooks
+from ._noise import NoiseSource, poisson_mask
+
+
+@dataclass
+class DPSGDSettings:
+    """What one DP-SGD run needs besides its modules and update rule.
+
+    Attributes
+    ----------
+    noise_multiplier
+        σ; the noise added to the sum of clipped gradients has standard deviation σ·C.
+    max_grad_norm
+        C, the per-cell clipping norm.
+    sample_rate
+        Poisson rate q (also what the accountant is told).
+    expected_batch_size
+        q·n, the denominator of the noisy mean gradient.
+    accountant
+        Opacus accountant every noisy step is reported to.
+    noise
+        Where the noise and the Poisson samples come from.
+    """
+
+    noise_multiplier: float
+    max_grad_norm: float
+    sample_rate: float
+    expected_batch_size: int
+    accountant: IAccountant
+    noise: NoiseSource
+
+    def sampler(self, device: torch.device | str = "cpu") -> Callable[[int], torch.Tensor]:
+        """Return ``draw(n) -> bool mask``: Poisson sampling at rate q from the secret stream."""
+        generator = self.noise.torch_generator("sampling", device)
+        return lambda n: poisson_mask(n, self.sample_rate, generator)
+
+    def record_release(self) -> None:
+        """Tell the accountant about one non-SGD release with the same (σ, q) (k-means, frequencies)."""
+        self.accountant.step(noise_multiplier=self.noise_multiplier, sample_rate=self.sample_rate)
+
+
+class DPSGDEngine:
+    """Clipped and noised optimizer steps on ``modules``, with the accountant attached.
+
+    Parameters
+    ----------
+    modules
+        The private modules; every trainable parameter in them gets DP-SGD.
+    optimizer
+        The update rule over exactly those parameters (``dpsc.optim.make_optimizer``); Opacus
+        wraps it, so the rule sees only the noisy gradient (sign rules are post-processing).
+    settings
+        σ, C, q, expected batch size, accountant and noise source.
+    """
+
+    def __init__(
+        self, modules: Sequence[nn.Module], optimizer: torch.optim.Optimizer, settings: DPSGDSettings
+    ) -> None:
+        self.settings = settings
+        container = nn.ModuleList(modules)
+        self.parameters = [p for p in container.parameters() if p.requires_grad]
+        device = self.parameters[0].device
+        self._gsm = GradSampleModuleFastGradientClipping(
+            container, loss_reduction="sum", max_grad_norm=settings.max_grad_norm, use_ghost_clipping=True
+        )
+        self.optimizer = DPOptimizerFastGradientClipping(
+            optimizer,
+            noise_multiplier=settings.noise_multiplier,
+            max_grad_norm=settings.max_grad_norm,
+            expected_batch_size=settings.expected_batch_size,
+            loss_reduction="mean",
+            generator=settings.noise.torch_generator("dpsgd", device),
+            secure_mode=settings.noise.secret,
+        )
+        self.optimizer.attach_step_hook(settings.accountant.get_optimizer_hook_fn(settings.sample_rate))
+
+    def zero_grad(self) -> None:
+        """Clear the private parameters' gradients."""
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def backward(self, per_cell_loss: torch.Tensor) -> None:
+        r"""Leave :math:`\sum_i \mathrm{clip}_C(\nabla L_i)` in the private ``.grad`` (step 2)."""
+        ghost_clipped_backward(self._gsm, per_cell_loss, self.parameters)
+
+    def step(self, after_noise: Callable[[], None] | None = None) -> None:
+        """Noise, scale and account (Opacus ``pre_step``), run ``after_noise``, update (step 3).
+
+        ``after_noise`` may add gradients of data-independent terms (post-processing).
+        """
+        if not self.optimizer.pre_step():
+            return
+        if after_noise is not None:
+            after_noise()
+        self.optimizer.original_optimizer.step()
+
+    def empty_step(self, after_noise: Callable[[], None] | None = None) -> None:
+        """Empty Poisson batch: a pure-noise step, accounted like any other."""
+        self.zero_grad()
+        for p in self.parameters:
+            p.grad = torch.zeros_like(p)
+        self.step(after_noise)
+
+    def close(self) -> None:
+        """Remove Opacus's hooks and bookkeeping (state-dict keys never change)."""
+        if self._gsm is not None:
+            release_privacy_hooks(self._gsm, self.parameters)
+            self._gsm = None
