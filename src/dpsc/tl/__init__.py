@@ -4,6 +4,7 @@ from ._annotate import annotate
 from ._audit import audit
 from ._federated import fit_federated
 from ._fit import DEFAULT_N_CLUSTERS, fit
+from ._kmeans import kmeans
 from ._regression import private_regression
 
-__all__ = ["DEFAULT_N_CLUSTERS", "annotate", "audit", "fit", "fit_federated", "private_regression"]
+__all__ = ["DEFAULT_N_CLUSTERS", "annotate", "audit", "fit", "fit_federated", "kmeans", "private_regression"]

@@ -1,0 +1,203 @@
+r"""``dpsc.pp.pca``: principal components from one Gaussian release of the gene covariance.
+
+"Analyze Gauss" (Dwork, Talwar, Thakurta & Zhang 2014, Alg. 1). Each cell is represented per
+cell only: :math:`z_i = r_i / \lVert r_i\rVert_2` with :math:`r_i = \log(1 + 10^4 x_i / \sum_g
+x_{ig})` (no statistic across cells). Adding or removing one cell changes
+:math:`S = \sum_i z_i z_i^\top` by :math:`z z^\top`, whose upper triangle (diagonal included) has
+L2 norm at most :math:`\lVert zz^\top\rVert_F = \lVert z\rVert_2^2 = 1`. Adding
+:math:`\mathcal N(0, \sigma^2)` to every upper-triangle entry (mirrored below) is therefore the
+Gaussian mechanism with sensitivity 1, one Opacus history step :math:`(\sigma, q = 1, 1)`, with σ
+calibrated for the asked (ε, δ). Everything afterwards is post-processing of :math:`\tilde S`:
+
+1. keep the ``n_genes`` genes with the largest noisy second moments :math:`\tilde S_{gg}` (the
+   spectral norm of the noise grows as :math:`\sigma\sqrt d`, so fewer genes keep more signal);
+2. the top ``n_comps`` eigenvectors of the kept block are the loadings (``varm["PCs"]``, zero for
+   the other genes);
+3. each cell's projection :math:`z_i^\top V` goes to ``obsm[key_added]`` (a function of that cell
+   and the released loadings only, so a later DP step may read it cell by cell).
+"""
+
+from __future__ import annotations
+
+import anndata as ad
+import numpy as np
+import scipy.sparse as sp
+
+from .._validation import check_privacy_args, get_matrix
+from ..privacy import (
+    COMMON_NOT_COVERED,
+    NoiseSource,
+    PrivacyRecord,
+    build_statement,
+    calibrate_noise_multiplier,
+    check_budget,
+    make_accountant,
+    spent_epsilon,
+    write_result,
+)
+
+MAX_GENES = 5000  # S is a dense genes × genes matrix
+
+
+def unit_rows(matrix, log_normalize: bool = True) -> np.ndarray | sp.csr_matrix:
+    """Per-cell representation: log1p(CP10k) (or the values as given), each row scaled to norm 1."""
+    X = (
+        sp.csr_matrix(matrix, dtype=np.float64)
+        if sp.issparse(matrix)
+        else np.asarray(matrix, dtype=np.float64)
+    )
+    if log_normalize:
+        totals = np.asarray(X.sum(1)).ravel()
+        if sp.issparse(X):
+            X = sp.diags(1e4 / totals) @ X
+            X.data = np.log1p(X.data)
+        else:
+            X = np.log1p(X * (1e4 / totals)[:, None])
+    norms = np.sqrt(np.asarray(X.multiply(X).sum(1) if sp.issparse(X) else (X**2).sum(1)).ravel())
+    scale = 1.0 / np.maximum(norms, 1e-12)
+    return sp.diags(scale) @ X if sp.issparse(X) else X * scale[:, None]
+
+
+def _check(adata: ad.AnnData, n_comps: int, n_genes: int | None, epsilon: float, delta: float, layer):
+    matrix = get_matrix(adata, layer)
+    check_privacy_args(epsilon, delta, adata.n_obs)
+    if adata.n_vars > MAX_GENES:
+        raise ValueError(
+            f"dpsc.pp.pca releases a dense genes × genes matrix; {adata.n_vars} genes is more than "
+            f"{MAX_GENES}. Restrict the genes first (a public gene list, or dpsc's DP gene selection)."
+        )
+    if not 1 <= n_comps <= adata.n_vars:
+        raise ValueError(f"n_comps must be in [1, n_vars={adata.n_vars}], got {n_comps}.")
+    if n_genes is not None and n_genes < n_comps:
+        raise ValueError(
+            f"n_genes must be at least n_comps={n_comps} (or None for all genes), got {n_genes}."
+        )
+    values = matrix.data if sp.issparse(matrix) else np.asarray(matrix)
+    if not np.all(np.isfinite(values)) or np.any(values < 0):
+        raise ValueError("dpsc.pp.pca needs finite, non-negative expression values (raw counts by default).")
+    if np.any(np.asarray(matrix.sum(1)).ravel() <= 0):
+        raise ValueError(
+            "Some cells have no counts; filter them first: sc.pp.filter_cells(adata, min_counts=1)."
+        )
+    return matrix
+
+
+def pca_record(sigma: float, epsilon: float, delta: float, n_obs: int, noise: NoiseSource, spent: float):
+    """Record of one Analyze-Gauss release (proven (ε, δ)-DP, Gaussian mechanism, sensitivity 1)."""
+    covered = (
+        "the loadings (varm['PCs']), the selected genes and the eigenvalues, and anything computed "
+        "from them on other data"
+    )
+    not_covered = (
+        "the projections written to obsm for these cells (computed from each cell); " + COMMON_NOT_COVERED
+    )
+    mechanism = "the Gaussian mechanism on the gene second-moment matrix of unit-norm cells (sensitivity 1)"
+    return PrivacyRecord(
+        tool="pp.pca",
+        epsilon=spent,
+        delta=delta,
+        guarantee="proven",
+        statement=build_statement(
+            guarantee="proven",
+            epsilon=spent,
+            delta=delta,
+            unit=f"adding or removing one of the {n_obs} cells",
+            mechanism=mechanism,
+            covered=covered,
+            not_covered=not_covered,
+            noise=noise.describe(),
+        ),
+        covered=covered,
+        not_covered=not_covered,
+        target_epsilon=float(epsilon),
+        accountant="rdp",
+        mechanisms=[f"Gaussian, sigma={sigma:.4g}, sensitivity 1, one release"],
+        history=[(sigma, 1.0, 1)],
+        noise_multiplier=sigma,
+        sample_rate=1.0,
+        steps=1,
+        max_grad_norm=1.0,
+        scope="loadings",
+        noise=noise.to_dict(),
+    )
+
+
+def pca(
+    adata: ad.AnnData,
+    n_comps: int = 16,
+    *,
+    epsilon: float = 4.0,
+    delta: float = 1e-5,
+    n_genes: int | None = 500,
+    layer: str | None = None,
+    log_normalize: bool = True,
+    key_added: str = "X_pca",
+    noise_seed: int | None = None,
+    copy: bool = False,
+) -> ad.AnnData | None:
+    """Differentially private PCA of the cells (Analyze Gauss, Dwork et al. 2014).
+
+    One Gaussian release of the genes × genes second-moment matrix of unit-norm cells; the
+    loadings are its top eigenvectors (module docstring for the argument). Proven (ε, δ)-DP for
+    the loadings with respect to adding or removing one cell; the ε goes into the AnnData's
+    ledger (:func:`dpsc.privacy.spent`).
+
+    Parameters
+    ----------
+    adata
+        Cells × genes, raw counts (or non-negative values with ``log_normalize=False``).
+    n_comps
+        Number of components. Components past the first few carry mostly noise at small ε;
+        the default 16 is the number the private clustering benchmark uses.
+    epsilon, delta
+        The release's (ε, δ).
+    n_genes
+        Keep the genes with the largest *noisy* second moments before the eigendecomposition
+        (post-processing; ``None``, or more than ``n_vars``, keeps all). The noise's spectral norm grows as
+        σ√d, so a smaller block keeps more signal. 500 was chosen with the PBMC
+        4k labels and confirmed on mouse bladder (``benchmarks/results/dp_pipeline.md``).
+    layer
+        Layer with the counts; ``None`` for ``X``.
+    log_normalize
+        Represent each cell as log1p(CP10k) before scaling it to unit norm.
+    key_added
+        ``obsm`` key of the projections; the record goes to ``uns["dpsc"][key_added]``.
+    noise_seed
+        Opt-in for tests and benchmarks only (the guarantee does not hold against its holder).
+    copy
+        Return a new AnnData instead of writing into ``adata``.
+
+    Returns
+    -------
+    ``None``, or the new AnnData with ``copy=True``. Writes ``obsm[key_added]`` (cells ×
+    ``n_comps``), ``varm["PCs"]`` (genes × ``n_comps``, zero rows for the genes not kept),
+    ``var["dp_pca_gene"]``, and the record and noisy eigenvalues in ``uns["dpsc"][key_added]``.
+    """
+    matrix = _check(adata, n_comps, n_genes, epsilon, delta, layer)
+    sigma = calibrate_noise_multiplier(epsilon, delta, 1.0, 1)
+    accountant = make_accountant("rdp")
+    accountant.history = [(sigma, 1.0, 1)]
+    noise = NoiseSource(noise_seed)
+    record = pca_record(sigma, epsilon, delta, adata.n_obs, noise, spent_epsilon(accountant, delta))
+    check_budget(adata, record, key_added)
+
+    Z = unit_rows(matrix, log_normalize)
+    S = np.asarray((Z.T @ Z).todense()) if sp.issparse(Z) else Z.T @ Z
+    d = S.shape[0]
+    upper = np.triu(noise.numpy_rng("releases").normal(0.0, sigma, size=(d, d)))
+    S_noisy = S + upper + np.triu(upper, 1).T  # the release: everything below is post-processing
+    keep = np.sort(np.argsort(np.diag(S_noisy))[::-1][: n_genes or d])
+    eigval, eigvec = np.linalg.eigh(S_noisy[np.ix_(keep, keep)])
+    order = np.argsort(eigval)[::-1][:n_comps]
+    V = eigvec[:, order]
+    V *= np.sign(V[np.abs(V).argmax(0), np.arange(n_comps)])  # deterministic signs
+    loadings = np.zeros((d, n_comps))
+    loadings[keep] = V
+
+    target = adata.copy() if copy else adata
+    target.obsm[key_added] = np.asarray(Z[:, keep] @ V, dtype=np.float32)
+    target.varm["PCs"] = loadings
+    target.var["dp_pca_gene"] = np.isin(np.arange(d), keep)
+    params = {"n_comps": n_comps, "n_genes": n_genes, "layer": layer, "log_normalize": log_normalize}
+    write_result(target, key_added, record, params, eigenvalues=eigval[order])
+    return target if copy else None

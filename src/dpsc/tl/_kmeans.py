@@ -1,0 +1,173 @@
+r"""``dpsc.tl.kmeans``: k-means whose centroids are released with Gaussian noise.
+
+The cells' rows of ``obsm[use_rep]`` (e.g. the projections of :func:`dpsc.pp.pca`, each a
+function of its own cell and of already-released loadings) are read only through
+:func:`dpsc.privacy.dp_kmeans_centroids`: every read is one full-data release (q = 1) of
+per-row sums of clipped points and weighted counts, sensitivity :math:`\Delta = R\sqrt{1+\kappa^2}`,
+noise :math:`\mathcal N(0, \sigma^2\Delta^2)`. The default plan is one release of a fine sketch
+(:math:`2^{10}` random-hyperplane buckets; weighted k-means of its noisy bucket means gives
+:math:`3k` seeds) and three noisy Lloyd rounds of one release each with the :math:`3k`
+centroids, reduced to :math:`k` by weighted k-means (post-processing). σ is calibrated so that the
+:math:`1 + 3` Gaussian releases spend the asked (ε, δ) in the Opacus RDP accountant.
+Each cell's label is its nearest released centroid (computed from the cell: not a release).
+"""
+
+from __future__ import annotations
+
+import anndata as ad
+import numpy as np
+import pandas as pd
+import torch
+
+from .._validation import check_privacy_args
+from ..privacy import (
+    COMMON_NOT_COVERED,
+    NoiseSource,
+    PrivacyRecord,
+    build_statement,
+    calibrate_noise_multiplier,
+    check_budget,
+    dp_kmeans_centroids,
+    kmeans_release_steps,
+    make_accountant,
+    spent_epsilon,
+    write_result,
+)
+
+#: Release plan and sketch of :func:`kmeans` (chosen with PBMC 4k labels, confirmed on mouse bladder:
+#: ``benchmarks/results/dp_pipeline.md``).
+KMEANS_DEFAULTS = {
+    "n_sketch_steps": 1,
+    "n_lloyd_rounds": 3,
+    "steps_per_round": 1,
+    "n_bits": 10,
+    "oversampling": 3,
+    "count_scale": 0.3,
+}
+
+
+def kmeans_record(sigma: float, steps: int, epsilon: float, delta: float, n_obs: int, noise: NoiseSource):
+    """Record of the k-means releases (proven (ε, δ)-DP, ``steps`` Gaussian releases at q = 1)."""
+    accountant = make_accountant("rdp")
+    accountant.history = [(sigma, 1.0, steps)]
+    spent = spent_epsilon(accountant, delta)
+    covered = "the centroids and anything computed from them on other data (e.g. labels of new cells)"
+    not_covered = (
+        "the labels written for these cells (each is computed from its own cell); the representation "
+        f"in obsm, unless it was itself released privately (see its own record); {COMMON_NOT_COVERED}"
+    )
+    return PrivacyRecord(
+        tool="tl.kmeans",
+        epsilon=spent,
+        delta=delta,
+        guarantee="proven",
+        statement=build_statement(
+            guarantee="proven",
+            epsilon=spent,
+            delta=delta,
+            unit=f"adding or removing one of the {n_obs} cells",
+            mechanism=f"{steps} Gaussian releases of clipped per-cluster sums and counts (DP k-means)",
+            covered=covered,
+            not_covered=not_covered,
+            noise=noise.describe(),
+        ),
+        covered=covered,
+        not_covered=not_covered,
+        target_epsilon=float(epsilon),
+        accountant="rdp",
+        mechanisms=[f"Gaussian, sigma={sigma:.4g} x sensitivity, {steps} releases at q=1"],
+        history=[(sigma, 1.0, steps)],
+        noise_multiplier=sigma,
+        sample_rate=1.0,
+        steps=steps,
+        scope="centroids",
+        noise=noise.to_dict(),
+    )
+
+
+def kmeans(
+    adata: ad.AnnData,
+    n_clusters: int = 8,
+    *,
+    epsilon: float = 4.0,
+    delta: float = 1e-5,
+    use_rep: str = "X_pca",
+    clip_norm: float = 1.0,
+    key_added: str = "dp_kmeans",
+    random_state: int = 0,
+    noise_seed: int | None = None,
+    copy: bool = False,
+) -> ad.AnnData | None:
+    """Cluster cells by differentially private k-means on ``obsm[use_rep]``.
+
+    Proven (ε, δ)-DP for the centroids with respect to adding or removing one cell (module
+    docstring); the ε goes into the AnnData's ledger, where it composes with the release that
+    made ``use_rep`` (e.g. :func:`dpsc.pp.pca`).
+
+    Parameters
+    ----------
+    adata
+        Cells with a representation in ``obsm[use_rep]``.
+    n_clusters
+        k (fixed in advance; estimating it from the cells would spend privacy).
+    epsilon, delta
+        (ε, δ) of the centroid releases.
+    use_rep
+        ``obsm`` key of the representation; rows are clipped to L2 norm ``clip_norm`` (the
+        projections of :func:`dpsc.pp.pca` have norm at most 1, so the default clips nothing).
+    clip_norm
+        R, the clipping radius (sets the sensitivity).
+    key_added
+        ``obs`` column of the labels (categorical); the record and the centroids go to
+        ``uns["dpsc"][key_added]``.
+    random_state
+        Seed of the post-processing k-means runs (not of the noise).
+    noise_seed
+        Opt-in for tests and benchmarks only (the guarantee does not hold against its holder).
+    copy
+        Return a new AnnData instead of writing into ``adata``.
+
+    Returns
+    -------
+    ``None``, or the new AnnData with ``copy=True``.
+    """
+    if use_rep not in adata.obsm:
+        raise ValueError(
+            f"adata.obsm has no {use_rep!r}; compute a representation first, "
+            "e.g. dpsc.pp.pca(adata, epsilon=4)."
+        )
+    check_privacy_args(epsilon, delta, adata.n_obs)
+    if not 2 <= n_clusters <= adata.n_obs:
+        raise ValueError(f"n_clusters must be in [2, n_obs={adata.n_obs}], got {n_clusters}.")
+    if not clip_norm > 0:
+        raise ValueError(f"clip_norm must be > 0, got {clip_norm}.")
+    points = torch.as_tensor(np.asarray(adata.obsm[use_rep], dtype=np.float64))
+    if not torch.isfinite(points).all():
+        raise ValueError(f"obsm[{use_rep!r}] has NaN or infinite values.")
+    steps = kmeans_release_steps(
+        *(KMEANS_DEFAULTS[k] for k in ("n_sketch_steps", "n_lloyd_rounds", "steps_per_round"))
+    )
+    sigma = calibrate_noise_multiplier(epsilon, delta, 1.0, steps)
+    noise = NoiseSource(noise_seed)
+    record = kmeans_record(sigma, steps, epsilon, delta, adata.n_obs, noise)
+    check_budget(adata, record, key_added)
+
+    released = []
+    centroids = dp_kmeans_centroids(
+        lambda: points,
+        n_clusters,
+        noise_multiplier=sigma,
+        clip_norm=clip_norm,
+        record_step=lambda: released.append(1),
+        generator=noise.torch_generator("releases"),
+        random_state=random_state,
+        **KMEANS_DEFAULTS,
+    )
+    assert len(released) == steps, "the release plan and the accounted steps disagree"
+    labels = torch.cdist(points.float(), torch.as_tensor(centroids)).argmin(1).numpy()
+
+    target = adata.copy() if copy else adata
+    target.obs[key_added] = pd.Categorical(labels.astype(str), categories=[str(i) for i in range(n_clusters)])
+    params = {"n_clusters": n_clusters, "use_rep": use_rep, "clip_norm": clip_norm, **KMEANS_DEFAULTS}
+    write_result(target, key_added, record, params, centroids=centroids)
+    return target if copy else None

@@ -1,0 +1,93 @@
+"""The private scanpy pipeline: DP PCA (Analyze Gauss) and DP k-means, each a ledger entry."""
+
+import anndata as ad
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from sklearn.metrics import adjusted_rand_score
+
+import dpsc
+from dpsc.pp._dp_pca import unit_rows
+from dpsc.privacy import BudgetExceededError, ledger_frame, set_budget, spent
+
+
+def blobs(n_per=150, k=4, genes=60, seed=0):
+    """Counts of k cell types, each with its own set of highly expressed genes."""
+    rng = np.random.default_rng(seed)
+    rows, labels = [], []
+    for c in range(k):
+        rate = np.full(genes, 1.0)
+        rate[c * (genes // k) : (c + 1) * (genes // k)] = 12.0
+        rows.append(rng.poisson(rate, size=(n_per, genes)))
+        labels += [c] * n_per
+    X = sp.csr_matrix(np.vstack(rows).astype(np.float32))
+    adata = ad.AnnData(X)
+    adata.obs["truth"] = np.array(labels).astype(str)
+    return adata
+
+
+def test_one_cell_moves_the_released_matrix_by_at_most_one():
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        z = unit_rows(rng.poisson(3.0, size=(1, 30)) + 1.0)[0]
+        iu = np.triu_indices(30)
+        assert np.linalg.norm(np.outer(z, z)[iu]) <= 1.0 + 1e-12
+
+
+def test_pca_writes_scanpy_keys_and_a_proven_record():
+    adata = blobs()
+    dpsc.pp.pca(adata, n_comps=5, epsilon=8.0, n_genes=40, noise_seed=0)
+    assert adata.obsm["X_pca"].shape == (adata.n_obs, 5) and adata.varm["PCs"].shape == (adata.n_vars, 5)
+    assert adata.var["dp_pca_gene"].sum() == 40
+    assert np.all(adata.varm["PCs"][~adata.var["dp_pca_gene"].to_numpy()] == 0)
+    assert np.all(np.linalg.norm(adata.obsm["X_pca"], axis=1) <= 1 + 1e-5)
+    record = dpsc.privacy.get_record(adata, "X_pca")
+    assert record["guarantee"] == "proven" and 0 < record["epsilon"] <= 8.0
+    assert record["statement"].startswith("Proven") and tuple(record["history"][0]) == (
+        record["noise_multiplier"],
+        1.0,
+        1.0,
+    )
+    assert spent(adata)[0] == pytest.approx(record["epsilon"])
+
+
+def test_pca_noise_is_secret_unless_seeded():
+    a, b, c, d = (blobs() for _ in range(4))
+    for x in (a, b):
+        dpsc.pp.pca(x, n_comps=3, epsilon=1.0, n_genes=None)
+    assert not np.allclose(a.varm["PCs"], b.varm["PCs"])
+    for x in (c, d):
+        dpsc.pp.pca(x, n_comps=3, epsilon=1.0, n_genes=None, noise_seed=4)
+    np.testing.assert_array_equal(c.varm["PCs"], d.varm["PCs"])
+
+
+def test_pipeline_recovers_separated_types_and_composes_in_the_ledger():
+    adata = blobs()
+    dpsc.pp.pca(adata, n_comps=4, epsilon=4.0, n_genes=None, noise_seed=1)
+    out = dpsc.tl.kmeans(adata, 4, epsilon=4.0, noise_seed=1, copy=True)
+    assert "dp_kmeans" not in adata.obs and "dp_kmeans" in out.obs  # copy=True leaves adata alone
+    labels = out.obs["dp_kmeans"]
+    assert list(labels.cat.categories) == ["0", "1", "2", "3"]
+    assert adjusted_rand_score(out.obs["truth"], labels) > 0.9
+    result = out.uns["dpsc"]["dp_kmeans"]
+    assert result["centroids"].shape == (4, 4) and result["privacy"]["steps"] == 4
+    eps, delta = spent(out)
+    entries = ledger_frame(out)["epsilon"].to_numpy()
+    assert entries.max() < eps < entries.sum() and delta == pytest.approx(2e-5)
+
+
+def test_budget_and_bad_input_leave_adata_unchanged():
+    adata = blobs()
+    set_budget(adata, 1.0)
+    before = adata.copy()
+    with pytest.raises(BudgetExceededError):
+        dpsc.pp.pca(adata, n_comps=3, epsilon=2.0)
+    with pytest.raises(ValueError, match="compute a representation first"):
+        dpsc.tl.kmeans(adata, 3)
+    with pytest.raises(ValueError, match="n_genes"):
+        dpsc.pp.pca(adata, n_comps=10, epsilon=0.5, n_genes=5)
+    with pytest.raises(ValueError, match="non-negative"):
+        bad = adata.copy()
+        bad.X = -bad.X
+        dpsc.pp.pca(bad, epsilon=0.5)
+    assert set(adata.obsm) == set(before.obsm) and set(adata.uns["dpsc"]) == {"budget"}
