@@ -1,0 +1,230 @@
+"""The private scanpy pipeline (``dpsc.pp.pca`` + ``dpsc.tl.kmeans``) against the quick DP baseline.
+
+Every row is a final result (no label-based choice); labels are used only for scoring. The total
+(ε, δ) of the pipeline is what the AnnData's ledger composes (``dpsc.privacy.spent``): each
+call gets δ/2, and ε is split 0.6 : 0.4 between the PCA and the k-means releases, scaled so that
+the composition equals the target. Release utility: a second fit on 70 % of the cells; the
+other 30 % are projected with the released loadings and labelled by the nearest released
+centroid. Noise is seeded (``noise_seed=seed``) so the table repeats: a benchmark, not a release.
+
+    python benchmarks/dp_pipeline.py --data ../shared/data --baseline ../shared/tools/dp_baseline.py \\
+        --out benchmarks/results/dp_pipeline.jsonl
+    python benchmarks/dp_pipeline.py --report benchmarks/results/dp_pipeline.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import platform
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+from sklearn.cluster import KMeans
+from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
+
+warnings.filterwarnings("ignore")
+DATASETS = {"pbmc": "pbmc_10x_4k_top2000.h5", "bladder": "mouse_bladder_top2000.h5"}
+PCA_SHARE, DELTA = 0.6, 1e-5
+
+
+def split_epsilon(total: float, steps_kmeans: int) -> tuple[float, float]:
+    """(ε_pca, ε_kmeans) in the ratio PCA_SHARE : 1 − PCA_SHARE whose RDP composition is ``total``."""
+    from dpsc.privacy import calibrate_noise_multiplier, make_accountant
+
+    def composed(scale: float) -> float:
+        sp = calibrate_noise_multiplier(PCA_SHARE * scale, DELTA / 2, 1.0, 1)
+        sk = calibrate_noise_multiplier((1 - PCA_SHARE) * scale, DELTA / 2, 1.0, steps_kmeans)
+        acc = make_accountant("rdp")
+        acc.history = [(sp, 1.0, 1), (sk, 1.0, steps_kmeans)]
+        return acc.get_epsilon(DELTA)
+
+    lo, hi = 0.01, 2 * total
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if composed(mid) < total else (lo, mid)
+    return PCA_SHARE * lo, (1 - PCA_SHARE) * lo
+
+
+def score(truth, pred) -> dict:
+    return {
+        "ari": adjusted_rand_score(truth, pred),
+        "nmi": normalized_mutual_info_score(truth, pred),
+        "clusters_used": len(np.unique(pred)),
+    }
+
+
+def fit_pipeline(adata, eps: float, seed: int):
+    """Run pp.pca + tl.kmeans on ``adata`` (in place) for a composed total of (eps, DELTA)."""
+    import dpsc
+    from dpsc.tl._kmeans import KMEANS_DEFAULTS
+
+    plan = ("n_sketch_steps", "n_lloyd_rounds", "steps_per_round")
+    steps = KMEANS_DEFAULTS[plan[0]] + KMEANS_DEFAULTS[plan[1]] * KMEANS_DEFAULTS[plan[2]]
+    e_pca, e_km = split_epsilon(eps, steps)
+    dpsc.pp.pca(adata, epsilon=e_pca, delta=DELTA / 2, noise_seed=seed)
+    k = adata.obs["label"].nunique()
+    dpsc.tl.kmeans(adata, k, epsilon=e_km, delta=DELTA / 2, random_state=seed, noise_seed=seed)
+    return e_pca, e_km
+
+
+def release_ari(adata, eps: float, seed: int) -> float:
+    """Fit on 70 % of the cells; assign the other 30 % with the released loadings and centroids."""
+    from dpsc.pp._dp_pca import unit_rows
+
+    order = np.random.default_rng(seed).permutation(adata.n_obs)
+    cut = int(0.7 * adata.n_obs)
+    train, held = adata[np.sort(order[:cut])].copy(), adata[np.sort(order[cut:])]
+    fit_pipeline(train, eps, seed)
+    z = np.asarray(unit_rows(held.X) @ train.varm["PCs"])
+    centroids = torch.as_tensor(train.uns["dpsc"]["dp_kmeans"]["centroids"], dtype=torch.float64)
+    pred = torch.cdist(torch.as_tensor(z), centroids).argmin(1).numpy().astype(str)
+    return adjusted_rand_score(held.obs["label"], pred)
+
+
+def run_pipeline(adata, eps: float, seed: int) -> dict:
+    import dpsc
+
+    cells = adata.copy()
+    start = time.perf_counter()
+    e_pca, e_km = fit_pipeline(cells, eps, seed)
+    wall = time.perf_counter() - start
+    spent, delta = dpsc.privacy.spent(cells)
+    return {
+        "method": "DP pipeline (pp.pca + tl.kmeans)",
+        **score(cells.obs["label"], cells.obs["dp_kmeans"]),
+        "release_ari": release_ari(adata, eps, seed),
+        "epsilon_spent": spent,
+        "delta": delta,
+        "epsilon_pca": e_pca,
+        "epsilon_kmeans": e_km,
+        "wall_s": wall,
+    }
+
+
+def run_baseline(path: Path, baseline: Path, eps: float, seed: int) -> dict:
+    spec = importlib.util.spec_from_file_location("dp_baseline", baseline)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    start = time.perf_counter()
+    ari, _, spent, clusters = module.run(str(path), eps, seed)
+    return {
+        "method": "quick DP baseline (shared/tools/dp_baseline.py)",
+        "ari": ari,
+        "clusters_used": clusters,
+        "epsilon_spent": spent,
+        "delta": DELTA,
+        "wall_s": time.perf_counter() - start,
+    }
+
+
+def run_scanpy(adata, seed: int) -> dict:
+    import scanpy as sc
+
+    a = adata.copy()
+    sc.pp.normalize_total(a, target_sum=1e4)
+    sc.pp.log1p(a)
+    sc.pp.pca(a, n_comps=32, random_state=seed)
+    pred = KMeans(adata.obs["label"].nunique(), n_init=10, random_state=seed).fit_predict(a.obsm["X_pca"])
+    return {"method": "scanpy PCA + k-means (non-private)", **score(adata.obs["label"], pred.astype(str))}
+
+
+def run(args) -> None:
+    import dpsc
+
+    torch.set_num_threads(args.threads)
+    for name in args.datasets:
+        path = Path(args.data) / DATASETS[name]
+        adata = dpsc.datasets.read_h5(path)
+        for seed in args.seeds:
+            rows = [{**run_scanpy(adata, seed), "epsilon": None}]
+            for eps in args.epsilons:
+                rows.append({**run_pipeline(adata, eps, seed), "epsilon": eps})
+                if args.baseline:
+                    rows.append({**run_baseline(path, Path(args.baseline), eps, seed), "epsilon": eps})
+            with open(args.out, "a") as fh:
+                for row in rows:
+                    meta = {"dataset": name, "seed": seed, "cpu": platform.processor() or platform.machine()}
+                    meta["threads"] = args.threads
+                    fh.write(json.dumps({**meta, **row}) + "\n")
+            print(
+                name,
+                seed,
+                [(r["method"][:12], r.get("epsilon"), round(r["ari"], 3)) for r in rows],
+                flush=True,
+            )
+
+
+def report(path: str) -> str:
+    df = pd.read_json(path, lines=True)
+    df["epsilon"] = df["epsilon"].fillna(np.inf)
+    lines = [
+        "# Private clustering: DP pipeline vs the quick DP baseline",
+        "",
+        f"Command: `python benchmarks/dp_pipeline.py --data ../shared/data --baseline "
+        f"../shared/tools/dp_baseline.py --out {path}`, then `--report {path}`. Final results, "
+        "labels for scoring only, mean ± sd (ddof 0) over seeds; `noise_seed=seed` (repeatable, "
+        "a benchmark, not a release). The pipeline's ε is the ledger's composition of its two "
+        "releases at δ = 1e-5 in total; the baseline composes its two in one accountant too. "
+        "PBMC rows are tuned-on (the PCA share, gene block, sketch and Lloyd plan were chosen "
+        "with its labels); mouse bladder confirms them. ARI and NMI: all cells, as the baseline. "
+        "Release ARI: a second fit on 70 % of the cells; the other 30 % were assigned with the "
+        "released loadings and centroids only.",
+        "",
+    ]
+    for name, group in df.groupby("dataset", sort=False):
+        lines += [
+            f"## {name}",
+            "",
+            "| method | ε | ARI | NMI | clusters used | release ARI (30 % held out) | seeds |",
+        ]
+        lines.append("|---|---|---|---|---|---|---|")
+        for (method, eps), g in group.groupby(["method", "epsilon"], sort=False):
+
+            def ms(col, g=g):
+                if col not in g or g[col].isna().all():
+                    return "–"
+                return f"{g[col].mean():.3f} ± {g[col].std(ddof=0):.3f}"
+
+            used = (
+                "–" if g["clusters_used"].isna().all() else ", ".join(str(int(c)) for c in g["clusters_used"])
+            )
+            e = "none" if np.isinf(eps) else f"{eps:g}"
+            lines.append(
+                f"| {method} | {e} | {ms('ari')} | {ms('nmi')} | {used} | {ms('release_ari')} | {len(g)} |"
+            )
+        lines.append("")
+    lines.append(
+        f"Ran on: {', '.join(sorted(df['cpu'].astype(str).unique()))}, {int(df['threads'].iloc[0])} threads."
+    )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", default="../shared/data")
+    parser.add_argument("--baseline", help="path to shared/tools/dp_baseline.py (rows skipped without it)")
+    parser.add_argument("--datasets", nargs="+", default=list(DATASETS))
+    parser.add_argument("--epsilons", nargs="+", type=float, default=[8.0, 4.0, 1.0])
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", default="benchmarks/results/dp_pipeline.jsonl")
+    parser.add_argument("--report", help="write the markdown table of this results file next to it")
+    args = parser.parse_args()
+    if args.report:
+        text = report(args.report)
+        Path(args.report).with_suffix(".md").write_text(text)
+        print(text)
+        return
+    os.makedirs(Path(args.out).parent, exist_ok=True)
+    run(args)
+
+
+if __name__ == "__main__":
+    main()
