@@ -41,23 +41,34 @@ def test_cli_fit_prints_statement_and_scores(small_adata, tmp_path, capsys):
     assert (tmp_path / "share" / "shared_encoder.pt").exists()
 
 
-def test_cli_rejects_unknown_label_key(small_adata, tmp_path):
+def test_cli_errors_are_one_paragraph_with_exit_code_2(small_adata, tmp_path, capsys):
     src = tmp_path / "in.h5ad"
     small_adata.write_h5ad(src)
-    with pytest.raises(SystemExit):
-        main(
-            [
-                "fit",
-                str(src),
-                "--label-key",
-                "nope",
-                "--max-epochs",
-                "2",
-                "--no-progress",
-                "--n-clusters",
-                "3",
-            ]
-        )
+    args = ["--max-epochs", "2", "--no-progress", "--n-clusters", "3"]
+    assert main(["fit", str(src), "--label-key", "nope", *args]) == 2
+    err = capsys.readouterr().err
+    assert "--label-key 'nope' is not a column of obs" in err and "Traceback" not in err
+    assert main(["fit", str(tmp_path / "missing.h5ad"), *args]) == 2
+    assert "No such file" in capsys.readouterr().err
+    lognorm = small_adata.copy()
+    lognorm.X = lognorm.X.log1p()
+    lognorm.write_h5ad(tmp_path / "log.h5ad")
+    assert main(["fit", str(tmp_path / "log.h5ad"), *args]) == 2
+    assert "likelihood='gaussian'" in capsys.readouterr().err
+    with pytest.raises(ValueError):
+        main(["--debug", "fit", str(tmp_path / "log.h5ad"), *args])
+    with pytest.raises(SystemExit) as version:
+        main(["--version"])
+    assert version.value.code == 0 and "dpsc" in capsys.readouterr().out
+
+
+def test_import_and_help_do_not_load_torch():
+    import subprocess
+    import sys
+
+    code = "import sys, dpsc.cli; print('torch' in sys.modules, 'scvi' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "False"]
 
 
 def test_plots_return_axes_and_save(small_adata, tmp_path):

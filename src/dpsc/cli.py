@@ -3,16 +3,26 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import textwrap
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-import anndata as ad
+from . import __version__
+
+if TYPE_CHECKING:
+    import anndata as ad
+
+#: Exit code for input the user can fix (bad file, bad option, budget exceeded).
+BAD_INPUT = 2
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dpsc", description="Differentially private single-cell analysis.")
+    parser.add_argument("--version", action="version", version=f"dpsc {__version__}")
+    parser.add_argument("--debug", action="store_true", help="Show the full traceback of an error.")
     sub = parser.add_subparsers(dest="command", required=True)
     fit = sub.add_parser("fit", help="Cluster and embed cells with DP-DCAN.")
     fit.add_argument("input", nargs="?", help="Counts as .h5ad (default: the embedded PBMC 4k data set).")
@@ -33,6 +43,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     fit.add_argument("--layer", default=None, help="Layer holding the raw counts (default: X).")
     fit.add_argument(
+        "--likelihood",
+        choices=["zinb", "gaussian"],
+        default="zinb",
+        help="zinb for raw counts (default), gaussian for log-normalised data.",
+    )
+    fit.add_argument(
         "--max-epochs", type=int, default=None, help="Total epochs of both stages (default 50 + 40)."
     )
     fit.add_argument("--accountant", choices=["rdp", "prv"], default="rdp")
@@ -42,7 +58,15 @@ def _parser() -> argparse.ArgumentParser:
         default="sgd",
         help="Update rule of the private parameters (default sgd).",
     )
-    fit.add_argument("--seed", type=int, default=0)
+    fit.add_argument(
+        "--seed", type=int, default=0, help="Seed of initialisation and masks (not of the noise)."
+    )
+    fit.add_argument(
+        "--noise-seed",
+        type=int,
+        default=None,
+        help="Make the DP noise repeatable (tests only: no guarantee against whoever knows it).",
+    )
     fit.add_argument(
         "--label-key",
         default=None,
@@ -59,12 +83,19 @@ def _parser() -> argparse.ArgumentParser:
 def _label_key(adata: ad.AnnData, requested: str | None) -> str | None:
     if requested is not None:
         if requested not in adata.obs:
-            raise SystemExit(f"--label-key {requested!r} is not a column of obs ({list(adata.obs.columns)}).")
+            raise ValueError(f"--label-key {requested!r} is not a column of obs ({list(adata.obs.columns)}).")
         return requested
     return next((k for k in ("cell_type", "label") if k in adata.obs), None)
 
 
+def _quiet_training_logs() -> None:
+    """Lightning's INFO lines (printed twice through scvi's handler) and adverts: warnings only."""
+    for name in ("lightning.pytorch", "lightning.fabric", "lightning", "scvi"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
 def _fit(args: argparse.Namespace) -> int:
+    import anndata as ad
     import numpy as np
     from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
 
@@ -74,10 +105,12 @@ def _fit(args: argparse.Namespace) -> int:
         adata = datasets.pbmc4k()
         source = "embedded PBMC 4k (4271 cells × 2000 genes)"
     else:
-        adata = ad.read_h5ad(args.input)
+        adata = _read(ad, args.input)
         source = args.input
+    key = _label_key(adata, args.label_key)  # checked before any work
     epsilon = None if args.non_private else args.epsilon
     print(f"dpsc fit: {source}; epsilon={epsilon}, delta={args.delta}, scope={args.scope}", flush=True)
+    _quiet_training_logs()
     start = time.perf_counter()
     model = tl.fit(
         adata,
@@ -86,10 +119,12 @@ def _fit(args: argparse.Namespace) -> int:
         n_clusters=args.n_clusters,
         scope=args.scope,
         layer=args.layer,
+        likelihood=args.likelihood,
         max_epochs=args.max_epochs,
         accountant=args.accountant,
         optimizer=args.optimizer,
         random_state=args.seed,
+        noise_seed=args.noise_seed,
         progress_bar=not args.no_progress,
     )
     wall = time.perf_counter() - start
@@ -109,8 +144,9 @@ def _fit(args: argparse.Namespace) -> int:
     print(f"Wall time: {wall:.1f} s")
     counts = adata.obs["dp_cluster"].value_counts()
     print(f"Clusters: {len(counts)} ({', '.join(f'{k}: {v}' for k, v in counts.items())})")
-    key = _label_key(adata, args.label_key)
-    if key is not None:
+    if key is None:
+        print("No known labels (obs 'cell_type' or 'label'), so no ARI/NMI; pass --label-key to score.")
+    else:
         truth = np.asarray(adata.obs[key].astype(str))
         pred = np.asarray(adata.obs["dp_cluster"].astype(str))
         print(
@@ -127,12 +163,32 @@ def _fit(args: argparse.Namespace) -> int:
     return 0
 
 
+def _read(ad, path: str):
+    """Read an .h5ad file, with an error that names the problem instead of h5py's traceback."""
+    from pathlib import Path
+
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"No such file: {path}. Pass the path to an .h5ad file.")
+    try:
+        return ad.read_h5ad(path)
+    except OSError as err:
+        raise ValueError(f"{path} is not a readable .h5ad file ({err}).") from None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``dpsc`` command."""
+    """Entry point of the ``dpsc`` command: exit 0 on success, 2 on input the user can fix."""
     args = _parser().parse_args(argv)
-    if args.command == "fit":
-        return _fit(args)
-    return 2  # pragma: no cover - argparse rejects other commands
+    try:
+        if args.command == "fit":
+            return _fit(args)
+    except (ValueError, FileNotFoundError, KeyError, TypeError) as err:
+        if args.debug:
+            raise
+        message = err.args[0] if isinstance(err, KeyError) and err.args else str(err)
+        print(textwrap.fill(f"dpsc: error: {message}", width=96), file=sys.stderr)
+        print("(run with --debug for the full traceback)", file=sys.stderr)
+        return BAD_INPUT
+    return BAD_INPUT  # pragma: no cover - argparse rejects other commands
 
 
 if __name__ == "__main__":  # pragma: no cover
