@@ -60,3 +60,50 @@ def test_audit_bad_input(small_adata):
         dpsc.tl.audit(small_adata, attack="whitebox")
     with pytest.raises(ValueError, match="Unknown method"):
         dpsc.tl.audit(small_adata, method="fedsc")
+
+
+def test_one_run_bound_analysis():
+    from dpsc.audit._one_run import epsilon_lower_bound, p_value
+
+    # chance-level guessing proves nothing; all-correct guessing is the ceiling, growing with r
+    assert epsilon_lower_bound(1000, 200, 100, 1e-5) == 0.0
+    assert 3.0 < epsilon_lower_bound(1000, 100, 100, 0.0) < epsilon_lower_bound(1000, 400, 400, 0.0)
+    assert p_value(100, 50, 40, 0.5, 1e-5) > p_value(100, 50, 40, 0.5, 0.0)  # δ only loosens the test
+    scores = np.r_[np.ones(50), -np.ones(50)]
+    included = np.r_[np.ones(50, bool), np.zeros(50, bool)]
+    bound = dpsc.audit.one_run_bound(scores, included, k_plus=20, k_minus=20, delta=0.0)
+    assert bound["n_correct"] == bound["n_guesses"] == 40 and bound["epsilon_lower"] == bound["ceiling"]
+
+
+def _small_counts(small_adata):
+    import torch
+
+    return torch.as_tensor(small_adata.X.toarray(), dtype=torch.float32)
+
+
+RUN = {"n_canaries": 1000, "epochs": 5, "n_hidden": (32, 16), "n_latent": 8}
+
+
+def test_one_run_gradient_audit_flags_a_broken_mechanism_and_the_non_private_run(small_adata):
+    from dpsc.audit import gradient_canary_run
+
+    x = _small_counts(small_adata)
+    broken = gradient_canary_run(x, epsilon=1.0, _noise_scale=0.1, **RUN)  # noise x 0.1, same claim
+    assert broken["epsilon_lower"] > broken["epsilon_claimed"]
+    open_run = gradient_canary_run(x, epsilon=None, **RUN)
+    assert open_run["epsilon_lower"] >= 2.0
+
+
+def test_one_run_gradient_audit_never_exceeds_a_correct_claim(small_adata):
+    table = dpsc.tl.audit(small_adata, epsilon=2.0, method="one_run", **RUN)
+    for seed in range(1, 5):
+        row = dpsc.tl.audit(small_adata, epsilon=2.0, method="one_run", random_state=seed, **RUN).iloc[0]
+        assert 0.0 <= row["epsilon_lower"] <= row["epsilon_claimed"] <= 2.0
+    row = table.iloc[0]
+    assert {"epsilon_claimed", "epsilon_lower", "confidence", "n_canaries", "ceiling"} <= set(table.columns)
+    assert row["epsilon_lower"] > 0.1  # the audit sees part of the claimed leak
+    record = small_adata.uns["dpsc"]["audit"]["privacy"]
+    assert record["guarantee"] == "proven" and dpsc.privacy.spent(small_adata)[0] > 2.0  # five runs composed
+    assert dpsc.pl.audit(small_adata, show=False).get_ylabel() == "ε"
+    with pytest.raises(ValueError, match="Unknown canaries"):
+        dpsc.tl.audit(small_adata, epsilon=2.0, method="one_run", canaries="input")

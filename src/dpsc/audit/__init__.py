@@ -1,13 +1,19 @@
-"""Membership-inference audits of trained models (what the shared encoder leaks in practice)."""
+"""Audits: one-run canary audits of the DP-SGD engine, and membership inference on trained models."""
 
+from ._canaries import GradientCanaries
 from ._features import encoder_features, reconstruction_loss
+from ._gradient_audit import gradient_canary_run
 from ._metrics import attack_metrics, best_thresholds, clopper_pearson, epsilon_lower_bound
+from ._one_run import one_run_bound
 
 __all__ = [
+    "GradientCanaries",
     "attack_metrics",
     "best_thresholds",
     "clopper_pearson",
     "encoder_features",
     "epsilon_lower_bound",
+    "gradient_canary_run",
+    "one_run_bound",
     "reconstruction_loss",
 ]

@@ -1,4 +1,4 @@
-"""ROC curves of a membership-inference audit."""
+"""Audit plots: ROC curves of membership inference, or claimed ε against a one-run lower bound."""
 
 from __future__ import annotations
 
@@ -18,9 +18,12 @@ def audit(
     show: bool | None = None,
     save: str | Path | None = None,
 ) -> Axes | None:
-    """Plot the ROC curve of each attack of :func:`dpsc.tl.audit`, with the chance diagonal.
+    """Plot what :func:`dpsc.tl.audit` measured.
 
-    The bound implied by the claimed (ε, δ), TPR ≤ e^ε·FPR + δ, is drawn as a dotted line
+    After ``method="one_run"``: the claimed ε and the lower bound as bars, with the ceiling (the
+    largest bound those canaries could give) as a dashed line; a lower bound above the claim
+    is a proven bug. After ``method="shadow"``: the ROC curve of each attack with the chance
+    diagonal. The bound implied by the claimed (ε, δ), TPR ≤ e^ε·FPR + δ, is drawn as a dotted line
     when ε is finite: a DP model's curve must stay under it (up to sampling error).
 
     Parameters
@@ -31,6 +34,8 @@ def audit(
         scanpy's conventions; the Axes is returned when not shown.
     """
     record = uns_record(adata, "audit", "dpsc.tl.audit(adata, ...)")
+    if "roc" not in record:
+        return _one_run(record["table"], ax, show, save)
     target = get_ax(ax, figsize=(4.0, 4.0))
     table = record["table"]
     for i, (name, roc) in enumerate(record["roc"].items()):
@@ -49,4 +54,20 @@ def audit(
     target.set_ylabel("true positive rate")
     target.set_title(title)
     target.legend(fontsize=7, loc="lower right")
+    return finish(target, show, save)
+
+
+def _one_run(table: dict, ax: Axes | None, show: bool | None, save: str | Path | None) -> Axes | None:
+    target = get_ax(ax, figsize=(3.5, 3.5))
+    claimed, lower = float(table["epsilon_claimed"][0]), float(table["epsilon_lower"][0])
+    ceiling = float(table["ceiling"][0])
+    shown = claimed if np.isfinite(claimed) else ceiling * 1.2
+    target.bar([0, 1], [shown, lower], color=["C0", "C3" if lower > claimed else "C2"], width=0.6)
+    target.axhline(
+        ceiling, color="grey", ls="--", lw=0.8, label=f"ceiling ({int(table['n_canaries'][0])} canaries)"
+    )
+    target.set_xticks([0, 1], ["claimed ε" if np.isfinite(claimed) else "claimed ε = ∞", "lower bound"])
+    target.set_ylabel("ε")
+    target.set_title(f"One-run audit ({float(table['confidence'][0]):.0%} confidence)", fontsize=9)
+    target.legend(fontsize=7, frameon=False)
     return finish(target, show, save)

@@ -109,6 +109,9 @@ class DPSGDEngine:
             secure_mode=settings.noise.secret,
         )
         self.optimizer.attach_step_hook(settings.accountant.get_optimizer_hook_fn(settings.sample_rate))
+        #: Audit probes (``dpsc.audit.GradientCanaries``): called with the private parameters just
+        #: before the noise (``before_noise``) and just after it (``after_noise``).
+        self.probes: list = []
 
     def zero_grad(self) -> None:
         """Clear the private parameters' gradients."""
@@ -123,8 +126,12 @@ class DPSGDEngine:
 
         ``after_noise`` may add gradients of data-independent terms (post-processing).
         """
+        for probe in self.probes:
+            probe.before_noise(self.parameters)
         if not self.optimizer.pre_step():
             return
+        for probe in self.probes:
+            probe.after_noise(self.parameters)
         if after_noise is not None:
             after_noise()
         self.optimizer.original_optimizer.step()

@@ -13,6 +13,7 @@ from sklearn.model_selection import cross_val_predict
 
 from ..audit import attack_metrics, best_thresholds, encoder_features, reconstruction_loss
 from ..privacy import PrivacyRecord, no_guarantee_record, write_result
+from ._audit_one_run import one_run_audit
 from ._fit import fit
 
 ATTACKS = ("shadow", "threshold", "both")
@@ -60,14 +61,32 @@ def audit(
     *,
     epsilon: float | None = 8.0,
     delta: float = 1e-5,
-    method: str = "dpdcan",
+    method: str = "shadow",
     attack: str = "shadow",
     n_shadow: int = 1,
     features: str = "encoder",
     random_state: int = 0,
+    canaries: str = "gradient",
+    n_canaries: int = 1000,
+    guess_fraction: float = 0.1,
+    confidence: float = 0.95,
+    noise_seed: int | None = None,
     **fit_kwargs: Any,
 ) -> pd.DataFrame:
-    """Attack a DP-DCAN model with membership inference and compare the leak with its ε.
+    """Audit DP-DCAN's privacy: a one-run canary audit, or membership inference on trained models.
+
+    ``method="one_run"`` (Steinke, Nasr & Jagielski 2023): one DP-SGD run of DP-DCAN's encoder on
+    these cells, through the same engine as :func:`dpsc.tl.fit`, with ``n_canaries`` white-box
+    gradient canaries (:class:`dpsc.audit.GradientCanaries`), each included with probability ½;
+    the auditor guesses ``guess_fraction`` of them on each side and turns the correct guesses into
+    an ε lower bound at ``confidence`` (:func:`dpsc.audit.one_run_bound`), valid although the
+    canaries share one run. Returns one row with ``epsilon_claimed``, ``epsilon_lower``,
+    ``confidence``, ``n_canaries``, ``ceiling`` (the largest bound these canaries could give) and
+    the run's σ, q and steps. ``fit_kwargs`` go to :func:`dpsc.audit.gradient_canary_run`
+    (``epochs``, ``batch_size``, ``max_grad_norm``, ``n_hidden``, ...). The run is a ledger entry
+    (its report is post-processing of its noisy gradients).
+
+    ``method="shadow"`` (default): membership inference, as follows.
 
     The cells are split 2:1:2:1 into target-train, target-test, shadow-train and shadow-test
     (Ghosh & Das). A target model is trained on target-train with ``fit_kwargs``; each shadow
@@ -93,7 +112,10 @@ def audit(
     epsilon, delta
         Privacy of the audited fits (``epsilon=None``: non-private, for contrast).
     method
-        Model family; only ``"dpdcan"`` for now.
+        ``"shadow"`` (membership inference) or ``"one_run"`` (canary audit).
+    canaries, n_canaries, guess_fraction, confidence, noise_seed
+        One-run audit only: the canary kind (``"gradient"``), m, the share of canaries guessed on
+        each side (fixed before the run), the confidence of the bound, and the noise-seed opt-in.
     attack
         ``"shadow"``, ``"threshold"`` or ``"both"``.
     n_shadow
@@ -115,8 +137,22 @@ def audit(
     DataFrame with one row per attack; also written to ``adata.uns["dpsc"]["audit"]`` with the
     ROC curves.
     """
-    if method != "dpdcan":
-        raise ValueError(f"Unknown method {method!r}; only 'dpdcan' can be audited so far.")
+    if method == "one_run":
+        return one_run_audit(
+            adata,
+            epsilon=epsilon,
+            delta=delta,
+            canaries=canaries,
+            n_canaries=n_canaries,
+            guess_fraction=guess_fraction,
+            confidence=confidence,
+            layer=fit_kwargs.pop("layer", None),
+            random_state=random_state,
+            noise_seed=noise_seed,
+            **fit_kwargs,
+        )
+    if method != "shadow":
+        raise ValueError(f"Unknown method {method!r}; choose 'shadow' or 'one_run'.")
     if attack not in ATTACKS:
         raise ValueError(f"Unknown attack {attack!r}; choose one of {ATTACKS}.")
     if features not in ("encoder", "encoder+decoder"):
