@@ -48,7 +48,8 @@ write("01_quickstart.ipynb", [
     md("""
 # Quick start: private clustering of PBMC 4k
 
-dpsc clusters and embeds cells with **DP-DCAN** under an (ε, δ) differential-privacy guarantee.
+dpsc clusters and embeds cells with **DP-DCAN** under an (ε, δ) differential-privacy claim (heuristic in
+the default `scope="encoder"`, proven with `scope="full"`; the record says which).
 This notebook fits the model on the embedded PBMC 4k data (4271 cells × 2000 genes, raw counts),
 looks at the private clusters beside the true cell types, reads what the ε covers, and exports
 the model a hospital would share. Full run: about 4 minutes on a laptop CPU.
@@ -101,12 +102,12 @@ plt.show()
     md("""
 ## What was spent, and what it covers
 
-Every fit writes its ledger to `uns["dpsc"]["privacy"]`: the ε actually spent (Opacus
+Every fit writes its record to `uns["dpsc"]["X_dpdcan"]["privacy"]` (and an entry to the AnnData's privacy ledger, `dpsc.privacy.spent(adata)`): the ε actually spent (Opacus
 accountant), the noise multiplier σ, the Poisson sampling rate q, the number of noisy steps and
 the clipping norm C — and a plain statement of the guarantee.
 """),
     code("""
-record = adata.uns["dpsc"]["privacy"]
+record = adata.uns["dpsc"]["X_dpdcan"]["privacy"]
 pd.Series({k: record[k] for k in ["epsilon", "target_epsilon", "delta", "noise_multiplier",
                                   "sample_rate", "steps", "max_grad_norm", "accountant", "scope"]})
 """),
@@ -189,7 +190,7 @@ for eps, scope, opt in grid:
     dpsc.tl.fit(a, epsilon=eps, scope=scope, optimizer=opt, max_epochs=epochs, progress_bar=False)
     results.append({"epsilon": eps, "config": f"{scope}, {opt}",
                     "ari": adjusted_rand_score(a.obs["cell_type"], a.obs["dp_cluster"]),
-                    "spent": a.uns["dpsc"]["privacy"]["epsilon"]})
+                    "spent": a.uns["dpsc"]["X_dpdcan"]["privacy"]["epsilon"]})
 results = pd.DataFrame(results)
 results
 """),
@@ -361,7 +362,7 @@ for method in ["robust", "output_perturbation", "functional_mechanism", "non_pri
         for seed in range(3 if FAST else 20):
             m = dpsc.tl.private_regression(train, drug, epsilon=eps if np.isfinite(eps) else 1.0,
                                            public_mask="public", method=method, random_state=seed)
-            genes = train.uns["dpsc"]["regression"][drug]["genes"]
+            genes = train.uns["dpsc"][f"{drug}_dp_pred"]["genes"]
             pred = m.predict(adata[test, genes].X)
             scores.append(spearmanr(adata.obs[drug].iloc[test], pred).statistic)
         rows.append({"method": method, "epsilon": eps, "spearman": np.nanmean(scores)})
@@ -374,10 +375,10 @@ projection bounds (chosen on synthetic data), the Laplace scales, and the statem
 """),
     code("""
 dpsc.tl.private_regression(train, drug, epsilon=2.0, public_mask="public", method="robust")
-print(train.uns["dpsc"]["regression"][drug]["statement"])
+print(train.uns["dpsc"][f"{drug}_dp_pred"]["privacy"]["statement"])
 """),
     code("""
-record = {k: v for k, v in train.uns["dpsc"]["regression"][drug].items() if k != "statement"}
+record = {k: v for k, v in train.uns["dpsc"][f"{drug}_dp_pred"]["privacy"].items() if k != "statement"}
 record
 """),
     md("""
@@ -422,7 +423,7 @@ print(reference.n_obs, "reference cells,", query.n_obs, "query cells")
 
 The features are a PCA fitted on the **query** cells (yours), so the reference is only touched by
 the private learner. Each call writes `query.obs["dp_label"]`, a confidence column and a privacy
-record in `uns["dpsc"]["annotation"]` of both objects.
+record: the classifier's in `ref.uns["dpsc"]["dp_label"]["privacy"]` (and the reference's ledger), and in `query.uns["dpsc"]["dp_label"]` a copy of it under `"reference"`.
 """),
     code("""
 from sklearn.metrics import accuracy_score, f1_score
@@ -432,14 +433,14 @@ rows, records = [], {}
 for method, eps, kwargs in [("pcdbn", 1.0, {"epochs": epochs}), ("dpsgd", 1.0, {}), ("mlp", None, {})]:
     dpsc.tl.annotate(reference, query, "cell_type", epsilon=eps, method=method, **kwargs)
     truth, pred = query.obs["cell_type"].astype(str), query.obs["dp_label"].astype(str)
-    records[method] = query.uns["dpsc"]["annotation"]
+    records[method] = query.uns["dpsc"]["dp_label"]["reference"]
     rows.append({"method": method, "ε spent": records[method]["epsilon"],
                  "accuracy": accuracy_score(truth, pred), "macro-F1": f1_score(truth, pred, average="macro")})
     query.obs[f"label_{method}"] = query.obs["dp_label"]
 pd.DataFrame(rows).round(3)
 """),
     code("""
-record = records["pcdbn"]  # what the pCDBN fit above wrote to uns["dpsc"]["annotation"]
+record = records["pcdbn"]  # what the pCDBN fit above wrote (the reference's record, copied to query.uns["dpsc"]["dp_label"]["reference"])
 print(record["statement"], end="\\n\\n")
 layers = record["layers"]
 print("ε per layer:", {name: round(layer["epsilon"], 3) for name, layer in layers.items()})
@@ -479,11 +480,11 @@ sigma = get_noise_multiplier(target_epsilon=budget, target_delta=1e-5, sample_ra
 curve = []
 for epochs_asked in ((1, 5, 20) if FAST else (1, 10, 50, 200)):
     dpsc.tl.annotate(reference, query, "cell_type", epsilon=budget, method="pcdbn", epochs=epochs_asked)
-    curve.append({"method": "pCDBN", "epochs": epochs_asked, "ε spent": query.uns["dpsc"]["annotation"]["epsilon"],
+    curve.append({"method": "pCDBN", "epochs": epochs_asked, "ε spent": query.uns["dpsc"]["dp_label"]["reference"]["epsilon"],
                   "accuracy": accuracy_score(query.obs["cell_type"].astype(str), query.obs["dp_label"].astype(str))})
 dpsc.tl.annotate(reference, query, "cell_type", epsilon=None, method="dpsgd", noise_multiplier=sigma,
                  max_epsilon=budget, epochs=50, batch_size=batch)
-history = query.uns["dpsc"]["annotation"]["epsilon_history"]
+history = query.uns["dpsc"]["dp_label"]["reference"]["epsilon_history"]
 fig, ax = plt.subplots(figsize=(5, 3.5))
 curve = pd.DataFrame(curve)
 ax.plot(curve["epochs"], curve["ε spent"], "o-", label="pCDBN (objective perturbation)")
