@@ -43,7 +43,7 @@ def run(
                 random_state=seed,
                 features=features,
                 progress_bar=False,
-                cluster_private_lr=cluster_private_lr,
+                **({"plan_kwargs": {"cluster_private_lr": cluster_private_lr}} if cluster_private_lr else {}),
             )
             wall = time.perf_counter() - start
             with out.open("a") as fh:

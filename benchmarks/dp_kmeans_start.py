@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from dpdcan_benchmark import FORMER_START, OVERSAMPLED_KMEANS, load, train_defaults
+from dpdcan_benchmark import FORMER_START, OVERSAMPLED_KMEANS, load, train_defaults, train_options
 
 OPTION_SETS = {
     # "default" is dpsc 0.1.0's start (the default when these results were made)
@@ -98,7 +98,7 @@ def private_latent(dataset: str, data: Path, epsilon: float, seed: int, latent: 
         random_state=seed,
         noise_seed=seed,  # repeatable: the guarantee does not hold against this seed
         progress_bar=False,
-        **options,
+        **train_options(options),
     )
     if latent == "default":
         assert model.train_params_["planned_steps"] == counts["total"]

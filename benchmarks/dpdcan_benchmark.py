@@ -36,7 +36,7 @@ DATASETS = {
     "biase": ("biase_hvg2000_lognorm.h5", "gaussian", "as given (log-normalised)"),
     "yan": ("yan_rpkm.h5", "gaussian", "log1p(RPKM), top 2000 genes by variance"),
 }
-# The DP k-means start and DEC target of dpsc 0.1.0 (defaults until stop 16), spelled out so
+# The DP k-means start and DEC target of dpsc 0.1.0, spelled out so
 # that the rows run with them keep their meaning.
 FORMER_START = {
     "n_sketch_steps": 20,
@@ -45,7 +45,7 @@ FORMER_START = {
 }
 FORMER_TARGET = {"target_frequency": "uniform"}
 FORMER = {**FORMER_START, **FORMER_TARGET}
-OVERSAMPLED_KMEANS = {  # the default start since stop 16: 3k Lloyd centroids reduced to k, 200 releases
+OVERSAMPLED_KMEANS = {  # the default start: 3k Lloyd centroids reduced to k, 200 releases
     "n_sketch_steps": 40,
     "steps_per_round": 40,
     "kmeans_kwargs": {"n_bits": 6, "oversampling": 3, "count_scale": 0.3},
@@ -112,12 +112,28 @@ PAPER = {  # DP-DCAN paper, Table 2/5 (PBMC), best-epoch selection against label
 
 
 def train_defaults() -> dict:
-    """Default arguments of :meth:`dpsc.model.DPDCAN.train` (what a fit without options uses)."""
+    """What a fit without options uses: ``DPDCAN.train``'s arguments, plan and k-means options, flat."""
     import inspect
 
-    from dpsc.model import DPDCAN
+    from dpsc.model import DEFAULT_KMEANS_OPTIONS, DEFAULT_PLAN_OPTIONS, DPDCAN
 
-    return {name: p.default for name, p in inspect.signature(DPDCAN.train).parameters.items()}
+    arguments = {name: p.default for name, p in inspect.signature(DPDCAN.train).parameters.items()}
+    return {**arguments, **DEFAULT_PLAN_OPTIONS, **DEFAULT_KMEANS_OPTIONS}
+
+
+def train_options(config: dict) -> dict:
+    """``tl.fit`` keywords from a flat config: plan and k-means options grouped as ``train`` takes them."""
+    from dpsc.model import DEFAULT_KMEANS_OPTIONS, DEFAULT_PLAN_OPTIONS
+
+    out, plan, kmeans = {}, {}, dict(config.get("kmeans_kwargs", {}))
+    for key, value in config.items():
+        if key in DEFAULT_PLAN_OPTIONS:
+            plan[key] = value
+        elif key in DEFAULT_KMEANS_OPTIONS:
+            kmeans[key] = value
+        elif key != "kmeans_kwargs":
+            out[key] = value
+    return {**out, **({"plan_kwargs": plan} if plan else {}), **({"kmeans_kwargs": kmeans} if kmeans else {})}
 
 
 def load(name: str, data_dir: Path):
@@ -184,7 +200,9 @@ def run_one(args: argparse.Namespace) -> dict:
             epsilon=cfg["epsilon"],
             scope=cfg["scope"],
             optimizer=cfg.get("optimizer", "sgd"),
-            **{key: value for key, value in cfg.items() if key not in ("epsilon", "scope", "optimizer")},
+            **train_options(
+                {key: value for key, value in cfg.items() if key not in ("epsilon", "scope", "optimizer")}
+            ),
             n_clusters=k,
             likelihood=DATASETS[args.dataset][1],
             random_state=args.seed,

@@ -136,7 +136,7 @@ def averaged_latents(
             n_clusters=k,
             instance_epochs=instance_epochs,
             cluster_epochs=0,
-            n_sketch_steps=sketch,
+            kmeans_kwargs={"n_sketch_steps": sketch},
             random_state=seed,
             noise_seed=seed,  # repeatable: the guarantee does not hold against this seed
             progress_bar=False,

@@ -56,7 +56,7 @@ def test_target_with_frequency_is_dec_equation_3():
 
 
 def test_released_frequencies_are_accounted_steps(small_adata):
-    fit = {"n_clusters": 3, **FAST, "cluster_epochs": 2}
+    fit = {"n_clusters": 3, **FAST, "cluster_epochs": 2, "noise_seed": 0}  # same noise: only f differs
     uniform = small_adata.copy()
     dpsc.tl.fit(small_adata, epsilon=8.0, **fit)  # "released" is the default
     rec = small_adata.uns["dpsc"]["X_dpdcan"]["privacy"]
@@ -67,7 +67,7 @@ def test_released_frequencies_are_accounted_steps(small_adata):
     assert params["target_frequency"] == "released"
     assert 0 < rec["epsilon"] <= 8.0
 
-    dpsc.tl.fit(uniform, epsilon=8.0, target_frequency="uniform", **fit)
+    dpsc.tl.fit(uniform, epsilon=8.0, plan_kwargs={"target_frequency": "uniform"}, **fit)
     assert uniform.uns["dpsc"]["X_dpdcan"]["privacy"]["frequency_steps"] == 0
     assert uniform.uns["dpsc"]["X_dpdcan"]["privacy"]["steps"] == 4 * 10 + 200
     assert not np.allclose(uniform.obsm["X_dpdcan"], small_adata.obsm["X_dpdcan"])
@@ -75,8 +75,8 @@ def test_released_frequencies_are_accounted_steps(small_adata):
 
 def test_non_private_fit_uses_frequencies_and_spends_nothing(small_adata):
     uniform = small_adata.copy()
-    dpsc.tl.fit(small_adata, epsilon=None, target_frequency="released", n_clusters=3, **FAST)
-    dpsc.tl.fit(uniform, epsilon=None, target_frequency="uniform", n_clusters=3, **FAST)
+    dpsc.tl.fit(small_adata, epsilon=None, plan_kwargs={"target_frequency": "released"}, n_clusters=3, **FAST)
+    dpsc.tl.fit(uniform, epsilon=None, plan_kwargs={"target_frequency": "uniform"}, n_clusters=3, **FAST)
     assert small_adata.uns["dpsc"]["X_dpdcan"]["privacy"]["frequency_steps"] == 0
     assert small_adata.uns["dpsc"]["X_dpdcan"]["privacy"]["steps"] == 0
     # the exact frequencies enter the cluster-stage target: the fit differs from the uniform one
@@ -86,5 +86,5 @@ def test_non_private_fit_uses_frequencies_and_spends_nothing(small_adata):
 def test_unknown_target_frequency_is_refused_and_adata_untouched(small_adata):
     before = small_adata.copy()
     with pytest.raises(ValueError, match="target_frequency"):
-        dpsc.tl.fit(small_adata, epsilon=8.0, target_frequency="batch", n_clusters=3, **FAST)
+        dpsc.tl.fit(small_adata, epsilon=8.0, plan_kwargs={"target_frequency": "batch"}, n_clusters=3, **FAST)
     assert set(small_adata.obsm) == set(before.obsm) and set(small_adata.uns) == set(before.uns)

@@ -114,6 +114,8 @@ def test_unknown_kmeans_option_is_refused_before_training(small_adata):
 
     DPDCAN.setup_anndata(small_adata)
     model = DPDCAN(small_adata, n_clusters=3)
-    with pytest.raises(ValueError, match="n_sketch_steps"):
-        model.train(epsilon=8.0, kmeans_kwargs={"n_sketch_steps": 3}, progress_bar=False, accelerator="cpu")
+    with pytest.raises(ValueError, match="kmeans_kwargs does not take"):
+        model.train(epsilon=8.0, kmeans_kwargs={"n_rounds": 3}, progress_bar=False, accelerator="cpu")
+    with pytest.raises(ValueError, match="plan_kwargs does not take"):
+        model.train(epsilon=8.0, plan_kwargs={"lr": 3}, progress_bar=False, accelerator="cpu")
     assert not model.is_trained_

@@ -40,10 +40,46 @@ from ._dcan_privacy import DCANPrivacyPlan, dcan_record, plan_privacy, planned_s
 
 logger = logging.getLogger(__name__)
 
-#: Options of :func:`~dpsc.privacy.dp_kmeans_centroids` used by :meth:`DPDCAN.train` unless
-#: ``kmeans_kwargs`` overrides them: noisy Lloyd rounds with 3k centroids reduced to k, count
-#: column weighted 0.3·R, 2^6 sketch buckets (``benchmarks/results/dpdcan.md``).
-DEFAULT_KMEANS_OPTIONS: dict[str, int | float] = {"n_bits": 6, "oversampling": 3, "count_scale": 0.3}
+#: Training-plan options of :meth:`DPDCAN.train` (``plan_kwargs`` overrides them), as scvi's
+#: ``plan_kwargs``: learning rates (``None``: the private optimizer's row of
+#: :data:`dpsc.optim.DEFAULT_PRIVATE_LRS`), instance-stage weight ``rho`` and masking rate,
+#: cluster-stage loss weights ``betas`` (ZINB, DEC, separation) and target sharpening, DEC's
+#: cluster frequencies, and whether the cluster stage trains the encoder.
+DEFAULT_PLAN_OPTIONS: dict[str, object] = {
+    "instance_lr": 1e-3,
+    "cluster_lr": 0.1,
+    "private_lr": None,
+    "cluster_private_lr": None,
+    "rho": 0.8,
+    "mask_rate": 0.2,
+    "betas": (0.4, 0.4, 0.2),
+    "target_power": 2.0,
+    "target_frequency": "released",
+    "cluster_train_encoder": True,
+}
+
+#: Options of the DP k-means start (:func:`~dpsc.privacy.dp_kmeans_centroids`) used by
+#: :meth:`DPDCAN.train` unless ``kmeans_kwargs`` overrides them: clipping radius (``None``: the
+#: latent sphere's radius, which clips nothing), 40 sketch releases with 2^6 buckets, 4 noisy Lloyd
+#: rounds of 40 releases with 3k centroids reduced to k, count column weighted 0.3·R
+#: (``benchmarks/results/dpdcan.md``).
+DEFAULT_KMEANS_OPTIONS: dict[str, object] = {
+    "clip_norm": None,
+    "n_sketch_steps": 40,
+    "n_lloyd_rounds": 4,
+    "steps_per_round": 40,
+    "n_bits": 6,
+    "oversampling": 3,
+    "count_scale": 0.3,
+}
+
+
+def merged_options(given: dict | None, defaults: dict, name: str) -> dict:
+    """``defaults`` updated by ``given``; an unknown key fails and names the known ones."""
+    unknown = sorted(set(given or {}) - set(defaults))
+    if unknown:
+        raise ValueError(f"{name} does not take {unknown}; it takes {sorted(defaults)}.")
+    return {**defaults, **(given or {})}
 
 
 SHARED_WEIGHTS = "shared_encoder.pt"
@@ -73,7 +109,7 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
         ``"zinb"`` (raw counts) or ``"gaussian"`` (continuous, e.g. log-normalised data).
     latent_scale
         Radius of the latent sphere (see :class:`~dpsc.module.DCANModule`); ``None`` for an
-        unconstrained latent (then pass ``kmeans_clip_norm`` to :meth:`train`).
+        unconstrained latent (then pass ``kmeans_kwargs={"clip_norm": ...}`` to :meth:`train`).
 
     Examples
     --------
@@ -148,21 +184,8 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
         batch_size: int | None = None,
         max_grad_norm: float = 0.1,
         accountant: str = "rdp",
-        instance_lr: float = 1e-3,
-        cluster_lr: float = 0.1,
         private_optimizer: str = "sgd",
-        private_lr: float | None = None,
-        cluster_private_lr: float | None = None,
-        rho: float = 0.8,
-        mask_rate: float = 0.2,
-        betas: tuple[float, float, float] = (0.4, 0.4, 0.2),
-        target_power: float = 2.0,
-        target_frequency: str = "released",
-        cluster_train_encoder: bool = True,
-        kmeans_clip_norm: float | None = None,
-        n_sketch_steps: int = 40,
-        n_lloyd_rounds: int = 4,
-        steps_per_round: int = 40,
+        plan_kwargs: dict | None = None,
         kmeans_kwargs: dict | None = None,
         random_state: int = 0,
         noise_seed: int | None = None,
@@ -197,38 +220,28 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
             Per-cell clipping norm C.
         accountant
             ``"rdp"`` or ``"prv"`` (Opacus).
-        instance_lr, cluster_lr
-            Adam learning rate (instance stage), Adadelta learning rate (cluster stage), for the
-            non-private parameters and for all parameters of a non-private fit.
-        private_optimizer, private_lr
+        private_optimizer
             Update rule of the DP parameters in both stages, applied to Opacus's clipped and
             noised gradient: ``"sgd"`` (momentum 0.9), ``"adam"``, ``"adadelta"``, ``"dpsignsgd"``
-            or ``"dpsignadam"`` (:mod:`dpsc.optim`); and its instance-stage learning rate
-            (``None``: :data:`dpsc.optim.DEFAULT_PRIVATE_LRS`).
-        cluster_private_lr
-            Learning rate of the DP parameters in the cluster stage (``None``: the default of
-            the optimizer).
-        rho, mask_rate
-            Instance-stage reconstruction weight and masking rate.
-        betas, target_power
-            Cluster-stage weights (ZINB, DEC, separation) and target sharpening exponent.
-        target_frequency
-            Cluster frequencies :math:`f_j` in DEC's target :math:`p_{ij} \propto q_{ij}^2/f_j`:
-            ``"released"`` (default): at the start of every cluster epoch, the soft assignments
-            of one Poisson sample of cells are summed and released with Gaussian noise
-            (:func:`~dpsc.privacy.dp_cluster_frequency`, one accounted step; exact over all
-            cells in a non-private fit); ``"uniform"``: :math:`f_j = 1`.
-        cluster_train_encoder
-            Train the encoder in the cluster stage (the paper's Alg. 1); ``False`` keeps the
-            instance-stage encoder and trains only the centroids (and the decoder) there.
-        kmeans_clip_norm, n_sketch_steps, n_lloyd_rounds, steps_per_round
-            Clipping radius and release counts of the DP k-means initialisation
-            (:func:`~dpsc.privacy.dp_kmeans_centroids`). The default radius is ``latent_scale``,
-            the norm of every latent point, so no point is clipped.
+            or ``"dpsignadam"`` (:mod:`dpsc.optim`).
+        plan_kwargs
+            Training-plan options, updating :data:`dpsc.model.DEFAULT_PLAN_OPTIONS`:
+            ``instance_lr``/``cluster_lr`` (Adam in the instance stage, Adadelta in the cluster
+            stage, for the non-private parameters and for a non-private fit),
+            ``private_lr``/``cluster_private_lr`` (the DP parameters' rates per stage),
+            ``rho``/``mask_rate`` (instance-stage reconstruction weight, masking rate),
+            ``betas``/``target_power`` (cluster-stage weights, target sharpening),
+            ``target_frequency`` (DEC's cluster frequencies :math:`f_j` in
+            :math:`p_{ij} \propto q_{ij}^2/f_j`: ``"released"``, a noisy sum of the soft
+            assignments of one Poisson sample per cluster epoch, one accounted step, exact in a
+            non-private fit; or ``"uniform"``, :math:`f_j = 1`) and ``cluster_train_encoder``
+            (``False`` keeps the instance-stage encoder and trains only the centroids and decoder
+            in the cluster stage).
         kmeans_kwargs
-            Further options of :func:`~dpsc.privacy.dp_kmeans_centroids` that change no
-            step count (``n_bits``, ``oversampling``, ``count_scale``); they update
-            :data:`dpsc.model.DEFAULT_KMEANS_OPTIONS`.
+            Options of the DP k-means start, updating :data:`dpsc.model.DEFAULT_KMEANS_OPTIONS`:
+            ``clip_norm``, the release counts ``n_sketch_steps``, ``n_lloyd_rounds`` and
+            ``steps_per_round`` (they set the planned steps), and ``n_bits``, ``oversampling``,
+            ``count_scale`` (:func:`~dpsc.privacy.dp_kmeans_centroids`).
         random_state
             Seed of initialisation, masking and post-processing k-means. Never of the DP noise
             or the Poisson samples.
@@ -244,6 +257,7 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
         """
         settings = self._check_train_settings(locals())
         plan = self.plan_privacy(settings)
+        opts = settings["plan"]
         splitter = self._data_splitter_cls(
             self.adata_manager, plan.sample_rate, plan.counts["steps_per_epoch"], plan.noise
         )
@@ -252,10 +266,7 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
             "dp": dp,
             "scope": scope,
             "private_optimizer": private_optimizer,
-            "rho": rho,
-            "mask_rate": mask_rate,
-            "betas": betas,
-            "target_power": target_power,
+            **{k: opts[k] for k in ("rho", "mask_rate", "betas", "target_power")},
         }
         run = {"accelerator": accelerator, "progress_bar": progress_bar}
         if instance_epochs > 0:
@@ -263,23 +274,24 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
                 self.module,
                 stage="instance",
                 optimizer="adam",
-                lr=instance_lr,
-                private_lr=settings["private_lr"],
+                lr=opts["instance_lr"],
+                private_lr=opts["private_lr"],
                 seed=random_state,
                 **stage_common,
             )
             self._run_stage(instance, splitter, instance_epochs, **run)
         self._init_centroids(splitter, dp, settings["kmeans"], random_state)
         if cluster_epochs > 0:
-            frequency = self._frequency_source(splitter, dp) if target_frequency == "released" else None
+            released = opts["target_frequency"] == "released"
+            frequency = self._frequency_source(splitter, dp) if released else None
             cluster = self._training_plan_cls(
                 self.module,
                 stage="cluster",
                 optimizer="adadelta",
-                lr=cluster_lr,
-                private_lr=settings["cluster_private_lr"],
+                lr=opts["cluster_lr"],
+                private_lr=opts["cluster_private_lr"],
                 frequency_source=frequency,
-                train_encoder=cluster_train_encoder,
+                train_encoder=opts["cluster_train_encoder"],
                 seed=random_state + 2,
                 **stage_common,
             )
@@ -315,40 +327,41 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
         make_accountant(s["accountant"])  # rejects unknown names
         if s["private_optimizer"] not in OPTIMIZERS:
             raise ValueError(f"Unknown optimizer {s['private_optimizer']!r}; choose one of {OPTIMIZERS}.")
-        defaults = DEFAULT_PRIVATE_LRS[s["private_optimizer"]]
-        if s["private_lr"] is None:
-            s["private_lr"] = defaults["dpdcan_instance"]
-        if s["cluster_private_lr"] is None:
-            s["cluster_private_lr"] = defaults["dpdcan_cluster"]
-        check_target_frequency(s["target_frequency"])
-        unknown = set(s["kmeans_kwargs"] or {}) - set(DEFAULT_KMEANS_OPTIONS)
-        if unknown:
-            raise ValueError(
-                f"kmeans_kwargs accepts n_bits, oversampling and count_scale, not {sorted(unknown)}; "
-                "the release counts are the arguments n_sketch_steps, n_lloyd_rounds, steps_per_round."
-            )
-        clip = s["kmeans_clip_norm"]
-        if clip is None:
+        s["plan"], s["kmeans"] = self.check_options(
+            s["plan_kwargs"], s["kmeans_kwargs"], s["private_optimizer"]
+        )
+        if s["kmeans"]["clip_norm"] is None:
             if self.module.latent_scale is None:
                 raise ValueError(
-                    "With latent_scale=None, pass kmeans_clip_norm (the DP k-means clipping radius)."
+                    "With latent_scale=None, pass kmeans_kwargs={'clip_norm': ...} (the DP k-means "
+                    "clipping radius)."
                 )
-            clip = float(self.module.latent_scale)
-        s["kmeans"] = {
-            "clip_norm": clip,
-            "n_sketch_steps": s["n_sketch_steps"],
-            "n_lloyd_rounds": s["n_lloyd_rounds"],
-            "steps_per_round": s["steps_per_round"],
-            **DEFAULT_KMEANS_OPTIONS,
-            **(s["kmeans_kwargs"] or {}),
-        }
+            s["kmeans"]["clip_norm"] = float(self.module.latent_scale)
         return s
+
+    @staticmethod
+    def check_options(
+        plan_kwargs: dict | None, kmeans_kwargs: dict | None, private_optimizer: str = "sgd"
+    ) -> tuple[dict, dict]:
+        """Return the full plan and k-means options (defaults filled); refuse unknown or bad ones."""
+        if private_optimizer not in OPTIMIZERS:
+            raise ValueError(f"Unknown optimizer {private_optimizer!r}; choose one of {OPTIMIZERS}.")
+        plan = merged_options(plan_kwargs, DEFAULT_PLAN_OPTIONS, "plan_kwargs")
+        kmeans = merged_options(kmeans_kwargs, DEFAULT_KMEANS_OPTIONS, "kmeans_kwargs")
+        lrs = DEFAULT_PRIVATE_LRS[private_optimizer]
+        if plan["private_lr"] is None:
+            plan["private_lr"] = lrs["dpdcan_instance"]
+        if plan["cluster_private_lr"] is None:
+            plan["cluster_private_lr"] = lrs["dpdcan_cluster"]
+        check_target_frequency(plan["target_frequency"])
+        return plan, kmeans
 
     def plan_privacy(self, settings: dict) -> DCANPrivacyPlan:
         """Planned steps, calibrated σ and DP-SGD settings of a fit (reads no cell)."""
         counts = planned_step_counts(
             settings["batch_size"] / self.adata.n_obs,
-            **{k: settings[k] for k in ("instance_epochs", "cluster_epochs", "target_frequency")},
+            **{k: settings[k] for k in ("instance_epochs", "cluster_epochs")},
+            target_frequency=settings["plan"]["target_frequency"],
             **{k: settings["kmeans"][k] for k in ("n_sketch_steps", "n_lloyd_rounds", "steps_per_round")},
         )
         plan = plan_privacy(
@@ -373,24 +386,19 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
 
     @staticmethod
     def _train_params(settings: dict, plan: DCANPrivacyPlan) -> dict:
-        """Return the training settings as recorded in ``uns`` (no privacy-relevant secret)."""
-        skip = {
-            "epsilon",
-            "delta",
-            "scope",
-            "accountant",
-            "accelerator",
-            "progress_bar",
-            "kmeans",
-            "kmeans_clip_norm",
-            "kmeans_kwargs",
-            "max_grad_norm",
-        }
-        params = {k: v for k, v in settings.items() if k not in skip}
+        """Return the settings recorded in ``uns``: the plan options flat, the k-means ones nested."""
+        keep = (
+            "instance_epochs",
+            "cluster_epochs",
+            "batch_size",
+            "private_optimizer",
+            "random_state",
+            "noise_seed",
+        )
+        params = {k: settings[k] for k in keep}
+        params.update(settings["plan"])
         params["betas"] = list(params["betas"])
-        km = settings["kmeans"]
-        params["kmeans_clip_norm"] = km["clip_norm"]
-        params["kmeans_kwargs"] = {k: km[k] for k in DEFAULT_KMEANS_OPTIONS}
+        params["kmeans"] = dict(settings["kmeans"])
         params["planned_steps"] = plan.counts["total"]
         return params
 

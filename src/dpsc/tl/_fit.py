@@ -10,11 +10,9 @@ from .._validation import (
     check_fit_args,
     check_matrix,
     check_privacy_args,
-    check_target_frequency,
     get_matrix,
 )
 from ..model import DPDCAN
-from ..optim import OPTIMIZERS
 from ..privacy import check_budget, write_result
 
 DEFAULT_N_CLUSTERS = 8
@@ -117,11 +115,10 @@ def fit(
     check_fit_args(n_obs=adata.n_obs, n_clusters=n_clusters, scope=scope, batch_size=batch_size)
     check_privacy_args(epsilon, delta, adata.n_obs)
     check_matrix(matrix, likelihood)
-    if "target_frequency" in train_kwargs:  # DPDCAN.train's own default is valid
-        check_target_frequency(train_kwargs["target_frequency"])
-    if optimizer not in OPTIMIZERS:
-        raise ValueError(f"Unknown optimizer {optimizer!r}; choose one of {OPTIMIZERS}.")
     train_kwargs.setdefault("private_optimizer", optimizer)
+    DPDCAN.check_options(
+        train_kwargs.get("plan_kwargs"), train_kwargs.get("kmeans_kwargs"), train_kwargs["private_optimizer"]
+    )
     if max_epochs is not None:
         if max_epochs < 2:
             raise ValueError(f"max_epochs must be at least 2 (one per stage); got {max_epochs}.")
