@@ -28,11 +28,9 @@ from ..privacy import (
     COMMON_NOT_COVERED,
     NoiseSource,
     PrivacyRecord,
-    build_statement,
     calibrate_noise_multiplier,
     check_budget,
-    make_accountant,
-    spent_epsilon,
+    gaussian_release_record,
     write_result,
 )
 
@@ -82,43 +80,26 @@ def _check(adata: ad.AnnData, n_comps: int, n_genes: int | None, epsilon: float,
     return matrix
 
 
-def pca_record(sigma: float, epsilon: float, delta: float, n_obs: int, noise: NoiseSource, spent: float):
+def pca_record(sigma: float, epsilon: float, delta: float, n_obs: int, noise: NoiseSource) -> PrivacyRecord:
     """Record of one Analyze-Gauss release (proven (ε, δ)-DP, Gaussian mechanism, sensitivity 1)."""
-    covered = (
-        "the loadings (varm['PCs']), the selected genes and the eigenvalues, and anything computed "
-        "from them on other data"
-    )
-    not_covered = (
-        "the projections written to obsm for these cells (computed from each cell); " + COMMON_NOT_COVERED
-    )
-    mechanism = "the Gaussian mechanism on the gene second-moment matrix of unit-norm cells (sensitivity 1)"
-    return PrivacyRecord(
-        tool="pp.pca",
-        epsilon=spent,
-        delta=delta,
-        guarantee="proven",
-        statement=build_statement(
-            guarantee="proven",
-            epsilon=spent,
-            delta=delta,
-            unit=f"adding or removing one of the {n_obs} cells",
-            mechanism=mechanism,
-            covered=covered,
-            not_covered=not_covered,
-            noise=noise.describe(),
-        ),
-        covered=covered,
-        not_covered=not_covered,
-        target_epsilon=float(epsilon),
-        accountant="rdp",
-        mechanisms=[f"Gaussian, sigma={sigma:.4g}, sensitivity 1, one release"],
-        history=[(sigma, 1.0, 1)],
-        noise_multiplier=sigma,
+    return gaussian_release_record(
+        "pp.pca",
+        sigma=sigma,
         sample_rate=1.0,
         steps=1,
-        max_grad_norm=1.0,
+        target_epsilon=epsilon,
+        delta=delta,
+        unit=f"adding or removing one of the {n_obs} cells",
+        mechanism="the Gaussian mechanism on the gene second-moment matrix of unit-norm cells "
+        "(sensitivity 1)",
+        covered="the loadings (varm['PCs']), the selected genes and the eigenvalues, and anything computed "
+        "from them on other data",
+        not_covered="the projections written to obsm for these cells (computed from each cell); "
+        + COMMON_NOT_COVERED,
+        noise_dict=noise.to_dict(),
+        noise_sentence=noise.describe(),
         scope="loadings",
-        noise=noise.to_dict(),
+        max_grad_norm=1.0,
     )
 
 
@@ -175,10 +156,8 @@ def pca(
     """
     matrix = _check(adata, n_comps, n_genes, epsilon, delta, layer)
     sigma = calibrate_noise_multiplier(epsilon, delta, 1.0, 1)
-    accountant = make_accountant("rdp")
-    accountant.history = [(sigma, 1.0, 1)]
     noise = NoiseSource(noise_seed)
-    record = pca_record(sigma, epsilon, delta, adata.n_obs, noise, spent_epsilon(accountant, delta))
+    record = pca_record(sigma, epsilon, delta, adata.n_obs, noise)
     check_budget(adata, record, key_added)
 
     Z = unit_rows(matrix, log_normalize)

@@ -25,6 +25,7 @@ from ._record import (
     PrivacyRecord,
     build_statement,
     estimator_record,
+    gaussian_release_record,
     no_guarantee_record,
     planned_pure_record,
 )
@@ -44,6 +45,7 @@ __all__ = [
     "dp_kmeans_centroids",
     "epsilon_curve",
     "estimator_record",
+    "gaussian_release_record",
     "get_record",
     "kmeans_release_steps",
     "ledger_frame",

@@ -294,3 +294,56 @@ def planned_pure_record(tool: str, epsilon: float) -> PrivacyRecord:
         statement="",
         pure_epsilon=float(epsilon),
     )
+
+
+def gaussian_release_record(
+    tool: str,
+    *,
+    sigma: float,
+    sample_rate: float,
+    steps: int,
+    target_epsilon: float | None,
+    delta: float,
+    unit: str,
+    mechanism: str,
+    covered: str,
+    not_covered: str,
+    noise_dict: dict[str, Any],
+    noise_sentence: str,
+    scope: str,
+    max_grad_norm: float = 0.0,
+) -> PrivacyRecord:
+    """Proven record of ``steps`` Gaussian releases (σ, q), its ε from the Opacus RDP accountant."""
+    from ._accounting import make_accountant, spent_epsilon
+
+    accountant = make_accountant("rdp")
+    accountant.history = [(sigma, sample_rate, steps)]
+    spent = spent_epsilon(accountant, delta)
+    return PrivacyRecord(
+        tool=tool,
+        epsilon=spent,
+        delta=delta,
+        guarantee="proven",
+        statement=build_statement(
+            guarantee="proven",
+            epsilon=spent,
+            delta=delta,
+            unit=unit,
+            mechanism=mechanism,
+            covered=covered,
+            not_covered=not_covered,
+            noise=noise_sentence,
+        ),
+        covered=covered,
+        not_covered=not_covered,
+        target_epsilon=None if target_epsilon is None else float(target_epsilon),
+        accountant="rdp",
+        mechanisms=[f"Gaussian, sigma={sigma:.4g} x sensitivity, q={sample_rate:g}, {steps} release(s)"],
+        history=[(sigma, sample_rate, steps)],
+        noise_multiplier=sigma,
+        sample_rate=sample_rate,
+        steps=steps,
+        max_grad_norm=max_grad_norm,
+        scope=scope,
+        noise=noise_dict,
+    )

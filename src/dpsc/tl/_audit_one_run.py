@@ -12,7 +12,13 @@ import torch
 
 from .._validation import check_matrix, check_privacy_args, get_matrix
 from ..audit import gradient_canary_run
-from ..privacy import NoiseSource, PrivacyRecord, build_statement, no_guarantee_record, write_result
+from ..privacy import (
+    NoiseSource,
+    PrivacyRecord,
+    gaussian_release_record,
+    no_guarantee_record,
+    write_result,
+)
 
 CANARIES = ("gradient",)
 
@@ -23,31 +29,21 @@ def one_run_record(run: dict[str, Any], n_obs: int, noise: NoiseSource) -> Priva
     unit = f"adding or removing one of the {n_obs} cells"
     if not run["history"]:
         return no_guarantee_record("audit", unit=unit, covered=covered)
-    eps = float(run["epsilon_claimed"])
-    mechanism = "DP-SGD on the encoder (instance-stage loss; the decoder stays at its initialisation)"
-    return PrivacyRecord(
-        tool="audit",
-        epsilon=eps,
+    sigma, q, steps = run["history"][0]
+    return gaussian_release_record(
+        "audit",
+        sigma=float(sigma),
+        sample_rate=float(q),
+        steps=int(steps),
+        target_epsilon=None,
         delta=float(run["delta"]),
-        guarantee="proven",
-        statement=build_statement(
-            guarantee="proven",
-            epsilon=eps,
-            delta=float(run["delta"]),
-            unit=unit,
-            mechanism=mechanism,
-            covered=covered,
-            not_covered="nothing else is released",
-            noise=noise.describe(),
-        ),
+        unit=unit,
+        mechanism="DP-SGD on the encoder (instance-stage loss; the decoder stays at its initialisation)",
         covered=covered,
-        accountant="rdp",
-        history=[tuple(h) for h in run["history"]],
-        noise_multiplier=float(run["noise_multiplier"]),
-        sample_rate=float(run["sample_rate"]),
-        steps=int(run["steps"]),
+        not_covered="nothing else is released",
+        noise_dict=noise.to_dict(),
+        noise_sentence=noise.describe(),
         scope="encoder (fixed decoder)",
-        noise=noise.to_dict(),
     )
 
 

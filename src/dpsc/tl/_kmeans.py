@@ -23,14 +23,11 @@ from .._validation import check_privacy_args
 from ..privacy import (
     COMMON_NOT_COVERED,
     NoiseSource,
-    PrivacyRecord,
-    build_statement,
     calibrate_noise_multiplier,
     check_budget,
     dp_kmeans_centroids,
+    gaussian_release_record,
     kmeans_release_steps,
-    make_accountant,
-    spent_epsilon,
     write_result,
 )
 
@@ -48,40 +45,22 @@ KMEANS_DEFAULTS = {
 
 def kmeans_record(sigma: float, steps: int, epsilon: float, delta: float, n_obs: int, noise: NoiseSource):
     """Record of the k-means releases (proven (ε, δ)-DP, ``steps`` Gaussian releases at q = 1)."""
-    accountant = make_accountant("rdp")
-    accountant.history = [(sigma, 1.0, steps)]
-    spent = spent_epsilon(accountant, delta)
-    covered = "the centroids and anything computed from them on other data (e.g. labels of new cells)"
-    not_covered = (
-        "the labels written for these cells (each is computed from its own cell); the representation "
-        f"in obsm, unless it was itself released privately (see its own record); {COMMON_NOT_COVERED}"
-    )
-    return PrivacyRecord(
-        tool="tl.kmeans",
-        epsilon=spent,
-        delta=delta,
-        guarantee="proven",
-        statement=build_statement(
-            guarantee="proven",
-            epsilon=spent,
-            delta=delta,
-            unit=f"adding or removing one of the {n_obs} cells",
-            mechanism=f"{steps} Gaussian releases of clipped per-cluster sums and counts (DP k-means)",
-            covered=covered,
-            not_covered=not_covered,
-            noise=noise.describe(),
-        ),
-        covered=covered,
-        not_covered=not_covered,
-        target_epsilon=float(epsilon),
-        accountant="rdp",
-        mechanisms=[f"Gaussian, sigma={sigma:.4g} x sensitivity, {steps} releases at q=1"],
-        history=[(sigma, 1.0, steps)],
-        noise_multiplier=sigma,
+    return gaussian_release_record(
+        "tl.kmeans",
+        sigma=sigma,
         sample_rate=1.0,
         steps=steps,
+        target_epsilon=epsilon,
+        delta=delta,
+        unit=f"adding or removing one of the {n_obs} cells",
+        mechanism=f"{steps} Gaussian releases of clipped per-cluster sums and counts (DP k-means)",
+        covered="the centroids and anything computed from them on other data (e.g. labels of new cells)",
+        not_covered="the labels written for these cells (each is computed from its own cell); the "
+        "representation in obsm, unless it was itself released privately (see its own record); "
+        + COMMON_NOT_COVERED,
+        noise_dict=noise.to_dict(),
+        noise_sentence=noise.describe(),
         scope="centroids",
-        noise=noise.to_dict(),
     )
 
 
