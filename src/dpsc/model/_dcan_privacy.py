@@ -120,6 +120,32 @@ def plan_privacy(
     return DCANPrivacyPlan(epsilon, delta, scope, accountant, counts, sample_rate, settings, noise)
 
 
+def plan_fit(settings: dict, n_obs: int) -> DCANPrivacyPlan:
+    """Planned steps, calibrated σ and DP-SGD settings of a fit from its checked settings (reads no cell).
+
+    ``settings`` holds ``train``'s arguments with ``batch_size`` resolved and the full ``plan`` and
+    ``kmeans`` options (:meth:`dpsc.model.DPDCAN.check_options`).
+    """
+    counts = planned_step_counts(
+        settings["batch_size"] / n_obs,
+        instance_epochs=settings["instance_epochs"],
+        cluster_epochs=settings["cluster_epochs"],
+        target_frequency=settings["plan"]["target_frequency"],
+        **{k: settings["kmeans"][k] for k in ("n_sketch_steps", "n_lloyd_rounds", "steps_per_round")},
+    )
+    return plan_privacy(
+        epsilon=settings["epsilon"],
+        delta=settings["delta"],
+        scope=settings["scope"],
+        n_obs=n_obs,
+        batch_size=settings["batch_size"],
+        counts=counts,
+        max_grad_norm=settings["max_grad_norm"],
+        accountant=settings["accountant"],
+        noise=NoiseSource(settings["noise_seed"]),
+    )
+
+
 def dcan_record(
     plan: DCANPrivacyPlan,
     n_obs: int,

@@ -28,7 +28,6 @@ from ..module import DCANModule
 from ..optim import DEFAULT_PRIVATE_LRS, OPTIMIZERS
 from ..privacy import (
     DPSGDSettings,
-    NoiseSource,
     PrivacyRecord,
     dp_cluster_frequency,
     dp_kmeans_centroids,
@@ -36,7 +35,7 @@ from ..privacy import (
     spent_epsilon,
 )
 from ..train import DCANTrainingPlan, PoissonDataSplitter
-from ._dcan_privacy import DCANPrivacyPlan, dcan_record, plan_privacy, planned_step_counts
+from ._dcan_privacy import DCANPrivacyPlan, dcan_record, plan_fit
 
 logger = logging.getLogger(__name__)
 
@@ -357,29 +356,13 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
         return plan, kmeans
 
     def plan_privacy(self, settings: dict) -> DCANPrivacyPlan:
-        """Planned steps, calibrated σ and DP-SGD settings of a fit (reads no cell)."""
-        counts = planned_step_counts(
-            settings["batch_size"] / self.adata.n_obs,
-            **{k: settings[k] for k in ("instance_epochs", "cluster_epochs")},
-            target_frequency=settings["plan"]["target_frequency"],
-            **{k: settings["kmeans"][k] for k in ("n_sketch_steps", "n_lloyd_rounds", "steps_per_round")},
-        )
-        plan = plan_privacy(
-            epsilon=settings["epsilon"],
-            delta=settings["delta"],
-            scope=settings["scope"],
-            n_obs=self.adata.n_obs,
-            batch_size=settings["batch_size"],
-            counts=counts,
-            max_grad_norm=settings["max_grad_norm"],
-            accountant=settings["accountant"],
-            noise=NoiseSource(settings["noise_seed"]),
-        )
+        """Planned steps, calibrated σ and DP-SGD settings of a fit (:func:`plan_fit`; reads no cell)."""
+        plan = plan_fit(settings, self.adata.n_obs)
         if plan.settings is not None:
             logger.info(
                 "Calibrated noise multiplier %.4f for %d steps at q=%.4f",
                 plan.settings.noise_multiplier,
-                counts["total"],
+                plan.counts["total"],
                 plan.sample_rate,
             )
         return plan

@@ -13,6 +13,7 @@ from .._validation import (
     get_matrix,
 )
 from ..model import DPDCAN
+from ..model._dcan_privacy import plan_fit
 from ..privacy import check_budget, write_result
 
 DEFAULT_N_CLUSTERS = 8
@@ -112,11 +113,11 @@ def fit(
     n_clusters = DEFAULT_N_CLUSTERS if n_clusters is None else n_clusters
     # Every check runs before adata is touched.
     matrix = get_matrix(adata, layer)
-    check_fit_args(n_obs=adata.n_obs, n_clusters=n_clusters, scope=scope, batch_size=batch_size)
+    batch_size = check_fit_args(n_obs=adata.n_obs, n_clusters=n_clusters, scope=scope, batch_size=batch_size)
     check_privacy_args(epsilon, delta, adata.n_obs)
     check_matrix(matrix, likelihood)
     train_kwargs.setdefault("private_optimizer", optimizer)
-    DPDCAN.check_options(
+    options = DPDCAN.check_options(
         train_kwargs.get("plan_kwargs"), train_kwargs.get("kmeans_kwargs"), train_kwargs["private_optimizer"]
     )
     if max_epochs is not None:
@@ -136,7 +137,7 @@ def fit(
         noise_seed=noise_seed,
         progress_bar=progress_bar,
     )
-    _check_planned_budget(adata, layer, n_clusters, likelihood, key_added, train_kwargs)
+    _check_planned_budget(adata, key_added, train_kwargs, options)
 
     target = adata.copy() if copy else adata
     DPDCAN.setup_anndata(target, layer=layer)
@@ -170,16 +171,13 @@ def fit(
 
 
 def _check_planned_budget(
-    adata: ad.AnnData, layer: str | None, n_clusters: int, likelihood: str, key: str, train_kwargs: dict
+    adata: ad.AnnData, key: str, train_kwargs: dict, options: tuple[dict, dict]
 ) -> None:
     """Refuse, before ``adata`` is touched, a fit whose planned spend would exceed the budget."""
     if "budget" not in adata.uns.get("dpsc", {}):
         return
-    probe = ad.AnnData(X=get_matrix(adata, layer), obs=adata.obs[[]], var=adata.var[[]])
-    DPDCAN.setup_anndata(probe)
-    model = DPDCAN(probe, n_clusters=n_clusters, likelihood=likelihood)
-    settings = model._check_train_settings({"self": model, **_train_defaults(), **train_kwargs})
-    check_budget(adata, model.plan_privacy(settings).planned_record(adata.n_obs), key)
+    settings = {**_train_defaults(), **train_kwargs, "plan": options[0], "kmeans": options[1]}
+    check_budget(adata, plan_fit(settings, adata.n_obs).planned_record(adata.n_obs), key)
 
 
 def _train_defaults() -> dict:
