@@ -41,4 +41,13 @@ def counts(small_adata):
     return torch.as_tensor(small_adata.X[:6].toarray(), dtype=torch.float32)
 
 
-FAST = {"instance_epochs": 2, "cluster_epochs": 1, "progress_bar": False, "accelerator": "cpu"}
+@pytest.fixture
+def fast_train():
+    """``tl.fit``/``DPDCAN.train`` options for a seconds-long fit: 2 + 1 epochs on the CPU, no bar."""
+    return {"instance_epochs": 2, "cluster_epochs": 1, "progress_bar": False, "accelerator": "cpu"}
+
+
+@pytest.fixture
+def tiny_fit(fast_train):
+    """``fast_train`` with 3 clusters (the small AnnData has few cell types)."""
+    return {"n_clusters": 3, **fast_train}

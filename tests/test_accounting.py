@@ -41,6 +41,7 @@ def test_calibrated_sigma_spends_at_most_target(target):
     assert google_rdp_epsilon(sigma, 0.1, 913, 1e-5) <= target * 1.02
 
 
+@pytest.mark.slow
 def test_prv_accountant_is_selectable_and_close_to_rdp():
     sigma = calibrate_noise_multiplier(8.0, 1e-5, 0.1, 500, accountant="prv")
     acc = make_accountant("prv")

@@ -7,8 +7,6 @@ from dpsc.audit import attack_metrics, clopper_pearson, epsilon_lower_bound
 
 matplotlib.use("Agg")
 
-FAST_FIT = {"instance_epochs": 2, "cluster_epochs": 1, "progress_bar": False, "accelerator": "cpu"}
-
 
 def test_epsilon_lower_bound_behaves():
     # A perfect attack on 1000/1000 cells proves a large ε; a coin flip proves nothing.
@@ -30,10 +28,11 @@ def test_attack_metrics_ranges():
     assert m["auc"] > 0.55 and m["epsilon_lower_bound"] >= 0.0
 
 
-def test_audit_end_to_end(small_adata):
+@pytest.mark.slow
+def test_audit_end_to_end(small_adata, fast_train):
     adata = small_adata.copy()
     table = dpsc.tl.audit(
-        adata, epsilon=4.0, delta=1e-3, attack="both", features="encoder+decoder", n_clusters=3, **FAST_FIT
+        adata, epsilon=4.0, delta=1e-3, attack="both", features="encoder+decoder", n_clusters=3, **fast_train
     )
     assert list(table.attack) == [
         "shadow",
@@ -53,9 +52,9 @@ def test_audit_end_to_end(small_adata):
     assert ax.get_xlabel() == "false positive rate"
 
 
-def test_audit_bad_input(small_adata):
+def test_audit_bad_input(small_adata, fast_train):
     with pytest.raises(ValueError, match="needs at least"):
-        dpsc.tl.audit(small_adata[:50].copy(), epsilon=4.0, delta=1e-3, **FAST_FIT)
+        dpsc.tl.audit(small_adata[:50].copy(), epsilon=4.0, delta=1e-3, **fast_train)
     with pytest.raises(ValueError, match="Unknown attack"):
         dpsc.tl.audit(small_adata, attack="whitebox")
     with pytest.raises(ValueError, match="Unknown method"):
@@ -94,6 +93,7 @@ def test_one_run_gradient_audit_flags_a_broken_mechanism_and_the_non_private_run
     assert open_run["epsilon_lower"] >= 2.0
 
 
+@pytest.mark.slow
 def test_one_run_gradient_audit_never_exceeds_a_correct_claim(small_adata):
     table = dpsc.tl.audit(small_adata, epsilon=2.0, method="one_run", **RUN)
     for seed in range(1, 5):

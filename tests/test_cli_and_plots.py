@@ -7,10 +7,10 @@ import pytest
 import scanpy as sc
 
 import dpsc
-from conftest import FAST
 from dpsc.cli import main
 
 
+@pytest.mark.slow
 def test_cli_fit_prints_statement_and_scores(small_adata, tmp_path, capsys):
     src, out = tmp_path / "in.h5ad", tmp_path / "out.h5ad"
     small_adata.write_h5ad(src)
@@ -60,6 +60,29 @@ def test_cli_errors_are_one_paragraph_with_exit_code_2(small_adata, tmp_path, ca
     with pytest.raises(SystemExit) as version:
         main(["--version"])
     assert version.value.code == 0 and "dpsc" in capsys.readouterr().out
+    with_empty_gene = small_adata.copy()
+    X = with_empty_gene.X.tolil()
+    X[:, 0] = 0
+    with_empty_gene.X = X.tocsr()
+    with_empty_gene.write_h5ad(tmp_path / "empty_gene.h5ad")
+    assert main(["fit", str(tmp_path / "empty_gene.h5ad"), *args]) == 2
+    assert "--filter-genes" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_cli_filter_genes_drops_empty_genes_and_says_what_it_covers(small_adata, tmp_path, capsys):
+    adata = small_adata.copy()
+    X = adata.X.tolil()
+    X[:, :2] = 0
+    adata.X = X.tocsr()
+    adata.write_h5ad(tmp_path / "in.h5ad")
+    out = tmp_path / "out.h5ad"
+    args = ["--max-epochs", "2", "--no-progress", "--n-clusters", "3", "--filter-genes", "-o", str(out)]
+    assert main(["fit", str(tmp_path / "in.h5ad"), *args]) == 0
+    text = capsys.readouterr().out
+    assert "dropped 2 gene(s)" in text and "not covered by the ε" in text
+    assert "Clusters:" in text and " of 3 used" in text
+    assert ad.read_h5ad(out).n_vars == adata.n_vars - 2
 
 
 def test_import_and_help_do_not_load_torch():
@@ -71,8 +94,9 @@ def test_import_and_help_do_not_load_torch():
     assert out.split() == ["False", "False"]
 
 
-def test_plots_return_axes_and_save(small_adata, tmp_path):
-    dpsc.tl.fit(small_adata, epsilon=8.0, n_clusters=3, **FAST)
+@pytest.mark.slow
+def test_plots_return_axes_and_save(small_adata, tmp_path, fast_train):
+    dpsc.tl.fit(small_adata, epsilon=8.0, n_clusters=3, **fast_train)
     sc.pp.neighbors(small_adata, use_rep="X_dpdcan")
     sc.tl.umap(small_adata)
     ax = dpsc.pl.embedding(small_adata, color="dp_cluster", show=False)
@@ -81,7 +105,7 @@ def test_plots_return_axes_and_save(small_adata, tmp_path):
     assert (tmp_path / "eps.png").exists()
     ys = ax.lines[0].get_ydata()
     assert ys[-1] == pytest.approx(dpsc.privacy.get_record(small_adata, "X_dpdcan")["epsilon"])
-    dpsc.tl.fit(small_adata, epsilon=2.0, n_clusters=3, key_added="X_second", cluster_key="c2", **FAST)
+    dpsc.tl.fit(small_adata, epsilon=2.0, n_clusters=3, key_added="X_second", cluster_key="c2", **fast_train)
     ax = dpsc.pl.ledger(small_adata, show=False, save=tmp_path / "ledger.png")
     assert (tmp_path / "ledger.png").exists() and len(ax.patches) == 2
     total = ax.lines[0].get_ydata()[-1]

@@ -5,7 +5,6 @@ import pytest
 import torch
 
 import dpsc
-from conftest import FAST
 from dpsc.module import dec_kl_per_cell, per_cell_target, student_t_assignment
 from dpsc.privacy import dp_cluster_frequency
 
@@ -55,8 +54,9 @@ def test_target_with_frequency_is_dec_equation_3():
     assert torch.all(dec_kl_per_cell(q, per_cell_target(q, 2.0, rare)) >= -1e-7)
 
 
-def test_released_frequencies_are_accounted_steps(small_adata):
-    fit = {"n_clusters": 3, **FAST, "cluster_epochs": 2, "noise_seed": 0}  # same noise: only f differs
+@pytest.mark.slow
+def test_released_frequencies_are_accounted_steps(small_adata, fast_train):
+    fit = {"n_clusters": 3, **fast_train, "cluster_epochs": 2, "noise_seed": 0}  # same noise: only f differs
     uniform = small_adata.copy()
     dpsc.tl.fit(small_adata, epsilon=8.0, **fit)  # "released" is the default
     rec = small_adata.uns["dpsc"]["X_dpdcan"]["privacy"]
@@ -73,18 +73,24 @@ def test_released_frequencies_are_accounted_steps(small_adata):
     assert not np.allclose(uniform.obsm["X_dpdcan"], small_adata.obsm["X_dpdcan"])
 
 
-def test_non_private_fit_uses_frequencies_and_spends_nothing(small_adata):
+def test_non_private_fit_uses_frequencies_and_spends_nothing(small_adata, fast_train):
     uniform = small_adata.copy()
-    dpsc.tl.fit(small_adata, epsilon=None, plan_kwargs={"target_frequency": "released"}, n_clusters=3, **FAST)
-    dpsc.tl.fit(uniform, epsilon=None, plan_kwargs={"target_frequency": "uniform"}, n_clusters=3, **FAST)
+    dpsc.tl.fit(
+        small_adata, epsilon=None, plan_kwargs={"target_frequency": "released"}, n_clusters=3, **fast_train
+    )
+    dpsc.tl.fit(
+        uniform, epsilon=None, plan_kwargs={"target_frequency": "uniform"}, n_clusters=3, **fast_train
+    )
     assert small_adata.uns["dpsc"]["X_dpdcan"]["privacy"]["frequency_steps"] == 0
     assert small_adata.uns["dpsc"]["X_dpdcan"]["privacy"]["steps"] == 0
     # the exact frequencies enter the cluster-stage target: the fit differs from the uniform one
     assert not np.allclose(uniform.obsm["X_dpdcan"], small_adata.obsm["X_dpdcan"])
 
 
-def test_unknown_target_frequency_is_refused_and_adata_untouched(small_adata):
+def test_unknown_target_frequency_is_refused_and_adata_untouched(small_adata, fast_train):
     before = small_adata.copy()
     with pytest.raises(ValueError, match="target_frequency"):
-        dpsc.tl.fit(small_adata, epsilon=8.0, plan_kwargs={"target_frequency": "batch"}, n_clusters=3, **FAST)
+        dpsc.tl.fit(
+            small_adata, epsilon=8.0, plan_kwargs={"target_frequency": "batch"}, n_clusters=3, **fast_train
+        )
     assert set(small_adata.obsm) == set(before.obsm) and set(small_adata.uns) == set(before.uns)

@@ -82,11 +82,14 @@ def test_byol_loss_per_cell_and_training_lowers_it():
         assert np.isfinite(first) and np.isfinite(last)
 
 
+@pytest.mark.slow
+@pytest.mark.optional_extra
 def test_fit_federated_two_clients_two_rounds(small_adata):
     pytest.importorskip("flwr")
     adata = small_adata.copy()
     dpsc.pp.partition(adata, 2, label_key="cell_type", types_per_client=4)
-    record = dpsc.tl.fit_federated(adata, rounds=2, local_epochs=1, n_clusters=4)
+    dpsc.tl.fit_federated(adata, epsilon=None, rounds=2, local_epochs=1, n_clusters=4)
+    record = adata.uns["dpsc"]["federated"]
     assert adata.obsm["X_fedsc"].shape == (adata.n_obs, 60)
     assert adata.obs["fed_cluster"].nunique() <= 4
     assert len(record["loss"]) == 2 and np.isfinite(record["loss"]).all()
@@ -112,11 +115,14 @@ def test_pooled_gene_scaling_equals_statistics_of_all_cells():
     assert apply_scaling(X, mean, std, clip=0.5).max() == pytest.approx(0.5)
 
 
+@pytest.mark.slow
+@pytest.mark.optional_extra
 def test_fit_federated_with_pooled_gene_scaling(small_adata):
     pytest.importorskip("flwr")
     adata = small_adata.copy()
     dpsc.pp.partition(adata, 2, label_key="cell_type", types_per_client=4)
-    record = dpsc.tl.fit_federated(adata, rounds=2, local_epochs=1, n_clusters=4, scale_genes=True)
+    dpsc.tl.fit_federated(adata, epsilon=None, rounds=2, local_epochs=1, n_clusters=4, scale_genes=True)
+    record = adata.uns["dpsc"]["federated"]
     assert record["scale_genes"] and "per-gene sums" in record["privacy"]["statement"]
     assert np.isfinite(adata.obsm["X_fedsc"]).all() and len(record["loss"]) == 2
     with pytest.raises(ValueError, match="scale_genes=True sends"):
@@ -135,13 +141,13 @@ def test_flower_apps_refuse_gene_sums_with_client_level_dp():
 def test_fit_federated_bad_input(small_adata):
     adata = small_adata.copy()
     with pytest.raises(ValueError, match="assign cells to sites"):
-        dpsc.tl.fit_federated(adata)
+        dpsc.tl.fit_federated(adata, epsilon=None)
     dpsc.pp.partition(adata, 2)
     with pytest.raises(ValueError, match="Unknown method"):
-        dpsc.tl.fit_federated(adata, method="fedprox")
+        dpsc.tl.fit_federated(adata, epsilon=None, method="fedprox")
     adata.obs["tiny"] = ["a"] + ["b"] * (adata.n_obs - 1)
     with pytest.raises(ValueError, match="fewer than 2 cells"):
-        dpsc.tl.fit_federated(adata, client_key="tiny")
+        dpsc.tl.fit_federated(adata, epsilon=None, client_key="tiny")
     assert "X_fedsc" not in adata.obsm
 
 
@@ -178,13 +184,26 @@ def test_local_train_private_steps_noise_and_clean_state():
     assert not torch.allclose(weights[0], weights[1])  # the noise reaches the update
 
 
+@pytest.mark.slow
+@pytest.mark.optional_extra
 def test_fit_federated_with_client_level_dp(small_adata, tmp_path):
     pytest.importorskip("flwr")
     adata = small_adata.copy()
     dpsc.pp.partition(adata, 2)
-    record = dpsc.tl.fit_federated(
-        adata, rounds=2, local_epochs=1, n_clusters=4, epsilon=4.0, optimizer="dpsignadam"
+    out, net = dpsc.tl.fit_federated(
+        adata,
+        rounds=2,
+        local_epochs=1,
+        n_clusters=4,
+        epsilon=4.0,
+        optimizer="dpsignadam",
+        copy=True,
+        return_model=True,
     )
+    assert isinstance(net, dpsc.federated.SSLNet) and "X_fedsc" not in adata.obsm
+    assert dpsc.privacy.spent(adata) == dpsc.privacy.spent(out)  # the original's ledger books it too
+    adata = out
+    record = adata.uns["dpsc"]["federated"]
     privacy = record["privacy"]
     assert set(privacy["epsilon_per_site"]) == set(adata.obs["client"].astype(str))
     assert 0 < privacy["epsilon"] <= 4.0

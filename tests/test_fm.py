@@ -189,6 +189,7 @@ def ref_query(pbmc_full):
     return adata[:350].copy(), adata[350:].copy()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["pcdbn", "dpsgd"])
 def test_annotate_writes_valid_labels_and_records(ref_query, method, tmp_path):
     ref, query = ref_query

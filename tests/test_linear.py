@@ -119,6 +119,7 @@ def test_private_methods_beat_chance_with_enough_data():
     del test_X, test_y
 
 
+@pytest.mark.optional_extra
 def test_functional_mechanism_baseline_runs():
     pytest.importorskip("diffprivlib")
     X, y = _data()
@@ -175,7 +176,9 @@ def _gdsc_like(n=40, g=30, seed=0):
 
 def test_tl_private_regression_writes_results():
     adata = _gdsc_like()
-    model = dpsc.tl.private_regression(adata, "drug", epsilon=2.0, n_genes=5, public_mask="public")
+    model = dpsc.tl.private_regression(
+        adata, "drug", epsilon=2.0, n_genes=5, public_mask="public", return_model=True
+    )
     assert "drug_dp_pred" in adata.obs and np.isfinite(adata.obs["drug_dp_pred"]).all()
     result = adata.uns["dpsc"]["drug_dp_pred"]
     record = result["privacy"]

@@ -1,3 +1,4 @@
+import anndata as ad
 import numpy as np
 import pandas as pd
 import pytest
@@ -5,14 +6,12 @@ import scipy.sparse as sp
 import torch
 
 import dpsc
-from conftest import FAST
 from dpsc.model import DPDCAN, SharedEncoder
 
-TINY = {"n_clusters": 3, **FAST}
 
-
-def test_fit_writes_documented_keys(small_adata):
-    model = dpsc.tl.fit(small_adata, epsilon=4.0, **TINY)
+@pytest.mark.slow
+def test_fit_writes_documented_keys(small_adata, tiny_fit):
+    model = dpsc.tl.fit(small_adata, epsilon=4.0, **tiny_fit, return_model=True)
     assert isinstance(model, DPDCAN)
     assert small_adata.obsm["X_dpdcan"].shape == (small_adata.n_obs, 32)
     assert isinstance(small_adata.obs["dp_cluster"].dtype, pd.CategoricalDtype)
@@ -40,23 +39,25 @@ def test_fit_writes_documented_keys(small_adata):
     assert rec["curve_epsilon"][-1] == pytest.approx(rec["epsilon"])
 
 
-def test_noise_is_secret_unless_a_noise_seed_is_opted_into(small_adata):
+@pytest.mark.slow
+def test_noise_is_secret_unless_a_noise_seed_is_opted_into(small_adata, tiny_fit):
     a, b, c, d = (small_adata.copy() for _ in range(4))
-    dpsc.tl.fit(a, epsilon=8.0, random_state=1, **TINY)
-    dpsc.tl.fit(b, epsilon=8.0, random_state=1, **TINY)
+    dpsc.tl.fit(a, epsilon=8.0, random_state=1, **tiny_fit)
+    dpsc.tl.fit(b, epsilon=8.0, random_state=1, **tiny_fit)
     # same random_state, secret noise: different encoders (and the record says secret)
     assert not np.allclose(a.obsm["X_dpdcan"], b.obsm["X_dpdcan"])
     assert a.uns["dpsc"]["X_dpdcan"]["privacy"]["noise"]["secret"]
     assert "seeded with OS entropy" in a.uns["dpsc"]["X_dpdcan"]["privacy"]["statement"]
-    dpsc.tl.fit(c, epsilon=8.0, random_state=1, noise_seed=11, **TINY)
-    dpsc.tl.fit(d, epsilon=8.0, random_state=1, noise_seed=11, **TINY)
+    dpsc.tl.fit(c, epsilon=8.0, random_state=1, noise_seed=11, **tiny_fit)
+    dpsc.tl.fit(d, epsilon=8.0, random_state=1, noise_seed=11, **tiny_fit)
     np.testing.assert_array_equal(c.obsm["X_dpdcan"], d.obsm["X_dpdcan"])
     np.testing.assert_array_equal(c.obs["dp_cluster"], d.obs["dp_cluster"])
     record = c.uns["dpsc"]["X_dpdcan"]["privacy"]
     assert not record["noise"]["secret"] and "does NOT hold against anyone who knows" in record["statement"]
 
 
-def test_every_mechanism_draws_from_the_secure_source(small_adata, monkeypatch):
+@pytest.mark.slow
+def test_every_mechanism_draws_from_the_secure_source(small_adata, monkeypatch, tiny_fit):
     """With the OS-entropy seam patched to a constant, two secret fits coincide: nothing else is random."""
     import dpsc.privacy._noise as noise
 
@@ -68,53 +69,71 @@ def test_every_mechanism_draws_from_the_secure_source(small_adata, monkeypatch):
 
     monkeypatch.setattr(noise, "secure_seed", fixed)
     a, b = small_adata.copy(), small_adata.copy()
-    dpsc.tl.fit(a, epsilon=8.0, random_state=1, **TINY)
+    dpsc.tl.fit(a, epsilon=8.0, random_state=1, **tiny_fit)
     n_calls = len(calls)
-    dpsc.tl.fit(b, epsilon=8.0, random_state=1, **TINY)
+    dpsc.tl.fit(b, epsilon=8.0, random_state=1, **tiny_fit)
     assert n_calls >= 4  # sampling, DP-SGD noise of each stage, k-means and frequency releases
     np.testing.assert_array_equal(a.obsm["X_dpdcan"], b.obsm["X_dpdcan"])
 
 
-def test_scope_sets_the_guarantee(small_adata):
+@pytest.mark.slow
+def test_scope_sets_the_guarantee(small_adata, tiny_fit):
     a, b = small_adata.copy(), small_adata.copy()
-    dpsc.tl.fit(a, epsilon=8.0, **TINY)
-    dpsc.tl.fit(b, epsilon=8.0, scope="full", **TINY)
+    dpsc.tl.fit(a, epsilon=8.0, **tiny_fit)
+    dpsc.tl.fit(b, epsilon=8.0, scope="full", **tiny_fit)
     enc, full = (x.uns["dpsc"]["X_dpdcan"]["privacy"] for x in (a, b))
     assert enc["guarantee"] == "heuristic" and enc["statement"].startswith("HEURISTIC")
     assert "not a proof" in enc["statement"][:60]
     assert full["guarantee"] == "proven" and full["statement"].startswith("Proven")
 
 
-def test_copy_returns_annotated_copy_and_leaves_input(small_adata):
+@pytest.mark.slow
+def test_copy_returns_annotated_copy_and_leaves_input(small_adata, tiny_fit):
     before = set(small_adata.obsm.keys())
-    out = dpsc.tl.fit(small_adata, epsilon=8.0, copy=True, key_added="X_test", cluster_key="cl", **TINY)
+    out = dpsc.tl.fit(small_adata, epsilon=8.0, copy=True, key_added="X_test", cluster_key="cl", **tiny_fit)
     assert "X_test" in out.obsm and "cl" in out.obs
     assert set(small_adata.obsm.keys()) == before and "cl" not in small_adata.obs
+    # the original's cells were read: its ledger books the fit, and only that changed in it
+    assert dpsc.privacy.ledger_frame(small_adata)["key"].tolist() == ["X_test"]
+    assert "X_test" not in small_adata.uns["dpsc"]
 
 
-def test_dense_and_sparse_give_the_same_fit(small_adata):
+@pytest.mark.slow
+def test_one_return_rule(small_adata, tiny_fit):
+    assert dpsc.tl.fit(small_adata, epsilon=8.0, **tiny_fit) is None
+    out, model = dpsc.tl.fit(
+        small_adata, epsilon=8.0, copy=True, return_model=True, key_added="X2", **tiny_fit
+    )
+    assert isinstance(out, ad.AnnData) and isinstance(model, dpsc.model.DPDCAN)
+    assert "X2" in out.obsm and "X2" not in small_adata.obsm
+
+
+@pytest.mark.slow
+def test_dense_and_sparse_give_the_same_fit(small_adata, tiny_fit):
     dense = small_adata.copy()
     dense.X = dense.X.toarray()
-    dpsc.tl.fit(dense, epsilon=8.0, noise_seed=0, **TINY)
-    dpsc.tl.fit(small_adata, epsilon=8.0, noise_seed=0, **TINY)
+    dpsc.tl.fit(dense, epsilon=8.0, noise_seed=0, **tiny_fit)
+    dpsc.tl.fit(small_adata, epsilon=8.0, noise_seed=0, **tiny_fit)
     np.testing.assert_allclose(dense.obsm["X_dpdcan"], small_adata.obsm["X_dpdcan"], rtol=1e-5, atol=1e-5)
 
 
-def test_non_private_and_full_scope(small_adata):
+@pytest.mark.slow
+def test_non_private_and_full_scope(small_adata, tiny_fit):
     a = small_adata.copy()
-    dpsc.tl.fit(a, epsilon=None, **TINY)
+    dpsc.tl.fit(a, epsilon=None, **tiny_fit)
     assert np.isnan(a.uns["dpsc"]["X_dpdcan"]["privacy"]["epsilon"])
     assert "No differential privacy" in a.uns["dpsc"]["X_dpdcan"]["privacy"]["statement"]
     b = small_adata.copy()
-    dpsc.tl.fit(b, epsilon=8.0, scope="full", **TINY)
+    dpsc.tl.fit(b, epsilon=8.0, scope="full", **tiny_fit)
     assert b.uns["dpsc"]["X_dpdcan"]["privacy"]["scope"] == "full"
     assert "decoder" in " ".join(b.uns["dpsc"]["X_dpdcan"]["privacy"]["private_parameters"])
 
 
-def test_layer_and_h5ad_round_trip(small_adata, tmp_path):
+@pytest.mark.slow
+def test_layer_and_h5ad_round_trip(small_adata, tmp_path, tiny_fit):
     small_adata.layers["counts"] = small_adata.X.copy()
     small_adata.X = sp.csr_matrix(np.log1p(small_adata.X.toarray()))
-    dpsc.tl.fit(small_adata, epsilon=8.0, layer="counts", **TINY)
+    dpsc.tl.fit(small_adata, epsilon=8.0, layer="counts", **tiny_fit)
     path = tmp_path / "out.h5ad"
     small_adata.write_h5ad(path)
     import anndata as ad
@@ -124,14 +143,16 @@ def test_layer_and_h5ad_round_trip(small_adata, tmp_path):
     assert back.uns["dpsc"]["X_dpdcan"]["privacy"]["statement"] == record["statement"]
 
 
-def test_trained_model_refuses_a_second_ledger(small_adata):
-    model = dpsc.tl.fit(small_adata, epsilon=8.0, **TINY)
+@pytest.mark.slow
+def test_trained_model_refuses_a_second_ledger(small_adata, tiny_fit):
+    model = dpsc.tl.fit(small_adata, epsilon=8.0, **tiny_fit, return_model=True)
     with pytest.raises(RuntimeError, match="already trained"):
         model.train(epsilon=8.0, instance_epochs=1, cluster_epochs=1, progress_bar=False)
 
 
-def test_save_load_round_trip(small_adata, tmp_path):
-    model = dpsc.tl.fit(small_adata, epsilon=8.0, **TINY)
+@pytest.mark.slow
+def test_save_load_round_trip(small_adata, tmp_path, tiny_fit):
+    model = dpsc.tl.fit(small_adata, epsilon=8.0, **tiny_fit, return_model=True)
     z = model.get_latent_representation()
     model.save(tmp_path / "m", overwrite=True)
     loaded = DPDCAN.load(tmp_path / "m", adata=small_adata)
@@ -141,8 +162,9 @@ def test_save_load_round_trip(small_adata, tmp_path):
     assert model.history_ is None  # no exact training losses are kept after a DP fit
 
 
-def test_export_shared_has_no_decoder_and_reproduces_outputs(small_adata, tmp_path):
-    model = dpsc.tl.fit(small_adata, epsilon=8.0, **TINY)
+@pytest.mark.slow
+def test_export_shared_has_no_decoder_and_reproduces_outputs(small_adata, tmp_path, tiny_fit):
+    model = dpsc.tl.fit(small_adata, epsilon=8.0, **tiny_fit, return_model=True)
     model.export_shared(tmp_path / "share")
     state = torch.load(tmp_path / "share" / "shared_encoder.pt", weights_only=True)
     assert all(k.startswith(("encoder.", "clustering.")) for k in state)
@@ -163,15 +185,16 @@ def test_export_shared_has_no_decoder_and_reproduces_outputs(small_adata, tmp_pa
     assert shared.predict(few).shape == (5,)
 
 
-def test_gaussian_likelihood_for_lognormalised_data(small_adata):
+@pytest.mark.slow
+def test_gaussian_likelihood_for_lognormalised_data(small_adata, tiny_fit):
     small_adata.X = sp.csr_matrix(np.log1p(small_adata.X.toarray()).astype(np.float32))
-    dpsc.tl.fit(small_adata, epsilon=8.0, likelihood="gaussian", **TINY)
+    dpsc.tl.fit(small_adata, epsilon=8.0, likelihood="gaussian", **tiny_fit)
     assert np.isfinite(small_adata.obsm["X_dpdcan"]).all()
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_private_fit_runs_on_gpu(small_adata):
+def test_private_fit_runs_on_gpu(small_adata, tiny_fit):
     adata = small_adata.copy()
-    dpsc.tl.fit(adata, epsilon=8.0, **{**TINY, "accelerator": "gpu"})
+    dpsc.tl.fit(adata, epsilon=8.0, **{**tiny_fit, "accelerator": "gpu"})
     assert adata.uns["dpsc"]["X_dpdcan"]["privacy"]["epsilon"] <= 8.0
     assert np.isfinite(adata.obsm["X_dpdcan"]).all()

@@ -5,7 +5,6 @@ from opacus.accountants import RDPAccountant
 from opacus.optimizers import DPOptimizer
 
 import dpsc
-from conftest import FAST
 from dpsc.optim import DPSignAdam, DPSignSGD, SignAdam, make_optimizer
 
 
@@ -90,19 +89,20 @@ def test_unknown_optimizer_name():
         make_optimizer("rmsprop", [torch.nn.Parameter(torch.zeros(1))], 0.1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scope", ["encoder", "full"])
-def test_fit_with_sign_optimizer(small_adata, scope):
+def test_fit_with_sign_optimizer(small_adata, scope, fast_train):
     adata = small_adata.copy()
-    dpsc.tl.fit(adata, epsilon=4.0, delta=1e-3, scope=scope, optimizer="dpsignadam", **FAST)
+    dpsc.tl.fit(adata, epsilon=4.0, delta=1e-3, scope=scope, optimizer="dpsignadam", **fast_train)
     record = adata.uns["dpsc"]["X_dpdcan"]["privacy"]
     assert record["epsilon"] <= 4.0 + 1e-9
     assert adata.uns["dpsc"]["X_dpdcan"]["params"]["private_optimizer"] == "dpsignadam"
     assert np.isfinite(adata.obsm["X_dpdcan"]).all()
 
 
-def test_fit_rejects_unknown_optimizer(small_adata):
+def test_fit_rejects_unknown_optimizer(small_adata, fast_train):
     adata = small_adata.copy()
     before = adata.copy()
     with pytest.raises(ValueError, match="Unknown optimizer"):
-        dpsc.tl.fit(adata, epsilon=4.0, delta=1e-3, optimizer="lion", **FAST)
+        dpsc.tl.fit(adata, epsilon=4.0, delta=1e-3, optimizer="lion", **fast_train)
     assert adata.obsm.keys() == before.obsm.keys() and "dpsc" not in adata.uns

@@ -7,7 +7,6 @@ import torch
 from scipy.optimize import minimize
 
 import dpsc
-from conftest import FAST
 from dpsc import fm, linear
 from dpsc.privacy import (
     BudgetExceededError,
@@ -18,8 +17,6 @@ from dpsc.privacy import (
     spent,
     write_result,
 )
-
-TINY = {"n_clusters": 3, **FAST}
 
 
 def gaussian_record(sigma: float, q: float, steps: int, delta: float = 1e-5) -> PrivacyRecord:
@@ -80,19 +77,20 @@ def test_ledger_survives_h5ad_subset_and_copy(tmp_path):
     assert list(ledger_frame(back)["key"]) == ["a", "b"]
 
 
-def test_budget_refuses_before_any_work_and_leaves_adata_unchanged(small_adata):
+@pytest.mark.slow
+def test_budget_refuses_before_any_work_and_leaves_adata_unchanged(small_adata, tiny_fit):
     adata = small_adata.copy()
-    dpsc.tl.fit(adata, epsilon=4.0, **TINY)
+    dpsc.tl.fit(adata, epsilon=4.0, **tiny_fit)
     set_budget(adata, 5.0)  # two ε = 4 fits compose to about 5.5 (RDP), more than 5
     before = adata.copy()
     with pytest.raises(BudgetExceededError, match="ε left") as err:
-        dpsc.tl.fit(adata, epsilon=4.0, key_added="X_again", cluster_key="again", **TINY)
+        dpsc.tl.fit(adata, epsilon=4.0, key_added="X_again", cluster_key="again", **tiny_fit)
     assert isinstance(err.value, ValueError)
     assert set(adata.obsm) == set(before.obsm) and set(adata.obs) == set(before.obs)
     assert set(adata.uns["dpsc"]) == set(before.uns["dpsc"]) and set(adata.uns) == set(before.uns)
     assert len(ledger_frame(adata)) == 1
     # within the budget, a second fit goes through and is composed with the first
-    dpsc.tl.fit(adata, epsilon=1.0, key_added="X_small", cluster_key="small", **TINY)
+    dpsc.tl.fit(adata, epsilon=1.0, key_added="X_small", cluster_key="small", **tiny_fit)
     eps, _ = spent(adata)
     assert 4.0 < eps <= 5.0 and len(ledger_frame(adata)) == 2
     assert "X_dpdcan" in adata.uns["dpsc"] and "X_small" in adata.uns["dpsc"]  # both records kept
@@ -144,6 +142,7 @@ def test_laplace_and_functional_mechanisms_draw_from_the_secure_source(monkeypat
     np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.slow
 def test_dpsgd_classifier_takes_a_noisy_accounted_step_on_an_empty_batch(monkeypatch):
     from dpsc.privacy import DPSGDSettings
 
@@ -186,8 +185,9 @@ def test_xx_sensitivity_holds_at_the_worst_case(d):
         assert worst > 2.0
 
 
-def test_encoder_scope_save_warns_and_keeps_no_losses(small_adata, tmp_path, caplog):
-    model = dpsc.tl.fit(small_adata, epsilon=8.0, **TINY)
+@pytest.mark.slow
+def test_encoder_scope_save_warns_and_keeps_no_losses(small_adata, tmp_path, caplog, tiny_fit):
+    model = dpsc.tl.fit(small_adata, epsilon=8.0, **tiny_fit, return_model=True)
     with caplog.at_level("WARNING"):
         model.save(tmp_path / "m", overwrite=True)
     assert "noise-free decoder" in caplog.text

@@ -67,7 +67,8 @@ def check_matrix(matrix: Any, likelihood: str, *, training: bool = True) -> None
     if training and np.any(gene_sums == 0):  # a new site's cells may lack some genes
         raise ValueError(
             f"{int((gene_sums == 0).sum())} gene(s) are zero in every cell. Filter them first: "
-            "sc.pp.filter_genes(adata, min_counts=1)."
+            "sc.pp.filter_genes(adata, min_counts=1) (command line: --filter-genes). Which genes "
+            "are dropped depends on the cells, so that choice is not covered by the ε."
         )
 
 

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 import textwrap
 import time
+import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -42,6 +42,11 @@ def _parser() -> argparse.ArgumentParser:
         help="DP on the encoder (DP-DCAN) or on everything (DPE-DCAN).",
     )
     fit.add_argument("--layer", default=None, help="Layer holding the raw counts (default: X).")
+    fit.add_argument(
+        "--filter-genes",
+        action="store_true",
+        help="Drop genes with no count in any cell first (reads the cells: not covered by ε).",
+    )
     fit.add_argument(
         "--likelihood",
         choices=["zinb", "gaussian"],
@@ -80,6 +85,20 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _drop_empty_genes(adata: ad.AnnData, layer: str | None) -> ad.AnnData:
+    """``--filter-genes``: keep the genes with a count in some cell, and say what that choice covers."""
+    import numpy as np
+
+    from ._validation import get_matrix
+
+    kept = np.asarray(abs(get_matrix(adata, layer)).sum(axis=0)).ravel() > 0
+    print(
+        f"--filter-genes: dropped {int((~kept).sum())} gene(s) with no count in any cell; which genes "
+        "are dropped depends on the cells, so this choice is not covered by the ε."
+    )
+    return adata[:, kept].copy()
+
+
 def _label_key(adata: ad.AnnData, requested: str | None) -> str | None:
     if requested is not None:
         if requested not in adata.obs:
@@ -88,18 +107,13 @@ def _label_key(adata: ad.AnnData, requested: str | None) -> str | None:
     return next((k for k in ("cell_type", "label") if k in adata.obs), None)
 
 
-def _quiet_training_logs() -> None:
-    """Lightning's INFO lines (printed twice through scvi's handler) and adverts: warnings only."""
-    for name in ("lightning.pytorch", "lightning.fabric", "lightning", "scvi"):
-        logging.getLogger(name).setLevel(logging.WARNING)
-
-
 def _fit(args: argparse.Namespace) -> int:
     import anndata as ad
     import numpy as np
     from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
 
     from . import datasets, tl
+    from .tl._fit import empty_clusters_message
 
     if args.input is None:
         adata = datasets.pbmc4k()
@@ -108,25 +122,29 @@ def _fit(args: argparse.Namespace) -> int:
         adata = _read(ad, args.input)
         source = args.input
     key = _label_key(adata, args.label_key)  # checked before any work
+    if args.filter_genes:
+        adata = _drop_empty_genes(adata, args.layer)
     epsilon = None if args.non_private else args.epsilon
     print(f"dpsc fit: {source}; epsilon={epsilon}, delta={args.delta}, scope={args.scope}", flush=True)
-    _quiet_training_logs()
     start = time.perf_counter()
-    model = tl.fit(
-        adata,
-        epsilon=epsilon,
-        delta=args.delta,
-        n_clusters=args.n_clusters,
-        scope=args.scope,
-        layer=args.layer,
-        likelihood=args.likelihood,
-        max_epochs=args.max_epochs,
-        accountant=args.accountant,
-        optimizer=args.optimizer,
-        random_state=args.seed,
-        noise_seed=args.noise_seed,
-        progress_bar=not args.no_progress,
-    )
+    with warnings.catch_warnings():  # the empty-cluster note is printed below, once
+        warnings.filterwarnings("ignore", message=r"\d+ of the \d+ clusters hold cells")
+        model = tl.fit(
+            adata,
+            epsilon=epsilon,
+            delta=args.delta,
+            n_clusters=args.n_clusters,
+            scope=args.scope,
+            layer=args.layer,
+            likelihood=args.likelihood,
+            max_epochs=args.max_epochs,
+            accountant=args.accountant,
+            optimizer=args.optimizer,
+            random_state=args.seed,
+            noise_seed=args.noise_seed,
+            progress_bar=not args.no_progress,
+            return_model=True,
+        )
     wall = time.perf_counter() - start
     from .privacy import get_record
 
@@ -143,7 +161,17 @@ def _fit(args: argparse.Namespace) -> int:
     print(textwrap.fill(record["statement"], width=96, initial_indent="  ", subsequent_indent="  "))
     print(f"Wall time: {wall:.1f} s")
     counts = adata.obs["dp_cluster"].value_counts()
-    print(f"Clusters: {len(counts)} ({', '.join(f'{k}: {v}' for k, v in counts.items())})")
+    asked = model.n_clusters
+    print(f"Clusters: {len(counts)} of {asked} used ({', '.join(f'{k}: {v}' for k, v in counts.items())})")
+    if len(counts) < asked:
+        print(
+            textwrap.fill(
+                empty_clusters_message(len(counts), asked, epsilon),
+                width=96,
+                initial_indent="  ",
+                subsequent_indent="  ",
+            )
+        )
     if key is None:
         print("No known labels (obs 'cell_type' or 'label'), so no ARI/NMI; pass --label-key to score.")
     else:

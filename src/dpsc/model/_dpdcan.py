@@ -35,6 +35,7 @@ from ..privacy import (
     spent_epsilon,
 )
 from ..train import DCANTrainingPlan, PoissonDataSplitter
+from ..train._progress import FitProgress, quiet_training_logs
 from ._dcan_privacy import DCANPrivacyPlan, dcan_record, plan_fit
 
 logger = logging.getLogger(__name__)
@@ -252,7 +253,7 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
         accelerator
             Lightning accelerator.
         progress_bar
-            Show a progress bar per stage.
+            Show one progress bar over both stages (epochs, stage, ε spent so far).
         """
         settings = self._check_train_settings(locals())
         plan = self.plan_privacy(settings)
@@ -267,7 +268,8 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
             "private_optimizer": private_optimizer,
             **{k: opts[k] for k in ("rho", "mask_rate", "betas", "target_power")},
         }
-        run = {"accelerator": accelerator, "progress_bar": progress_bar}
+        progress = FitProgress(instance_epochs + cluster_epochs, delta if dp else None, progress_bar)
+        run = {"accelerator": accelerator, "progress": progress}
         if instance_epochs > 0:
             instance = self._training_plan_cls(
                 self.module,
@@ -278,7 +280,7 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
                 seed=random_state,
                 **stage_common,
             )
-            self._run_stage(instance, splitter, instance_epochs, **run)
+            self._run_stage(instance, splitter, instance_epochs, "instance stage", **run)
         self._init_centroids(splitter, dp, settings["kmeans"], random_state)
         if cluster_epochs > 0:
             released = opts["target_frequency"] == "released"
@@ -294,7 +296,8 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
                 seed=random_state + 2,
                 **stage_common,
             )
-            self._run_stage(cluster, splitter, cluster_epochs, **run)
+            self._run_stage(cluster, splitter, cluster_epochs, "cluster stage", **run)
+        progress.close()
         self.module.eval()
         self.is_trained_ = True
         spent = None if dp is None else spent_epsilon(dp.accountant, delta)
@@ -385,25 +388,31 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
         params["planned_steps"] = plan.counts["total"]
         return params
 
-    def _run_stage(self, plan, splitter, epochs, accelerator, progress_bar) -> None:
-        runner = self._train_runner_cls(
-            self,
-            training_plan=plan,
-            data_splitter=splitter,
-            max_epochs=epochs,
-            accelerator=accelerator,
-            devices=1,
-            enable_progress_bar=progress_bar,
-            enable_model_summary=False,
-            enable_checkpointing=False,
-            num_sanity_val_steps=0,
-            limit_val_batches=0,
-        )
+    def _run_stage(self, plan, splitter, epochs, name, accelerator, progress: FitProgress) -> None:
+        progress.start_stage(name, None if plan.dp is None else plan.dp.accountant)
         self.module.train()
         self.history_ = None  # per-stage logs are not kept: under DP they are exact statistics
         self.is_trained_ = False
         try:
-            runner()
+            with quiet_training_logs():  # the Trainer logs when built and when it stops
+                runner = self._train_runner_cls(
+                    self,
+                    training_plan=plan,
+                    data_splitter=splitter,
+                    max_epochs=epochs,
+                    accelerator=accelerator,
+                    devices=1,
+                    enable_progress_bar=False,
+                    callbacks=[progress],
+                    enable_model_summary=False,
+                    enable_checkpointing=False,
+                    num_sanity_val_steps=0,
+                    limit_val_batches=0,
+                )
+                runner()
+        except BaseException:
+            progress.close()
+            raise
         finally:
             plan.detach_privacy()
             if plan.dp is not None:

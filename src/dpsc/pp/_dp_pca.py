@@ -23,6 +23,7 @@ import anndata as ad
 import numpy as np
 import scipy.sparse as sp
 
+from .._api import DEFAULT_EPSILON, store_result
 from .._validation import check_privacy_args, get_matrix
 from ..privacy import (
     COMMON_NOT_COVERED,
@@ -31,7 +32,6 @@ from ..privacy import (
     calibrate_noise_multiplier,
     check_budget,
     gaussian_release_record,
-    write_result,
 )
 
 MAX_GENES = 5000  # S is a dense genes × genes matrix
@@ -107,7 +107,7 @@ def pca(
     adata: ad.AnnData,
     n_comps: int = 16,
     *,
-    epsilon: float = 4.0,
+    epsilon: float = DEFAULT_EPSILON / 2,
     delta: float = 1e-5,
     n_genes: int | None = 500,
     layer: str | None = None,
@@ -131,7 +131,8 @@ def pca(
         Number of components. Components past the first few carry mostly noise at small ε;
         the default 16 is the number the private clustering benchmark uses.
     epsilon, delta
-        The release's (ε, δ).
+        The release's (ε, δ). The default is half of the workflow default 8: ``pp.pca`` then
+        :func:`dpsc.tl.kmeans`, both at their defaults, spend 8 together.
     n_genes
         Keep the genes with the largest *noisy* second moments before the eigendecomposition
         (post-processing; ``None``, or more than ``n_vars``, keeps all). The noise's spectral norm grows as
@@ -146,7 +147,7 @@ def pca(
     noise_seed
         Opt-in for tests and benchmarks only (the guarantee does not hold against its holder).
     copy
-        Return a new AnnData instead of writing into ``adata``.
+        Return a new AnnData instead of writing into ``adata`` (whose ledger still books the release).
 
     Returns
     -------
@@ -178,5 +179,4 @@ def pca(
     target.varm["PCs"] = loadings
     target.var["dp_pca_gene"] = np.isin(np.arange(d), keep)
     params = {"n_comps": n_comps, "n_genes": n_genes, "layer": layer, "log_normalize": log_normalize}
-    write_result(target, key_added, record, params, eigenvalues=eigval[order])
-    return target if copy else None
+    return store_result(adata, target, key_added, record, params, copy=copy, eigenvalues=eigval[order])

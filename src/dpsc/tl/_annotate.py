@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import anndata as ad
 import numpy as np
+import pandas as pd
 import scipy.sparse as sp
 import torch
 from sklearn.decomposition import PCA
 
 from .. import fm
+from .._api import DEFAULT_EPSILON, store_result
 from .._validation import get_matrix
 from ..module._dcan import input_representation
 from ..privacy import (
@@ -21,7 +23,7 @@ from ..privacy import (
     write_result,
 )
 
-METHODS = ("pcdbn", "dpsgd", "mlp")
+METHODS = ("dpsgd", "pcdbn", "mlp")
 
 
 def annotation_record(model_record: dict[str, Any], method: str, n_reference: int) -> PrivacyRecord:
@@ -103,14 +105,16 @@ def annotate(
     adata_query: ad.AnnData,
     label_key: str,
     *,
-    epsilon: float | None = 1.0,
-    method: str = "pcdbn",
+    epsilon: float | None = DEFAULT_EPSILON,
+    method: Literal["dpsgd", "pcdbn", "mlp"] = "dpsgd",
     delta: float = 1e-5,
     n_components: int = 8,
     layer: str | None = None,
     log_normalize: bool = True,
     key_added: str = "dp_label",
     random_state: int = 0,
+    copy: bool = False,
+    return_model: bool = False,
     **method_kwargs: Any,
 ) -> Any:
     """Label query cells with a classifier trained on a private, labelled reference.
@@ -119,10 +123,11 @@ def annotate(
     a PCA with ``n_components`` is fitted on the **query** cells and applied to both, so the
     feature map never reads the private reference. Then, by ``method``:
 
+    - ``"dpsgd"`` (default): :class:`dpsc.fm.DPSGDClassifier` (Opacus DP-SGD MLP) on the PCA
+      scores divided by the query's per-component standard deviation; ``(epsilon, delta)``-DP.
+      The more accurate of the two private methods in ``benchmarks/results/fm.md``.
     - ``"pcdbn"``: :class:`dpsc.fm.PrivateDBN` (functional mechanism; each cell's PCA vector
       is scaled to unit L1 norm, the bound the sensitivity assumes); ``epsilon`` is pure ε-DP.
-    - ``"dpsgd"``: :class:`dpsc.fm.DPSGDClassifier` (Opacus DP-SGD MLP) on the PCA scores
-      divided by the query's per-component standard deviation; ``(epsilon, delta)``-DP.
     - ``"mlp"``: the same MLP without privacy (a reference point, no guarantee).
 
     Parameters
@@ -134,9 +139,10 @@ def annotate(
     label_key
         Column of ``adata_ref.obs`` with the labels.
     method
-        ``"pcdbn"`` (default), ``"dpsgd"`` or ``"mlp"``, as above.
+        ``"dpsgd"`` (default), ``"pcdbn"`` or ``"mlp"``, as above.
     epsilon, delta
-        Privacy budget (``delta`` only for ``"dpsgd"``). For ``"dpsgd"``, ``epsilon=None`` with
+        Privacy budget of the reference cells (``delta`` only for ``"dpsgd"``); default 8, the
+        default of every dpsc workflow. For ``"dpsgd"``, ``epsilon=None`` with
         ``noise_multiplier=σ`` (and optionally ``max_epsilon``) trains with a fixed σ and records
         the ε spent.
     n_components
@@ -148,18 +154,23 @@ def annotate(
         ``adata_query.obs`` columns ``key_added`` (label) and ``f"{key_added}_confidence"``
         (predicted probability of that label).
     random_state
-        Seed of the noise and of training.
+        Seed of the query PCA and of the classifier's initialisation; never of the noise, which
+        is secret unless ``noise_seed=`` is passed in ``method_kwargs`` (tests and benchmarks only).
+    copy, return_model
+        ``copy=True`` writes the labels into a copy of ``adata_query`` and returns it;
+        ``return_model=True`` also returns the fitted classifier (one rule for every dpsc tool).
     **method_kwargs
         Passed to the classifier (e.g. ``hidden=(16,)``, ``epochs=50``, ``epsilon_split=...``).
 
     Returns
     -------
-    The fitted classifier. Writes the labels to ``adata_query.obs[key_added]``, the
+    ``None``; the annotated copy of ``adata_query`` with ``copy=True``; the classifier (or
+    ``(copy, classifier)``) with ``return_model=True``. Writes the labels to
+    ``adata_query.obs[key_added]``, the
     classifier's privacy record to ``adata_ref.uns["dpsc"][key_added]`` (and a ledger entry
     for the reference cells), and to ``adata_query.uns["dpsc"][key_added]`` a record with
     ``guarantee="none"`` for the query cells (the PCA is fitted on them) plus the reference's
-    record. ``noise_seed=`` in ``method_kwargs`` makes the noise repeatable (tests only).
-    Nothing is written if an error occurs.
+    record. Nothing is written if an error occurs.
     """
     fixed_noise = method == "dpsgd" and method_kwargs.get("noise_multiplier") is not None and epsilon is None
     labels = _check_inputs(adata_ref, adata_query, label_key, 1.0 if fixed_noise else epsilon, method)
@@ -197,9 +208,19 @@ def annotate(
         "n_genes": len(genes),
         "features": f"log-normalised, PCA ({n_components} components) fitted on the query cells",
     }
-    adata_query.obs[key_added] = np.asarray(model.classes_)[proba.argmax(1)]
-    adata_query.obs[key_added] = adata_query.obs[key_added].astype("category")
-    adata_query.obs[f"{key_added}_confidence"] = proba.max(1)
+    target = adata_query.copy() if copy else adata_query
+    target.obs[key_added] = pd.Categorical(np.asarray(model.classes_)[proba.argmax(1)])
+    target.obs[f"{key_added}_confidence"] = proba.max(1)
     write_result(adata_ref, key_added, record, **extra)
-    write_result(adata_query, key_added, query_record(adata_query.n_obs), reference=record.to_dict(), **extra)
-    return model
+    query = query_record(adata_query.n_obs)
+    return store_result(
+        adata_query,
+        target,
+        key_added,
+        query,
+        copy=copy,
+        model=model,
+        return_model=return_model,
+        reference=record.to_dict(),
+        **extra,
+    )

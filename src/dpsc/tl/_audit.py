@@ -36,7 +36,9 @@ def split_2121(n_obs: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
 
 def _train(adata: ad.AnnData, idx: np.ndarray, epsilon: float | None, fit_kwargs: dict, seed: int):
     """Fit a DP-DCAN on a copy of the given cells (the user's AnnData is not modified)."""
-    return fit(adata[np.sort(idx)].copy(), epsilon=epsilon, random_state=seed, **fit_kwargs)
+    return fit(
+        adata[np.sort(idx)].copy(), epsilon=epsilon, random_state=seed, return_model=True, **fit_kwargs
+    )
 
 
 def _features(module: Any, X: Any, features: str, seed: int) -> dict[str, np.ndarray]:

@@ -6,6 +6,7 @@ import json
 import tempfile
 import time
 from pathlib import Path
+from typing import Any, Literal
 
 import anndata as ad
 import numpy as np
@@ -14,6 +15,7 @@ import scipy.sparse as sp
 import torch
 from sklearn.cluster import KMeans
 
+from .._api import store_result
 from .._validation import check_matrix, get_matrix
 from ..federated import (
     METHODS,
@@ -39,7 +41,6 @@ from ..privacy import (
     make_accountant,
     no_guarantee_record,
     spent_epsilon,
-    write_result,
 )
 from ._fit import DEFAULT_N_CLUSTERS
 
@@ -132,12 +133,12 @@ def fit_federated(
     adata: ad.AnnData,
     client_key: str = "client",
     *,
-    method: str = "fedsc",
+    epsilon: float | None,
+    method: Literal["fedsc", "fedbyol", "fedsimsiam", "fedsimclr", "fedmoco", "fedmocov2"] = "fedsc",
     n_clusters: int | None = None,
     rounds: int = 250,
     local_epochs: int = 1,
     alpha: float = 0.7,
-    epsilon: float | None = None,
     delta: float = 1e-5,
     optimizer: str = "sgd",
     max_grad_norm: float = 1.0,
@@ -151,7 +152,9 @@ def fit_federated(
     n_cpus: int = 2,
     scale_genes: bool | None = None,
     noise_seed: int | None = None,
-) -> dict:
+    copy: bool = False,
+    return_model: bool = False,
+) -> Any:
     """Train a self-supervised encoder across sites with Flower; cluster all cells with it.
 
     Each site (``obs[client_key]``) is one Flower SuperNode in the simulation engine; only the
@@ -185,6 +188,9 @@ def fit_federated(
         that its ``rounds × local_epochs × ⌈1/q⌉`` Poisson steps spend at most ``(epsilon,
         delta)`` with respect to its own cells (``q = min(1, 128/n_k)``). Only for the methods
         with per-cell losses (``"fedsc"``, ``"fedbyol"``, ``"fedsimsiam"``). ``None``: no DP.
+        The one dpsc tool without the default ε = 8: at 8 per site the clustering is not yet
+        useful (``benchmarks/results/federated.md``), and a silent non-private default would be
+        worse, so the choice is yours to state.
     optimizer, max_grad_norm, private_lr
         Update rule on the noisy gradient (``"sgd"``, ``"adam"``, ``"dpsignsgd"``,
         ``"dpsignadam"``), clipping norm C, and learning rate (default per rule:
@@ -210,9 +216,15 @@ def fit_federated(
         (``benchmarks/results/federated.md``). The sums carry no noise, so ``True`` is refused
         together with ``epsilon``.
 
+    copy, return_model
+        ``copy=True`` writes into a copy of ``adata`` and returns it; ``return_model=True`` also
+        returns the global encoder (:class:`dpsc.federated.SSLNet`); one rule for every dpsc tool.
+
     Returns
     -------
-    The ``uns["dpsc"]["federated"]`` record (method, rounds, clients, per-round loss, wall time).
+    ``None``; the annotated copy with ``copy=True``; the encoder (or ``(copy, encoder)``) with
+    ``return_model=True``. Writes ``obsm[key_added]``, ``obs[cluster_key]`` and the record
+    ``uns["dpsc"]["federated"]`` (method, rounds, clients, per-round loss, wall time, privacy).
     """
     if method not in METHODS:
         raise ValueError(f"Unknown method {method!r}; choose one of {METHODS}.")
@@ -317,9 +329,10 @@ def fit_federated(
     net.load_shared(state)
     Z = embed(net, X)
     labels = KMeans(n_clusters, n_init=10, random_state=random_state).fit_predict(Z)
-    adata.obsm[key_added] = Z
+    target = adata.copy() if copy else adata
+    target.obsm[key_added] = Z
     categories = [str(i) for i in range(n_clusters)]
-    adata.obs[cluster_key] = pd.Categorical(labels.astype(str), categories=categories)
+    target.obs[cluster_key] = pd.Categorical(labels.astype(str), categories=categories)
     rounds_done = sorted(history)
     result = {
         "method": method,
@@ -338,5 +351,7 @@ def fit_federated(
     if dp_plan is not None:
         steps_done = [history[r].get("dp-steps", 0) for r in rounds_done]
         result["mean_dp_steps_per_round_reported"] = float(np.mean(steps_done)) if steps_done else 0.0
-    write_result(adata, "federated", federated_record(dp_plan, **record_args), **result)
-    return adata.uns["dpsc"]["federated"]
+    record = federated_record(dp_plan, **record_args)
+    return store_result(
+        adata, target, "federated", record, copy=copy, model=net, return_model=return_model, **result
+    )

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import warnings
+from typing import Literal
+
 import anndata as ad
 import pandas as pd
 import torch
 
+from .._api import DEFAULT_EPSILON, store_result
 from .._validation import (
     check_fit_args,
     check_matrix,
@@ -14,7 +18,7 @@ from .._validation import (
 )
 from ..model import DPDCAN
 from ..model._dcan_privacy import plan_fit
-from ..privacy import check_budget, write_result
+from ..privacy import check_budget
 
 DEFAULT_N_CLUSTERS = 8
 """Used when ``n_clusters`` is None: a fixed, data-independent default (never estimated)."""
@@ -24,25 +28,26 @@ _SPLIT_INSTANCE = 5 / 9  # the reference's 50 instance + 40 cluster epochs
 
 def fit(
     adata: ad.AnnData,
-    epsilon: float | None = 8.0,
+    epsilon: float | None = DEFAULT_EPSILON,
     *,
     delta: float = 1e-5,
     n_clusters: int | None = None,
-    scope: str = "encoder",
+    scope: Literal["encoder", "full"] = "encoder",
     layer: str | None = None,
     max_epochs: int | None = None,
     batch_size: int | None = None,
-    likelihood: str = "zinb",
-    accountant: str = "rdp",
-    optimizer: str = "sgd",
+    likelihood: Literal["zinb", "gaussian"] = "zinb",
+    accountant: Literal["rdp", "prv"] = "rdp",
+    optimizer: Literal["sgd", "adam", "dpsignsgd", "dpsignadam"] = "sgd",
     random_state: int = 0,
     noise_seed: int | None = None,
     key_added: str = "X_dpdcan",
     cluster_key: str = "dp_cluster",
     copy: bool = False,
+    return_model: bool = False,
     progress_bar: bool = True,
     **train_kwargs,
-) -> DPDCAN | ad.AnnData:
+) -> ad.AnnData | DPDCAN | tuple[ad.AnnData, DPDCAN] | None:
     """Cluster and embed cells with DP-DCAN under an (ε, δ) guarantee.
 
     Parameters
@@ -86,7 +91,11 @@ def fit(
         Where the embedding (``obsm``) and the clusters (``obs``) go; the privacy record and the
         parameters go to ``uns["dpsc"][key_added]``.
     copy
-        Work on and return a copy of ``adata``.
+        Leave ``adata``'s data alone and return an annotated copy (``adata``'s privacy ledger
+        still records the fit: its cells were read).
+    return_model
+        Also return the trained :class:`~dpsc.model.DPDCAN` (to share it with
+        :meth:`~dpsc.model.DPDCAN.export_shared`, or to embed new cells).
     progress_bar
         Show training progress.
     **train_kwargs
@@ -94,12 +103,12 @@ def fit(
 
     Returns
     -------
-    The trained :class:`~dpsc.model.DPDCAN`, or with ``copy=True`` the annotated copy.
-    Writes ``obsm[key_added]``, ``obs[cluster_key]`` (categorical), the privacy record
-    ``uns["dpsc"][key_added]["privacy"]`` (:func:`dpsc.privacy.get_record`), the parameters
-    ``uns["dpsc"][key_added]["params"]``, and one entry of the AnnData's privacy ledger
-    (:func:`dpsc.privacy.spent`). With a budget set (:func:`dpsc.privacy.set_budget`), a fit
-    that would exceed it is refused before any work.
+    ``None``; the annotated copy with ``copy=True``; the model (or ``(copy, model)``) with
+    ``return_model=True`` (one rule for every dpsc tool). Writes ``obsm[key_added]``,
+    ``obs[cluster_key]`` (categorical), the privacy record ``uns["dpsc"][key_added]["privacy"]``
+    (:func:`dpsc.privacy.get_record`), the parameters ``uns["dpsc"][key_added]["params"]``, and
+    one entry of the AnnData's privacy ledger (:func:`dpsc.privacy.spent`). With a budget set
+    (:func:`dpsc.privacy.set_budget`), a fit that would exceed it is refused before any work.
 
     Notes
     -----
@@ -147,7 +156,11 @@ def fit(
     target.obsm[key_added] = model.get_latent_representation()
     labels = model.predict().astype(str)
     target.obs[cluster_key] = pd.Categorical(labels, categories=sorted(set(labels), key=int))
-    write_result(
+    n_used = len(set(labels))
+    if n_used < n_clusters:
+        warnings.warn(empty_clusters_message(n_used, n_clusters, epsilon), UserWarning, stacklevel=2)
+    return store_result(
+        adata,
         target,
         key_added,
         model.privacy_record(),
@@ -162,12 +175,29 @@ def fit(
             "accountant": accountant,
             "key_added": key_added,
             "cluster_key": cluster_key,
+            "clusters_used": n_used,
             **model.train_params_,
         },
+        copy=copy,
+        model=model,
+        return_model=return_model,
     )
-    if copy:
-        return target
-    return model
+
+
+def empty_clusters_message(n_used: int, n_clusters: int, epsilon: float | None) -> str:
+    """Say why some of the asked clusters hold no cell, and what would help."""
+    cause = (
+        f"Under DP (epsilon={epsilon:g}) the centroids are released with noise, so cell types "
+        "with few cells, or close to a larger one, are absorbed by their neighbours"
+        if epsilon is not None
+        else "Without noise this means the cells support fewer separate groups in the embedding"
+    )
+    return (
+        f"{n_used} of the {n_clusters} clusters hold cells; {n_clusters - n_used} ended with no cell "
+        f"nearest to their centroid. {cause}. This is not an error: the labels use only the "
+        "non-empty clusters. A larger epsilon, more cells, or a smaller n_clusters (from prior "
+        "knowledge, never from these cells' labels) gives each cluster more signal."
+    )
 
 
 def _check_planned_budget(

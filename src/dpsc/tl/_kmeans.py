@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from .._api import DEFAULT_EPSILON, store_result
 from .._validation import check_privacy_args
 from ..privacy import (
     COMMON_NOT_COVERED,
@@ -28,7 +29,6 @@ from ..privacy import (
     dp_kmeans_centroids,
     gaussian_release_record,
     kmeans_release_steps,
-    write_result,
 )
 
 #: Release plan and sketch of :func:`kmeans` (chosen with PBMC 4k labels, confirmed on mouse bladder:
@@ -68,7 +68,7 @@ def kmeans(
     adata: ad.AnnData,
     n_clusters: int = 8,
     *,
-    epsilon: float = 4.0,
+    epsilon: float = DEFAULT_EPSILON / 2,
     delta: float = 1e-5,
     use_rep: str = "X_pca",
     clip_norm: float = 1.0,
@@ -90,7 +90,8 @@ def kmeans(
     n_clusters
         k (fixed in advance; estimating it from the cells would spend privacy).
     epsilon, delta
-        (ε, δ) of the centroid releases.
+        (ε, δ) of the centroid releases. The default is half of the workflow default 8:
+        :func:`dpsc.pp.pca` then ``tl.kmeans``, both at their defaults, spend 8 together.
     use_rep
         ``obsm`` key of the representation; rows are clipped to L2 norm ``clip_norm`` (the
         projections of :func:`dpsc.pp.pca` have norm at most 1, so the default clips nothing).
@@ -104,7 +105,7 @@ def kmeans(
     noise_seed
         Opt-in for tests and benchmarks only (the guarantee does not hold against its holder).
     copy
-        Return a new AnnData instead of writing into ``adata``.
+        Return a new AnnData instead of writing into ``adata`` (whose ledger still books the release).
 
     Returns
     -------
@@ -148,5 +149,4 @@ def kmeans(
     target = adata.copy() if copy else adata
     target.obs[key_added] = pd.Categorical(labels.astype(str), categories=[str(i) for i in range(n_clusters)])
     params = {"n_clusters": n_clusters, "use_rep": use_rep, "clip_norm": clip_norm, **KMEANS_DEFAULTS}
-    write_result(target, key_added, record, params, centroids=centroids)
-    return target if copy else None
+    return store_result(adata, target, key_added, record, params, copy=copy, centroids=centroids)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import anndata as ad
 import numpy as np
@@ -10,12 +10,8 @@ import pandas as pd
 import scipy.sparse as sp
 
 from .. import linear
-from ..privacy import (
-    PrivacyRecord,
-    check_budget,
-    planned_pure_record,
-    write_result,
-)
+from .._api import DEFAULT_EPSILON, store_result
+from ..privacy import PrivacyRecord, check_budget, planned_pure_record
 
 METHODS = {
     "robust": linear.RobustPrivateLR,
@@ -86,16 +82,20 @@ def private_regression(
     adata: ad.AnnData,
     target: str,
     *,
-    epsilon: float = 2.0,
+    epsilon: float = DEFAULT_EPSILON,
     n_genes: int = 10,
     genes: list[str] | None = None,
     public_mask: Any = None,
-    method: str = "robust",
+    method: Literal[
+        "robust", "output_perturbation", "functional_mechanism", "non_private", "lasso"
+    ] = "robust",
     layer: str | None = None,
     key_added: str | None = None,
     random_state: int = 0,
+    copy: bool = False,
+    return_model: bool = False,
     **method_kwargs: Any,
-) -> linear.RobustPrivateLR | Any:
+) -> Any:
     """Predict a per-sample response (e.g. a drug's ln IC50) from expression with ε-DP coefficients.
 
     Parameters
@@ -107,7 +107,7 @@ def private_regression(
         Column of ``adata.obs`` with the response; samples where it is NaN are not used for
         fitting but get predictions.
     epsilon
-        Privacy budget ε (pure ε-DP).
+        Privacy budget ε (pure ε-DP); default 8, the default of every dpsc workflow.
     n_genes, genes
         Use ``genes`` if given (a data-independent choice); otherwise the ``n_genes`` most variable
         genes among the public samples. Genes are never chosen on private samples.
@@ -125,12 +125,16 @@ def private_regression(
         Seed of the estimator's non-private randomness (e.g. the auxiliary search). Never of the
         noise, which is secret unless ``noise_seed=`` is passed in ``method_kwargs`` (tests and
         benchmarks only).
+    copy, return_model
+        ``copy=True`` writes into a copy of ``adata`` and returns it; ``return_model=True`` also
+        returns the fitted estimator (one rule for every dpsc tool).
     **method_kwargs
         Passed to the estimator (e.g. ``prior="gamma"``, ``bounds=(B_x, B_y)``).
 
     Returns
     -------
-    The fitted estimator. Writes ``obs[key_added]``, the record ``uns["dpsc"][key_added]``
+    ``None``; the annotated copy with ``copy=True``; the estimator (or ``(copy, estimator)``)
+    with ``return_model=True``. Writes ``obs[key_added]``, the record ``uns["dpsc"][key_added]``
     (``key_added`` defaults to ``f"{target}_dp_pred"``) and a ledger entry.
     """
     if method not in METHODS:
@@ -167,12 +171,13 @@ def private_regression(
     model = METHODS[method](**kwargs)
     model.fit(Xg[private_rows], y[private_rows], Xg[public_rows], y[public_rows])
 
-    adata.obs[key] = model.predict(Xg)
+    out = adata.copy() if copy else adata
+    out.obs[key] = model.predict(Xg)
     n_private, n_public = int(private_rows.sum()), int(public_rows.sum())
     extra: dict[str, Any] = {"method": method, "target": target, "genes": chosen}
     for attr in ("bounds_", "budget_split_", "laplace_scales_", "sensitivities_", "regularization_"):
         if hasattr(model, attr):
             value = getattr(model, attr)
             extra[attr.rstrip("_")] = dict(value) if isinstance(value, dict) else value
-    write_result(adata, key, regression_record(model, method, n_private, n_public), **extra)
-    return model
+    record = regression_record(model, method, n_private, n_public)
+    return store_result(adata, out, key, record, copy=copy, model=model, return_model=return_model, **extra)

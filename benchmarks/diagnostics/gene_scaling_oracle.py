@@ -18,9 +18,9 @@ default fit for a comparison on the same machine.
 
 Usage (from the repo root; one thread per fit)::
 
-    python benchmarks/gene_scaling_oracle.py --data ../shared/data --scaling none exact \
+    python benchmarks/diagnostics/gene_scaling_oracle.py --data ../shared/data --scaling none exact \
         --epsilon 8 4 --seeds 0 1 2 --out benchmarks/results/gene_scaling_oracle.jsonl
-    python benchmarks/gene_scaling_oracle.py --report benchmarks/results/gene_scaling_oracle.jsonl
+    python benchmarks/diagnostics/gene_scaling_oracle.py --report benchmarks/results/gene_scaling_oracle.jsonl
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1]))  # benchmarks/
+sys.path.insert(0, str(Path(__file__).parent))  # diagnostics/
 from dpdcan_benchmark import ALL_CONFIGS, load, run_one
 from instance_latent import common_arguments, emit, summarize
 

@@ -15,9 +15,9 @@ option sets can be scored without training again.
 
 Usage (from the repo root)::
 
-    python benchmarks/dp_kmeans_start.py --data ../shared/data --seeds 0 1 --reps 4 \
+    python benchmarks/diagnostics/dp_kmeans_start.py --data ../shared/data --seeds 0 1 --reps 4 \
         --out benchmarks/results/dp_kmeans_start.md
-    python benchmarks/dp_kmeans_start.py --data ../shared/data --seeds 0 1 2 --reps 4 \
+    python benchmarks/diagnostics/dp_kmeans_start.py --data ../shared/data --seeds 0 1 2 --reps 4 \
         --latent default --cache /tmp/latents
 """
 
@@ -29,7 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1]))  # benchmarks/
+sys.path.insert(0, str(Path(__file__).parent))  # diagnostics/
 from dpdcan_benchmark import FORMER_START, OVERSAMPLED_KMEANS, load, train_defaults, train_options
 
 OPTION_SETS = {
@@ -98,6 +99,7 @@ def private_latent(dataset: str, data: Path, epsilon: float, seed: int, latent: 
         random_state=seed,
         noise_seed=seed,  # repeatable: the guarantee does not hold against this seed
         progress_bar=False,
+        return_model=True,
         **train_options(options),
     )
     if latent == "default":
@@ -219,7 +221,8 @@ def main() -> None:
         [
             f"# DP k-means start alone ({args.dataset}, ε = {args.epsilon:g})",
             "",
-            f"Command: `python benchmarks/dp_kmeans_start.py --data {args.data} --dataset {args.dataset} "
+            f"Command: `python benchmarks/diagnostics/dp_kmeans_start.py --data {args.data} "
+            f"--dataset {args.dataset} "
             f"--epsilon {args.epsilon:g} --seeds {' '.join(map(str, args.seeds))} --reps {args.reps} "
             f"--latent {args.latent}`",
             "",

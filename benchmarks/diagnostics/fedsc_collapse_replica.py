@@ -8,12 +8,13 @@ rank (exp of the entropy of the normalised singular values; label-free).
 
 Usage (from the repo root; the numbers in ``results/federated.md``)::
 
-    python benchmarks/fedsc_collapse_replica.py --seed 1 --variant base --rounds 50
-    python benchmarks/fedsc_collapse_replica.py --seed 1 --variant layernorm --rounds 40
-    python benchmarks/fedsc_collapse_replica.py --seed 1 --variant tau996 --rounds 30
-    python benchmarks/fedsc_collapse_replica.py --seed 1 --variant zscore --rounds 50
-    python benchmarks/fedsc_collapse_replica.py --seed 1 --variant batchnorm --rounds 50
-    python benchmarks/fedsc_collapse_replica.py --seed 1 --variant zscore --rounds 250 --local-epochs 1
+    python benchmarks/diagnostics/fedsc_collapse_replica.py --seed 1 --variant base --rounds 50
+    python benchmarks/diagnostics/fedsc_collapse_replica.py --seed 1 --variant layernorm --rounds 40
+    python benchmarks/diagnostics/fedsc_collapse_replica.py --seed 1 --variant tau996 --rounds 30
+    python benchmarks/diagnostics/fedsc_collapse_replica.py --seed 1 --variant zscore --rounds 50
+    python benchmarks/diagnostics/fedsc_collapse_replica.py --seed 1 --variant batchnorm --rounds 50
+    python benchmarks/diagnostics/fedsc_collapse_replica.py --seed 1 --variant zscore --rounds 250 \
+        --local-epochs 1
 
 ``--local-epochs`` (default 5) sets the local epochs per round.
 """

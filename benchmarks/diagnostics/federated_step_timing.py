@@ -1,6 +1,6 @@
 """DP vs non-private local training time of one FedSC site (synthetic counts, 1 thread).
 
-Usage: python benchmarks/federated_step_timing.py  (prints the two times and their ratio)
+Usage: python benchmarks/diagnostics/federated_step_timing.py  (prints the two times and their ratio)
 Both runs take the same number of steps: ⌈n/B⌉ per epoch (shuffled batches vs Poisson draws).
 """
 

@@ -32,13 +32,13 @@ through the encoder as one tensor (one forward pass per step, which the ghost cl
 
 Usage (from the repo root)::
 
-    python benchmarks/instance_latent.py --data ../shared/data --seeds 0 1 2 --epsilon 8 \
+    python benchmarks/diagnostics/instance_latent.py --data ../shared/data --seeds 0 1 2 --epsilon 8 \
         --out benchmarks/results/instance_latent.jsonl
-    python benchmarks/instance_latent.py --data ../shared/data --seeds 0 1 2 --epsilon 8 \
+    python benchmarks/diagnostics/instance_latent.py --data ../shared/data --seeds 0 1 2 --epsilon 8 \
         --instance-epochs 100 --out benchmarks/results/instance_latent.jsonl
-    python benchmarks/instance_latent.py --data ../shared/data --seeds 0 1 2 3 --epsilon 4 \
+    python benchmarks/diagnostics/instance_latent.py --data ../shared/data --seeds 0 1 2 3 --epsilon 4 \
         --view-pairs 4 --out benchmarks/results/instance_latent.jsonl
-    python benchmarks/instance_latent.py --report benchmarks/results/instance_latent.jsonl
+    python benchmarks/diagnostics/instance_latent.py --report benchmarks/results/instance_latent.jsonl
 """
 
 from __future__ import annotations
@@ -52,7 +52,8 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1]))  # benchmarks/
+sys.path.insert(0, str(Path(__file__).parent))  # diagnostics/
 from dp_kmeans_start import instance_only_sketch
 from dpdcan_benchmark import load
 
@@ -140,6 +141,7 @@ def averaged_latents(
             random_state=seed,
             noise_seed=seed,  # repeatable: the guarantee does not hold against this seed
             progress_bar=False,
+            return_model=True,
         )
     finally:
         _plan.DCANTrainingPlan.training_step = original

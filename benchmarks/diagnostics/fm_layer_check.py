@@ -1,6 +1,6 @@
 """Which layer's noise hurts pCDBN on digits? One layer gets ε = 4, the other an ε so large it is noise-free.
 
-Usage: python benchmarks/fm_layer_check.py (about 30 s; output quoted in docs/benchmarks.md).
+Usage: python benchmarks/diagnostics/fm_layer_check.py (about 30 s; output quoted in docs/benchmarks.md).
 """
 
 import numpy as np
