@@ -78,8 +78,8 @@ def report(path: Path) -> str:
 
     df = pd.DataFrame([json.loads(x) for x in path.read_text().splitlines() if x.strip()])
     df["model"] = df.target_epsilon.map(lambda e: "non-private" if pd.isna(e) else f"ε = {e:g}")
-    # rows written before these were recorded ran with the then defaults: cluster-stage DP
-    # learning rate 0.1, dpsc 0.1.0's k-means start and the uniform DEC target
+    # rows without these fields ran with dpsc 0.1.0: cluster-stage DP learning rate 0.1, the
+    # plain k-means start and the uniform DEC target
     df["cluster_private_lr"] = df.get("cluster_private_lr", pd.Series(index=df.index)).fillna(0.1)
     df["start_and_target"] = df.get("start_and_target", pd.Series(index=df.index)).fillna("")
     current = json.dumps(_start_and_target(), sort_keys=True)
@@ -101,7 +101,7 @@ def report(path: Path) -> str:
         elif settings:
             title = f"k-means start and DEC target {settings}"
         else:
-            title = "dpsc 0.1.0 defaults (former k-means start, uniform DEC target)"
+            title = "Plain k-means start, uniform DEC target"
         default_lr = settings == current and lr == DEFAULT_PRIVATE_LRS["sgd"]["dpdcan_cluster"]
         lr_flag = "" if default_lr else f" --cluster-private-lr {lr:g}"
         agg = group.groupby(["model", "features", "attack"])[cols].mean().reset_index()
@@ -110,7 +110,7 @@ def report(path: Path) -> str:
             f"## {title}, cluster-stage DP learning rate {lr:g}",
             "",
             f"Command: `python benchmarks/audit_benchmark.py --seeds {' '.join(map(str, seeds))}{lr_flag}`"
-            + ("" if settings == current else " with the dpsc of that time")
+            + ("" if settings == current else " with dpsc 0.1.0")
             + f"; mean over seeds {seeds}.",
             "",
             "| model | features | attack | AUC | accuracy | TPR@FPR≤1% | TPR@FPR≤10% "

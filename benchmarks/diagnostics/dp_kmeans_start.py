@@ -1,4 +1,4 @@
-"""How good is the DP k-means start alone? Default vs oversampled options on one private latent.
+"""How good is the DP k-means start alone? Plain vs oversampled (default) options on one private latent.
 
 For each seed: a private DP-DCAN instance stage (``cluster_epochs=0``, so the model is trained
 with the default 50 instance epochs at the given ε), then its latent codes are fixed and
@@ -8,10 +8,10 @@ Poisson samples and noise. σ for each option set is the one a full default fit
 ARI (nearest centroid vs labels), agreement (ARI vs non-private k-means on the same latent, a
 label-free measure) and the number of centroids that are nearest to at least one cell.
 
-``--latent former`` (the default, the committed stop-15 table) starts from the instance stage of
-a fit with dpsc 0.1.0's k-means releases; ``--latent default`` from the instance stage of a
-full default fit (σ of its 1140 steps on PBMC). ``--cache DIR`` keeps the latents, so further
-option sets can be scored without training again.
+``--latent plain-start`` (the default, the first committed table) starts from the instance stage
+of a fit with the plain k-means start's 60 releases and no cluster stage; ``--latent default``
+from the instance stage of a full default fit (σ of its 1140 steps on PBMC). ``--cache DIR``
+keeps the latents, so further option sets can be scored without training again.
 
 Usage (from the repo root)::
 
@@ -31,11 +31,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parents[1]))  # benchmarks/
 sys.path.insert(0, str(Path(__file__).parent))  # diagnostics/
-from dpdcan_benchmark import FORMER_START, OVERSAMPLED_KMEANS, load, train_defaults, train_options
+from dpdcan_benchmark import OVERSAMPLED_KMEANS, PLAIN_KMEANS_START, load, train_defaults, train_options
 
 OPTION_SETS = {
-    # "default" is dpsc 0.1.0's start (the default when these results were made)
-    "default (20 + 4 × 10 releases)": {"n_sketch_steps": 20, "steps_per_round": 10, "kmeans_kwargs": {}},
+    "plain (20 + 4 × 10 releases)": PLAIN_KMEANS_START,
     "oversampled (40 + 4 × 40 releases)": OVERSAMPLED_KMEANS,
 }
 
@@ -76,7 +75,7 @@ def instance_only_sketch(
 def private_latent(dataset: str, data: Path, epsilon: float, seed: int, latent: str):
     """Latent codes after a private instance stage only, the labels, q and the latent radius.
 
-    ``latent="former"``: the instance stage of a fit with dpsc 0.1.0's 60 k-means releases and
+    ``latent="plain-start"``: the instance stage of a fit with the plain start's 60 k-means releases and
     no cluster stage (σ calibrated for 560 steps). ``latent="default"``: the instance stage of
     a full default fit (σ for 500 + 200 + 400 + 40 steps): the sketch release count is raised
     so that the fit plans exactly the steps of the full default fit, and with the same seed
@@ -86,8 +85,8 @@ def private_latent(dataset: str, data: Path, epsilon: float, seed: int, latent: 
 
     adata = load(dataset, data)
     k = adata.obs["label"].nunique()
-    if latent == "former":
-        options = FORMER_START
+    if latent == "plain-start":
+        options = PLAIN_KMEANS_START
     else:  # the left-out cluster-stage and frequency steps go to the sketch: σ is the full fit's
         sketch, counts = instance_only_sketch(adata.n_obs, k)
         options = {"n_sketch_steps": sketch}
@@ -183,9 +182,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument(
         "--latent",
-        choices=["former", "default"],
-        default="former",
-        help="instance stage to start from (see private_latent); 'former' made the committed table",
+        choices=["plain-start", "default"],
+        default="plain-start",
+        help="instance stage to start from (see private_latent); 'plain-start' made the first table",
     )
     parser.add_argument("--options", nargs="+", help="option sets to run (default: all)")
     parser.add_argument("--cache", help="folder keeping the private latents between runs")

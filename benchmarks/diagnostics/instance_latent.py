@@ -58,7 +58,7 @@ from dp_kmeans_start import instance_only_sketch
 from dpdcan_benchmark import load
 
 DECAYS = (0.9, 0.98, 0.99, 0.995)
-FIRST_HOST = "stop 19 machine"  # rows written before the script recorded its host
+FIRST_HOST = "first dev machine"  # rows written before the script recorded its host
 
 
 def cpu_model() -> str:
