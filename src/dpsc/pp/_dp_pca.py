@@ -23,6 +23,8 @@ import anndata as ad
 import numpy as np
 import scipy.sparse as sp
 
+from dpsc._docs import doc_params
+
 from .._api import DEFAULT_EPSILON, store_result
 from .._validation import check_privacy_args, get_matrix
 from ..privacy import (
@@ -103,6 +105,7 @@ def pca_record(sigma: float, epsilon: float, delta: float, n_obs: int, noise: No
     )
 
 
+@doc_params
 def pca(
     adata: ad.AnnData,
     n_comps: int = 16,
@@ -145,9 +148,9 @@ def pca(
     key_added
         ``obsm`` key of the projections; the record goes to ``uns["dpsc"][key_added]``.
     noise_seed
-        Opt-in for tests and benchmarks only (the guarantee does not hold against its holder).
+        {doc_noise_seed}
     copy
-        Return a new AnnData instead of writing into ``adata`` (whose ledger still books the release).
+        {doc_copy}
 
     Returns
     -------

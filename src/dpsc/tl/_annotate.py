@@ -11,6 +11,8 @@ import scipy.sparse as sp
 import torch
 from sklearn.decomposition import PCA
 
+from dpsc._docs import doc_params
+
 from .. import fm
 from .._api import DEFAULT_EPSILON, store_result
 from .._validation import get_matrix
@@ -100,6 +102,7 @@ def _check_inputs(
     return labels.astype(str).to_numpy()
 
 
+@doc_params
 def annotate(
     adata_ref: ad.AnnData,
     adata_query: ad.AnnData,
@@ -156,9 +159,12 @@ def annotate(
     random_state
         Seed of the query PCA and of the classifier's initialisation; never of the noise, which
         is secret unless ``noise_seed=`` is passed in ``method_kwargs`` (tests and benchmarks only).
-    copy, return_model
-        ``copy=True`` writes the labels into a copy of ``adata_query`` and returns it;
-        ``return_model=True`` also returns the fitted classifier (one rule for every dpsc tool).
+    copy
+        Leave ``adata_query`` untouched and return an annotated copy (the reference's privacy
+        ledger records the training either way).
+    return_model
+        {doc_return_model}
+        The model is the fitted classifier.
     **method_kwargs
         Passed to the classifier (e.g. ``hidden=(16,)``, ``epochs=50``, ``epsilon_split=...``).
 

@@ -15,6 +15,8 @@ import scipy.sparse as sp
 import torch
 from sklearn.cluster import KMeans
 
+from dpsc._docs import doc_params
+
 from .._api import store_result
 from .._validation import check_matrix, get_matrix
 from ..federated import (
@@ -129,6 +131,7 @@ def represent(matrix, likelihood: str) -> np.ndarray:
     return input_representation(torch.as_tensor(dense, dtype=torch.float32), likelihood).numpy()
 
 
+@doc_params
 def fit_federated(
     adata: ad.AnnData,
     client_key: str = "client",
@@ -216,14 +219,16 @@ def fit_federated(
         (``benchmarks/results/federated.md``). The sums carry no noise, so ``True`` is refused
         together with ``epsilon``.
 
-    copy, return_model
-        ``copy=True`` writes into a copy of ``adata`` and returns it; ``return_model=True`` also
-        returns the global encoder (:class:`dpsc.federated.SSLNet`); one rule for every dpsc tool.
+    copy
+        {doc_copy}
+    return_model
+        {doc_return_model}
+        The model is the global encoder (:class:`dpsc.federated.SSLNet`).
 
     Returns
     -------
-    ``None``; the annotated copy with ``copy=True``; the encoder (or ``(copy, encoder)``) with
-    ``return_model=True``. Writes ``obsm[key_added]``, ``obs[cluster_key]`` and the record
+    {doc_returns}
+    Writes ``obsm[key_added]``, ``obs[cluster_key]`` and the record
     ``uns["dpsc"]["federated"]`` (method, rounds, clients, per-round loss, wall time, privacy).
     """
     if method not in METHODS:

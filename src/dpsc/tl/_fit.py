@@ -9,6 +9,8 @@ import anndata as ad
 import pandas as pd
 import torch
 
+from dpsc._docs import doc_params
+
 from .._api import DEFAULT_EPSILON, store_result
 from .._validation import (
     check_fit_args,
@@ -26,6 +28,7 @@ DEFAULT_N_CLUSTERS = 8
 _SPLIT_INSTANCE = 5 / 9  # the reference's 50 instance + 40 cluster epochs
 
 
+@doc_params
 def fit(
     adata: ad.AnnData,
     epsilon: float | None = DEFAULT_EPSILON,
@@ -85,29 +88,28 @@ def fit(
         Seed of initialisation, masking and post-processing. Never of the DP noise or the Poisson
         samples: those are secret unless ``noise_seed`` is given.
     noise_seed
-        Opt-in for tests and benchmarks only: makes the DP noise and sampling repeatable. The
-        record then says the guarantee does not hold against anyone who knows the seed.
+        {doc_noise_seed}
     key_added, cluster_key
         Where the embedding (``obsm``) and the clusters (``obs``) go; the privacy record and the
         parameters go to ``uns["dpsc"][key_added]``.
     copy
-        Leave ``adata``'s data alone and return an annotated copy (``adata``'s privacy ledger
-        still records the fit: its cells were read).
+        {doc_copy}
     return_model
-        Also return the trained :class:`~dpsc.model.DPDCAN` (to share it with
-        :meth:`~dpsc.model.DPDCAN.export_shared`, or to embed new cells).
+        {doc_return_model}
+        The model is a :class:`~dpsc.model.DPDCAN`: share it with
+        :meth:`~dpsc.model.DPDCAN.export_shared`, or embed new cells with it.
     progress_bar
-        Show training progress.
+        {doc_progress_bar}
     **train_kwargs
         Passed to :meth:`dpsc.model.DPDCAN.train`.
 
     Returns
     -------
-    ``None``; the annotated copy with ``copy=True``; the model (or ``(copy, model)``) with
-    ``return_model=True`` (one rule for every dpsc tool). Writes ``obsm[key_added]``,
-    ``obs[cluster_key]`` (categorical), the privacy record ``uns["dpsc"][key_added]["privacy"]``
-    (:func:`dpsc.privacy.get_record`), the parameters ``uns["dpsc"][key_added]["params"]``, and
-    one entry of the AnnData's privacy ledger (:func:`dpsc.privacy.spent`). With a budget set
+    {doc_returns}
+    Writes ``obsm[key_added]``, ``obs[cluster_key]`` (categorical), the privacy record
+    ``uns["dpsc"][key_added]["privacy"]`` (:func:`dpsc.privacy.get_record`), the parameters
+    ``uns["dpsc"][key_added]["params"]``, and one entry of the AnnData's privacy ledger
+    (:func:`dpsc.privacy.spent`). With a budget set
     (:func:`dpsc.privacy.set_budget`), a fit that would exceed it is refused before any work.
 
     Notes

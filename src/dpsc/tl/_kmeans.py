@@ -19,6 +19,8 @@ import numpy as np
 import pandas as pd
 import torch
 
+from dpsc._docs import doc_params
+
 from .._api import DEFAULT_EPSILON, store_result
 from .._validation import check_privacy_args
 from ..privacy import (
@@ -64,6 +66,7 @@ def kmeans_record(sigma: float, steps: int, epsilon: float, delta: float, n_obs:
     )
 
 
+@doc_params
 def kmeans(
     adata: ad.AnnData,
     n_clusters: int = 8,
@@ -103,9 +106,9 @@ def kmeans(
     random_state
         Seed of the post-processing k-means runs (not of the noise).
     noise_seed
-        Opt-in for tests and benchmarks only (the guarantee does not hold against its holder).
+        {doc_noise_seed}
     copy
-        Return a new AnnData instead of writing into ``adata`` (whose ledger still books the release).
+        {doc_copy}
 
     Returns
     -------

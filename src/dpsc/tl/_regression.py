@@ -9,6 +9,8 @@ import numpy as np
 import pandas as pd
 import scipy.sparse as sp
 
+from dpsc._docs import doc_params
+
 from .. import linear
 from .._api import DEFAULT_EPSILON, store_result
 from ..privacy import PrivacyRecord, check_budget, planned_pure_record
@@ -78,6 +80,7 @@ def _choose_genes(
     return [str(adata.var_names[i]) for i in order]
 
 
+@doc_params
 def private_regression(
     adata: ad.AnnData,
     target: str,
@@ -125,17 +128,19 @@ def private_regression(
         Seed of the estimator's non-private randomness (e.g. the auxiliary search). Never of the
         noise, which is secret unless ``noise_seed=`` is passed in ``method_kwargs`` (tests and
         benchmarks only).
-    copy, return_model
-        ``copy=True`` writes into a copy of ``adata`` and returns it; ``return_model=True`` also
-        returns the fitted estimator (one rule for every dpsc tool).
+    copy
+        {doc_copy}
+    return_model
+        {doc_return_model}
+        The model is the fitted estimator.
     **method_kwargs
         Passed to the estimator (e.g. ``prior="gamma"``, ``bounds=(B_x, B_y)``).
 
     Returns
     -------
-    ``None``; the annotated copy with ``copy=True``; the estimator (or ``(copy, estimator)``)
-    with ``return_model=True``. Writes ``obs[key_added]``, the record ``uns["dpsc"][key_added]``
-    (``key_added`` defaults to ``f"{target}_dp_pred"``) and a ledger entry.
+    {doc_returns}
+    Writes ``obs[key_added]``, the record ``uns["dpsc"][key_added]`` (``key_added`` defaults to
+    ``f"{target}_dp_pred"``) and a ledger entry.
     """
     if method not in METHODS:
         raise ValueError(f"Unknown method {method!r}; choose one of {sorted(METHODS)}.")

@@ -1,0 +1,115 @@
+"""How many cells does private clustering need? DP-DCAN and the DP pipeline on subsamples.
+
+For each data set, size n and seed: a random subsample of n cells (seeded), then a default
+DP-DCAN fit (``dpsc.tl.fit``, ``n_clusters`` = number of labelled types) and the DP pipeline of
+``benchmarks/dp_pipeline.py`` (``pp.pca`` + ``tl.kmeans``), both at the same total ε. The final
+results are scored against the labels (ARI) and by the number of clusters used. The rule behind
+the small-data warning of ``dpsc.tl.fit`` is read from these rows (``results/small_data.md``).
+
+Usage (from the repo root)::
+
+    python benchmarks/diagnostics/small_data.py --data ../shared/data --datasets pbmc bladder \\
+        --sizes 250 500 1000 2000 --seeds 0 1 --epsilon 8 --out benchmarks/results/small_data.jsonl
+    python benchmarks/diagnostics/small_data.py --report benchmarks/results/small_data.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parents[1]))  # benchmarks/
+from dp_pipeline import fit_pipeline
+from dpdcan_benchmark import load
+
+
+def one(dataset: str, data: Path, n: int, seed: int, epsilon: float) -> list[dict]:
+    """The two private methods on one subsample of ``n`` cells."""
+    from sklearn.metrics import adjusted_rand_score
+
+    import dpsc
+
+    full = load(dataset, data)
+    cells = np.sort(np.random.default_rng(seed).choice(full.n_obs, size=min(n, full.n_obs), replace=False))
+    adata = full[cells].copy()
+    k = adata.obs["label"].nunique()
+    rows = []
+    start = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dpsc.tl.fit(
+            adata, epsilon=epsilon, n_clusters=k, random_state=seed, noise_seed=seed, progress_bar=False
+        )
+    rows.append(("DP-DCAN (default)", adata.obs["dp_cluster"], time.perf_counter() - start))
+    start = time.perf_counter()
+    piped = adata.copy()
+    fit_pipeline(piped, epsilon, seed)
+    rows.append(("DP pipeline", piped.obs["dp_kmeans"], time.perf_counter() - start))
+    truth = adata.obs["label"].astype(str)
+    return [
+        {
+            "dataset": dataset,
+            "n_obs": adata.n_obs,
+            "seed": seed,
+            "epsilon": epsilon,
+            "method": method,
+            "ari": adjusted_rand_score(truth, pred.astype(str)),
+            "clusters_used": int(pred.nunique()),
+            "k": k,
+            "wall_s": wall,
+        }
+        for method, pred, wall in rows
+    ]
+
+
+def report(path: Path) -> str:
+    import pandas as pd
+
+    df = pd.read_json(path, lines=True)
+    out = [
+        "| data set | ε | method | cells | ARI mean ± sd | per seed | clusters used (of k) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for (dataset, eps, method, n), g in df.groupby(["dataset", "epsilon", "method", "n_obs"], sort=True):
+        out.append(
+            f"| {dataset} | {eps:g} | {method} | {n} | {g.ari.mean():.3f} ± {g.ari.std(ddof=0):.3f} | "
+            f"{', '.join(f'{a:.3f}' for a in g.ari)} | {', '.join(map(str, g.clusters_used))} "
+            f"(of {g.k.iloc[0]}) |"
+        )
+    return "\n".join(out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", default="../shared/data")
+    parser.add_argument("--datasets", nargs="+", default=["pbmc", "bladder"])
+    parser.add_argument("--sizes", nargs="+", type=int, default=[250, 500, 1000, 2000])
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
+    parser.add_argument("--epsilon", type=float, default=8.0)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", default="benchmarks/results/small_data.jsonl")
+    parser.add_argument("--report")
+    args = parser.parse_args()
+    if args.report:
+        print(report(Path(args.report)))
+        return
+    import torch
+
+    torch.set_num_threads(args.threads)
+    for dataset in args.datasets:
+        for n in args.sizes:
+            for seed in args.seeds:
+                rows = one(dataset, Path(args.data), n, seed, args.epsilon)
+                with open(args.out, "a") as fh:
+                    fh.writelines(json.dumps(r) + "\n" for r in rows)
+                print(dataset, n, seed, [(r["method"], round(r["ari"], 3), r["clusters_used"]) for r in rows])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,54 @@
+"""Parameter descriptions shared by the ``pp`` and ``tl`` functions (scanpy's ``_doc_params`` idea).
+
+A docstring puts a shared description under its parameter's name as ``{doc_copy}`` on a line of
+its own; :func:`doc_params` replaces exactly those placeholders, so other braces in a docstring
+(``f"{key_added}_…"``, math) are left alone. One text per parameter keeps the return rule and
+the privacy caveats the same in every function that takes them.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Callable
+from typing import TypeVar
+
+F = TypeVar("F", bound=Callable)
+
+SHARED = {
+    "doc_copy": """\
+Leave ``adata`` untouched and return an annotated copy. ``adata``'s privacy ledger still
+records the call: its cells were read.""",
+    "doc_return_model": """\
+Also return what was trained: the model alone, or ``(copy, model)`` with ``copy=True``.""",
+    "doc_noise_seed": """\
+For tests and benchmarks only: makes the DP noise and sampling repeatable. The record then
+says that the guarantee does not hold against anyone who knows the seed. ``None`` (default):
+the noise comes from the operating system's secure source and cannot be replayed.""",
+    "doc_progress_bar": """\
+Show one progress bar for the whole training, with the ε spent so far.""",
+    "doc_returns": """\
+``None`` (results written into ``adata``); with ``copy=True`` the annotated copy; with
+``return_model=True`` also the trained model (see ``return_model``).""",
+}
+
+
+def doc_params(func: F) -> F:
+    """Fill the ``{doc_*}`` placeholders of ``func``'s docstring with :data:`SHARED`, indented.
+
+    Each placeholder must stand alone on its line; the replacement takes that line's indentation.
+    An unknown ``{doc_*}`` name raises ``KeyError`` at import time, so a typo cannot ship.
+    """
+    doc = func.__doc__ or ""
+    lines = []
+    for line in doc.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("{doc_") and stripped.endswith("}"):
+            indent = line[: len(line) - len(line.lstrip())]
+            lines.append(textwrap.indent(SHARED[stripped[1:-1]], indent))
+        else:
+            lines.append(line)
+    func.__doc__ = "\n".join(lines)
+    return func
+
+
+__all__ = ["SHARED", "doc_params"]
