@@ -93,3 +93,16 @@ def test_not_an_anndata():
 def test_max_epochs_too_small(small_adata):
     with pytest.raises(ValueError, match="max_epochs"):
         dpsc.tl.fit(small_adata, epsilon=8.0, max_epochs=1)
+
+
+def test_small_data_rule_reads_only_the_plan():
+    from dpsc.tl._small_data import MIN_BATCH_PER_NOISE, batch_per_noise, small_data_message
+
+    sigma = 2.3  # a default fit at ε = 8
+    few = int(MIN_BATCH_PER_NOISE * sigma / 0.1) - 10
+    message = small_data_message(few, 0.1, sigma, 8.0)
+    assert message is not None and f"{few} cells" in message and "larger epsilon" in message
+    assert batch_per_noise(few, 0.1, sigma) < MIN_BATCH_PER_NOISE
+    assert small_data_message(4271, 0.1, sigma, 8.0) is None  # PBMC 4k at ε = 8
+    # more noise (a smaller ε) needs more cells
+    assert small_data_message(4271, 0.1, 4 * sigma, 1.0) is not None

@@ -198,3 +198,12 @@ def test_private_fit_runs_on_gpu(small_adata, tiny_fit):
     dpsc.tl.fit(adata, epsilon=8.0, **{**tiny_fit, "accelerator": "gpu"})
     assert adata.uns["dpsc"]["X_dpdcan"]["privacy"]["epsilon"] <= 8.0
     assert np.isfinite(adata.obsm["X_dpdcan"]).all()
+
+
+@pytest.mark.slow
+def test_fit_warns_before_training_when_cells_are_few(small_adata, tiny_fit):
+    with pytest.warns(UserWarning, match="cells are few for private clustering") as caught:
+        dpsc.tl.fit(small_adata, epsilon=1.0, **tiny_fit)
+    assert "X_dpdcan" in small_adata.obsm
+    first = next(w for w in caught if "cells are few" in str(w.message))
+    assert "300 cells" in str(first.message)

@@ -21,6 +21,7 @@ from .._validation import (
 from ..model import DPDCAN
 from ..model._dcan_privacy import plan_fit
 from ..privacy import check_budget
+from ._small_data import small_data_message
 
 DEFAULT_N_CLUSTERS = 8
 """Used when ``n_clusters`` is None: a fixed, data-independent default (never estimated)."""
@@ -148,7 +149,12 @@ def fit(
         noise_seed=noise_seed,
         progress_bar=progress_bar,
     )
-    _check_planned_budget(adata, key_added, train_kwargs, options)
+    plan = _plan(adata.n_obs, train_kwargs, options)  # reads no cell
+    _check_planned_budget(adata, key_added, plan)
+    if plan.settings is not None:
+        message = small_data_message(adata.n_obs, plan.sample_rate, plan.settings.noise_multiplier, epsilon)
+        if message:
+            warnings.warn(message, UserWarning, stacklevel=2)
 
     target = adata.copy() if copy else adata
     DPDCAN.setup_anndata(target, layer=layer)
@@ -202,14 +208,16 @@ def empty_clusters_message(n_used: int, n_clusters: int, epsilon: float | None) 
     )
 
 
-def _check_planned_budget(
-    adata: ad.AnnData, key: str, train_kwargs: dict, options: tuple[dict, dict]
-) -> None:
-    """Refuse, before ``adata`` is touched, a fit whose planned spend would exceed the budget."""
-    if "budget" not in adata.uns.get("dpsc", {}):
-        return
+def _plan(n_obs: int, train_kwargs: dict, options: tuple[dict, dict]):
+    """Plan the fit's steps and σ (:func:`dpsc.model._dcan_privacy.plan_fit`; reads no cell)."""
     settings = {**_train_defaults(), **train_kwargs, "plan": options[0], "kmeans": options[1]}
-    check_budget(adata, plan_fit(settings, adata.n_obs).planned_record(adata.n_obs), key)
+    return plan_fit(settings, n_obs)
+
+
+def _check_planned_budget(adata: ad.AnnData, key: str, plan) -> None:
+    """Refuse, before ``adata`` is touched, a fit whose planned spend would exceed the budget."""
+    if "budget" in adata.uns.get("dpsc", {}):
+        check_budget(adata, plan.planned_record(adata.n_obs), key)
 
 
 def _train_defaults() -> dict:
