@@ -107,3 +107,27 @@ def test_one_run_gradient_audit_never_exceeds_a_correct_claim(small_adata):
     assert dpsc.pl.audit(small_adata, show=False).get_ylabel() == "ε"
     with pytest.raises(ValueError, match="Unknown canaries"):
         dpsc.tl.audit(small_adata, epsilon=2.0, method="one_run", canaries="input")
+
+
+def test_input_canaries_are_real_cells_permuted_across_genes(small_adata):
+    from dpsc.audit import make_input_canaries
+
+    canaries = make_input_canaries(small_adata.X, 50, np.random.default_rng(0))
+    assert canaries.shape == (50, small_adata.n_vars)
+    real_totals = set(np.asarray(small_adata.X.sum(1)).ravel().round(3))
+    assert set(np.asarray(canaries.sum(1)).ravel().round(3)) <= real_totals  # library sizes kept
+
+
+@pytest.mark.slow
+def test_input_canary_audit_catches_the_non_private_fit_and_respects_a_dp_claim(small_adata):
+    options = {"method": "one_run", "canaries": "input", "n_canaries": 200, "n_clusters": 3}
+    options |= {"max_epochs": 60, "accelerator": "cpu", "noise_seed": 0}
+    leaky = dpsc.tl.audit(small_adata, epsilon=None, **options)
+    assert list(leaky["score"]) == ["view agreement", "reconstruction"]
+    assert leaky["epsilon_lower"].max() > 0  # the shared encoder of a non-private fit leaks membership
+    assert (leaky["epsilon_lower"] <= leaky["ceiling"]).all()
+    private = dpsc.tl.audit(small_adata, epsilon=1.0, scope="full", **(options | {"max_epochs": 10}))
+    claimed = private["epsilon_claimed"].iloc[0]
+    assert 0 < claimed <= 1.0 and (private["epsilon_lower"] <= claimed).all()
+    assert small_adata.uns["dpsc"]["audit"]["privacy"]["guarantee"] == "proven"
+    assert len(small_adata.uns["dpsc"]["ledger"]) == 2  # both audited fits read the cells

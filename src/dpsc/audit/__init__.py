@@ -3,6 +3,7 @@
 from ._canaries import GradientCanaries
 from ._features import encoder_features, reconstruction_loss
 from ._gradient_audit import gradient_canary_run
+from ._input_audit import input_canary_run, make_input_canaries
 from ._metrics import attack_metrics, best_thresholds, clopper_pearson, epsilon_lower_bound
 from ._one_run import one_run_bound
 
@@ -14,6 +15,8 @@ __all__ = [
     "encoder_features",
     "epsilon_lower_bound",
     "gradient_canary_run",
+    "input_canary_run",
+    "make_input_canaries",
     "one_run_bound",
     "reconstruction_loss",
 ]
