@@ -71,7 +71,7 @@ def run(args) -> None:
 
 def report(path: str) -> str:
     df = pd.read_json(path, lines=True)
-    df["claim"] = df["epsilon_claimed"].fillna(np.inf)
+    df["claim"] = df["epsilon_claimed"].round(1).fillna(np.inf)  # the spent ε of each run, to 0.1
     lines = [
         "# One-run black-box audit of DP-DCAN fits (input canaries)",
         "",

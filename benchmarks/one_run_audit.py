@@ -1,11 +1,13 @@
 """One-run white-box audit of DP-DCAN's DP-SGD engine on PBMC 4k (gradient canaries).
 
 ``dpsc.tl.audit(method="one_run")`` on the embedded PBMC 4k (4271 cells x 2000 genes, default
-encoder 2000 -> 256 -> 64 -> 32, C = 0.1, q = 0.1, 5 epochs), m = 5000 canaries, 10 % guessed on
-each side, 95 % confidence, for each claimed ε and seed. The noise is secret (no noise_seed):
+encoder 2000 -> 256 -> 64 -> 32, C = 0.1, q = 0.1, 5 epochs), m = 5000 canaries placed as
+``--placement`` says, ``--guess-fraction`` of them guessed on each side, 95 % confidence, for
+each claimed ε and seed. The noise is secret (no noise_seed):
 an audit must face the noise a user gets.
 
-    python benchmarks/one_run_audit.py --out benchmarks/results/one_run_audit.jsonl
+    python benchmarks/one_run_audit.py --placement quiet --guess-fraction 0.02 \
+        --out benchmarks/results/one_run_audit.jsonl
     python benchmarks/one_run_audit.py --report benchmarks/results/one_run_audit.jsonl
 """
 
@@ -40,6 +42,8 @@ def run(args) -> None:
                 n_canaries=args.canaries,
                 random_state=seed,
                 epochs=args.epochs,
+                guess_fraction=args.guess_fraction,
+                placement=args.placement,
             )
             row = {
                 k: (None if isinstance(v, float) and not np.isfinite(v) else v)
@@ -48,7 +52,7 @@ def run(args) -> None:
             row.update(
                 seed=seed, wall_s=time.perf_counter() - start, cpu=platform.processor() or platform.machine()
             )
-            row["epochs"] = args.epochs
+            row.update(epochs=args.epochs, placement=args.placement, guess_fraction=args.guess_fraction)
             with open(args.out, "a") as fh:
                 fh.write(json.dumps(row, default=float) + "\n")
             print(eps, seed, round(row["epsilon_lower"], 3), flush=True)
@@ -57,24 +61,33 @@ def run(args) -> None:
 def report(path: str) -> str:
     df = pd.read_json(path, lines=True)
     df["claim"] = df["epsilon_claimed"].fillna(np.inf)
+    df["placement"] = df.get("placement", pd.Series(index=df.index, dtype=object)).fillna("random")
+    df["guesses"] = df["n_guesses"].astype(int)
     lines = [
         "# One-run audit of the DP-SGD engine (white-box gradient canaries)",
         "",
-        f"Command: `python benchmarks/one_run_audit.py --out {path}`, then `--report {path}`. PBMC 4k, "
-        f"DP-DCAN's default encoder, instance-stage loss, q = 0.1, {int(df['epochs'].iloc[0])} epochs, "
-        f"{int(df['n_canaries'].iloc[0])} canaries, {int(df['n_guesses'].iloc[0])} guesses, 95 % confidence, "
-        "secret noise. A lower bound above the claim would prove a bug; the ceiling is the most these "
-        "canaries can show.",
-        "",
-        "| claimed ε | ε lower bound (per run) | mean | lower / claimed | ceiling | runs |",
-        "|---|---|---|---|---|---|",
+        f"Command: `python benchmarks/one_run_audit.py --placement P --guess-fraction F --out {path}`, "
+        f"then `--report {path}`. PBMC 4k, DP-DCAN's default encoder, instance-stage loss, q = 0.1, "
+        f"{int(df['epochs'].iloc[0])} epochs, {int(df['n_canaries'].iloc[0])} canaries, 95 % confidence, "
+        "secret noise. Placement `random`: canaries on random encoder coordinates; `quiet`: on the "
+        "first-layer weights of the genes expressed in the fewest cells, where the cells' own "
+        "gradients (noise to the auditor) are smallest. A lower bound above the claim would prove a "
+        "bug; the ceiling is the most these canaries and guesses can show.",
     ]
-    for claim, g in df.groupby("claim", sort=True):
-        lows = ", ".join(f"{v:.2f}" for v in g["epsilon_lower"])
-        ratio = "–" if np.isinf(claim) else f"{g['epsilon_lower'].mean() / claim:.2f}"
-        label = "none (non-private)" if np.isinf(claim) else f"{claim:.3g}"
-        mean, ceiling = g["epsilon_lower"].mean(), g["ceiling"].iloc[0]
-        lines.append(f"| {label} | {lows} | {mean:.2f} | {ratio} | {ceiling:.2f} | {len(g)} |")
+    for (placement, guesses), part in df.groupby(["placement", "guesses"], sort=True):
+        lines += [
+            "",
+            f"Placement `{placement}`, {guesses} guesses:",
+            "",
+            "| claimed ε | ε lower bound (per run) | mean | lower / claimed | ceiling | runs |",
+            "|---|---|---|---|---|---|",
+        ]
+        for claim, g in part.groupby("claim", sort=True):
+            lows = ", ".join(f"{v:.2f}" for v in g["epsilon_lower"])
+            ratio = "–" if np.isinf(claim) else f"{g['epsilon_lower'].mean() / claim:.2f}"
+            label = "none (non-private)" if np.isinf(claim) else f"{claim:.3g}"
+            mean, ceiling = g["epsilon_lower"].mean(), g["ceiling"].iloc[0]
+            lines.append(f"| {label} | {lows} | {mean:.2f} | {ratio} | {ceiling:.2f} | {len(g)} |")
     return "\n".join(lines) + f"\n\nRan on: {', '.join(sorted(df['cpu'].astype(str).unique()))}.\n"
 
 
@@ -84,6 +97,8 @@ def main() -> None:
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--canaries", type=int, default=5000)
     parser.add_argument("--epochs", type=int, default=5)
+    parser.add_argument("--guess-fraction", type=float, default=0.1)
+    parser.add_argument("--placement", default="quiet", choices=["quiet", "random"])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default="benchmarks/results/one_run_audit.jsonl")
     parser.add_argument("--report")

@@ -1,6 +1,7 @@
 import matplotlib
 import numpy as np
 import pytest
+import torch
 
 import dpsc
 from dpsc.audit import attack_metrics, clopper_pearson, epsilon_lower_bound
@@ -131,3 +132,15 @@ def test_input_canary_audit_catches_the_non_private_fit_and_respects_a_dp_claim(
     assert 0 < claimed <= 1.0 and (private["epsilon_lower"] <= claimed).all()
     assert small_adata.uns["dpsc"]["audit"]["privacy"]["guarantee"] == "proven"
     assert len(small_adata.uns["dpsc"]["ledger"]) == 2  # both audited fits read the cells
+
+
+def test_quiet_coordinates_are_first_layer_weights_of_the_rarest_genes():
+    from dpsc.audit._gradient_audit import quiet_coordinates
+
+    counts = torch.zeros(10, 6)
+    counts[:, 0] = 1  # seen in every cell
+    counts[:3, 1] = 2
+    counts[0, 4] = 5  # gene 4: one cell; genes 2, 3, 5: none
+    coords = quiet_coordinates(counts, n_canaries=7, n_first=3)  # 7 canaries need 3 genes x 3 rows
+    rows, genes = np.divmod(coords, 6)
+    assert set(genes) == {2, 3, 5} and set(rows) == {0, 1, 2} and coords.size == 9

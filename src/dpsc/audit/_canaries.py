@@ -41,6 +41,10 @@ class GradientCanaries:
     seed
         The auditor's seed (coordinates, signs, inclusion, per-step sampling): the auditor knows
         these, the run's own noise stays secret.
+    candidates
+        Flat coordinates (over ``parameters`` concatenated) to place the canaries in; ``None``:
+        all. Coordinates where the cells' own gradients are small make the canaries easier to
+        see; the bound is valid wherever they are placed.
     """
 
     def __init__(
@@ -53,12 +57,14 @@ class GradientCanaries:
         noise_multiplier: float,
         expected_batch_size: int,
         seed: int = 0,
+        candidates: np.ndarray | None = None,
     ) -> None:
         sizes = np.array([p.numel() for p in parameters])
-        if not 1 <= n_canaries <= sizes.sum():
-            raise ValueError(f"n_canaries must be in [1, {int(sizes.sum())}] (private coordinates).")
+        pool = np.arange(int(sizes.sum())) if candidates is None else np.asarray(candidates)
+        if not 1 <= n_canaries <= pool.size:
+            raise ValueError(f"n_canaries must be in [1, {pool.size}] (coordinates to place them in).")
         rng = np.random.default_rng(seed)
-        coords = rng.choice(int(sizes.sum()), n_canaries, replace=False)
+        coords = rng.choice(pool, n_canaries, replace=False)
         offsets = np.concatenate([[0], np.cumsum(sizes)])
         self.param_index = np.searchsorted(offsets, coords, side="right") - 1
         self.local_index = coords - offsets[self.param_index]

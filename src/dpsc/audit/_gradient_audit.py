@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
+import numpy as np
 import torch
 
 from ..module import DCANModule
@@ -36,6 +37,7 @@ def gradient_canary_run(
     lr: float = 1.0,
     seed: int = 0,
     noise_seed: int | None = None,
+    placement: Literal["quiet", "random"] = "quiet",
     _noise_scale: float = 1.0,
 ) -> dict[str, Any]:
     r"""Train DP-DCAN's encoder (instance stage) with DP-SGD and Dirac canaries; bound ε from one run.
@@ -46,6 +48,9 @@ def gradient_canary_run(
     initialisation, so the run is (ε, δ)-DP in every example, cells and canaries alike.
     ``epsilon=None`` runs without noise (the leak must show). The auditor guesses
     ``round(guess_fraction · m)`` canaries on each side (fixed before the run).
+    ``placement="quiet"`` puts the canaries on the first-layer weights of the genes seen in the
+    fewest cells (:func:`quiet_coordinates`; the auditor may know the data, as DP's adversary
+    does), ``"random"`` anywhere in the encoder.
     ``_noise_scale`` multiplies the noise while the claim stays the same: a deliberately broken
     mechanism, for tests only.
     """
@@ -79,6 +84,7 @@ def gradient_canary_run(
         noise_multiplier=sigma,
         expected_batch_size=batch_size,
         seed=seed,
+        candidates=quiet_coordinates(counts, n_canaries, n_hidden[0]) if placement == "quiet" else None,
     )
     engine.probes.append(canaries)
     draw = settings.sampler()
@@ -109,3 +115,18 @@ def gradient_canary_run(
         "steps": steps,
         "history": [(sigma, q, steps)] if epsilon is not None else [],
     }
+
+
+def quiet_coordinates(counts: torch.Tensor, n_canaries: int, n_first: int) -> np.ndarray:
+    """First-layer encoder weights of the genes expressed in the fewest cells, at least ``n_canaries``.
+
+    The first layer's weight ``W[h, g]`` gets a cell's gradient only through that cell's input
+    ``x_g``, zero where gene ``g`` has no count; on the genes seen in the fewest cells the
+    cells' own summed gradient, which every canary score carries as noise, is smallest. The
+    weight is stored row-major ``(n_first, n_genes)``, so ``W[h, g]`` is flat coordinate
+    ``h · n_genes + g``.
+    """
+    n_genes = counts.shape[1]
+    expressing = (counts > 0).sum(dim=0).cpu().numpy()
+    genes = np.argsort(expressing, kind="stable")[: min(n_genes, -(-n_canaries // n_first))]
+    return (np.arange(n_first)[:, None] * n_genes + genes[None, :]).ravel()

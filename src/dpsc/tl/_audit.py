@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import anndata as ad
 import numpy as np
@@ -63,12 +63,12 @@ def audit(
     *,
     epsilon: float | None = 8.0,
     delta: float = 1e-5,
-    method: str = "shadow",
-    attack: str = "shadow",
+    method: Literal["shadow", "one_run"] = "shadow",
+    attack: Literal["shadow", "threshold", "both"] = "shadow",
     n_shadow: int = 1,
-    features: str = "encoder",
+    features: Literal["encoder", "encoder+decoder"] = "encoder",
     random_state: int = 0,
-    canaries: str = "gradient",
+    canaries: Literal["gradient", "input"] = "gradient",
     n_canaries: int = 1000,
     guess_fraction: float = 0.1,
     confidence: float = 0.95,
@@ -87,6 +87,14 @@ def audit(
     the run's σ, q and steps. ``fit_kwargs`` go to :func:`dpsc.audit.gradient_canary_run`
     (``epochs``, ``batch_size``, ``max_grad_norm``, ``n_hidden``, ...). The run is a ledger entry
     (its report is post-processing of its noisy gradients).
+
+    ``canaries="input"`` audits a whole default fit from the outside
+    (:func:`dpsc.audit.input_canary_run`): ``n_canaries`` canary cells (real cells with their counts
+    permuted across genes) are each added to the cells with probability ½, one :func:`dpsc.tl.fit`
+    with ``fit_kwargs`` (e.g. ``scope``) runs on the union, and each canary is scored from the
+    released model: the shared encoder's masked-view agreement, and the decoder's reconstruction
+    loss (shared only under ``scope="full"``). One row per score; the fit is a ledger entry of
+    these cells.
 
     ``method="shadow"`` (default): membership inference, as follows.
 
@@ -116,8 +124,9 @@ def audit(
     method
         ``"shadow"`` (membership inference) or ``"one_run"`` (canary audit).
     canaries, n_canaries, guess_fraction, confidence, noise_seed
-        One-run audit only: the canary kind (``"gradient"``), m, the share of canaries guessed on
-        each side (fixed before the run), the confidence of the bound, and the noise-seed opt-in.
+        One-run audit only: the canary kind (``"gradient"`` or ``"input"``), m, the share of
+        canaries guessed on each side (fixed before the run), the confidence of the bound, and
+        the noise-seed opt-in.
     attack
         ``"shadow"``, ``"threshold"`` or ``"both"``.
     n_shadow

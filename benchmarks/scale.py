@@ -1,0 +1,177 @@
+"""Scale: simulated atlases of growing size — generation time and memory, fit time per epoch and ARI.
+
+Cells come from ``dpsc.datasets.simulate`` (negative-binomial model fitted on the embedded
+PBMC 4k; synthetic). Every measurement runs in its own process so that its peak RSS
+(``ru_maxrss``) is its own. ``fit`` runs DP and non-private fits of one simulated atlas in the
+same process, one after the other, with the same schedule, and records seconds per epoch, the
+process's peak RSS after each fit and the ARI against the simulated types.
+
+    python benchmarks/scale.py simulate --cells 10000 100000 1000000 --out benchmarks/results/scale.jsonl
+    python benchmarks/scale.py fit --cells 10000 --epochs 10 --epsilons 8 1 0 \
+        --out benchmarks/results/scale.jsonl
+    python benchmarks/scale.py --report benchmarks/results/scale.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import pandas as pd
+
+
+def _peak_rss_gb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2  # Linux: KiB
+
+
+def _write(path: str, row: dict) -> None:
+    row.update(cpu=platform.machine(), threads=int(os.environ.get("OMP_NUM_THREADS", 2)))
+    with open(path, "a") as fh:
+        fh.write(json.dumps(row) + "\n")
+    print(json.dumps(row), flush=True)
+
+
+def one_simulation(n_cells: int, out: str) -> None:
+    import dpsc
+
+    model = dpsc.datasets.fit_atlas_model(dpsc.datasets.pbmc4k())
+    before = _peak_rss_gb()
+    start = time.perf_counter()
+    adata = dpsc.datasets.simulate(n_cells, model=model, random_state=0, n_jobs=2)
+    wall = time.perf_counter() - start
+    X = adata.X
+    _write(
+        out,
+        {
+            "stage": "simulate",
+            "cells": n_cells,
+            "genes": adata.n_vars,
+            "wall_s": wall,
+            "nnz": int(X.nnz),
+            "sparse_gb": (X.data.nbytes + X.indices.nbytes + X.indptr.nbytes) / 1024**3,
+            "peak_rss_gb": _peak_rss_gb(),
+            "rss_before_gb": before,
+        },
+    )
+
+
+def one_fit_series(n_cells: int, epochs: int, epsilons: list[float], out: str) -> None:
+    import torch
+    from sklearn.metrics import adjusted_rand_score
+
+    import dpsc
+
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", 2)))
+    adata = dpsc.datasets.simulate(n_cells, random_state=0, n_jobs=2)
+    X = adata.X
+    sparse_gb = (X.data.nbytes + X.indices.nbytes + X.indptr.nbytes) / 1024**3
+    after_simulate = _peak_rss_gb()
+    for eps in epsilons:
+        start = time.perf_counter()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            dpsc.tl.fit(adata, epsilon=None if eps == 0 else eps, max_epochs=epochs, progress_bar=False)
+        wall = time.perf_counter() - start
+        record = dpsc.privacy.get_record(adata, "X_dpdcan")
+        _write(
+            out,
+            {
+                "stage": "fit",
+                "cells": n_cells,
+                "epsilon": None if eps == 0 else eps,
+                "epochs": epochs,
+                "wall_s": wall,
+                "s_per_epoch": wall / epochs,
+                "ari": adjusted_rand_score(adata.obs["cell_type"], adata.obs["dp_cluster"]),
+                "clusters_used": int(adata.obs["dp_cluster"].nunique()),
+                "guarantee": record["guarantee"],
+                "sparse_gb": sparse_gb,
+                "rss_after_simulate_gb": after_simulate,
+                "peak_rss_gb": _peak_rss_gb(),
+            },
+        )
+
+
+def report(path: str) -> str:
+    df = pd.read_json(path, lines=True)
+    lines = [
+        "# Scale: simulated atlases",
+        "",
+        "Cells from `dpsc.datasets.simulate` (synthetic: negative-binomial model fitted on PBMC 4k, "
+        "2000 genes). Each row is its own process; peak RSS is that process's `ru_maxrss`.",
+        "",
+    ]
+    sim = df[df["stage"] == "simulate"]
+    if len(sim):
+        lines += [
+            f"Command: `python benchmarks/scale.py simulate --cells … --out {path}`.",
+            "",
+            "| cells | seconds to simulate | nonzeros | sparse matrix (GB) | peak RSS (GB) |",
+            "|---|---|---|---|---|",
+        ]
+        for _, r in sim.sort_values("cells").iterrows():
+            lines.append(
+                f"| {r['cells']:,} | {r['wall_s']:.1f} | {r['nnz']:,} | {r['sparse_gb']:.2f} | "
+                f"{r['peak_rss_gb']:.2f} |"
+            )
+        lines.append("")
+    fits = df[df["stage"] == "fit"]
+    if len(fits):
+        lines += [
+            f"Command: `python benchmarks/scale.py fit --cells … --epochs … --out {path}`; default "
+            "`dpsc.tl.fit` settings with `max_epochs` as given, DP and non-private in one process.",
+            "",
+            "| cells | ε | epochs | s / epoch | DP / non-private time | ARI | clusters used | "
+            "peak RSS (GB) |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for (cells, epochs), g in fits.groupby(["cells", "epochs"]):
+            base = g[g["epsilon"].isna()]["s_per_epoch"]
+            for _, r in g.iterrows():
+                eps = "none" if pd.isna(r["epsilon"]) else f"{r['epsilon']:g}"
+                ratio = f"{r['s_per_epoch'] / base.iloc[0]:.2f}" if len(base) else "–"
+                lines.append(
+                    f"| {cells:,} | {eps} | {epochs} | {r['s_per_epoch']:.2f} | {ratio} | {r['ari']:.3f} | "
+                    f"{r['clusters_used']} | {r['peak_rss_gb']:.2f} |"
+                )
+    return "\n".join(lines) + f"\n\nRan on: {', '.join(sorted(df['cpu'].astype(str).unique()))}, 2 threads.\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("stage", nargs="?", choices=["simulate", "fit", "_simulate_one", "_fit_one"])
+    parser.add_argument("--cells", nargs="+", type=int, default=[10_000, 100_000, 1_000_000])
+    parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument("--epsilons", nargs="+", type=float, default=[8, 1, 0], help="0 = non-private")
+    parser.add_argument("--out", default="benchmarks/results/scale.jsonl")
+    parser.add_argument("--report")
+    args = parser.parse_args()
+    if args.report:
+        text = report(args.report)
+        Path(args.report).with_suffix(".md").write_text(text)
+        print(text)
+        return
+    if args.stage == "_simulate_one":
+        one_simulation(args.cells[0], args.out)
+        return
+    if args.stage == "_fit_one":
+        one_fit_series(args.cells[0], args.epochs, args.epsilons, args.out)
+        return
+    env = {**os.environ, "OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2"}
+    for n in args.cells:
+        command = [sys.executable, __file__, f"_{args.stage}_one", "--cells", str(n), "--out", args.out]
+        if args.stage == "fit":
+            command += ["--epochs", str(args.epochs), "--epsilons", *map(str, args.epsilons)]
+        subprocess.run(command, check=True, env=env)
+
+
+if __name__ == "__main__":
+    main()
