@@ -106,3 +106,20 @@ def test_small_data_rule_reads_only_the_plan():
     assert small_data_message(4271, 0.1, sigma, 8.0) is None  # PBMC 4k at ε = 8
     # more noise (a smaller ε) needs more cells
     assert small_data_message(4271, 0.1, 4 * sigma, 1.0) is not None
+
+
+def test_large_n_defaults_read_only_the_number_of_cells():
+    """δ stays 10x below 1/n and the default batch stops growing at 4096 cells, so q falls with n."""
+    from dpsc._validation import check_fit_args, check_privacy_args, default_batch_size, resolve_delta
+    from dpsc.tl._fit import _plan
+
+    assert resolve_delta(None, 4271) == 1e-5 and resolve_delta(3e-6, 10**6) == 3e-6
+    for n in (10**4, 10**5, 10**6):
+        delta = resolve_delta(None, n)
+        assert delta <= 0.1 / n + 1e-18 and delta <= 1e-5
+        check_privacy_args(8.0, delta, n)  # the default is always accepted
+    assert default_batch_size(4271) == 427 and default_batch_size(10**6) == 4096
+    assert check_fit_args(n_obs=10**6, n_clusters=8, scope="encoder", batch_size=None) == 4096
+    options = dpsc.model.DPDCAN.check_options(None, None, "sgd")
+    plan = _plan(10**6, {"epsilon": 8.0, "delta": resolve_delta(None, 10**6), "batch_size": 4096}, options)
+    assert plan.sample_rate == 4096 / 10**6 and plan.settings.noise_multiplier < 2.3

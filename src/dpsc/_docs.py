@@ -26,6 +26,9 @@ says that the guarantee does not hold against anyone who knows the seed. ``None`
 the noise comes from the operating system's secure source and cannot be replayed.""",
     "doc_progress_bar": """\
 Show one progress bar for the whole training, with the ε spent so far.""",
+    "doc_delta": """\
+δ of the guarantee; ``None`` (default): 10⁻⁵, or :math:`1/(10\\,n)` above 10⁴ cells, so
+that δ stays well below :math:`1/n`; it reads only the number of cells.""",
     "doc_returns": """\
 ``None`` (results written into ``adata``); with ``copy=True`` the annotated copy; with
 ``return_model=True`` also the trained model (see ``return_model``).""",

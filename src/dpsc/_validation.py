@@ -72,6 +72,31 @@ def check_matrix(matrix: Any, likelihood: str, *, training: bool = True) -> None
         )
 
 
+DEFAULT_DELTA = 1e-5
+MAX_DEFAULT_BATCH = 4096
+
+
+def default_batch_size(n_obs: int) -> int:
+    """Return the expected Poisson batch of a default fit: 10 % of the cells, at most 4096.
+
+    Up to 40 960 cells this is q = 0.1; above, the batch stays at 4096 cells (the memory of one
+    step does not grow with n) and q = 4096 / n falls, so an epoch has n / 4096 steps. The
+    accountant calibrates σ for that q and step count. Reads only the number of cells.
+    """
+    return int(max(1, min(round(0.1 * n_obs), MAX_DEFAULT_BATCH)))
+
+
+def resolve_delta(delta: float | None, n_obs: int) -> float:
+    r"""Return the δ to use: ``delta`` if given, else :math:`\min(10^{-5}, 1/(10\,n))`.
+
+    δ bounds the probability that the guarantee fails outright, so it must be well below
+    :math:`1/n` (a δ of :math:`1/n` would allow publishing one cell in full). The default is
+    10⁻⁵ up to 10⁴ cells and :math:`1/(10\,n)` above, so that it stays an order of magnitude
+    below :math:`1/n` at atlas scale. It reads only the number of cells.
+    """
+    return float(delta) if delta is not None else min(DEFAULT_DELTA, 0.1 / max(1, n_obs))
+
+
 def check_privacy_args(epsilon: float | None, delta: float, n_obs: int) -> None:
     """ε > 0 (or ``None`` for non-private), 0 < δ < 1/n."""
     if epsilon is not None:
@@ -83,7 +108,8 @@ def check_privacy_args(epsilon: float | None, delta: float, n_obs: int) -> None:
     if not (0 < delta < 1.0 / n_obs):
         raise ValueError(
             f"delta must satisfy 0 < delta < 1/n_obs = {1.0 / n_obs:.2e} (got {delta}); a larger "
-            "delta allows releasing a whole cell. Use e.g. delta=1e-5 or smaller."
+            "delta allows releasing a whole cell. Leave delta=None (the default, "
+            f"{resolve_delta(None, n_obs):.1e} here) or pass a smaller value."
         )
 
 
@@ -96,7 +122,7 @@ def check_fit_args(*, n_obs: int, n_clusters: int, scope: str, batch_size: int |
     if not (2 <= n_clusters <= n_obs):
         raise ValueError(f"n_clusters must be between 2 and n_obs={n_obs}; got {n_clusters}.")
     if batch_size is None:
-        batch_size = max(1, round(0.1 * n_obs))
+        batch_size = default_batch_size(n_obs)
     if not (1 <= batch_size <= n_obs):
         raise ValueError(
             f"batch_size must be between 1 and n_obs={n_obs} (it sets the Poisson rate "

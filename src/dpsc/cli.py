@@ -28,7 +28,9 @@ def _parser() -> argparse.ArgumentParser:
     fit.add_argument("input", nargs="?", help="Counts as .h5ad (default: the embedded PBMC 4k data set).")
     fit.add_argument("--epsilon", type=float, default=8.0, help="Privacy budget ε (default 8).")
     fit.add_argument("--non-private", action="store_true", help="Train without DP (ignores --epsilon).")
-    fit.add_argument("--delta", type=float, default=1e-5, help="δ (default 1e-5; must be < 1/n_cells).")
+    fit.add_argument(
+        "--delta", type=float, default=None, help="δ (default 1e-5, or 1/(10 n) above 10^4 cells; < 1/n)."
+    )
     fit.add_argument(
         "--n-clusters",
         type=int,
@@ -125,7 +127,8 @@ def _fit(args: argparse.Namespace) -> int:
     if args.filter_genes:
         adata = _drop_empty_genes(adata, args.layer)
     epsilon = None if args.non_private else args.epsilon
-    print(f"dpsc fit: {source}; epsilon={epsilon}, delta={args.delta}, scope={args.scope}", flush=True)
+    delta = "auto" if args.delta is None else args.delta
+    print(f"dpsc fit: {source}; epsilon={epsilon}, delta={delta}, scope={args.scope}", flush=True)
     start = time.perf_counter()
     with warnings.catch_warnings():  # the empty-cluster note is printed below, once
         warnings.filterwarnings("ignore", message=r"\d+ of the \d+ clusters hold cells")

@@ -42,7 +42,7 @@ import scipy.sparse as sp
 from dpsc._docs import doc_params
 
 from .._api import store_result
-from .._validation import check_privacy_args, get_matrix
+from .._validation import check_privacy_args, get_matrix, resolve_delta
 from ..privacy import (
     COMMON_NOT_COVERED,
     NoiseSource,
@@ -149,7 +149,7 @@ def highly_variable_genes(
     n_top_genes: int = 2000,
     *,
     epsilon: float = 1.0,
-    delta: float = 1e-5,
+    delta: float | None = None,
     layer: str | None = None,
     log_normalize: bool = True,
     square_clip: float = DEFAULT_SQUARE_CLIP,
@@ -176,7 +176,8 @@ def highly_variable_genes(
         Number of genes to select.
     epsilon, delta
         The release's (ε, δ). The default ε = 1 is small next to what training spends: one
-        release of 2 × genes sums is cheap to make precise.
+        release of 2 × genes sums is cheap to make precise. ``delta=None``: 10⁻⁵, or
+        1/(10 n) above 10⁴ cells.
     layer
         Layer with the counts; ``None`` for ``X``.
     log_normalize
@@ -208,6 +209,7 @@ def highly_variable_genes(
     statistics of the unit-norm log expression) and ``var["highly_variable_rank"]`` (NaN for
     genes not selected), plus the record in ``uns["dpsc"][key_added]``.
     """
+    delta = resolve_delta(delta, adata.n_obs)
     matrix = _check(adata, n_top_genes, epsilon, delta, layer, square_clip, flavor)
     sigma = calibrate_noise_multiplier(epsilon, delta, 1.0, 1)
     noise = NoiseSource(noise_seed)

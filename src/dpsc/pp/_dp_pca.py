@@ -26,7 +26,7 @@ import scipy.sparse as sp
 from dpsc._docs import doc_params
 
 from .._api import DEFAULT_EPSILON, store_result
-from .._validation import check_privacy_args, get_matrix
+from .._validation import check_privacy_args, get_matrix, resolve_delta
 from ..privacy import (
     COMMON_NOT_COVERED,
     NoiseSource,
@@ -111,7 +111,7 @@ def pca(
     n_comps: int = 16,
     *,
     epsilon: float = DEFAULT_EPSILON / 2,
-    delta: float = 1e-5,
+    delta: float | None = None,
     n_genes: int | None = 500,
     layer: str | None = None,
     log_normalize: bool = True,
@@ -135,7 +135,8 @@ def pca(
         the default 16 is the number the private clustering benchmark uses.
     epsilon, delta
         The release's (ε, δ). The default is half of the workflow default 8: ``pp.pca`` then
-        :func:`dpsc.tl.kmeans`, both at their defaults, spend 8 together.
+        :func:`dpsc.tl.kmeans`, both at their defaults, spend 8 together. ``delta=None``:
+        10⁻⁵, or 1/(10 n) above 10⁴ cells.
     n_genes
         Keep the genes with the largest *noisy* second moments before the eigendecomposition
         (post-processing; ``None``, or more than ``n_vars``, keeps all). The noise's spectral norm grows as
@@ -158,6 +159,7 @@ def pca(
     ``n_comps``), ``varm["PCs"]`` (genes × ``n_comps``, zero rows for the genes not kept),
     ``var["dp_pca_gene"]``, and the record and noisy eigenvalues in ``uns["dpsc"][key_added]``.
     """
+    delta = resolve_delta(delta, adata.n_obs)
     matrix = _check(adata, n_comps, n_genes, epsilon, delta, layer)
     sigma = calibrate_noise_multiplier(epsilon, delta, 1.0, 1)
     noise = NoiseSource(noise_seed)

@@ -15,7 +15,7 @@ from dpsc._docs import doc_params
 
 from .. import fm
 from .._api import DEFAULT_EPSILON, store_result
-from .._validation import get_matrix
+from .._validation import get_matrix, resolve_delta
 from ..module._dcan import input_representation
 from ..privacy import (
     PrivacyRecord,
@@ -110,7 +110,7 @@ def annotate(
     *,
     epsilon: float | None = DEFAULT_EPSILON,
     method: Literal["dpsgd", "pcdbn", "mlp"] = "dpsgd",
-    delta: float = 1e-5,
+    delta: float | None = None,
     n_components: int = 8,
     layer: str | None = None,
     log_normalize: bool = True,
@@ -147,7 +147,7 @@ def annotate(
         Privacy budget of the reference cells (``delta`` only for ``"dpsgd"``); default 8, the
         default of every dpsc workflow. For ``"dpsgd"``, ``epsilon=None`` with
         ``noise_multiplier=σ`` (and optionally ``max_epsilon``) trains with a fixed σ and records
-        the ε spent.
+        the ε spent. ``delta=None``: 10⁻⁵, or 1/(10 n) above 10⁴ reference cells.
     n_components
         PCA dimensions. pCDBN's moment tensors have ``n_components**degree`` entries.
     layer, log_normalize
@@ -199,7 +199,7 @@ def annotate(
         Z_ref, Z_query = Z_ref / scale, Z_query / scale
         model = fm.DPSGDClassifier(
             epsilon=None if method == "mlp" or fixed_noise else float(epsilon),
-            delta=delta,
+            delta=resolve_delta(delta, adata_ref.n_obs),
             random_state=random_state,
             **method_kwargs,
         )

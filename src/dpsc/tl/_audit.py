@@ -11,6 +11,7 @@ from sklearn.ensemble import RandomForestClassifier
 from sklearn.metrics import roc_auc_score, roc_curve
 from sklearn.model_selection import cross_val_predict
 
+from .._validation import resolve_delta
 from ..audit import attack_metrics, best_thresholds, encoder_features, reconstruction_loss
 from ..privacy import PrivacyRecord, no_guarantee_record, write_result
 from ._audit_one_run import one_run_audit
@@ -62,7 +63,7 @@ def audit(
     adata: ad.AnnData,
     *,
     epsilon: float | None = 8.0,
-    delta: float = 1e-5,
+    delta: float | None = None,
     method: Literal["shadow", "one_run"] = "shadow",
     attack: Literal["shadow", "threshold", "both"] = "shadow",
     n_shadow: int = 1,
@@ -120,7 +121,8 @@ def audit(
         Cells × genes with raw counts (as for :func:`dpsc.tl.fit`); it is only read, except for
         ``uns["dpsc"]["audit"]``.
     epsilon, delta
-        Privacy of the audited fits (``epsilon=None``: non-private, for contrast).
+        Privacy of the audited fits (``epsilon=None``: non-private, for contrast);
+        ``delta=None``: 10⁻⁵, or 1/(10 n) above 10⁴ cells.
     method
         ``"shadow"`` (membership inference) or ``"one_run"`` (canary audit).
     canaries, n_canaries, guess_fraction, confidence, noise_seed
@@ -148,6 +150,7 @@ def audit(
     DataFrame with one row per attack; also written to ``adata.uns["dpsc"]["audit"]`` with the
     ROC curves.
     """
+    delta = resolve_delta(delta, adata.n_obs)
     if method == "one_run":
         return one_run_audit(
             adata,

@@ -18,7 +18,7 @@ from sklearn.cluster import KMeans
 from dpsc._docs import doc_params
 
 from .._api import store_result
-from .._validation import check_matrix, get_matrix
+from .._validation import check_matrix, get_matrix, resolve_delta
 from ..federated import (
     METHODS,
     PER_CELL_METHODS,
@@ -142,7 +142,7 @@ def fit_federated(
     rounds: int = 250,
     local_epochs: int = 1,
     alpha: float = 0.7,
-    delta: float = 1e-5,
+    delta: float | None = None,
     optimizer: str = "sgd",
     max_grad_norm: float = 1.0,
     private_lr: float | None = None,
@@ -191,6 +191,7 @@ def fit_federated(
         that its ``rounds × local_epochs × ⌈1/q⌉`` Poisson steps spend at most ``(epsilon,
         delta)`` with respect to its own cells (``q = min(1, 128/n_k)``). Only for the methods
         with per-cell losses (``"fedsc"``, ``"fedbyol"``, ``"fedsimsiam"``). ``None``: no DP.
+        ``delta=None``: 10⁻⁵, or 1/(10 n_k) for the largest site above 10⁴ cells.
         The one dpsc tool without the default ε = 8: at 8 per site the clustering is not yet
         useful (``benchmarks/results/federated.md``), and a silent non-private default would be
         worse, so the choice is yours to state.
@@ -273,6 +274,7 @@ def fit_federated(
         raise ValueError(
             f"Site(s) {list(small.index)} have fewer than {MIN_CLIENT_CELLS} cells; merge or drop them."
         )
+    delta = resolve_delta(delta, int(sizes.max()))
     if epsilon is not None and not 0 < delta < 1 / sizes.max():
         raise ValueError(
             f"delta must be in (0, 1/n_k) for every site (largest n_k = {sizes.max()}), got {delta}."

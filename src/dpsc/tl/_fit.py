@@ -17,6 +17,7 @@ from .._validation import (
     check_matrix,
     check_privacy_args,
     get_matrix,
+    resolve_delta,
 )
 from ..model import DPDCAN
 from ..model._dcan_privacy import plan_fit
@@ -34,7 +35,7 @@ def fit(
     adata: ad.AnnData,
     epsilon: float | None = DEFAULT_EPSILON,
     *,
-    delta: float = 1e-5,
+    delta: float | None = None,
     n_clusters: int | None = None,
     scope: Literal["encoder", "full"] = "encoder",
     layer: str | None = None,
@@ -61,7 +62,7 @@ def fit(
     epsilon
         Privacy budget ε of the whole fit; ``None`` trains the non-private DCAN.
     delta
-        δ, below ``1/n_obs``.
+        {doc_delta}
     n_clusters
         Number of clusters. ``None`` uses :data:`DEFAULT_N_CLUSTERS` (8), a fixed default that
         is *not* estimated from the cells (estimating it would spend privacy budget). Pass the
@@ -75,7 +76,10 @@ def fit(
         Total epochs, split 5:4 between the instance and cluster stages (the reference's
         50 + 40). ``None`` uses 50 + 40. Pass ``instance_epochs``/``cluster_epochs`` to set each.
     batch_size
-        Expected Poisson batch size (default 10 % of the cells).
+        Expected Poisson batch size; the Poisson rate is ``q = batch_size / n_obs``. Default:
+        10 % of the cells, at most 4096, so that
+        memory per step stays bounded at atlas scale while an epoch keeps ``1/q`` steps and σ
+        is calibrated for that q and step count.
     likelihood
         ``"zinb"`` for counts, ``"gaussian"`` for continuous (log-normalised) data.
     accountant
@@ -126,6 +130,7 @@ def fit(
     # Every check runs before adata is touched.
     matrix = get_matrix(adata, layer)
     batch_size = check_fit_args(n_obs=adata.n_obs, n_clusters=n_clusters, scope=scope, batch_size=batch_size)
+    delta = resolve_delta(delta, adata.n_obs)
     check_privacy_args(epsilon, delta, adata.n_obs)
     check_matrix(matrix, likelihood)
     train_kwargs.setdefault("private_optimizer", optimizer)

@@ -22,7 +22,7 @@ import torch
 from dpsc._docs import doc_params
 
 from .._api import DEFAULT_EPSILON, store_result
-from .._validation import check_privacy_args
+from .._validation import check_privacy_args, resolve_delta
 from ..privacy import (
     COMMON_NOT_COVERED,
     NoiseSource,
@@ -72,7 +72,7 @@ def kmeans(
     n_clusters: int = 8,
     *,
     epsilon: float = DEFAULT_EPSILON / 2,
-    delta: float = 1e-5,
+    delta: float | None = None,
     use_rep: str = "X_pca",
     clip_norm: float = 1.0,
     key_added: str = "dp_kmeans",
@@ -95,6 +95,7 @@ def kmeans(
     epsilon, delta
         (ε, δ) of the centroid releases. The default is half of the workflow default 8:
         :func:`dpsc.pp.pca` then ``tl.kmeans``, both at their defaults, spend 8 together.
+        ``delta=None``: 10⁻⁵, or 1/(10 n) above 10⁴ cells.
     use_rep
         ``obsm`` key of the representation; rows are clipped to L2 norm ``clip_norm`` (the
         projections of :func:`dpsc.pp.pca` have norm at most 1, so the default clips nothing).
@@ -119,6 +120,7 @@ def kmeans(
             f"adata.obsm has no {use_rep!r}; compute a representation first, "
             "e.g. dpsc.pp.pca(adata, epsilon=4)."
         )
+    delta = resolve_delta(delta, adata.n_obs)
     check_privacy_args(epsilon, delta, adata.n_obs)
     if not 2 <= n_clusters <= adata.n_obs:
         raise ValueError(f"n_clusters must be in [2, n_obs={adata.n_obs}], got {n_clusters}.")
