@@ -107,7 +107,7 @@ def test_one_run_gradient_audit_never_exceeds_a_correct_claim(small_adata):
     assert record["guarantee"] == "proven" and dpsc.privacy.spent(small_adata)[0] > 2.0  # five runs composed
     assert dpsc.pl.audit(small_adata, show=False).get_ylabel() == "ε"
     with pytest.raises(ValueError, match="Unknown canaries"):
-        dpsc.tl.audit(small_adata, epsilon=2.0, method="one_run", canaries="input")
+        dpsc.tl.audit(small_adata, epsilon=2.0, method="one_run", canaries="membership")
 
 
 def test_input_canaries_are_real_cells_permuted_across_genes(small_adata):
