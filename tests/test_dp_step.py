@@ -54,8 +54,9 @@ def test_ghost_norms_equal_explicit_per_cell_norms(tiny_module, counts, stage, s
 
 
 @pytest.mark.parametrize("stage", ["instance", "cluster"])
-def test_noise_free_step_is_sum_of_clipped_gradients(tiny_module, counts, stage):
-    plan = make_plan(tiny_module, stage, "encoder", sigma=0.0)
+@pytest.mark.parametrize("scope", ["encoder", "full"])
+def test_noise_free_step_is_sum_of_clipped_gradients(tiny_module, counts, stage, scope):
+    plan = make_plan(tiny_module, stage, scope, sigma=0.0)
     private, public = plan.private_parameters, plan.public_parameters
     g = explicit_per_cell_grads(plan, counts, private)
     clipped = g * (C / (g.norm(dim=1, keepdim=True) + 1e-6)).clamp(max=1.0)
@@ -70,12 +71,14 @@ def test_noise_free_step_is_sum_of_clipped_gradients(tiny_module, counts, stage)
             ]
         )
     loss = loss_of(plan, counts)
-    expected_public = torch.cat(
-        [t.flatten() for t in torch.autograd.grad(loss.mean(), public, retain_graph=True)]
+    expected_public = (
+        torch.cat([t.flatten() for t in torch.autograd.grad(loss.mean(), public, retain_graph=True)])
+        if public
+        else torch.zeros(0)
     )
     plan.private_step(loss)
     got_private = torch.cat([p.grad.flatten() for p in private])
-    got_public = torch.cat([p.grad.flatten() for p in public])
+    got_public = torch.cat([p.grad.flatten() for p in public]) if public else torch.zeros(0)
     torch.testing.assert_close(got_private, expected_private, rtol=1e-4, atol=1e-7)
     torch.testing.assert_close(got_public, expected_public, rtol=1e-4, atol=1e-7)
     # every clipped per-cell gradient has norm <= C: the bound the accountant relies on
@@ -170,3 +173,19 @@ def test_frozen_encoder_cluster_stage_noises_only_centroids(tiny_module, counts)
     assert DCANTrainingPlan(
         tiny_module, stage="instance", dp=None, optimizer="sgd", lr=0.1, train_encoder=False
     ).train_encoder
+
+
+@pytest.mark.parametrize("stage", ["instance", "cluster"])
+@pytest.mark.parametrize("scope", ["encoder", "full"])
+def test_clipped_pass_starts_at_module_outputs(tiny_module, counts, stage, scope, monkeypatch):
+    """The second ghost pass runs from the private modules' outputs, not through the loss."""
+    from dpsc.privacy import _ghost
+
+    calls = []
+    real = _ghost._clipped_pass_from_outputs
+    monkeypatch.setattr(_ghost, "_clipped_pass_from_outputs", lambda *a: calls.append(1) or real(*a))
+    plan = make_plan(tiny_module, stage, scope, sigma=0.0)
+    plan.private_step(loss_of(plan, counts))
+    assert calls == [1]
+    assert all(not kept for kept in plan._engine._outputs.outputs), "kept outputs are released"
+    plan.detach_privacy()

@@ -11,7 +11,8 @@ Alg. 1, with Opacus doing the clipping, the noise and the accounting:
    checks for every loss;
 2. :meth:`DPSGDEngine.backward` leaves :math:`\sum_i \mathrm{clip}_C(\nabla_\theta L_i)` in the
    private parameters' ``.grad`` by ghost clipping (:func:`ghost_clipped_backward`), never
-   materialising per-cell gradients;
+   materialising per-cell gradients; its second pass starts at the private modules' outputs,
+   so the loss's graph is differentiated once;
 3. :meth:`DPSGDEngine.step` lets :class:`~opacus.optimizers.DPOptimizerFastGradientClipping`
    add :math:`\mathcal N(0, \sigma^2 C^2 I)` (secret generator, Opacus ``secure_mode``), divide by
    the expected batch size :math:`qn`, report one :math:`(\sigma, q)` step to the accountant,
@@ -34,7 +35,7 @@ from opacus.grad_sample import GradSampleModuleFastGradientClipping
 from opacus.optimizers import DPOptimizerFastGradientClipping
 from torch import nn
 
-from ._ghost import ghost_clipped_backward, release_privacy_hooks
+from ._ghost import ModuleOutputs, ghost_clipped_backward, release_privacy_hooks
 from ._noise import NoiseSource, poisson_mask
 
 
@@ -109,6 +110,7 @@ class DPSGDEngine:
             secure_mode=settings.noise.secret,
         )
         self.optimizer.attach_step_hook(settings.accountant.get_optimizer_hook_fn(settings.sample_rate))
+        self._outputs = ModuleOutputs(modules)
         #: Audit probes (``dpsc.audit.GradientCanaries``): called with the private parameters just
         #: before the noise (``before_noise``) and just after it (``after_noise``).
         self.probes: list = []
@@ -119,7 +121,7 @@ class DPSGDEngine:
 
     def backward(self, per_cell_loss: torch.Tensor) -> None:
         r"""Leave :math:`\sum_i \mathrm{clip}_C(\nabla L_i)` in the private ``.grad`` (step 2)."""
-        ghost_clipped_backward(self._gsm, per_cell_loss, self.parameters)
+        ghost_clipped_backward(self._gsm, per_cell_loss, self.parameters, self._outputs)
 
     def step(self, after_noise: Callable[[], None] | None = None) -> None:
         """Noise, scale and account (Opacus ``pre_step``), run ``after_noise``, update (step 3).
@@ -139,12 +141,14 @@ class DPSGDEngine:
     def empty_step(self, after_noise: Callable[[], None] | None = None) -> None:
         """Empty Poisson batch: a pure-noise step, accounted like any other."""
         self.zero_grad()
+        self._outputs.clear()
         for p in self.parameters:
             p.grad = torch.zeros_like(p)
         self.step(after_noise)
 
     def close(self) -> None:
         """Remove Opacus's hooks and bookkeeping (state-dict keys never change)."""
+        self._outputs.close()
         if self._gsm is not None:
             release_privacy_hooks(self._gsm, self.parameters)
             self._gsm = None
