@@ -29,6 +29,7 @@ from ..optim import DEFAULT_PRIVATE_LRS, OPTIMIZERS
 from ..privacy import (
     DPSGDSettings,
     PrivacyRecord,
+    broadcast_from_rank_zero,
     dp_cluster_frequency,
     dp_kmeans_centroids,
     make_accountant,
@@ -190,6 +191,8 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
         random_state: int = 0,
         noise_seed: int | None = None,
         accelerator: str = "auto",
+        devices: int | str = 1,
+        strategy: str = "auto",
         progress_bar: bool = True,
     ) -> None:
         r"""Train both stages; with ``epsilon`` the whole fit is (ε, δ)-DP (see the record).
@@ -252,6 +255,13 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
             anyone who knows it.
         accelerator
             Lightning accelerator.
+        devices, strategy
+            Lightning's devices and strategy. ``devices=4, strategy="ddp"`` trains data-parallel
+            over four processes (GPUs, or CPU processes over gloo): each samples its shard of
+            the cells at the same rate q, the clipped sums are added across processes and the
+            noise is added once per step, so σ, q, the steps and ε are those of one process
+            (:mod:`dpsc.privacy._distributed`). Launch as any Lightning DDP script: every
+            process runs the script and holds the AnnData.
         progress_bar
             Show one progress bar over both stages (epochs, stage, ε spent so far).
         """
@@ -269,7 +279,7 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
             **{k: opts[k] for k in ("rho", "mask_rate", "betas", "target_power")},
         }
         progress = FitProgress(instance_epochs + cluster_epochs, delta if dp else None, progress_bar)
-        run = {"accelerator": accelerator, "progress": progress}
+        run = {"accelerator": accelerator, "devices": devices, "strategy": strategy, "progress": progress}
         if instance_epochs > 0:
             instance = self._training_plan_cls(
                 self.module,
@@ -388,7 +398,9 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
         params["planned_steps"] = plan.counts["total"]
         return params
 
-    def _run_stage(self, plan, splitter, epochs, name, accelerator, progress: FitProgress) -> None:
+    def _run_stage(
+        self, plan, splitter, epochs, name, accelerator, devices, strategy, progress: FitProgress
+    ) -> None:
         progress.start_stage(name, None if plan.dp is None else plan.dp.accountant)
         self.module.train()
         self.history_ = None  # per-stage logs are not kept: under DP they are exact statistics
@@ -401,7 +413,9 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
                     data_splitter=splitter,
                     max_epochs=epochs,
                     accelerator=accelerator,
-                    devices=1,
+                    devices=devices,
+                    strategy=strategy,
+                    use_distributed_sampler=False,  # the splitter shards and Poisson-samples itself
                     enable_progress_bar=False,
                     callbacks=[progress],
                     enable_model_summary=False,
@@ -441,7 +455,7 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
             q = self.module.soft_assignment(self._encode_poisson_batch(splitter)).cpu()
             frequency = dp_cluster_frequency(q, noise_multiplier=dp.noise_multiplier, generator=gen)
             dp.record_release()
-            return frequency.float().to(device)
+            return broadcast_from_rank_zero(frequency.float().to(device))
 
         return release
 
@@ -465,7 +479,8 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
             random_state=random_state,
             **kmeans,
         )
-        centroids.copy_(torch.as_tensor(init, dtype=centroids.dtype))
+        init = broadcast_from_rank_zero(torch.as_tensor(init, dtype=centroids.dtype, device=centroids.device))
+        centroids.copy_(init)
 
     # -- inference -------------------------------------------------------------------------
     @torch.no_grad()

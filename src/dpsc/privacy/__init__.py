@@ -7,6 +7,7 @@ from ._accounting import (
     make_accountant,
     spent_epsilon,
 )
+from ._distributed import broadcast_from_rank_zero, is_distributed, sum_over_ranks, world
 from ._engine import DPSGDEngine, DPSGDSettings
 from ._frequency import dp_cluster_frequency
 from ._kmeans import dp_kmeans_centroids, kmeans_release_steps
@@ -38,6 +39,7 @@ __all__ = [
     "DPSGDSettings",
     "NoiseSource",
     "PrivacyRecord",
+    "broadcast_from_rank_zero",
     "build_statement",
     "calibrate_noise_multiplier",
     "check_budget",
@@ -47,6 +49,7 @@ __all__ = [
     "estimator_record",
     "gaussian_release_record",
     "get_record",
+    "is_distributed",
     "kmeans_release_steps",
     "ledger_frame",
     "make_accountant",
@@ -56,5 +59,7 @@ __all__ = [
     "set_budget",
     "spent",
     "spent_epsilon",
+    "sum_over_ranks",
+    "world",
     "write_result",
 ]

@@ -19,6 +19,10 @@ Alg. 1, with Opacus doing the clipping, the noise and the accounting:
    then applies the update rule. An empty Poisson batch still takes the noisy step
    (:meth:`DPSGDEngine.empty_step`), as the accountant assumes.
 
+Across several processes (Lightning's DDP) the engine switches to Opacus's distributed
+optimizer: the ranks' clipped sums are added and rank 0 alone adds the noise, so each global step
+is the same mechanism (argument in :mod:`dpsc.privacy._distributed`).
+
 Because the noise is added to the sum of clipped per-cell gradients with Poisson sampling, each
 step is one application of the sampled Gaussian mechanism with sensitivity :math:`C`; the
 accountant composes the steps (Mironov et al. 2019 for RDP; Gopi et al. 2021 for PRV).
@@ -32,9 +36,13 @@ from dataclasses import dataclass
 import torch
 from opacus.accountants import IAccountant
 from opacus.grad_sample import GradSampleModuleFastGradientClipping
-from opacus.optimizers import DPOptimizerFastGradientClipping
+from opacus.optimizers import (
+    DistributedDPOptimizerFastGradientClipping,
+    DPOptimizerFastGradientClipping,
+)
 from torch import nn
 
+from ._distributed import world
 from ._ghost import ModuleOutputs, ghost_clipped_backward, release_privacy_hooks
 from ._noise import NoiseSource, poisson_mask
 
@@ -100,11 +108,17 @@ class DPSGDEngine:
         self._gsm = GradSampleModuleFastGradientClipping(
             container, loss_reduction="sum", max_grad_norm=settings.max_grad_norm, use_ghost_clipping=True
         )
-        self.optimizer = DPOptimizerFastGradientClipping(
+        _, world_size = world()
+        self.distributed = world_size > 1
+        optimizer_cls = DPOptimizerFastGradientClipping
+        if self.distributed:
+            optimizer_cls = DistributedDPOptimizerFastGradientClipping
+        self.optimizer = optimizer_cls(
             optimizer,
             noise_multiplier=settings.noise_multiplier,
             max_grad_norm=settings.max_grad_norm,
-            expected_batch_size=settings.expected_batch_size,
+            # Opacus's distributed optimizer divides the all-reduced sum by world_size too.
+            expected_batch_size=settings.expected_batch_size / world_size,
             loss_reduction="mean",
             generator=settings.noise.torch_generator("dpsgd", device),
             secure_mode=settings.noise.secret,
@@ -132,6 +146,8 @@ class DPSGDEngine:
             probe.before_noise(self.parameters)
         if not self.optimizer.pre_step():
             return
+        if self.distributed:  # sum the ranks' clipped sums; only rank 0 added noise
+            self.optimizer.reduce_gradients()
         for probe in self.probes:
             probe.after_noise(self.parameters)
         if after_noise is not None:

@@ -58,17 +58,21 @@ class NoiseSource:
         """True when the noise is seeded from OS entropy."""
         return self.noise_seed is None
 
-    def _seed(self, stream: str) -> int:
+    def _seed(self, stream: str, rank: int = 0) -> int:
         if stream not in STREAMS:
             raise ValueError(f"Unknown noise stream {stream!r}; one of {STREAMS}.")
         if self.noise_seed is None:
             return secure_seed()
-        state = np.random.SeedSequence([int(self.noise_seed), STREAMS.index(stream)]).generate_state(2)
+        # each process of a data-parallel fit samples its own shard: its stream must differ
+        entropy = [int(self.noise_seed), STREAMS.index(stream)] + ([int(rank)] if rank else [])
+        state = np.random.SeedSequence(entropy).generate_state(2)
         return int((int(state[0]) << 31) ^ int(state[1])) & (2**63 - 1)
 
-    def torch_generator(self, stream: str, device: torch.device | str = "cpu") -> torch.Generator:
-        """Return a fresh torch generator on ``device`` for the named stream."""
-        return torch.Generator(device=device).manual_seed(self._seed(stream))
+    def torch_generator(
+        self, stream: str, device: torch.device | str = "cpu", rank: int = 0
+    ) -> torch.Generator:
+        """Return a fresh torch generator on ``device`` for the named stream (and process rank)."""
+        return torch.Generator(device=device).manual_seed(self._seed(stream, rank))
 
     def numpy_rng(self, stream: str) -> np.random.Generator:
         """Return a fresh numpy generator for the named stream."""

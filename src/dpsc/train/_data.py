@@ -10,17 +10,22 @@ from scvi import REGISTRY_KEYS
 from scvi.data import AnnDataManager
 from torch.utils.data import DataLoader
 
-from ..privacy import NoiseSource
+from ..privacy import NoiseSource, world
 
 
 class PoissonDataSplitter(LightningDataModule):
-    """Training data module whose batches include each cell independently with rate ``q``.
+    r"""Training data module whose batches include each cell independently with rate ``q``.
 
     The RDP analysis of the sampled Gaussian mechanism assumes exactly this (Mironov et al.
     2019): batch sizes vary and a batch may be empty. Batches are read by scvi-tools'
     ``AnnTorchDataset`` (``adata_manager.create_torch_dataset``), so sparse and backed
     AnnData stream without densifying the whole matrix. There is no validation split: every
     cell is a training cell, and nothing is selected by a validation score.
+
+    Under data parallelism (Lightning's DDP strategy) rank :math:`r` of :math:`W` reads only its
+    shard, cells :math:`r, r+W, \dots`, and includes each with the same rate ``q`` from its own
+    generator, so the ranks' batches together are one Poisson sample of all cells; every rank
+    yields ``steps_per_epoch`` batches, empty ones included, so the ranks stay in step.
 
     Parameters
     ----------
@@ -42,6 +47,7 @@ class PoissonDataSplitter(LightningDataModule):
         self.adata_manager = adata_manager
         self.sample_rate = sample_rate
         self.steps_per_epoch = steps_per_epoch
+        self.noise = noise
         self.generator = noise.torch_generator("sampling")
         self.n_train = adata_manager.adata.n_obs
         self.n_val = 0
@@ -51,11 +57,15 @@ class PoissonDataSplitter(LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         """Loader yielding ``{"X": (batch, genes) float32}`` dicts, one per Poisson draw."""
+        rank, world_size = world()
+        shard = self.train_idx[rank::world_size]
+        if world_size > 1:  # the process group exists only once Lightning has set it up
+            self.generator = self.noise.torch_generator("sampling", rank=rank)
         dataset = self.adata_manager.create_torch_dataset(
-            indices=self.train_idx, data_and_attributes={REGISTRY_KEYS.X_KEY: np.float32}
+            indices=shard, data_and_attributes={REGISTRY_KEYS.X_KEY: np.float32}
         )
         sampler = UniformWithReplacementSampler(
-            num_samples=self.n_train,
+            num_samples=len(shard),
             sample_rate=self.sample_rate,
             generator=self.generator,
             steps=self.steps_per_epoch,

@@ -12,7 +12,7 @@ from torch import nn
 
 from ..module import DCANModule
 from ..optim import make_optimizer
-from ..privacy import DPSGDEngine, DPSGDSettings
+from ..privacy import DPSGDEngine, DPSGDSettings, is_distributed, sum_over_ranks
 
 Stage = Literal["instance", "cluster"]
 Scope = Literal["encoder", "full"]
@@ -200,6 +200,7 @@ class DCANTrainingPlan(pl.LightningModule):
         if x.shape[0] == 0:
             if self.dp is not None:
                 self.noisy_empty_step()
+                self._public_step(0)  # every rank joins the same collectives
             return
         loss, parts = self.per_cell_loss(x)
         if self.dp is not None:
@@ -244,13 +245,32 @@ class DCANTrainingPlan(pl.LightningModule):
             self._public_opt.zero_grad(set_to_none=True)
         self._engine.backward(loss)
         self._engine.step(self._add_penalty_gradient)
-        if self._public_opt is not None:
-            n = loss.shape[0]
-            for p in self.public_parameters:
-                if p.grad is not None:
-                    p.grad.div_(n)
-            self._public_opt.step()
+        self._public_step(loss.shape[0])
+
+    def _public_step(self, n_cells: int) -> None:
+        """Step the noise-free parameters with the mean gradient over the (global) batch.
+
+        The first backward pass left each local batch's gradient sum in ``.grad``; across
+        processes the sums and the batch sizes are added before dividing.
+        """
+        if self._public_opt is None:
+            return
+        params = self.public_parameters
+        if is_distributed():
+            for p in params:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                sum_over_ranks(p.grad)
+            n_cells = int(sum_over_ranks(torch.tensor(float(n_cells), device=params[0].device)).item())
+        if n_cells == 0:
+            return
+        for p in params:
+            if p.grad is not None:
+                p.grad.div_(n_cells)
+        self._public_opt.step()
 
     def noisy_empty_step(self) -> None:
         """Empty Poisson batch: the private parameters still take a pure-noise step."""
+        if self._public_opt is not None:
+            self._public_opt.zero_grad(set_to_none=True)
         self._engine.empty_step(self._add_penalty_gradient)

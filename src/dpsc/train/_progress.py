@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -26,13 +27,14 @@ class FitProgress(Callback):
     delta
         δ at which the running ε is shown; ``None`` for a non-private fit.
     enabled
-        ``False`` draws nothing.
+        ``False`` draws nothing; in a data-parallel fit only the first process draws.
     """
 
     def __init__(self, total_epochs: int, delta: float | None, enabled: bool = True) -> None:
         self.delta = delta
         name = "DP-DCAN" if delta else "DCAN"
-        self.bar = tqdm(total=total_epochs, desc=name, unit="epoch", disable=not enabled)
+        first_process = all(os.environ.get(k, "0") == "0" for k in ("RANK", "LOCAL_RANK", "NODE_RANK"))
+        self.bar = tqdm(total=total_epochs, desc=name, unit="epoch", disable=not (enabled and first_process))
         self.stage = ""
         self.accountant = None
 
