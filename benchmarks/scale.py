@@ -9,7 +9,7 @@ process's peak RSS after each fit and the ARI against the simulated types.
     python benchmarks/scale.py simulate --cells 10000 100000 1000000 --out benchmarks/results/scale.jsonl
     python benchmarks/scale.py fit --cells 10000 --epochs 10 --epsilons 8 1 0 \
         --out benchmarks/results/scale.jsonl
-    python benchmarks/scale.py --report benchmarks/results/scale.jsonl
+    python benchmarks/scale.py --report benchmarks/results/scale.jsonl   # also docs/_static/scale.png
 """
 
 from __future__ import annotations
@@ -134,7 +134,10 @@ def report(path: str) -> str:
             f"Command: `python benchmarks/scale.py fit --cells … --epochs … --out {path}`; default "
             "`dpsc.tl.fit` settings with `max_epochs` as given and δ = min(1e-5, 0.1/n), DP and "
             "non-private in one process; seconds per epoch include the fit's fixed costs (DP k-means "
-            "releases, latent and label writing), so short schedules overstate them.",
+            "releases, latent and label writing), so short schedules overstate them. Peak RSS is the "
+            "process's maximum so far: rows run in the order listed, so a later row's peak includes "
+            "the earlier fits'. The epochs differ between sizes (an epoch is n / batch steps), so the "
+            "ARI column compares ε within a size, not sizes with each other.",
             "",
             "| cells | expected batch | ε | epochs | s / epoch | DP / non-private time | ARI | "
             "clusters used | peak RSS (GB) |",
@@ -153,6 +156,33 @@ def report(path: str) -> str:
     return "\n".join(lines) + f"\n\nRan on: {', '.join(sorted(df['cpu'].astype(str).unique()))}, 2 threads.\n"
 
 
+def plot(path: str, figure: str) -> None:
+    """Seconds per epoch and ARI against the number of cells, one line per ε (the fits' rows)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fits = pd.read_json(path, lines=True)
+    fits = fits[
+        (fits["stage"] == "fit")
+        & (fits["batch_size"] == fits.groupby("cells")["batch_size"].transform("min"))
+    ]
+    fits = fits.sort_values("cells").drop_duplicates(["cells", "epsilon"], keep="last")
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
+    for eps, g in fits.groupby(fits["epsilon"].fillna(0)):
+        label = "non-private" if eps == 0 else f"ε = {eps:g}"
+        axes[0].plot(g["cells"], g["s_per_epoch"], marker="o", label=label)
+        axes[1].plot(g["cells"], g["ari"], marker="o", label=label)
+    epochs = ", ".join(f"{int(c):,}: {int(e)}" for c, e in fits.groupby("cells")["epochs"].first().items())
+    axes[0].set(xscale="log", yscale="log", xlabel="cells", ylabel="seconds per epoch (2 threads)")
+    axes[1].set(xscale="log", xlabel="cells", ylabel="ARI vs simulated types", ylim=(0, 1))
+    axes[1].set_title(f"epochs per fit — {epochs}", fontsize=8)
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(figure, dpi=120)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("stage", nargs="?", choices=["simulate", "fit", "_simulate_one", "_fit_one"])
@@ -161,8 +191,10 @@ def main() -> None:
     parser.add_argument("--epsilons", nargs="+", type=float, default=[8, 1, 0], help="0 = non-private")
     parser.add_argument("--out", default="benchmarks/results/scale.jsonl")
     parser.add_argument("--report")
+    parser.add_argument("--figure", default="docs/_static/scale.png", help="written with --report")
     args = parser.parse_args()
     if args.report:
+        plot(args.report, args.figure)
         text = report(args.report)
         Path(args.report).with_suffix(".md").write_text(text)
         print(text)
