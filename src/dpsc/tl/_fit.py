@@ -106,7 +106,9 @@ def fit(
     progress_bar
         {doc_progress_bar}
     **train_kwargs
-        Passed to :meth:`dpsc.model.DPDCAN.train`.
+        Passed to :meth:`dpsc.model.DPDCAN.train`: for example ``instance_epochs``,
+        ``max_grad_norm``, ``accelerator``, and ``devices=4, strategy="ddp"`` for data-parallel
+        training with the single-process guarantee.
 
     Returns
     -------
