@@ -66,18 +66,19 @@ def report(path: str) -> str:
     lines = [
         "# One-run audit of the DP-SGD engine (white-box gradient canaries)",
         "",
-        f"Command: `python benchmarks/one_run_audit.py --placement P --guess-fraction F --out {path}`, "
-        f"then `--report {path}`. PBMC 4k, DP-DCAN's default encoder, instance-stage loss, q = 0.1, "
-        f"{int(df['epochs'].iloc[0])} epochs, {int(df['n_canaries'].iloc[0])} canaries, 95 % confidence, "
-        "secret noise. Placement `random`: canaries on random encoder coordinates; `quiet`: on the "
+        "Command: `python benchmarks/one_run_audit.py --canaries M --placement P --guess-fraction F "
+        f"--out {path}`, then `--report {path}`. PBMC 4k, DP-DCAN's default encoder, instance-stage "
+        f"loss, q = 0.1, {int(df['epochs'].iloc[0])} epochs, 95 % confidence, secret noise; the auditor "
+        "guesses F·M canaries on each side. Placement `random`: canaries on random encoder "
+        "coordinates; `quiet`: on the "
         "first-layer weights of the genes expressed in the fewest cells, where the cells' own "
         "gradients (noise to the auditor) are smallest. A lower bound above the claim would prove a "
         "bug; the ceiling is the most these canaries and guesses can show.",
     ]
-    for (placement, guesses), part in df.groupby(["placement", "guesses"], sort=True):
+    for (m, placement, guesses), part in df.groupby(["n_canaries", "placement", "guesses"], sort=True):
         lines += [
             "",
-            f"Placement `{placement}`, {guesses} guesses:",
+            f"{int(m):,} canaries, placement `{placement}`, {guesses} guesses:",
             "",
             "| claimed ε | ε lower bound (per run) | mean | lower / claimed | ceiling | runs |",
             "|---|---|---|---|---|---|",
