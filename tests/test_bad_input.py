@@ -123,3 +123,22 @@ def test_large_n_defaults_read_only_the_number_of_cells():
     options = dpsc.model.DPDCAN.check_options(None, None, "sgd")
     plan = _plan(10**6, {"epsilon": 8.0, "delta": resolve_delta(None, 10**6), "batch_size": 4096}, options)
     assert plan.sample_rate == 4096 / 10**6 and plan.settings.noise_multiplier < 2.3
+
+
+def test_checks_read_backed_matrices_in_row_blocks(small_adata, tmp_path, monkeypatch):
+    """Validation streams a backed matrix block by block and still finds a bad value in any block."""
+    import anndata as ad
+
+    from dpsc import _validation
+
+    monkeypatch.setattr(_validation, "ROW_CHUNK", 64)
+    bad = small_adata.copy()
+    counts = bad.X.astype(np.float32).tolil()
+    counts[250, counts[250].nonzero()[1][0]] = 0.5  # a non-integer in a later block
+    bad.X = sp.csr_matrix(counts)
+    bad.write_h5ad(tmp_path / "bad.h5ad")
+    small_adata.write_h5ad(tmp_path / "good.h5ad")
+    good = ad.read_h5ad(tmp_path / "good.h5ad", backed="r")
+    _validation.check_matrix(good.X, "zinb")
+    with pytest.raises(ValueError, match="non-integer"):
+        _validation.check_matrix(ad.read_h5ad(tmp_path / "bad.h5ad", backed="r").X, "zinb")

@@ -118,6 +118,19 @@ def test_dense_and_sparse_give_the_same_fit(small_adata, tiny_fit):
 
 
 @pytest.mark.slow
+def test_backed_h5ad_gives_the_same_fit(small_adata, tmp_path, tiny_fit):
+    """A file opened with backed="r" streams; the fit equals the in-memory one."""
+    import anndata as ad
+
+    path = tmp_path / "cells.h5ad"
+    small_adata.write_h5ad(path)
+    backed = ad.read_h5ad(path, backed="r")
+    dpsc.tl.fit(backed, epsilon=8.0, noise_seed=0, **tiny_fit)
+    dpsc.tl.fit(small_adata, epsilon=8.0, noise_seed=0, **tiny_fit)
+    np.testing.assert_allclose(backed.obsm["X_dpdcan"], small_adata.obsm["X_dpdcan"], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow
 def test_non_private_and_full_scope(small_adata, tiny_fit):
     a = small_adata.copy()
     dpsc.tl.fit(a, epsilon=None, **tiny_fit)

@@ -27,18 +27,26 @@ def get_matrix(adata: ad.AnnData, layer: str | None) -> Any:
     return adata.layers[layer]
 
 
-def _values(matrix: Any) -> np.ndarray:
-    """Return the stored values (non-zeros of a sparse matrix, everything of a dense one)."""
-    if sp.issparse(matrix):
-        return np.asarray(matrix.data)
-    return np.asarray(matrix)
+ROW_CHUNK = 65_536
 
 
-def check_matrix(matrix: Any, likelihood: str, *, training: bool = True) -> None:
-    """Reject NaN/inf, negative or non-integer values (ZINB), empty cells and (when training) empty genes."""
-    if likelihood not in LIKELIHOODS:
-        raise ValueError(f"Unknown likelihood {likelihood!r}; choose one of {LIKELIHOODS}.")
-    values = _values(matrix)
+def _row_blocks(matrix: Any, chunk: int = ROW_CHUNK):
+    """Yield consecutive row blocks of an in-memory or backed (``backed="r"``) matrix.
+
+    Checks read the matrix block by block, so they never hold a dense copy, nor a second copy
+    of a sparse one, and work on backed AnnData without loading it.
+    """
+    for start in range(0, matrix.shape[0], chunk):
+        block = matrix[start : start + chunk]
+        yield block if sp.issparse(block) else np.asarray(block)
+
+
+def _values(block: Any) -> np.ndarray:
+    """Return the stored values (non-zeros of a sparse block, everything of a dense one)."""
+    return np.asarray(block.data) if sp.issparse(block) else block
+
+
+def _check_values(values: np.ndarray, likelihood: str) -> None:
     if not np.all(np.isfinite(values)):
         raise ValueError(
             "The expression matrix contains NaN or infinite values; remove or impute them "
@@ -56,12 +64,22 @@ def check_matrix(matrix: Any, likelihood: str, *, training: bool = True) -> None
                 "(normalised or log-transformed data?). Pass the raw counts (e.g. "
                 "layer='counts'), or likelihood='gaussian' for log-normalised data."
             )
-    abs_matrix = abs(matrix) if sp.issparse(matrix) else np.abs(np.asarray(matrix))
-    cell_sums = np.asarray(abs_matrix.sum(axis=1)).ravel()
-    gene_sums = np.asarray(abs_matrix.sum(axis=0)).ravel()
-    if np.any(cell_sums == 0):
+
+
+def check_matrix(matrix: Any, likelihood: str, *, training: bool = True) -> None:
+    """Reject NaN/inf, negative or non-integer values (ZINB), empty cells and (when training) empty genes."""
+    if likelihood not in LIKELIHOODS:
+        raise ValueError(f"Unknown likelihood {likelihood!r}; choose one of {LIKELIHOODS}.")
+    empty_cells = 0
+    gene_sums = np.zeros(matrix.shape[1])
+    for block in _row_blocks(matrix):
+        _check_values(_values(block), likelihood)
+        magnitude = abs(block)
+        empty_cells += int((np.asarray(magnitude.sum(axis=1)).ravel() == 0).sum())
+        gene_sums += np.asarray(magnitude.sum(axis=0)).ravel()
+    if empty_cells:
         raise ValueError(
-            f"{int((cell_sums == 0).sum())} cell(s) have no counts at all. dpsc does not drop "
+            f"{empty_cells} cell(s) have no counts at all. dpsc does not drop "
             "cells silently; filter them first: sc.pp.filter_cells(adata, min_counts=1)."
         )
     if training and np.any(gene_sums == 0):  # a new site's cells may lack some genes
