@@ -20,6 +20,15 @@ from torch import nn
 
 WORLD = 2
 SIGMA, C, Q = 2.0, 0.5, 0.1
+#: The tiny DP-DCAN fit run on two processes and on one.
+FIT = {
+    "epsilon": 4,
+    "n_clusters": 3,
+    "instance_epochs": 2,
+    "cluster_epochs": 1,
+    "accelerator": "cpu",
+    "progress_bar": False,
+}
 
 
 def _free_port() -> int:
@@ -124,18 +133,7 @@ def _fit_worker(rank: int, port: int, out: str, n_cells: int) -> None:
     adata = _cells(n_cells)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model = dpsc.tl.fit(
-            adata,
-            epsilon=4,
-            n_clusters=3,
-            instance_epochs=2,
-            cluster_epochs=1,
-            accelerator="cpu",
-            devices=WORLD,
-            strategy="ddp",
-            progress_bar=False,
-            return_model=True,
-        )
+        model = dpsc.tl.fit(adata, **FIT, devices=WORLD, strategy="ddp", return_model=True)
     record = dpsc.privacy.get_record(adata, "X_dpdcan")
     weights = torch.cat([p.detach().flatten() for p in model.module.parameters()])
     Path(out, f"fit{rank}.json").write_text(
@@ -157,15 +155,7 @@ def test_ddp_fit_matches_one_process_accounting(tmp_path):
     ranks = [json.loads((tmp_path / f"fit{r}.json").read_text()) for r in range(WORLD)]
     np.testing.assert_array_equal(ranks[0]["weights"], ranks[1]["weights"])
     adata = _cells(n_cells)
-    dpsc.tl.fit(
-        adata,
-        epsilon=4,
-        n_clusters=3,
-        instance_epochs=2,
-        cluster_epochs=1,
-        accelerator="cpu",
-        progress_bar=False,
-    )
+    dpsc.tl.fit(adata, **FIT)
     single = dpsc.privacy.get_record(adata, "X_dpdcan")
     for r in ranks:
         got = r["record"]
