@@ -94,6 +94,21 @@ def test_one_run_gradient_audit_flags_a_broken_mechanism_and_the_non_private_run
     assert open_run["epsilon_lower"] >= 2.0
 
 
+def test_full_batch_audit_claims_with_the_named_accountant_and_still_flags_a_broken_mechanism(small_adata):
+    from dpsc.audit import gradient_canary_run
+
+    n = small_adata.n_obs
+    table = dpsc.tl.audit(small_adata, epsilon=2.0, method="one_run", batch_size=n, accountant="prv", **RUN)
+    row, record = table.iloc[0], small_adata.uns["dpsc"]["audit"]["privacy"]
+    assert row["sample_rate"] == 1.0 and record["accountant"] == "prv"
+    assert 1.95 <= row["epsilon_claimed"] <= 2.0 + 1e-6  # PRV: tight, within 0.05 below the target
+    assert record["epsilon"] == pytest.approx(row["epsilon_claimed"], rel=1e-3)
+    assert 0.0 <= row["epsilon_lower"] <= row["epsilon_claimed"]
+    x = _small_counts(small_adata)
+    broken = gradient_canary_run(x, epsilon=1.0, batch_size=n, accountant="prv", _noise_scale=0.1, **RUN)
+    assert broken["epsilon_lower"] > broken["epsilon_claimed"]
+
+
 @pytest.mark.slow
 def test_one_run_gradient_audit_never_exceeds_a_correct_claim(small_adata):
     table = dpsc.tl.audit(small_adata, epsilon=2.0, method="one_run", **RUN)

@@ -1,6 +1,6 @@
 """Audits: one-run canary audits of the DP-SGD engine, and membership inference on trained models."""
 
-from ._canaries import GradientCanaries
+from ._canaries import GradientCanaries, canary_log_likelihood_ratio
 from ._features import encoder_features, reconstruction_loss
 from ._gradient_audit import gradient_canary_run
 from ._input_audit import input_canary_run, make_input_canaries
@@ -11,6 +11,7 @@ __all__ = [
     "GradientCanaries",
     "attack_metrics",
     "best_thresholds",
+    "canary_log_likelihood_ratio",
     "clopper_pearson",
     "encoder_features",
     "epsilon_lower_bound",

@@ -92,12 +92,19 @@ class GradientCanaries:
             if mine.any():
                 values = p.grad.view(-1)[torch.as_tensor(self.local_index[mine])].cpu().numpy()
                 x = self.signs[mine] * values * self.expected_batch_size / self.clip_norm
-                self.scores[mine] += self._log_likelihood_ratio(x)
+                self.scores[mine] += canary_log_likelihood_ratio(x, self.sample_rate, self.noise_multiplier)
 
-    def _log_likelihood_ratio(self, x: np.ndarray) -> np.ndarray:
-        q, sigma = self.sample_rate, self.noise_multiplier
-        if sigma == 0:
-            return x
-        if q >= 1:
-            return (x - 0.5) / sigma**2
-        return np.logaddexp(np.log1p(-q), np.log(q) + (x - 0.5) / sigma**2)
+
+def canary_log_likelihood_ratio(x: np.ndarray, sample_rate: float, noise_multiplier: float) -> np.ndarray:
+    r"""One step's score of each canary: :math:`\log(1 - q + q\, e^{(x - 1/2)/\sigma^2})` (module docstring).
+
+    ``x`` is the canary's signed coordinate of the noisy gradient in units of one canary; for
+    σ = 0 the score is ``x`` itself, for q = 1 the Gaussian log-likelihood ratio
+    :math:`(x - 1/2)/\sigma^2`.
+    """
+    q, sigma = sample_rate, noise_multiplier
+    if sigma == 0:
+        return x
+    if q >= 1:
+        return (x - 0.5) / sigma**2
+    return np.logaddexp(np.log1p(-q), np.log(q) + (x - 0.5) / sigma**2)

@@ -312,11 +312,12 @@ def gaussian_release_record(
     noise_sentence: str,
     scope: str,
     max_grad_norm: float = 0.0,
+    accountant_name: str = "rdp",
 ) -> PrivacyRecord:
-    """Proven record of ``steps`` Gaussian releases (σ, q), its ε from the Opacus RDP accountant."""
+    """Proven record of ``steps`` Gaussian releases (σ, q), its ε from the named Opacus accountant."""
     from ._accounting import make_accountant, spent_epsilon
 
-    accountant = make_accountant("rdp")
+    accountant = make_accountant(accountant_name)
     accountant.history = [(sigma, sample_rate, steps)]
     spent = spent_epsilon(accountant, delta)
     return PrivacyRecord(
@@ -337,7 +338,7 @@ def gaussian_release_record(
         covered=covered,
         not_covered=not_covered,
         target_epsilon=None if target_epsilon is None else float(target_epsilon),
-        accountant="rdp",
+        accountant=accountant_name,
         mechanisms=[f"Gaussian, sigma={sigma:.4g} x sensitivity, q={sample_rate:g}, {steps} release(s)"],
         history=[(sigma, sample_rate, steps)],
         noise_multiplier=sigma,

@@ -86,7 +86,8 @@ def audit(
     canaries share one run. Returns one row with ``epsilon_claimed``, ``epsilon_lower``,
     ``confidence``, ``n_canaries``, ``ceiling`` (the largest bound these canaries could give) and
     the run's σ, q and steps. ``fit_kwargs`` go to :func:`dpsc.audit.gradient_canary_run`
-    (``epochs``, ``batch_size``, ``max_grad_norm``, ``n_hidden``, ...). The run is a ledger entry
+    (``epochs``, ``batch_size``, ``accountant``, ``max_grad_norm``, ``n_hidden``, ...); the tightest
+    audit uses ``batch_size=adata.n_obs`` (q = 1) and ``accountant="prv"``. The run is a ledger entry
     (its report is post-processing of its noisy gradients).
 
     ``canaries="input"`` audits a whole default fit from the outside

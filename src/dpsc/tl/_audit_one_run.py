@@ -44,6 +44,7 @@ def one_run_record(run: dict[str, Any], n_obs: int, noise: NoiseSource) -> Priva
         noise_dict=noise.to_dict(),
         noise_sentence=noise.describe(),
         scope="encoder (fixed decoder)",
+        accountant_name=run["accountant"],
     )
 
 
