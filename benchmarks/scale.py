@@ -203,29 +203,30 @@ def report(path: str) -> str:
         lines.append("")
     fits = df[df["stage"] == "fit"].copy()
     if len(fits):
-        fits["backed"] = fits.get("backed", pd.Series(False, index=fits.index)).fillna(False).astype(bool)
-        fits["scope"] = fits.get("scope", pd.Series("encoder", index=fits.index)).fillna("encoder")
-        fits["optimizer"] = fits.get("optimizer", pd.Series("sgd", index=fits.index)).fillna("sgd")
+        for column, default in {"backed": False, "scope": "encoder", "optimizer": "sgd"}.items():
+            # rows written before a column existed ran with its default
+            fits[column] = fits.get(column, pd.Series(default, index=fits.index)).fillna(default)
+        fits["backed"] = fits["backed"].astype(bool)
+        sigma = fits.get("noise_multiplier", pd.Series(float("nan"), index=fits.index))
+        fits["sigma"] = ["–" if pd.isna(v) else f"{v:.3g}" for v in sigma]
         lines += [
-            f"Command: `python benchmarks/scale.py fit --cells … --epochs … --out {path}`; default "
-            "`dpsc.tl.fit` settings with `max_epochs` as given and δ = min(1e-5, 0.1/n); DP / non-private"
-            " time divides by the non-private row of the same size and schedule (same process, except the"
-            " 10⁶-cell rows at ε = 8 and 1000 and under scope full, each run alone afterwards);"
-            " seconds per epoch include the fit's fixed costs "
-            "(DP k-means releases, latent and label writing), so short schedules overstate them. Peak RSS"
-            " is the process's maximum so far: rows run in the order listed, so a later row's peak "
-            "includes the earlier fits'. The epochs differ between sizes (an epoch is n / batch steps), "
-            "so the ARI column compares ε within a size, not sizes with each other. `--backed` rows fit "
-            "the simulated cells written to an `.h5ad` file by a child process and opened with "
-            '`backed="r"`; '
-            "their peak RSS is the fit's own (the kernel's peak mark is reset before the fit). "
-            "ε = 1000 is a diagnostic, not a guarantee anyone should use: clipping and sampling as "
-            "in a private fit with almost no noise (σ ≈ 0.1 against 1.19 at ε = 1), which separates "
-            "what the noise costs from what the clipped DP-SGD recipe costs.",
+            f"Command: `python benchmarks/scale.py fit --cells … --epochs … [--scope S --optimizer O] "
+            f"[--backed] --out {path}`; default `dpsc.tl.fit` settings with `max_epochs` as given and "
+            "δ = min(1e-5, 0.1/n). DP / non-private time divides by the non-private row of the same "
+            "size and schedule, each process alone on the machine. Seconds per epoch include the "
+            "fit's fixed costs (DP k-means releases, latent and label writing), so short schedules "
+            "overstate them. Peak RSS is the process's maximum so far, which includes simulating the "
+            "cells and any earlier fit of the same process. The epochs differ between sizes (an "
+            "epoch is n / batch steps), so the ARI column compares ε within a size, not sizes with "
+            "each other. `--backed` rows fit the simulated cells written to an `.h5ad` file by a "
+            'child process and opened with `backed="r"`; their peak RSS is the fit\'s own (the '
+            "kernel's peak mark is reset before the fit). A row at ε = 1000 is a diagnostic, not a "
+            "guarantee anyone should use: the clipping and sampling of a private fit with almost no "
+            "noise (see σ), which separates what the noise costs from what the DP-SGD recipe costs.",
             "",
-            "| cells | input | scope | private optimizer | expected batch | ε | epochs | s / epoch | "
+            "| cells | input | scope | private optimizer | expected batch | ε | σ | epochs | s / epoch | "
             "DP / non-private time | ARI | clusters used | peak RSS (GB) |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for (cells, epochs, _, backed), g in fits.groupby(["cells", "epochs", "batch_size", "backed"]):
             base = g[g["epsilon"].isna()]["s_per_epoch"]
@@ -236,7 +237,7 @@ def report(path: str) -> str:
                 lines.append(
                     f"| {int(cells):,} | {'backed file' if backed else 'in memory'} | {r['scope']} | "
                     f"{r['optimizer'] if r['guarantee'] != 'none' else '–'} | "
-                    f"{int(r['batch_size']):,} | {eps} | {int(epochs)} | "
+                    f"{int(r['batch_size']):,} | {eps} | {r['sigma']} | {int(epochs)} | "
                     f"{r['s_per_epoch']:.2f} | {ratio} | {r['ari']:.3f} | {int(r['clusters_used'])} | "
                     f"{peak:.2f} |"
                 )
