@@ -97,14 +97,14 @@ def fit_pipeline(adata, eps: float, seed: int, hvg: bool = False) -> dict[str, f
 def release_ari(adata, eps: float, seed: int, hvg: bool = False) -> float:
     """Fit on 70 % of the cells; assign the other 30 % with the released genes, loadings and centroids."""
     from dpsc.pp._dp_pca import unit_rows
+    from dpsc.tl._kmeans import nearest_centroid
 
     order = np.random.default_rng(seed).permutation(adata.n_obs)
     cut = int(0.7 * adata.n_obs)
     train, held = adata[np.sort(order[:cut])].copy(), adata[np.sort(order[cut:])]
     fit_pipeline(train, eps, seed, hvg)
     z = np.asarray(unit_rows(held[:, train.var_names].X) @ train.varm["PCs"])
-    centroids = torch.as_tensor(train.uns["dpsc"]["dp_kmeans"]["centroids"], dtype=torch.float64)
-    pred = torch.cdist(torch.as_tensor(z), centroids).argmin(1).numpy().astype(str)
+    pred = nearest_centroid(z, train.uns["dpsc"]["dp_kmeans"]["centroids"]).astype(str)
     return adjusted_rand_score(held.obs["label"], pred)
 
 
@@ -238,8 +238,11 @@ def report(path: str) -> str:
         "labels for scoring only, mean ± sd (ddof 0) over seeds; `noise_seed=seed` (repeatable, "
         "a benchmark, not a release). The pipeline's ε is the ledger's composition of its two "
         "releases at δ = 1e-5 in total; the baseline composes its two in one accountant too. "
-        "PBMC rows are tuned-on (the PCA share, gene block, sketch and Lloyd plan were chosen "
-        "with its labels); mouse bladder confirms them. ARI and NMI: all cells, as the baseline. "
+        "PBMC rows are tuned-on (the PCA share, gene block, sketch and Lloyd plan, the dropped "
+        "mean component of `pp.pca` and the cosine metric of `tl.kmeans` were chosen with its "
+        "labels); the mouse bladder files confirm them except bladder (top 2000) at ε = 4, where "
+        "the Euclidean plan with three Lloyd rounds scored higher (0.528 ± 0.006 over 3 seeds). "
+        "ARI and NMI: all cells, as the baseline. "
         "Release ARI: a second fit on 70 % of the cells; the other 30 % were assigned with the "
         "released loadings and centroids only.",
         "",
@@ -292,7 +295,7 @@ def main() -> None:
     parser.add_argument("--baseline", help="path to shared/tools/dp_baseline.py (rows skipped without it)")
     parser.add_argument("--datasets", nargs="+", default=list(DATASETS))
     parser.add_argument("--epsilons", nargs="+", type=float, default=[8.0, 4.0, 1.0])
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument(
         "--dpdcan", nargs="*", default=[], choices=["encoder", "full"], help="DP-DCAN rows of these scopes"

@@ -8,7 +8,8 @@ from sklearn.metrics import adjusted_rand_score
 
 import dpsc
 from dpsc.pp._dp_pca import unit_rows
-from dpsc.privacy import BudgetExceededError, ledger_frame, set_budget, spent
+from dpsc.privacy import BudgetExceededError, kmeans_release_steps, ledger_frame, set_budget, spent
+from dpsc.tl._kmeans import KMEANS_DEFAULTS, nearest_centroid
 
 
 def blobs(n_per=150, k=4, genes=60, seed=0):
@@ -51,6 +52,28 @@ def test_pca_writes_scanpy_keys_and_a_proven_record():
     assert spent(adata)[0] == pytest.approx(record["epsilon"])
 
 
+def test_dropping_the_mean_component_keeps_the_next_loadings_of_the_same_release():
+    with_mean, without = blobs(), blobs()
+    dpsc.pp.pca(with_mean, n_comps=4, epsilon=8.0, drop_mean_component=False, noise_seed=3)
+    dpsc.pp.pca(without, n_comps=3, epsilon=8.0, noise_seed=3)
+    np.testing.assert_allclose(without.varm["PCs"], with_mean.varm["PCs"][:, 1:], atol=1e-10)
+    top = with_mean.varm["PCs"][:, 0]
+    mean_cell = np.asarray(unit_rows(with_mean.X).mean(0)).ravel()
+    assert abs(top @ mean_cell) / np.linalg.norm(mean_cell) > 0.99  # the dropped one is the mean cell
+    with pytest.raises(ValueError, match="plus the dropped mean component"):
+        dpsc.pp.pca(blobs(), n_comps=5, epsilon=1.0, n_genes=5)
+
+
+def test_cosine_labels_ignore_each_cell_s_scale():
+    rng = np.random.default_rng(0)
+    points, centroids = rng.normal(size=(50, 3)), rng.normal(size=(4, 3))  # means: any norm
+    scaled = points * rng.uniform(0.01, 5.0, size=(50, 1))
+    np.testing.assert_array_equal(nearest_centroid(points, centroids), nearest_centroid(scaled, centroids))
+    assert not np.array_equal(
+        nearest_centroid(points, centroids, "euclidean"), nearest_centroid(scaled, centroids, "euclidean")
+    )
+
+
 def test_pca_noise_is_secret_unless_seeded():
     a, b, c, d = (blobs() for _ in range(4))
     for x in (a, b):
@@ -70,7 +93,8 @@ def test_pipeline_recovers_separated_types_and_composes_in_the_ledger():
     assert list(labels.cat.categories) == ["0", "1", "2", "3"]
     assert adjusted_rand_score(out.obs["truth"], labels) > 0.9
     result = out.uns["dpsc"]["dp_kmeans"]
-    assert result["centroids"].shape == (4, 4) and result["privacy"]["steps"] == 4
+    plan = (KMEANS_DEFAULTS[key] for key in ("n_sketch_steps", "n_lloyd_rounds", "steps_per_round"))
+    assert result["centroids"].shape == (4, 4) and result["privacy"]["steps"] == kmeans_release_steps(*plan)
     eps, delta = spent(out)
     entries = ledger_frame(out)["epsilon"].to_numpy()
     assert entries.max() < eps < entries.sum() and delta == pytest.approx(2e-5)
