@@ -82,14 +82,14 @@ def _peak_rss_since_reset_gb() -> float:
     return _peak_rss_gb()
 
 
-def _write_simulated(n_cells: int, path: str) -> None:
+def _write_simulated(n_cells: int, path: str, source: str | None) -> None:
     """Simulate the atlas and write it to ``path`` (run in a child process; see ``one_fit_series``)."""
     import dpsc
 
-    dpsc.datasets.simulate(n_cells, random_state=0, n_jobs=2).write_h5ad(path)
+    dpsc.datasets.simulate(n_cells, model=_atlas_model(source), random_state=0, n_jobs=2).write_h5ad(path)
 
 
-def _open_backed(n_cells: int, out: str):
+def _open_backed(n_cells: int, out: str, source: str | None):
     """The simulated atlas written by a child process, opened here with ``backed="r"``.
 
     The child does the simulating, so this process's heap never held the cells: the fit's peak
@@ -100,7 +100,8 @@ def _open_backed(n_cells: int, out: str):
     import anndata as ad
 
     path = Path(out).with_suffix(f".{n_cells}.h5ad")
-    child = multiprocessing.get_context("spawn").Process(target=_write_simulated, args=(n_cells, str(path)))
+    context = multiprocessing.get_context("spawn")
+    child = context.Process(target=_write_simulated, args=(n_cells, str(path), source))
     child.start()
     child.join()
     if child.exitcode != 0:
@@ -110,25 +111,45 @@ def _open_backed(n_cells: int, out: str):
     return adata, path, sum(sizes) / 1024**3
 
 
+def _atlas_model(source: str | None):
+    """Atlas model fitted on ``source`` (an ``.h5`` with ``obs["label"]``), or on the embedded PBMC 4k."""
+    import dpsc
+
+    if source is None:
+        return None  # simulate's default: fitted on the embedded PBMC 4k
+    import scanpy as sc
+
+    cells = dpsc.datasets.read_h5(source)
+    sc.pp.filter_genes(cells, min_counts=1)  # a public source; genes with no count stay out
+    return dpsc.datasets.fit_atlas_model(cells, labels_key="label")
+
+
 def one_fit_series(
     n_cells: int,
     epochs: int,
     epsilons: list[float],
     out: str,
     backed: bool = False,
-    scope: str = "encoder",
-    optimizer: str = "sgd",
+    source: str | None = None,
+    private_lrs: tuple[float | None, float | None] = (None, None),
+    **fit_options,
 ) -> None:
+    """DP and non-private fits of one simulated atlas; ``fit_options`` go to ``dpsc.tl.fit``
+    (``scope``, ``optimizer``); ``private_lrs`` are the plan's ``private_lr`` and
+    ``cluster_private_lr`` (``None``: the optimizer's default rates)."""
     import torch
     from sklearn.metrics import adjusted_rand_score
 
     import dpsc
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", 2)))
+    plan = dict(zip(("private_lr", "cluster_private_lr"), private_lrs, strict=True))
+    if any(rate is not None for rate in private_lrs):
+        fit_options["plan_kwargs"] = {key: rate for key, rate in plan.items() if rate is not None}
     if backed:  # the fit reads the file where it lies
-        adata, path, sparse_gb = _open_backed(n_cells, out)
+        adata, path, sparse_gb = _open_backed(n_cells, out, source)
     else:
-        adata = dpsc.datasets.simulate(n_cells, random_state=0, n_jobs=2)
+        adata = dpsc.datasets.simulate(n_cells, model=_atlas_model(source), random_state=0, n_jobs=2)
         X = adata.X
         sparse_gb = (X.data.nbytes + X.indices.nbytes + X.indptr.nbytes) / 1024**3
     after_simulate = _peak_rss_gb()
@@ -143,9 +164,9 @@ def one_fit_series(
                 epsilon=None if eps == 0 else eps,
                 delta=delta,
                 max_epochs=epochs,
-                scope=scope,
-                optimizer=optimizer,
+                n_clusters=adata.obs["cell_type"].nunique(),
                 progress_bar=False,
+                **fit_options,
             )
         wall = time.perf_counter() - start
         record = dpsc.privacy.get_record(adata, "X_dpdcan")
@@ -169,8 +190,10 @@ def one_fit_series(
                 "peak_rss_gb": _peak_rss_gb(),
                 "fit_peak_rss_gb": _peak_rss_since_reset_gb(),
                 "backed": backed,
-                "scope": scope,
-                "optimizer": optimizer,
+                "source": Path(source).stem if source else "pbmc4k",
+                "scope": fit_options.get("scope", "encoder"),
+                "optimizer": fit_options.get("optimizer", "sgd"),
+                **plan,
             },
         )
     if backed:
@@ -203,14 +226,22 @@ def report(path: str) -> str:
         lines.append("")
     fits = df[df["stage"] == "fit"].copy()
     if len(fits):
-        for column, default in {"backed": False, "scope": "encoder", "optimizer": "sgd"}.items():
+        defaults = {"backed": False, "scope": "encoder", "optimizer": "sgd", "source": "pbmc4k"}
+        for column, default in defaults.items():
             # rows written before a column existed ran with its default
             fits[column] = fits.get(column, pd.Series(default, index=fits.index)).fillna(default)
         fits["backed"] = fits["backed"].astype(bool)
         sigma = fits.get("noise_multiplier", pd.Series(float("nan"), index=fits.index))
         fits["sigma"] = ["–" if pd.isna(v) else f"{v:.3g}" for v in sigma]
+        missing = pd.Series(float("nan"), index=fits.index)
+        lrs = [fits.get(column, missing) for column in ("private_lr", "cluster_private_lr")]
+        fits["lrs"] = [
+            "–" if r["guarantee"] == "none" else "default" if pd.isna(a) else f"{a:g} / {b:g}"
+            for (_, r), a, b in zip(fits.iterrows(), *lrs, strict=True)
+        ]
         lines += [
             f"Command: `python benchmarks/scale.py fit --cells … --epochs … [--scope S --optimizer O] "
+            "[--private-lr A --cluster-private-lr B] [--source FILE] "
             f"[--backed] --out {path}`; default `dpsc.tl.fit` settings with `max_epochs` as given and "
             "δ = min(1e-5, 0.1/n). DP / non-private time divides by the non-private row of the same "
             "size and schedule, each process alone on the machine. Seconds per epoch include the "
@@ -222,21 +253,27 @@ def report(path: str) -> str:
             'child process and opened with `backed="r"`; their peak RSS is the fit\'s own (the '
             "kernel's peak mark is reset before the fit). A row at ε = 1000 is a diagnostic, not a "
             "guarantee anyone should use: the clipping and sampling of a private fit with almost no "
-            "noise (see σ), which separates what the noise costs from what the DP-SGD recipe costs.",
+            "noise (see σ), which separates what the noise costs from what the DP-SGD recipe costs. "
+            "Private learning rates: `default` is the optimizer's row of `DEFAULT_PRIVATE_LRS` "
+            "(instance / cluster stage). `--source` fits the atlas model on another labelled file "
+            "(e.g. `../shared/data/mouse_bladder_top2000.h5`, 16 types); `n_clusters` is the number "
+            "of simulated types.",
             "",
-            "| cells | input | scope | private optimizer | expected batch | ε | σ | epochs | s / epoch | "
-            "DP / non-private time | ARI | clusters used | peak RSS (GB) |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+            "| atlas from | cells | input | scope | private optimizer | private lr | expected batch | "
+            "ε | σ | epochs | s / epoch | DP / non-private time | ARI | clusters used | peak RSS (GB) |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
-        for (cells, epochs, _, backed), g in fits.groupby(["cells", "epochs", "batch_size", "backed"]):
+        keys = ["source", "cells", "epochs", "batch_size", "backed"]
+        for (source, cells, epochs, _, backed), g in fits.groupby(keys, sort=False):
             base = g[g["epsilon"].isna()]["s_per_epoch"]
             for _, r in g.sort_values("epsilon", ascending=False, na_position="last").iterrows():
                 eps = "none" if pd.isna(r["epsilon"]) else f"{r['epsilon']:g}"
                 ratio = f"{r['s_per_epoch'] / base.iloc[0]:.2f}" if len(base) else "–"
                 peak = r["fit_peak_rss_gb"] if backed else r["peak_rss_gb"]
                 lines.append(
-                    f"| {int(cells):,} | {'backed file' if backed else 'in memory'} | {r['scope']} | "
-                    f"{r['optimizer'] if r['guarantee'] != 'none' else '–'} | "
+                    f"| {source} | {int(cells):,} | {'backed file' if backed else 'in memory'} | "
+                    f"{r['scope']} | "
+                    f"{r['optimizer'] if r['guarantee'] != 'none' else '–'} | {r['lrs']} | "
                     f"{int(r['batch_size']):,} | {eps} | {r['sigma']} | {int(epochs)} | "
                     f"{r['s_per_epoch']:.2f} | {ratio} | {r['ari']:.3f} | {int(r['clusters_used'])} | "
                     f"{peak:.2f} |"
@@ -258,6 +295,10 @@ def plot(path: str, figure: str) -> None:
         fits = fits[fits["scope"].fillna("encoder") == "encoder"]
     if "optimizer" in fits:  # and the default optimizer's
         fits = fits[fits["optimizer"].fillna("sgd") == "sgd"]
+    if "private_lr" in fits:  # the default rates
+        fits = fits[fits["private_lr"].isna()]
+    if "source" in fits:  # on the PBMC atlas
+        fits = fits[fits["source"].fillna("pbmc4k") == "pbmc4k"]
     fits = fits[fits["epsilon"].isna() | (fits["epsilon"] <= 8)]  # not the diagnostic rows
     fits = fits[
         (fits["stage"] == "fit")
@@ -287,6 +328,9 @@ def main() -> None:
     parser.add_argument("--backed", action="store_true", help="fit the file opened with backed='r'")
     parser.add_argument("--scope", default="encoder", choices=["encoder", "full"], help="tl.fit's scope")
     parser.add_argument("--optimizer", default="sgd", choices=["sgd", "adam"], help="tl.fit's optimizer")
+    parser.add_argument("--private-lr", type=float, help="tl.fit's private_lr (instance stage)")
+    parser.add_argument("--cluster-private-lr", type=float, help="tl.fit's cluster_private_lr")
+    parser.add_argument("--source", help=".h5 with obs['label'] to fit the atlas model on (default PBMC 4k)")
     parser.add_argument("--out", default="benchmarks/results/scale.jsonl")
     parser.add_argument("--report")
     parser.add_argument("--figure", default="docs/_static/scale.png", help="written with --report")
@@ -302,7 +346,15 @@ def main() -> None:
         return
     if args.stage == "_fit_one":
         one_fit_series(
-            args.cells[0], args.epochs, args.epsilons, args.out, args.backed, args.scope, args.optimizer
+            args.cells[0],
+            args.epochs,
+            args.epsilons,
+            args.out,
+            args.backed,
+            args.source,
+            (args.private_lr, args.cluster_private_lr),
+            scope=args.scope,
+            optimizer=args.optimizer,
         )
         return
     env = {**os.environ, "OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2"}
@@ -312,6 +364,9 @@ def main() -> None:
             command += ["--epochs", str(args.epochs), "--epsilons", *map(str, args.epsilons)]
             command += ["--backed"] if args.backed else []
             command += ["--scope", args.scope, "--optimizer", args.optimizer]
+            for flag in ("private_lr", "cluster_private_lr", "source"):
+                if getattr(args, flag) is not None:
+                    command += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
         subprocess.run(command, check=True, env=env)
 
 
