@@ -101,7 +101,10 @@ def test_full_batch_audit_claims_with_the_named_accountant_and_still_flags_a_bro
     table = dpsc.tl.audit(small_adata, epsilon=2.0, method="one_run", batch_size=n, accountant="prv", **RUN)
     row, record = table.iloc[0], small_adata.uns["dpsc"]["audit"]["privacy"]
     assert row["sample_rate"] == 1.0 and record["accountant"] == "prv"
-    assert 1.95 <= row["epsilon_claimed"] <= 2.0 + 1e-6  # PRV: tight, within 0.05 below the target
+    assert 1.95 <= row["epsilon_claimed"] <= 2.0 + 1e-6  # calibrated to the target
+    steps, delta = int(record["steps"]), float(record["delta"])
+    rdp_sigma = dpsc.privacy.calibrate_noise_multiplier(2.0, delta, 1.0, steps, accountant="rdp")
+    assert record["noise_multiplier"] < 0.97 * rdp_sigma  # PRV is tighter: less noise for the same ε
     assert record["epsilon"] == pytest.approx(row["epsilon_claimed"], rel=1e-3)
     assert 0.0 <= row["epsilon_lower"] <= row["epsilon_claimed"]
     x = _small_counts(small_adata)
