@@ -39,7 +39,8 @@ from ..privacy import (
     kmeans_release_steps,
 )
 
-#: Release plan and sketch of :func:`kmeans` (chosen with PBMC 4k labels, confirmed on mouse bladder:
+#: Release plan and sketch of :func:`kmeans` (chosen with PBMC 4k labels together with the cosine
+#: metric; the mouse bladder files confirm them except bladder top-2000 at ε = 4:
 #: ``benchmarks/results/dp_pipeline.md``).
 KMEANS_DEFAULTS = {
     "n_sketch_steps": 1,
@@ -70,8 +71,12 @@ def nearest_centroid(points: np.ndarray, centroids: np.ndarray, metric: Metric =
     Post-processing of the centroids: use it to label cells that were not in the fit, from a
     representation computed the same way (e.g. ``unit_rows(X) @ varm["PCs"]``).
     """
-    centres = torch.as_tensor(np.asarray(centroids, dtype=np.float64))
-    return torch.cdist(kmeans_points(points, metric), centres).argmin(1).numpy()
+    return _nearest(kmeans_points(points, metric), centroids)
+
+
+def _nearest(points: torch.Tensor, centroids: np.ndarray) -> np.ndarray:
+    """Index of the nearest centroid of each row of points already mapped by :func:`kmeans_points`."""
+    return torch.cdist(points, torch.as_tensor(np.asarray(centroids, dtype=np.float64))).argmin(1).numpy()
 
 
 def kmeans_record(sigma: float, steps: int, epsilon: float, delta: float, n_obs: int, noise: NoiseSource):
@@ -163,9 +168,10 @@ def kmeans(
         raise ValueError(f"clip_norm must be > 0, got {clip_norm}.")
     if metric not in ("cosine", "euclidean"):
         raise ValueError(f"metric must be 'cosine' or 'euclidean', got {metric!r}.")
-    if not np.isfinite(np.asarray(adata.obsm[use_rep], dtype=np.float64)).all():
+    rows = np.asarray(adata.obsm[use_rep], dtype=np.float64)
+    if not np.isfinite(rows).all():
         raise ValueError(f"obsm[{use_rep!r}] has NaN or infinite values.")
-    points = kmeans_points(adata.obsm[use_rep], metric)
+    points = kmeans_points(rows, metric)
     steps = kmeans_release_steps(
         *(KMEANS_DEFAULTS[k] for k in ("n_sketch_steps", "n_lloyd_rounds", "steps_per_round"))
     )
@@ -186,7 +192,7 @@ def kmeans(
         **KMEANS_DEFAULTS,
     )
     assert len(released) == steps, "the release plan and the accounted steps disagree"
-    labels = nearest_centroid(adata.obsm[use_rep], centroids, metric)
+    labels = _nearest(points, centroids)
 
     target = adata.copy() if copy else adata
     target.obs[key_added] = pd.Categorical(labels.astype(str), categories=[str(i) for i in range(n_clusters)])
