@@ -6,6 +6,7 @@ from ._accounting import (
     epsilon_curve,
     make_accountant,
     spent_epsilon,
+    split_budget,
 )
 from ._distributed import broadcast_from_rank_zero, is_distributed, sum_over_ranks, world
 from ._engine import DPSGDEngine, DPSGDSettings
@@ -59,6 +60,7 @@ __all__ = [
     "set_budget",
     "spent",
     "spent_epsilon",
+    "split_budget",
     "sum_over_ranks",
     "world",
     "write_result",
