@@ -122,7 +122,7 @@ def _cells(n_cells: int):
     return adata[:, np.asarray(adata.X.sum(0)).ravel() > 0].copy()
 
 
-def _fit_worker(rank: int, port: int, out: str, n_cells: int) -> None:
+def _fit_worker(rank: int, port: int, out: str, n_cells: int, scope: str) -> None:
     """``tl.fit`` with Lightning's DDP strategy, processes launched outside Lightning."""
     import warnings
 
@@ -133,7 +133,7 @@ def _fit_worker(rank: int, port: int, out: str, n_cells: int) -> None:
     adata = _cells(n_cells)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model = dpsc.tl.fit(adata, **FIT, devices=WORLD, strategy="ddp", return_model=True)
+        model = dpsc.tl.fit(adata, **FIT, scope=scope, devices=WORLD, strategy="ddp", return_model=True)
     record = dpsc.privacy.get_record(adata, "X_dpdcan")
     weights = torch.cat([p.detach().flatten() for p in model.module.parameters()])
     Path(out, f"fit{rank}.json").write_text(
@@ -141,21 +141,26 @@ def _fit_worker(rank: int, port: int, out: str, n_cells: int) -> None:
             {
                 "record": {k: record[k] for k in ("epsilon", "noise_multiplier", "sample_rate", "steps")},
                 "weights": weights.tolist(),
+                "loadings": model.module.input_loadings.flatten().tolist() if scope == "full" else [],
             }
         )
     )
 
 
 @pytest.mark.slow
-def test_ddp_fit_matches_one_process_accounting(tmp_path):
+@pytest.mark.parametrize("scope", ["encoder", "full"])
+def test_ddp_fit_matches_one_process_accounting(tmp_path, scope):
     import dpsc
 
     n_cells = 400
-    _spawn(_fit_worker, _free_port(), str(tmp_path), n_cells)
+    _spawn(_fit_worker, _free_port(), str(tmp_path), n_cells, scope)
     ranks = [json.loads((tmp_path / f"fit{r}.json").read_text()) for r in range(WORLD)]
     np.testing.assert_array_equal(ranks[0]["weights"], ranks[1]["weights"])
+    # under scope="full" the input loadings are one release (rank 0's), not one per process
+    np.testing.assert_array_equal(ranks[0]["loadings"], ranks[1]["loadings"])
+    assert (scope == "full") == (len(ranks[0]["loadings"]) > 0)
     adata = _cells(n_cells)
-    dpsc.tl.fit(adata, **FIT)
+    dpsc.tl.fit(adata, **FIT, scope=scope)
     single = dpsc.privacy.get_record(adata, "X_dpdcan")
     for r in ranks:
         got = r["record"]

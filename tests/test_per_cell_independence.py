@@ -8,7 +8,7 @@ original batch-normalised target) shows the check detects coupling.
 import pytest
 import torch
 
-from dpsc.module import dec_kl_per_cell, student_t_assignment
+from dpsc.module import DCANModule, dec_kl_per_cell, student_t_assignment
 
 K = 2
 
@@ -31,6 +31,19 @@ def per_sample_grads(module, loss_fn, x):
     return torch.stack(rows)
 
 
+@pytest.fixture(params=["genes", "input_pcs"])
+def tiny_module(request, small_adata):
+    """The conftest module reading genes, and one reading frozen input loadings (``input_pcs``)."""
+    torch.manual_seed(0)
+    pcs = 3 if request.param == "input_pcs" else None
+    module = DCANModule(n_input=small_adata.n_vars, n_clusters=3, n_latent=4, n_hidden=(16, 8), input_pcs=pcs)
+    with torch.no_grad():
+        module.clustering.centroids.normal_()
+        if pcs:
+            module.set_input_loadings(torch.linalg.qr(torch.randn(small_adata.n_vars, pcs))[0])
+    return module
+
+
 def changed_rows(module, loss_fn, x):
     before = per_sample_grads(module, loss_fn, x)
     x2 = x.clone()
@@ -49,7 +62,7 @@ def _with_grad_instance(module, x, name):
     views = torch.cat([rep.unsqueeze(1), mask_views(rep, 2, 0.2, g)], dim=1)
     z_all = module.encode(views)
     if name == "reconstruction":
-        return module.reconstruction_per_cell(x, z_all[:, 0])
+        return module.reconstruction_per_cell(x, rep, z_all[:, 0])
     return instance_loss_per_cell(z_all[:, 1:])
 
 
@@ -57,9 +70,10 @@ def _cluster_term(module, name):
     def fn(x):
         from dpsc.module import per_cell_target
 
-        z = module.encode(module.represent(x))
+        rep = module.represent(x)
+        z = module.encode(rep)
         if name == "reconstruction":
-            return module.reconstruction_per_cell(x, z)
+            return module.reconstruction_per_cell(x, rep, z)
         q = module.soft_assignment(z)
         return dec_kl_per_cell(q, per_cell_target(q))
 

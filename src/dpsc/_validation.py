@@ -149,6 +149,21 @@ def check_fit_args(*, n_obs: int, n_clusters: int, scope: str, batch_size: int |
     return int(batch_size)
 
 
+def check_input_pcs(input_pcs: int | None, n_vars: int) -> None:
+    """Refuse a number of input principal components the genes cannot hold (the mean one is dropped)."""
+    if input_pcs is None:
+        return
+    if (
+        isinstance(input_pcs, bool)
+        or not isinstance(input_pcs, int | np.integer)
+        or not (1 <= input_pcs <= n_vars - 1)
+    ):
+        raise ValueError(
+            f"input_pcs must be an integer in [1, {n_vars - 1}] for {n_vars} genes (the mean component "
+            f"is dropped), or None to read the genes; got {input_pcs!r}."
+        )
+
+
 TARGET_FREQUENCIES = ("uniform", "released")
 
 

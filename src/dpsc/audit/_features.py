@@ -63,6 +63,6 @@ def reconstruction_loss(module: DCANModule, X: np.ndarray | sp.spmatrix, batch_s
     for start in range(0, X.shape[0], batch_size):
         block = X[start : start + batch_size]
         x = torch.as_tensor(block.toarray() if sp.issparse(block) else np.asarray(block), dtype=torch.float32)
-        z = module.encode(module.represent(x))
-        out.append(module.reconstruction_per_cell(x, z).numpy())
+        rep = module.represent(x)
+        out.append(module.reconstruction_per_cell(x, rep, module.encode(rep)).numpy())
     return np.concatenate(out)

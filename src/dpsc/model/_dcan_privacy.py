@@ -6,6 +6,12 @@ frequency releases. σ is calibrated once, before training, so that the planned 
 :math:`T` (:func:`planned_step_counts`) spends at most the target ε
 (:func:`~dpsc.privacy.calibrate_noise_multiplier`); the record then reports the accountant's ε
 after the steps that actually ran.
+
+A model that reads frozen input loadings (``input_pcs``) releases them first: one Gaussian
+release of the gene second-moment matrix of its unit-norm cells (sensitivity 1, the release of
+:func:`dpsc.pp.pca`), a history entry :math:`(\sigma_V, q = 1, 1)`. That release and the
+:math:`T` steps share the target ε in the weights :data:`LOADINGS_SHARE` : 1 −
+:data:`LOADINGS_SHARE` (:func:`~dpsc.privacy.split_budget`, one Opacus accountant for both).
 """
 
 from __future__ import annotations
@@ -23,9 +29,16 @@ from ..privacy import (
     kmeans_release_steps,
     make_accountant,
     spent_epsilon,
+    split_budget,
 )
 
 DECODER = "decoder (hidden layers and ZINB heads)"
+LOADINGS = "input loadings (DP-PCA of the cells)"
+
+#: Weight of the input-loadings release in the ε split of a model with ``input_pcs`` (the
+#: training steps get the rest): the DP pipeline's PCA : k-means split (``dpsc.pp.pca`` then
+#: ``dpsc.tl.kmeans``, ``benchmarks/dp_pipeline.py``).
+LOADINGS_SHARE = 0.6
 
 HEURISTIC_REASON = (
     "under scope='encoder' the decoder trains on the cells without noise and the encoder's "
@@ -71,6 +84,8 @@ class DCANPrivacyPlan:
     """The privacy side of one fit, fixed before training.
 
     ``settings`` is ``None`` for a non-private fit; ``counts`` are the planned step counts.
+    ``loadings_noise_multiplier`` is σ_V of the input-loadings release (0 for exact loadings in a
+    non-private fit; ``None`` when the model reads genes).
     """
 
     epsilon: float | None
@@ -81,12 +96,15 @@ class DCANPrivacyPlan:
     sample_rate: float
     settings: DPSGDSettings | None
     noise: NoiseSource
+    loadings_noise_multiplier: float | None = None
 
     def planned_record(self, n_obs: int) -> PrivacyRecord:
         """Return the record the fit will write if every planned step runs (for the budget check)."""
         if self.settings is None:
             return dcan_record(self, n_obs, spent=None)
         history = [(self.settings.noise_multiplier, self.sample_rate, self.counts["total"])]
+        if self.loadings_noise_multiplier is not None:
+            history.insert(0, (self.loadings_noise_multiplier, 1.0, 1))
         accountant = make_accountant(self.accountant)
         accountant.history = history
         return dcan_record(self, n_obs, spent=spent_epsilon(accountant, self.delta), history=history)
@@ -103,12 +121,25 @@ def plan_privacy(
     max_grad_norm: float,
     accountant: str,
     noise: NoiseSource,
+    input_loadings: bool = False,
 ) -> DCANPrivacyPlan:
-    """Calibrate σ for the planned steps and build the DP-SGD settings (no data is read)."""
+    """Calibrate σ for the planned steps (and σ_V for input loadings) and build the DP-SGD settings.
+
+    Reads no cell.
+    """
     sample_rate = batch_size / n_obs
     settings = None
+    loadings_sigma = 0.0 if input_loadings else None
     if epsilon is not None:
-        sigma = calibrate_noise_multiplier(epsilon, delta, sample_rate, counts["total"], accountant)
+        if input_loadings:
+            parts = {
+                "loadings": (LOADINGS_SHARE, 1.0, 1),
+                "training": (1 - LOADINGS_SHARE, sample_rate, counts["total"]),
+            }
+            split = split_budget(epsilon, delta, parts, accountant)
+            loadings_sigma, sigma = split["loadings"][1], split["training"][1]
+        else:
+            sigma = calibrate_noise_multiplier(epsilon, delta, sample_rate, counts["total"], accountant)
         settings = DPSGDSettings(
             noise_multiplier=sigma,
             max_grad_norm=max_grad_norm,
@@ -117,7 +148,9 @@ def plan_privacy(
             accountant=make_accountant(accountant),
             noise=noise,
         )
-    return DCANPrivacyPlan(epsilon, delta, scope, accountant, counts, sample_rate, settings, noise)
+    return DCANPrivacyPlan(
+        epsilon, delta, scope, accountant, counts, sample_rate, settings, noise, loadings_sigma
+    )
 
 
 def plan_fit(settings: dict, n_obs: int) -> DCANPrivacyPlan:
@@ -143,6 +176,7 @@ def plan_fit(settings: dict, n_obs: int) -> DCANPrivacyPlan:
         max_grad_norm=settings["max_grad_norm"],
         accountant=settings["accountant"],
         noise=NoiseSource(settings["noise_seed"]),
+        input_loadings=bool(settings.get("input_pcs")),
     )
 
 
@@ -182,6 +216,8 @@ def dcan_record(
     s = plan.settings
     history = list(s.accountant.history) if history is None else history
     private = ["encoder weights", "cluster centroids"] + ([DECODER] if plan.scope == "full" else [])
+    if plan.loadings_noise_multiplier is not None:
+        private.insert(0, LOADINGS)
     covered = (
         f"the released {', '.join(private)}, including the DP k-means start of the centroids and the "
         "cluster-frequency releases, and anything computed from them on other data"
@@ -196,6 +232,16 @@ def dcan_record(
         "DP-SGD (ghost-clipped per-cell gradients, Gaussian noise, Poisson sampling) plus Gaussian "
         f"k-means and frequency releases, composed by the Opacus {plan.accountant.upper()} accountant"
     )
+    mechanisms = [
+        f"sampled Gaussian, sigma={s.noise_multiplier:.4g}, q={s.sample_rate:.4g}, "
+        f"C={s.max_grad_norm:g} (DP-SGD) and sensitivity-scaled releases (k-means, frequencies)"
+    ]
+    if plan.loadings_noise_multiplier is not None:
+        mechanism = "one Gaussian release of the gene second-moment matrix (the input loadings), " + mechanism
+        mechanisms.insert(
+            0,
+            f"Gaussian, sigma={plan.loadings_noise_multiplier:.4g}, sensitivity 1, q=1 (input loadings)",
+        )
     curve_steps, curve_eps = epsilon_curve(history, plan.delta, plan.accountant)
     return PrivacyRecord(
         tool="fit",
@@ -218,10 +264,7 @@ def dcan_record(
         guarantee_reason=HEURISTIC_REASON if guarantee == "heuristic" else "",
         target_epsilon=float(plan.epsilon),
         accountant=plan.accountant,
-        mechanisms=[
-            f"sampled Gaussian, sigma={s.noise_multiplier:.4g}, q={s.sample_rate:.4g}, "
-            f"C={s.max_grad_norm:g} (DP-SGD) and sensitivity-scaled releases (k-means, frequencies)"
-        ],
+        mechanisms=mechanisms,
         history=[(float(a), float(b), int(c)) for a, b, c in history],
         noise_multiplier=s.noise_multiplier,
         sample_rate=s.sample_rate,
@@ -235,5 +278,10 @@ def dcan_record(
             "frequency_steps": plan.counts["frequency"],
             "curve_steps": curve_steps,
             "curve_epsilon": curve_eps,
-        },
+        }
+        | (
+            {}
+            if plan.loadings_noise_multiplier is None
+            else {"loadings_noise_multiplier": plan.loadings_noise_multiplier}
+        ),
     )

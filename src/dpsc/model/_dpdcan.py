@@ -19,13 +19,16 @@ from sklearn.cluster import KMeans
 
 from .._validation import (
     check_fit_args,
+    check_input_pcs,
     check_matrix,
     check_privacy_args,
     check_target_frequency,
     get_matrix,
 )
 from ..module import DCANModule
+from ..module._dcan import input_representation
 from ..optim import DEFAULT_PRIVATE_LRS, OPTIMIZERS
+from ..pp._dp_pca import DEFAULT_PCA_GENES, release_loadings
 from ..privacy import (
     DPSGDSettings,
     PrivacyRecord,
@@ -111,6 +114,13 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
     latent_scale
         Radius of the latent sphere (see :class:`~dpsc.module.DCANModule`); ``None`` for an
         unconstrained latent (then pass ``kmeans_kwargs={"clip_norm": ...}`` to :meth:`train`).
+    input_pcs
+        ``None``: the encoder reads the genes and the decoder models the counts (ZINB). An
+        integer: :meth:`train` first releases that many principal components of the cells (one
+        Gaussian release of their gene second-moment matrix, :func:`dpsc.pp.pca`'s, inside the
+        fit's ε), the encoder reads each cell's projection on these frozen loadings and the
+        decoder reconstructs it. Far fewer parameters receive DP-SGD noise; this is what
+        ``dpsc.tl.fit(scope="full")`` uses.
 
     Examples
     --------
@@ -134,8 +144,10 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
         n_hidden: Sequence[int] = (256, 64),
         likelihood: str = "zinb",
         latent_scale: float | None = 3.0,
+        input_pcs: int | None = None,
     ):
         super().__init__(adata)
+        check_input_pcs(input_pcs, self.summary_stats.n_vars)
         self.module = self._module_cls(
             n_input=self.summary_stats.n_vars,
             n_clusters=n_clusters,
@@ -143,6 +155,7 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
             n_hidden=tuple(n_hidden),
             likelihood=likelihood,
             latent_scale=latent_scale,
+            input_pcs=input_pcs,
         )
         self.n_clusters = n_clusters
         self.privacy_: dict = {}
@@ -150,6 +163,7 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
         self._model_summary_string = (
             f"DPDCAN: {self.summary_stats.n_vars} genes → {tuple(n_hidden)} → {n_latent} latent, "
             f"{n_clusters} clusters, {likelihood} likelihood"
+            + ("" if input_pcs is None else f", reading {input_pcs} DP principal components")
         )
         self.init_params_ = self._get_init_params(locals())
 
@@ -280,6 +294,11 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
         }
         progress = FitProgress(instance_epochs + cluster_epochs, delta if dp else None, progress_bar)
         run = {"accelerator": accelerator, "devices": devices, "strategy": strategy, "progress": progress}
+        release_loadings = None
+        if self.module.input_pcs is not None:
+            release_loadings = self._loadings_release(plan)
+            if instance_epochs == 0:
+                release_loadings()
         if instance_epochs > 0:
             instance = self._training_plan_cls(
                 self.module,
@@ -287,6 +306,7 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
                 optimizer="adam",
                 lr=opts["instance_lr"],
                 private_lr=opts["private_lr"],
+                before_training=release_loadings,
                 seed=random_state,
                 **stage_common,
             )
@@ -330,6 +350,7 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
                 "new model (or dpsc.tl.fit) instead."
             )
         s = {k: v for k, v in given.items() if k != "self"}
+        s["input_pcs"] = self.module.input_pcs
         n_obs = self.adata.n_obs
         s["batch_size"] = check_fit_args(
             n_obs=n_obs, n_clusters=self.n_clusters, scope=s["scope"], batch_size=s["batch_size"]
@@ -431,6 +452,43 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
             plan.detach_privacy()
             if plan.dp is not None:
                 self.history_ = None
+
+    def _loadings_release(self, plan: DCANPrivacyPlan):
+        r"""Callable that releases the frozen input loadings (once) and loads them into the module.
+
+        It sums :math:`u_i u_i^\top` over every training cell, :math:`u_i` the cell's
+        log1p(CP10k) row scaled to norm 1 (sensitivity 1), and makes one Gaussian release at
+        :math:`\sigma_V` (exact in a non-private fit) with :func:`dpsc.pp.pca`'s gene block and
+        dropped mean component (:func:`~dpsc.pp._dp_pca.release_loadings`); the accountant is told
+        :math:`(\sigma_V, q = 1)`. Under data parallelism every process holds all cells and
+        receives rank 0's release.
+        """
+
+        @torch.no_grad()
+        def release() -> None:
+            module = self.module
+            n_vars = self.summary_stats.n_vars
+            second_moment = torch.zeros(n_vars, n_vars, dtype=torch.float64)
+            for tensors in self._make_data_loader(adata=self.adata, batch_size=4096, shuffle=False):
+                rep = input_representation(tensors[REGISTRY_KEYS.X_KEY].double(), module.likelihood)
+                unit = torch.nn.functional.normalize(rep, dim=-1)
+                second_moment += unit.T @ unit
+            sigma = plan.loadings_noise_multiplier
+            loadings, _, _ = release_loadings(
+                second_moment.numpy(),
+                sigma,
+                module.input_pcs,
+                n_genes=DEFAULT_PCA_GENES,
+                drop_mean_component=True,
+                rng=plan.noise.numpy_rng("loadings"),
+            )
+            device = module.input_loadings.device
+            loadings = torch.as_tensor(loadings, dtype=module.input_loadings.dtype, device=device)
+            module.set_input_loadings(broadcast_from_rank_zero(loadings))
+            if plan.settings is not None:
+                plan.settings.accountant.step(noise_multiplier=sigma, sample_rate=1.0)
+
+        return release
 
     def _encode_poisson_batch(self, splitter) -> torch.Tensor:
         """Latent codes of one fresh Poisson sample of the training cells (rate q)."""
@@ -551,7 +609,7 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
         state = {
             k: v.cpu()
             for k, v in self.module.state_dict().items()
-            if k.startswith(("encoder.", "clustering."))
+            if k.startswith(("encoder.", "clustering.", "input_loadings"))
         }
         torch.save(state, weights)
         init = self.init_params_["non_kwargs"]
@@ -565,6 +623,7 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
                     "n_hidden": list(init["n_hidden"]),
                     "likelihood": init["likelihood"],
                     "latent_scale": init["latent_scale"],
+                    "input_pcs": init.get("input_pcs"),
                     "privacy": {
                         k: (None if isinstance(v, float) and np.isnan(v) else _json_safe(v))
                         for k, v in self.privacy_.items()

@@ -50,6 +50,7 @@ class SharedEncoder:
             n_hidden=tuple(meta["n_hidden"]),
             likelihood=meta["likelihood"],
             latent_scale=meta["latent_scale"],
+            input_pcs=meta.get("input_pcs"),
         )
         state = torch.load(path / "shared_encoder.pt", map_location="cpu", weights_only=True)
         missing = module.load_state_dict(state, strict=False)

@@ -82,6 +82,14 @@ class DCANModule(BaseModuleClass):
         (so the DP k-means needs no data-dependent clipping radius: :math:`\lVert z - c \rVert
         \le 2s`) and keeps the latent scale fixed while DP noise inflates the weights.
         ``None`` keeps the raw linear output.
+    input_pcs
+        If set, the encoder reads each cell's projection on ``input_pcs`` frozen loadings instead
+        of its genes (:meth:`represent`), and the decoder reconstructs that projection (Gaussian
+        loss) instead of the counts: the first encoder layer and the gene-wide decoder heads, most
+        of the parameters, are replaced by a fixed map. The loadings are a buffer
+        (``input_loadings``, genes × ``input_pcs``), zero until
+        :meth:`set_input_loadings`; the model fills it with a DP release
+        (:meth:`dpsc.model.DPDCAN.train`).
     """
 
     def __init__(
@@ -93,28 +101,45 @@ class DCANModule(BaseModuleClass):
         likelihood: Likelihood = "zinb",
         alpha: float = 1.0,
         latent_scale: float | None = 3.0,
+        input_pcs: int | None = None,
     ):
         super().__init__()
+        self.input_pcs = input_pcs
+        n_features = n_input if input_pcs is None else input_pcs
+        if input_pcs is not None:
+            self.register_buffer("input_loadings", torch.zeros(n_input, input_pcs))
         self.latent_scale = latent_scale
         self.n_input = n_input
         self.n_latent = n_latent
         self.likelihood = likelihood
         self.alpha = alpha
         hidden = list(n_hidden)
-        self.encoder = mlp([n_input, *hidden, n_latent], last_activation=False)
+        self.encoder = mlp([n_features, *hidden, n_latent], last_activation=False)
         self.decoder = mlp([n_latent, *reversed(hidden)], last_activation=True)
         width = hidden[0]
-        self.px_scale = nn.Linear(width, n_input)
-        if likelihood == "zinb":
+        self.px_scale = nn.Linear(width, n_features)
+        if self.reconstructs_counts:
             self.px_r = nn.Linear(width, n_input)
             self.px_dropout = nn.Linear(width, n_input)
         self.clustering = CentroidDistance(n_clusters, n_latent)
 
     # -- building blocks -------------------------------------------------------------------
+    @property
+    def reconstructs_counts(self) -> bool:
+        """True when the decoder models the counts (ZINB); else it reconstructs :meth:`represent`."""
+        return self.likelihood == "zinb" and self.input_pcs is None
+
+    @torch.no_grad()
+    def set_input_loadings(self, loadings: torch.Tensor) -> None:
+        """Fix the loadings the encoder reads through (genes × ``input_pcs``)."""
+        if self.input_pcs is None:
+            raise RuntimeError("This module reads genes (input_pcs=None); it has no input loadings.")
+        self.input_loadings.copy_(torch.as_tensor(loadings, dtype=self.input_loadings.dtype))
+
     def public_decoder_modules(self) -> list[nn.Module]:
-        """Modules that map the latent space back to genes (the part never shared)."""
+        """Modules that map the latent space back to its input (the part never shared)."""
         heads = [self.decoder, self.px_scale]
-        if self.likelihood == "zinb":
+        if self.reconstructs_counts:
             heads += [self.px_r, self.px_dropout]
         return heads
 
@@ -126,14 +151,27 @@ class DCANModule(BaseModuleClass):
         return self.latent_scale * F.normalize(h, dim=-1)
 
     def represent(self, x: torch.Tensor) -> torch.Tensor:
-        """Per-cell input representation (see :func:`input_representation`)."""
-        return input_representation(x, self.likelihood)
+        r"""Per-cell input representation (see :func:`input_representation`).
 
-    def reconstruction_per_cell(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        """Reconstruction loss of each cell from its latent (ZINB or Gaussian)."""
+        With ``input_pcs``: :math:`p_i = V^\top u_i / \lVert V^\top u_i\rVert_2`, where
+        :math:`u_i` is that representation scaled to norm 1 and :math:`V` the frozen loadings (the
+        cosine geometry of :func:`dpsc.tl.kmeans`). A function of cell :math:`i` and :math:`V`
+        only, so per-cell gradients stay per cell.
+        """
+        rep = input_representation(x, self.likelihood)
+        if self.input_pcs is None:
+            return rep
+        return F.normalize(F.normalize(rep, dim=-1) @ self.input_loadings, dim=-1)
+
+    def reconstruction_per_cell(self, x: torch.Tensor, rep: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """Reconstruction loss of each cell from its latent.
+
+        ZINB of the counts ``x``, or Gaussian of the representation ``rep`` (non-count data, or
+        ``input_pcs``).
+        """
         h = self.decoder(z)
-        if self.likelihood == "gaussian":
-            return gaussian_nll_per_cell(x, self.px_scale(h))
+        if not self.reconstructs_counts:
+            return gaussian_nll_per_cell(rep, self.px_scale(h))
         library = x.sum(-1, keepdim=True)
         mu = torch.softmax(self.px_scale(h), dim=-1) * library
         theta = torch.exp(self.px_r(h).clamp(-12.0, 12.0))
@@ -163,7 +201,7 @@ class DCANModule(BaseModuleClass):
         rep = self.represent(x)
         views = torch.cat([rep.unsqueeze(1), mask_views(rep, 2, mask_rate, generator)], dim=1)
         z_all = self.encode(views)
-        recon = self.reconstruction_per_cell(x, z_all[:, 0])
+        recon = self.reconstruction_per_cell(x, rep, z_all[:, 0])
         inst = instance_loss_per_cell(z_all[:, 1:])
         loss = rho * recon + (1.0 - rho) * inst
         return loss, {"reconstruction": recon.detach(), "instance": inst.detach()}
@@ -184,8 +222,9 @@ class DCANModule(BaseModuleClass):
         the paper's objective, :math:`\beta_3 L^{\mathrm{sep}}`, depends on the centroids only;
         it is returned by :meth:`parameter_penalty` and handled apart (see the training plan).
         """
-        z = self.encode(self.represent(x))
-        recon = self.reconstruction_per_cell(x, z)
+        rep = self.represent(x)
+        z = self.encode(rep)
+        recon = self.reconstruction_per_cell(x, rep, z)
         q = self.soft_assignment(z)
         kl = dec_kl_per_cell(q, per_cell_target(q, target_power, frequency))
         loss = betas[0] * recon + betas[1] * kl
@@ -216,7 +255,7 @@ class DCANModule(BaseModuleClass):
     def generative(self, z: torch.Tensor, library: torch.Tensor) -> dict[str, torch.Tensor]:
         """Decode: ZINB parameters, or the reconstruction for Gaussian data."""
         h = self.decoder(z)
-        if self.likelihood == "gaussian":
+        if not self.reconstructs_counts:
             return {"x_hat": self.px_scale(h)}
         return {
             "mu": torch.softmax(self.px_scale(h), dim=-1) * library,
@@ -227,14 +266,14 @@ class DCANModule(BaseModuleClass):
     def loss(self, tensors, inference_outputs, generative_outputs, **kwargs) -> LossOutput:
         """Mean reconstruction loss (used for evaluation; training uses the stage losses)."""
         x = tensors[REGISTRY_KEYS.X_KEY]
-        recon = self.reconstruction_per_cell(x, inference_outputs["z"])
+        recon = self.reconstruction_per_cell(x, self.represent(x), inference_outputs["z"])
         return LossOutput(loss=recon.mean(), reconstruction_loss=recon)
 
     @torch.inference_mode()
     def sample(self, tensors: dict[str, torch.Tensor], n_samples: int = 1) -> torch.Tensor:
         """Draw counts from the fitted ZINB for the cells in ``tensors``."""
-        if self.likelihood != "zinb":
-            raise NotImplementedError("Sampling is defined for likelihood='zinb' only.")
+        if not self.reconstructs_counts:
+            raise NotImplementedError("Sampling is defined for a ZINB decoder of the genes only.")
         inf = self.inference(tensors[REGISTRY_KEYS.X_KEY])
         gen = self.generative(inf["z"], inf["library"])
         dist = ZeroInflatedNegativeBinomial(mu=gen["mu"], theta=gen["theta"], zi_logits=gen["zi_logits"])

@@ -44,6 +44,7 @@ from ..privacy import (
 )
 
 MAX_GENES = 5000  # S is a dense genes × genes matrix
+DEFAULT_PCA_GENES = 500  # the gene block kept before the eigendecomposition (``pca``'s n_genes)
 
 
 def unit_rows(matrix, log_normalize: bool = True) -> np.ndarray | sp.csr_matrix:
@@ -63,6 +64,37 @@ def unit_rows(matrix, log_normalize: bool = True) -> np.ndarray | sp.csr_matrix:
     norms = np.sqrt(np.asarray(X.multiply(X).sum(1) if sp.issparse(X) else (X**2).sum(1)).ravel())
     scale = 1.0 / np.maximum(norms, 1e-12)
     return sp.diags(scale) @ X if sp.issparse(X) else X * scale[:, None]
+
+
+def release_loadings(
+    S: np.ndarray,
+    sigma: float,
+    n_comps: int,
+    n_genes: int | None,
+    drop_mean_component: bool,
+    rng: np.random.Generator,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    r"""Release the loadings: one Gaussian release of the second-moment matrix ``S`` (steps 1–2 above).
+
+    :math:`\tilde S = S + N + N_{>}^\top` with :math:`N` the upper triangle (diagonal included) of
+    i.i.d. :math:`\mathcal N(0, \sigma^2)` entries: the Gaussian mechanism at sensitivity 1 when
+    ``S`` sums :math:`z_i z_i^\top` over unit-norm cells (``sigma=0``: the exact, non-private
+    eigenvectors). Everything after the draw is post-processing of :math:`\tilde S`. Returns the
+    loadings (genes × ``n_comps``, zero rows for the genes not kept, deterministic signs), the
+    indices of the kept genes and the noisy eigenvalues of the kept components.
+    """
+    d = S.shape[0]
+    upper = np.triu(rng.normal(0.0, sigma, size=(d, d))) if sigma > 0 else np.zeros((d, d))
+    S_noisy = S + upper + np.triu(upper, 1).T  # the release: everything below is post-processing
+    keep = np.sort(np.argsort(np.diag(S_noisy))[::-1][: n_genes or d])
+    eigval, eigvec = np.linalg.eigh(S_noisy[np.ix_(keep, keep)])
+    skip = int(drop_mean_component)
+    order = np.argsort(eigval)[::-1][skip : skip + n_comps]
+    V = eigvec[:, order]
+    V *= np.sign(V[np.abs(V).argmax(0), np.arange(n_comps)])  # deterministic signs
+    loadings = np.zeros((d, n_comps))
+    loadings[keep] = V
+    return loadings, keep, eigval[order]
 
 
 def _check(
@@ -133,7 +165,7 @@ def pca(
     *,
     epsilon: float = DEFAULT_EPSILON / 2,
     delta: float | None = None,
-    n_genes: int | None = 500,
+    n_genes: int | None = DEFAULT_PCA_GENES,
     layer: str | None = None,
     log_normalize: bool = True,
     drop_mean_component: bool = True,
@@ -194,22 +226,14 @@ def pca(
 
     Z = unit_rows(matrix, log_normalize)
     S = np.asarray((Z.T @ Z).todense()) if sp.issparse(Z) else Z.T @ Z
-    d = S.shape[0]
-    upper = np.triu(noise.numpy_rng("releases").normal(0.0, sigma, size=(d, d)))
-    S_noisy = S + upper + np.triu(upper, 1).T  # the release: everything below is post-processing
-    keep = np.sort(np.argsort(np.diag(S_noisy))[::-1][: n_genes or d])
-    eigval, eigvec = np.linalg.eigh(S_noisy[np.ix_(keep, keep)])
-    skip = int(drop_mean_component)
-    order = np.argsort(eigval)[::-1][skip : skip + n_comps]
-    V = eigvec[:, order]
-    V *= np.sign(V[np.abs(V).argmax(0), np.arange(n_comps)])  # deterministic signs
-    loadings = np.zeros((d, n_comps))
-    loadings[keep] = V
+    loadings, keep, eigval = release_loadings(
+        S, sigma, n_comps, n_genes, drop_mean_component, noise.numpy_rng("releases")
+    )
 
     target = adata.copy() if copy else adata
-    target.obsm[key_added] = np.asarray(Z[:, keep] @ V, dtype=np.float32)
+    target.obsm[key_added] = np.asarray(Z @ loadings, dtype=np.float32)
     target.varm["PCs"] = loadings
-    target.var["dp_pca_gene"] = np.isin(np.arange(d), keep)
+    target.var["dp_pca_gene"] = np.isin(np.arange(S.shape[0]), keep)
     params = {
         "n_comps": n_comps,
         "n_genes": n_genes,
@@ -217,4 +241,4 @@ def pca(
         "log_normalize": log_normalize,
         "drop_mean_component": drop_mean_component,
     }
-    return store_result(adata, target, key_added, record, params, copy=copy, eigenvalues=eigval[order])
+    return store_result(adata, target, key_added, record, params, copy=copy, eigenvalues=eigval)

@@ -31,7 +31,7 @@ import torch
 
 #: Stream names: each mechanism of a run gets its own generator, so that adding a release to
 #: one mechanism never shifts another's noise under a fixed ``noise_seed``.
-STREAMS = ("sampling", "dpsgd", "releases", "laplace", "site")
+STREAMS = ("sampling", "dpsgd", "releases", "laplace", "site", "loadings")
 
 
 def secure_seed() -> int:

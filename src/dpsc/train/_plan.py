@@ -60,6 +60,10 @@ class DCANTrainingPlan(pl.LightningModule):
         Instance-stage weight of the reconstruction loss and masking rate.
     betas, target_power
         Cluster-stage loss weights and the target sharpening exponent.
+    before_training
+        Called once when training starts, after Lightning has connected the processes of a
+        data-parallel fit (the release of the frozen input loadings, which every process must
+        receive from rank 0); ``None`` for nothing.
     frequency_source
         Cluster stage only: called at the start of every epoch, returns the cluster frequencies
         :math:`f` of DEC's target for that epoch (under DP a noisy release that the callable
@@ -88,6 +92,7 @@ class DCANTrainingPlan(pl.LightningModule):
         betas: tuple[float, float, float] = (0.4, 0.4, 0.2),
         target_power: float = 2.0,
         frequency_source: Callable[[], torch.Tensor] | None = None,
+        before_training: Callable[[], None] | None = None,
         train_encoder: bool = True,
         seed: int = 0,
     ):
@@ -105,6 +110,7 @@ class DCANTrainingPlan(pl.LightningModule):
         self.betas = betas
         self.target_power = target_power
         self.frequency_source = frequency_source
+        self.before_training = before_training
         self.train_encoder = train_encoder or stage == "instance"
         self.cluster_frequency: torch.Tensor | None = None
         self.automatic_optimization = False
@@ -169,7 +175,9 @@ class DCANTrainingPlan(pl.LightningModule):
             p.grad = None
 
     def on_train_start(self) -> None:
-        """Put the module in training mode (scvi leaves it in eval mode after a stage)."""
+        """Run ``before_training``; put the module in training mode (scvi leaves it in eval mode)."""
+        if self.before_training is not None:
+            self.before_training()
         self.module.train()
         self.module.encoder.requires_grad_(self.train_encoder)
 
