@@ -192,6 +192,7 @@ def one_fit_series(
                 "backed": backed,
                 "source": Path(source).stem if source else "pbmc4k",
                 "scope": fit_options.get("scope", "encoder"),
+                "input_pcs": int(adata.uns["dpsc"]["X_dpdcan"]["params"].get("input_pcs", -1)),
                 "optimizer": fit_options.get("optimizer", "sgd"),
                 **plan,
             },
@@ -199,6 +200,14 @@ def one_fit_series(
     if backed:
         adata.file.close()
         path.unlink()
+
+
+def _scope_label(row) -> str:
+    """The scope, and for ``full`` what the encoder reads (rows without ``input_pcs`` read genes)."""
+    if row["scope"] != "full":
+        return row["scope"]
+    pcs = row.get("input_pcs")
+    return "full, genes in" if pd.isna(pcs) or pcs < 0 else f"full, {int(pcs)} DP PCs in"
 
 
 def report(path: str) -> str:
@@ -272,7 +281,7 @@ def report(path: str) -> str:
                 peak = r["fit_peak_rss_gb"] if backed else r["peak_rss_gb"]
                 lines.append(
                     f"| {source} | {int(cells):,} | {'backed file' if backed else 'in memory'} | "
-                    f"{r['scope']} | "
+                    f"{_scope_label(r)} | "
                     f"{r['optimizer'] if r['guarantee'] != 'none' else '–'} | {r['lrs']} | "
                     f"{int(r['batch_size']):,} | {eps} | {r['sigma']} | {int(epochs)} | "
                     f"{r['s_per_epoch']:.2f} | {ratio} | {r['ari']:.3f} | {int(r['clusters_used'])} | "
