@@ -253,7 +253,8 @@ def report(path: str) -> str:
             "[--private-lr A --cluster-private-lr B] [--source FILE] "
             f"[--backed] --out {path}`; default `dpsc.tl.fit` settings with `max_epochs` as given and "
             "δ = min(1e-5, 0.1/n). DP / non-private time divides by the non-private row of the same "
-            "size and schedule, each process alone on the machine. Seconds per epoch include the "
+            "size, schedule and model (genes or DP principal components in), each process alone on the "
+            "machine. Seconds per epoch include the "
             "fit's fixed costs (DP k-means releases, latent and label writing), so short schedules "
             "overstate them. Peak RSS is the process's maximum so far, which includes simulating the "
             "cells and any earlier fit of the same process. The epochs differ between sizes (an "
@@ -272,8 +273,10 @@ def report(path: str) -> str:
             "ε | σ | epochs | s / epoch | DP / non-private time | ARI | clusters used | peak RSS (GB) |",
             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
-        keys = ["source", "cells", "epochs", "batch_size", "backed"]
-        for (source, cells, epochs, _, backed), g in fits.groupby(keys, sort=False):
+        # a private row's time divides by the non-private row of the same model (genes or DP PCs in)
+        fits["model_input"] = fits.get("input_pcs", missing).fillna(-1)
+        keys = ["source", "cells", "epochs", "batch_size", "backed", "model_input"]
+        for (source, cells, epochs, _, backed, _), g in fits.groupby(keys, sort=False):
             base = g[g["epsilon"].isna()]["s_per_epoch"]
             for _, r in g.sort_values("epsilon", ascending=False, na_position="last").iterrows():
                 eps = "none" if pd.isna(r["epsilon"]) else f"{r['epsilon']:g}"
