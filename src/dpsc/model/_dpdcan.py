@@ -26,9 +26,8 @@ from .._validation import (
     get_matrix,
 )
 from ..module import DCANModule
-from ..module._dcan import input_representation
 from ..optim import DEFAULT_PRIVATE_LRS, OPTIMIZERS
-from ..pp._dp_pca import DEFAULT_PCA_GENES, release_loadings
+from ..pp._dp_pca import DEFAULT_PCA_GENES, release_loadings, second_moment
 from ..privacy import (
     DPSGDSettings,
     PrivacyRecord,
@@ -457,7 +456,8 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
         r"""Callable that releases the frozen input loadings (once) and loads them into the module.
 
         It sums :math:`u_i u_i^\top` over every training cell, :math:`u_i` the cell's
-        log1p(CP10k) row scaled to norm 1 (sensitivity 1), and makes one Gaussian release at
+        log1p(CP10k) row scaled to norm 1 (sensitivity 1; :func:`~dpsc.pp._dp_pca.second_moment`,
+        sparse row blocks), and makes one Gaussian release at
         :math:`\sigma_V` (exact in a non-private fit) with :func:`dpsc.pp.pca`'s gene block and
         dropped mean component (:func:`~dpsc.pp._dp_pca.release_loadings`); the accountant is told
         :math:`(\sigma_V, q = 1)`. Under data parallelism every process holds all cells and
@@ -467,15 +467,10 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
         @torch.no_grad()
         def release() -> None:
             module = self.module
-            n_vars = self.summary_stats.n_vars
-            second_moment = torch.zeros(n_vars, n_vars, dtype=torch.float64)
-            for tensors in self._make_data_loader(adata=self.adata, batch_size=4096, shuffle=False):
-                rep = input_representation(tensors[REGISTRY_KEYS.X_KEY].double(), module.likelihood)
-                unit = torch.nn.functional.normalize(rep, dim=-1)
-                second_moment += unit.T @ unit
+            cells = self.adata_manager.get_from_registry(REGISTRY_KEYS.X_KEY)
             sigma = plan.loadings_noise_multiplier
             loadings, _, _ = release_loadings(
-                second_moment.numpy(),
+                second_moment(cells, log_normalize=module.likelihood == "zinb"),
                 sigma,
                 module.input_pcs,
                 n_genes=DEFAULT_PCA_GENES,

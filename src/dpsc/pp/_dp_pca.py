@@ -33,7 +33,7 @@ import scipy.sparse as sp
 from dpsc._docs import doc_params
 
 from .._api import DEFAULT_EPSILON, store_result
-from .._validation import check_privacy_args, get_matrix, resolve_delta
+from .._validation import _row_blocks, check_privacy_args, get_matrix, resolve_delta
 from ..privacy import (
     COMMON_NOT_COVERED,
     NoiseSource,
@@ -56,6 +56,7 @@ def unit_rows(matrix, log_normalize: bool = True) -> np.ndarray | sp.csr_matrix:
     )
     if log_normalize:
         totals = np.asarray(X.sum(1)).ravel()
+        totals = np.where(totals > 0, totals, 1.0)  # a cell without counts stays a zero row
         if sp.issparse(X):
             X = sp.diags(1e4 / totals) @ X
             X.data = np.log1p(X.data)
@@ -64,6 +65,19 @@ def unit_rows(matrix, log_normalize: bool = True) -> np.ndarray | sp.csr_matrix:
     norms = np.sqrt(np.asarray(X.multiply(X).sum(1) if sp.issparse(X) else (X**2).sum(1)).ravel())
     scale = 1.0 / np.maximum(norms, 1e-12)
     return sp.diags(scale) @ X if sp.issparse(X) else X * scale[:, None]
+
+
+def second_moment(matrix, log_normalize: bool = True) -> np.ndarray:
+    r""":math:`S = \sum_i z_i z_i^\top` over the unit-norm cells :math:`z_i` (:func:`unit_rows`).
+
+    Read in row blocks of an in-memory or backed matrix, each block sparse when the matrix is,
+    so neither a dense copy of the cells nor a second sparse one is held. Genes × genes, float64.
+    """
+    S = np.zeros((matrix.shape[1], matrix.shape[1]))
+    for block in _row_blocks(matrix):
+        Z = unit_rows(block, log_normalize)
+        S += np.asarray((Z.T @ Z).todense()) if sp.issparse(Z) else Z.T @ Z
+    return S
 
 
 def release_loadings(
@@ -224,14 +238,13 @@ def pca(
     record = pca_record(sigma, epsilon, delta, adata.n_obs, noise)
     check_budget(adata, record, key_added)
 
-    Z = unit_rows(matrix, log_normalize)
-    S = np.asarray((Z.T @ Z).todense()) if sp.issparse(Z) else Z.T @ Z
+    S = second_moment(matrix, log_normalize)
     loadings, keep, eigval = release_loadings(
         S, sigma, n_comps, n_genes, drop_mean_component, noise.numpy_rng("releases")
     )
 
     target = adata.copy() if copy else adata
-    target.obsm[key_added] = np.asarray(Z @ loadings, dtype=np.float32)
+    target.obsm[key_added] = np.asarray(unit_rows(matrix, log_normalize) @ loadings, dtype=np.float32)
     target.varm["PCs"] = loadings
     target.var["dp_pca_gene"] = np.isin(np.arange(S.shape[0]), keep)
     params = {
