@@ -241,7 +241,10 @@ def report(path: str) -> str:
             fits[column] = fits.get(column, pd.Series(default, index=fits.index)).fillna(default)
         fits["backed"] = fits["backed"].astype(bool)
         sigma = fits.get("noise_multiplier", pd.Series(float("nan"), index=fits.index))
-        fits["sigma"] = ["–" if pd.isna(v) else f"{v:.3g}" for v in sigma]
+        private = fits["guarantee"] != "none"
+        fits["sigma"] = [
+            f"{v:.3g}" if p and not pd.isna(v) else "–" for v, p in zip(sigma, private, strict=True)
+        ]
         missing = pd.Series(float("nan"), index=fits.index)
         lrs = [fits.get(column, missing) for column in ("private_lr", "cluster_private_lr")]
         fits["lrs"] = [
