@@ -103,6 +103,10 @@ def test_full_batch_audit_claims_with_the_named_accountant_and_still_flags_a_bro
     assert row["sample_rate"] == 1.0 and record["accountant"] == "prv"
     assert 1.95 <= row["epsilon_claimed"] <= 2.0 + 1e-6  # calibrated to the target
     steps, delta = int(record["steps"]), float(record["delta"])
+    # the claim is the named (PRV) accountant's value for the recorded sigma, q = 1 and steps
+    prv = dpsc.privacy.make_accountant("prv")
+    prv.history = [(float(record["noise_multiplier"]), 1.0, steps)]
+    assert row["epsilon_claimed"] == pytest.approx(prv.get_epsilon(delta), rel=1e-3)
     rdp_sigma = dpsc.privacy.calibrate_noise_multiplier(2.0, delta, 1.0, steps, accountant="rdp")
     assert record["noise_multiplier"] < 0.97 * rdp_sigma  # PRV is tighter: less noise for the same ε
     assert record["epsilon"] == pytest.approx(row["epsilon_claimed"], rel=1e-3)
