@@ -154,7 +154,8 @@ def fit(
     check_privacy_args(epsilon, delta, adata.n_obs)
     check_matrix(matrix, likelihood)
     model_kwargs = _model_kwargs(scope, input_pcs, adata.n_vars)
-    if model_kwargs.keys() == FULL_SCOPE_MODEL.keys() and max_epochs is None:
+    full_scope_default = scope == "full" and input_pcs == "auto"
+    if full_scope_default and max_epochs is None:
         for name, epochs in FULL_SCOPE_EPOCHS.items():
             train_kwargs.setdefault(name, epochs)
     train_kwargs.setdefault("private_optimizer", optimizer)
