@@ -176,7 +176,7 @@ def test_save_load_round_trip(small_adata, tmp_path, tiny_fit):
 
 
 @pytest.mark.slow
-def test_export_shared_has_no_decoder_and_reproduces_outputs(small_adata, tmp_path, tiny_fit):
+def test_export_shared_has_no_decoder_and_reproduces_outputs(small_adata, tmp_path, tiny_fit, monkeypatch):
     model = dpsc.tl.fit(small_adata, epsilon=8.0, **tiny_fit, return_model=True)
     model.export_shared(tmp_path / "share")
     state = torch.load(tmp_path / "share" / "shared_encoder.pt", weights_only=True)
@@ -190,6 +190,17 @@ def test_export_shared_has_no_decoder_and_reproduces_outputs(small_adata, tmp_pa
     assert shared.privacy["epsilon"] == pytest.approx(model.privacy_["epsilon"])
     with pytest.raises(FileExistsError):
         model.export_shared(tmp_path / "share")
+    # Encoded in blocks of 7 cells, genes in another order: the same codes, cell for cell.
+    monkeypatch.setattr(dpsc.model._shared, "ENCODE_ROWS", 7)
+    shuffled = small_adata[:, np.random.default_rng(0).permutation(small_adata.n_vars)].copy()
+    np.testing.assert_allclose(
+        shared.get_latent_representation(shuffled), model.get_latent_representation(), rtol=1e-5, atol=1e-5
+    )
+    # The model's own inference in loader batches of 7 cells fills every row in order.
+    np.testing.assert_allclose(
+        model.get_latent_representation(batch_size=7), model.get_latent_representation(), atol=1e-5
+    )
+    np.testing.assert_array_equal(model.predict(batch_size=7), model.predict())
     with pytest.raises(ValueError, match=r"missing from adata\.var_names"):
         shared.get_latent_representation(small_adata[:, :50])
     # Another site's cells may have genes without counts: inference still works.

@@ -10,8 +10,10 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-from .._validation import check_matrix, get_matrix
+from .._validation import _row_blocks, check_matrix, get_matrix
 from ..module import DCANModule
+
+ENCODE_ROWS = 4096  # cells encoded at once: a dense block of 4096 x genes floats
 
 
 class SharedEncoder:
@@ -58,23 +60,31 @@ class SharedEncoder:
             raise ValueError(f"Unexpected weights in shared model: {missing.unexpected_keys}")
         return cls(module, meta["var_names"], meta["privacy"])
 
-    def _tensor(self, adata: ad.AnnData, layer: str | None) -> torch.Tensor:
+    def _gene_columns(self, adata: ad.AnnData) -> np.ndarray:
+        """Positions in ``adata.var_names`` of the genes the encoder reads, in its order."""
         missing = [g for g in self.var_names if g not in adata.var_names]
         if missing:
             raise ValueError(
                 f"{len(missing)} gene(s) the encoder needs are missing from adata.var_names "
                 f"(first: {missing[:3]}). Subset/reorder to the shared model's var_names."
             )
-        matrix = get_matrix(adata[:, self.var_names], layer)
-        check_matrix(matrix, self.module.likelihood, training=False)
-        dense = matrix.toarray() if sp.issparse(matrix) else np.asarray(matrix)
-        return torch.as_tensor(dense, dtype=torch.float32)
+        return adata.var_names.get_indexer(self.var_names)
 
     @torch.no_grad()
     def get_latent_representation(self, adata: ad.AnnData, layer: str | None = None) -> np.ndarray:
-        """Latent codes of the cells in ``adata``."""
-        x = self._tensor(adata, layer)
-        return self.module.encode(self.module.represent(x)).numpy()
+        """Latent codes of the cells in ``adata``, encoded one row block at a time (no dense copy)."""
+        columns = self._gene_columns(adata)
+        matrix = get_matrix(adata, layer)
+        z = np.empty((adata.n_obs, self.module.n_latent), dtype=np.float32)
+        start = 0
+        for block in _row_blocks(matrix, chunk=ENCODE_ROWS):
+            block = block[:, columns]
+            check_matrix(block, self.module.likelihood, training=False)
+            dense = block.toarray() if sp.issparse(block) else np.asarray(block)
+            x = torch.as_tensor(dense, dtype=torch.float32)
+            z[start : start + len(dense)] = self.module.encode(self.module.represent(x)).numpy()
+            start += len(dense)
+        return z
 
     @torch.no_grad()
     def predict(self, adata: ad.AnnData, layer: str | None = None) -> np.ndarray:
