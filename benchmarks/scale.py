@@ -32,8 +32,16 @@ def _peak_rss_gb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2  # Linux: KiB
 
 
+def _accelerator() -> str:
+    """What ``tl.fit``'s default ``accelerator="auto"`` trains on here: a CUDA device's name, or "cpu"."""
+    import torch
+
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+
+
 def _write(path: str, row: dict) -> None:
     row.update(cpu=platform.machine(), threads=int(os.environ.get("OMP_NUM_THREADS", 2)))
+    row.update(accelerator=_accelerator())
     with open(path, "a") as fh:
         fh.write(json.dumps(row) + "\n")
     print(json.dumps(row), flush=True)
@@ -259,8 +267,13 @@ def report(path: str) -> str:
             "size, schedule and model (genes or DP principal components in), each process alone on the "
             "machine. Seconds per epoch include the "
             "fit's fixed costs (DP k-means releases, latent and label writing), so short schedules "
-            "overstate them. Peak RSS is the process's maximum so far, which includes simulating the "
-            "cells and any earlier fit of the same process. The epochs differ between sizes (an "
+            "overstate them. Peak RSS is the fit's own: the kernel's peak mark is reset before each "
+            "fit, so it counts the cells held in memory but not the simulation's temporary memory "
+            "nor an earlier fit of the same process; rows marked † were written before the "
+            "benchmark reset it and show the process's maximum so far. Repeated rows are "
+            "independent fits (secret sampling and noise); the input column names the CUDA device "
+            'when a fit trained on one (`tl.fit`\'s `accelerator="auto"`), else it ran on the CPU threads '
+            "below. The epochs differ between sizes (an "
             "epoch is n / batch steps), so the ARI column compares ε within a size, not sizes with "
             "each other. `--backed` rows fit the simulated cells written to an `.h5ad` file by a "
             'child process and opened with `backed="r"`; their peak RSS is the fit\'s own (the '
@@ -273,27 +286,33 @@ def report(path: str) -> str:
             "of simulated types.",
             "",
             "| atlas from | cells | input | scope | private optimizer | private lr | expected batch | "
-            "ε | σ | epochs | s / epoch | DP / non-private time | ARI | clusters used | peak RSS (GB) |",
+            "ε | σ | epochs | s / epoch | DP / non-private time | ARI | clusters used | fit peak RSS (GB) |",
             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         # a private row's time divides by the non-private row of the same model (genes or DP PCs in)
         fits["model_input"] = fits.get("input_pcs", missing).fillna(-1)
         keys = ["source", "cells", "epochs", "batch_size", "backed", "model_input"]
         for (source, cells, epochs, _, backed, _), g in fits.groupby(keys, sort=False):
-            base = g[g["epsilon"].isna()]["s_per_epoch"]
+            base = g[g["epsilon"].isna()]["s_per_epoch"].mean()
             for _, r in g.sort_values("epsilon", ascending=False, na_position="last").iterrows():
                 eps = "none" if pd.isna(r["epsilon"]) else f"{r['epsilon']:g}"
-                ratio = f"{r['s_per_epoch'] / base.iloc[0]:.2f}" if len(base) else "–"
-                peak = r["fit_peak_rss_gb"] if backed else r["peak_rss_gb"]
+                ratio = "–" if pd.isna(base) else f"{r['s_per_epoch'] / base:.2f}"
+                reset = "fit_peak_rss_gb" in r and not pd.isna(r["fit_peak_rss_gb"])
+                peak = f"{r['fit_peak_rss_gb']:.2f}" if reset else f"{r['peak_rss_gb']:.2f} †"
+                where = "backed file" if backed else "in memory"
+                device = r.get("accelerator", "cpu")
+                where += "" if pd.isna(device) or device == "cpu" else f", {device}"
                 lines.append(
-                    f"| {source} | {int(cells):,} | {'backed file' if backed else 'in memory'} | "
+                    f"| {source} | {int(cells):,} | {where} | "
                     f"{_scope_label(r)} | "
                     f"{r['optimizer'] if r['guarantee'] != 'none' else '–'} | {r['lrs']} | "
                     f"{int(r['batch_size']):,} | {eps} | {r['sigma']} | {int(epochs)} | "
                     f"{r['s_per_epoch']:.2f} | {ratio} | {r['ari']:.3f} | {int(r['clusters_used'])} | "
-                    f"{peak:.2f} |"
+                    f"{peak} |"
                 )
-    return "\n".join(lines) + f"\n\nRan on: {', '.join(sorted(df['cpu'].astype(str).unique()))}, 2 threads.\n"
+    devices = df.get("accelerator", pd.Series("cpu", index=df.index)).fillna("cpu").unique()
+    ran_on = f"{', '.join(sorted(df['cpu'].astype(str).unique()))}, 2 threads"
+    return "\n".join(lines) + f"\n\nRan on: {ran_on}; trained on: {', '.join(sorted(devices))}.\n"
 
 
 def plot(path: str, figure: str) -> None:
