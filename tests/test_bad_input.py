@@ -106,6 +106,10 @@ def test_small_data_rule_reads_only_the_plan():
     assert small_data_message(4271, 0.1, sigma, 8.0) is None  # PBMC 4k at ε = 8
     # more noise (a smaller ε) needs more cells
     assert small_data_message(4271, 0.1, 4 * sigma, 1.0) is not None
+    # each model's warning quotes that model's measurements
+    full = small_data_message(few, 0.1, sigma, 8.0, reads_pcs=True)
+    assert "principal-component model" in full and "at most 0.44" in full
+    assert "gene-reading model" in message and "at most 0.34" in message
 
 
 def test_large_n_defaults_read_only_the_number_of_cells():

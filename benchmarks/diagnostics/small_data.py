@@ -32,7 +32,8 @@ from dpdcan_benchmark import load
 def one(
     dataset: str, data: Path, n: int, seed: int, epsilon: float, methods=("dpdcan", "pipeline")
 ) -> list[dict]:
-    """The private methods (``"dpdcan"``, ``"pipeline"``) on one subsample of ``n`` cells."""
+    """The private methods on one subsample of ``n`` cells: ``"dpdcan"`` (default fit, encoder
+    scope), ``"full"`` (default fit, ``scope="full"``) and ``"pipeline"``."""
     import scanpy as sc
     from sklearn.metrics import adjusted_rand_score
 
@@ -44,20 +45,31 @@ def one(
     sc.pp.filter_genes(adata, min_counts=1)  # as the benchmarks' loader does (not covered by ε)
     k = adata.obs["label"].nunique()
     rows = []
-    if "dpdcan" in methods:
+    for method, scope in (("dpdcan", "encoder"), ("full", "full")):
+        if method not in methods:
+            continue
         start = time.perf_counter()
         fitted = adata.copy()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             dpsc.tl.fit(
-                fitted, epsilon=epsilon, n_clusters=k, random_state=seed, noise_seed=seed, progress_bar=False
+                fitted,
+                epsilon=epsilon,
+                n_clusters=k,
+                scope=scope,
+                random_state=seed,
+                noise_seed=seed,
+                progress_bar=False,
             )
-        rows.append(("DP-DCAN (default)", fitted.obs["dp_cluster"], time.perf_counter() - start))
+        name = "DP-DCAN (default)" if scope == "encoder" else "DP-DCAN scope=full (default)"
+        record = dpsc.privacy.get_record(fitted, "X_dpdcan")
+        plan = {"noise_multiplier": record["noise_multiplier"], "sample_rate": record["sample_rate"]}
+        rows.append((name, fitted.obs["dp_cluster"], time.perf_counter() - start, plan))
     if "pipeline" in methods:
         start = time.perf_counter()
         piped = adata.copy()
         fit_pipeline(piped, epsilon, seed)
-        rows.append(("DP pipeline", piped.obs["dp_kmeans"], time.perf_counter() - start))
+        rows.append(("DP pipeline", piped.obs["dp_kmeans"], time.perf_counter() - start, {}))
     truth = adata.obs["label"].astype(str)
     return [
         {
@@ -70,8 +82,9 @@ def one(
             "clusters_used": int(pred.nunique()),
             "k": k,
             "wall_s": wall,
+            **plan,
         }
-        for method, pred, wall in rows
+        for method, pred, wall, plan in rows
     ]
 
 
@@ -101,8 +114,8 @@ def main() -> None:
     parser.add_argument("--epsilon", type=float, default=8.0)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default="benchmarks/results/small_data.jsonl")
-    methods = ["dpdcan", "pipeline"]
-    parser.add_argument("--methods", nargs="+", default=methods, choices=methods)
+    methods = ["dpdcan", "full", "pipeline"]
+    parser.add_argument("--methods", nargs="+", default=["dpdcan", "pipeline"], choices=methods)
     parser.add_argument("--report")
     args = parser.parse_args()
     if args.report:

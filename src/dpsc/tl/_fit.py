@@ -182,7 +182,9 @@ def fit(
     plan = _plan(adata.n_obs, {**train_kwargs, "input_pcs": model_kwargs["input_pcs"]}, options)
     _check_planned_budget(adata, key_added, plan)
     if plan.settings is not None:
-        message = small_data_message(adata.n_obs, plan.sample_rate, plan.settings.noise_multiplier, epsilon)
+        sigma = plan.settings.noise_multiplier
+        reads_pcs = model_kwargs["input_pcs"] is not None
+        message = small_data_message(adata.n_obs, plan.sample_rate, sigma, epsilon, reads_pcs)
         if message:
             warnings.warn(message, UserWarning, stacklevel=2)
 
