@@ -80,8 +80,12 @@ def fit_pipeline(adata, eps: float, seed: int, hvg: bool = False) -> dict[str, f
     return eps_of
 
 
-def release_ari(adata, eps: float, seed: int, hvg: bool = False) -> float:
-    """Fit on 70 % of the cells; assign the other 30 % with the released genes, loadings and centroids."""
+def release_ari(adata, eps: float, seed: int, hvg: bool = False) -> tuple[float, float]:
+    """Fit on 70 % of the cells; assign the other 30 % with the released genes, loadings and centroids.
+
+    Returns the ARI on the held-out 30 % and that fit's ARI on its own 70 %: the gap between the
+    two is what sharing costs, apart from the smaller training set.
+    """
     from dpsc.pp._dp_pca import unit_rows
     from dpsc.tl._kmeans import nearest_centroid
 
@@ -91,7 +95,8 @@ def release_ari(adata, eps: float, seed: int, hvg: bool = False) -> float:
     fit_pipeline(train, eps, seed, hvg)
     z = np.asarray(unit_rows(held[:, train.var_names].X) @ train.varm["PCs"])
     pred = nearest_centroid(z, train.uns["dpsc"]["dp_kmeans"]["centroids"]).astype(str)
-    return adjusted_rand_score(held.obs["label"], pred)
+    own = adjusted_rand_score(train.obs["label"], train.obs["dp_kmeans"])
+    return adjusted_rand_score(held.obs["label"], pred), own
 
 
 def run_pipeline(adata, eps: float, seed: int, hvg: bool = False) -> dict:
@@ -103,10 +108,12 @@ def run_pipeline(adata, eps: float, seed: int, hvg: bool = False) -> dict:
     wall = time.perf_counter() - start
     spent, delta = dpsc.privacy.spent(cells)
     steps = "pp.highly_variable_genes + pp.pca + tl.kmeans" if hvg else "pp.pca + tl.kmeans"
+    held_ari, train_split_ari = release_ari(adata, eps, seed, hvg)
     return {
         "method": f"DP pipeline ({steps})",
         **score(cells.obs["label"], cells.obs["dp_kmeans"]),
-        "release_ari": release_ari(adata, eps, seed, hvg),
+        "release_ari": held_ari,
+        "train_split_ari": train_split_ari,
         "epsilon_spent": spent,
         "delta": delta,
         **{f"epsilon_{name}": value for name, value in eps_of.items()},
@@ -147,6 +154,7 @@ def run_dpdcan(adata, eps: float, seed: int, scope: str) -> dict:
         "method": f"DP-DCAN scope={scope} ({record['guarantee']})",
         **score(cells.obs["label"], cells.obs["dp_cluster"]),
         "release_ari": adjusted_rand_score(held.obs["label"], held_pred),
+        "train_split_ari": adjusted_rand_score(train.obs["label"], train.obs["dp_cluster"]),
         "epsilon_spent": spent,
         "delta": delta,
         "wall_s": wall,
@@ -230,7 +238,9 @@ def report(path: str) -> str:
         "the Euclidean plan with three Lloyd rounds scored higher (0.528 ± 0.006 over 3 seeds). "
         "ARI and NMI: all cells, as the baseline. "
         "Release ARI: a second fit on 70 % of the cells; the other 30 % were assigned with the "
-        "released loadings and centroids only.",
+        "released loadings and centroids only. `same fit, its 70 %`: that second fit's ARI on the "
+        "cells it was trained on, so release ARI minus this column is what assigning unseen cells "
+        "costs (the ARI column's fit saw all cells, more than the second fit).",
         "",
         "`bladder_allgenes` (the 2100-cell mouse bladder file with all 20670 genes; rows made with "
         "`--datasets bladder_allgenes`): the DP pipeline selects 2000 genes with "
@@ -254,9 +264,10 @@ def report(path: str) -> str:
         lines += [
             f"## {name}",
             "",
-            "| method | ε | ARI | NMI | clusters used | release ARI (30 % held out) | seeds |",
+            "| method | ε | ARI | NMI | clusters used | release ARI (30 % held out) "
+            "| same fit, its 70 % | seeds |",
         ]
-        lines.append("|---|---|---|---|---|---|---|")
+        lines.append("|---|---|---|---|---|---|---|---|")
         for (method, eps), g in group.groupby(["method", "epsilon"], sort=False):
 
             def ms(col, g=g):
@@ -269,7 +280,8 @@ def report(path: str) -> str:
             )
             e = "none" if np.isinf(eps) else f"{eps:g}"
             lines.append(
-                f"| {method} | {e} | {ms('ari')} | {ms('nmi')} | {used} | {ms('release_ari')} | {len(g)} |"
+                f"| {method} | {e} | {ms('ari')} | {ms('nmi')} | {used} | {ms('release_ari')} "
+                f"| {ms('train_split_ari')} | {len(g)} |"
             )
         lines.append("")
     lines.append(
