@@ -236,13 +236,19 @@ def dcan_record(
         f"sampled Gaussian, sigma={s.noise_multiplier:.4g}, q={s.sample_rate:.4g}, "
         f"C={s.max_grad_norm:g} (DP-SGD) and sensitivity-scaled releases (k-means, frequencies)"
     ]
-    if plan.loadings_noise_multiplier is not None:
-        mechanism = "one Gaussian release of the gene second-moment matrix (the input loadings), " + mechanism
-        mechanisms.insert(
-            0,
-            f"Gaussian, sigma={plan.loadings_noise_multiplier:.4g}, sensitivity 1, q=1 (input loadings)",
-        )
     curve_steps, curve_eps = epsilon_curve(history, plan.delta, plan.accountant)
+    details = {
+        "private_parameters": private,
+        "kmeans_steps": plan.counts["kmeans"],
+        "frequency_steps": plan.counts["frequency"],
+        "curve_steps": curve_steps,
+        "curve_epsilon": curve_eps,
+    }
+    if plan.loadings_noise_multiplier is not None:
+        sigma_v = plan.loadings_noise_multiplier
+        mechanism = "one Gaussian release of the gene second-moment matrix (the input loadings), " + mechanism
+        mechanisms.insert(0, f"Gaussian, sigma={sigma_v:.4g}, sensitivity 1, q=1 (input loadings)")
+        details["loadings_noise_multiplier"] = sigma_v
     return PrivacyRecord(
         tool="fit",
         epsilon=spent,
@@ -272,16 +278,5 @@ def dcan_record(
         max_grad_norm=s.max_grad_norm,
         scope=plan.scope,
         noise=plan.noise.to_dict(),
-        details={
-            "private_parameters": private,
-            "kmeans_steps": plan.counts["kmeans"],
-            "frequency_steps": plan.counts["frequency"],
-            "curve_steps": curve_steps,
-            "curve_epsilon": curve_eps,
-        }
-        | (
-            {}
-            if plan.loadings_noise_multiplier is None
-            else {"loadings_noise_multiplier": plan.loadings_noise_multiplier}
-        ),
+        details=details,
     )
