@@ -7,7 +7,8 @@ import scipy.sparse as sp
 from sklearn.metrics import adjusted_rand_score
 
 import dpsc
-from dpsc.pp._dp_pca import unit_rows
+from dpsc.pp import _dp_pca
+from dpsc.pp._dp_pca import second_moment, unit_rows
 from dpsc.privacy import BudgetExceededError, kmeans_release_steps, ledger_frame, set_budget, spent
 from dpsc.tl._kmeans import KMEANS_DEFAULTS, nearest_centroid
 
@@ -33,6 +34,17 @@ def test_one_cell_moves_the_released_matrix_by_at_most_one():
         z = unit_rows(rng.poisson(3.0, size=(1, 30)) + 1.0)[0]
         iu = np.triu_indices(30)
         assert np.linalg.norm(np.outer(z, z)[iu]) <= 1.0 + 1e-12
+
+
+def test_second_moment_sums_every_cell_across_dense_blocks(monkeypatch):
+    adata = blobs(n_per=40)  # 160 cells, read 7 at a time: 22 full blocks and a partial one
+    monkeypatch.setattr(_dp_pca, "DENSE_ROWS", 7)
+    Z = unit_rows(adata.X).toarray()
+    expected = Z.T @ Z
+    np.testing.assert_allclose(second_moment(adata.X), expected, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(second_moment(adata.X.toarray()), expected, rtol=1e-12, atol=1e-12)
+    without_last = second_moment(adata.X[:-1])  # a cell in the partial block counts once
+    np.testing.assert_allclose(expected - without_last, np.outer(Z[-1], Z[-1]), atol=1e-12)
 
 
 def test_pca_writes_scanpy_keys_and_a_proven_record():

