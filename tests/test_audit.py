@@ -101,12 +101,14 @@ def test_full_batch_audit_claims_with_the_named_accountant_and_still_flags_a_bro
     table = dpsc.tl.audit(small_adata, epsilon=2.0, method="one_run", batch_size=n, accountant="prv", **RUN)
     row, record = table.iloc[0], small_adata.uns["dpsc"]["audit"]["privacy"]
     assert row["sample_rate"] == 1.0 and record["accountant"] == "prv"
-    assert 1.95 <= row["epsilon_claimed"] <= 2.0 + 1e-6  # calibrated to the target
     steps, delta = int(record["steps"]), float(record["delta"])
-    # the claim is the named (PRV) accountant's value for the recorded sigma, q = 1 and steps
     prv = dpsc.privacy.make_accountant("prv")
     prv.history = [(float(record["noise_multiplier"]), 1.0, steps)]
-    assert row["epsilon_claimed"] == pytest.approx(prv.get_epsilon(delta), rel=1e-3)
+    prv_epsilon = prv.get_epsilon(delta)  # computed here, not read from the audit
+    # the recorded sigma was calibrated with PRV: under PRV it spends the target (an RDP-calibrated
+    # sigma spends about 1.84 of 2 under PRV at these settings, and fails this)
+    assert 1.95 <= prv_epsilon <= 2.0 + 1e-6
+    assert row["epsilon_claimed"] == pytest.approx(prv_epsilon, rel=1e-3)  # the claim is PRV's
     rdp_sigma = dpsc.privacy.calibrate_noise_multiplier(2.0, delta, 1.0, steps, accountant="rdp")
     assert record["noise_multiplier"] < 0.97 * rdp_sigma  # PRV is tighter: less noise for the same ε
     assert record["epsilon"] == pytest.approx(row["epsilon_claimed"], rel=1e-3)
