@@ -232,6 +232,16 @@ def _scope_label(row) -> str:
     return "full, genes in" if pd.isna(pcs) or pcs < 0 else f"full, {int(pcs)} DP PCs in"
 
 
+def _fit_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """The fit rows, with the options that rows written before a column existed ran with."""
+    fits = df[df["stage"] == "fit"].copy()
+    defaults = {"backed": False, "scope": "encoder", "optimizer": "sgd", "source": "pbmc4k"}
+    for column, default in defaults.items():
+        fits[column] = fits.get(column, pd.Series(default, index=fits.index)).fillna(default)
+    fits["backed"] = fits["backed"].astype(bool)
+    return fits
+
+
 def report(path: str) -> str:
     df = pd.read_json(path, lines=True)
     lines = [
@@ -255,13 +265,8 @@ def report(path: str) -> str:
                 f"{r['peak_rss_gb']:.2f} |"
             )
         lines.append("")
-    fits = df[df["stage"] == "fit"].copy()
+    fits = _fit_rows(df)
     if len(fits):
-        defaults = {"backed": False, "scope": "encoder", "optimizer": "sgd", "source": "pbmc4k"}
-        for column, default in defaults.items():
-            # rows written before a column existed ran with its default
-            fits[column] = fits.get(column, pd.Series(default, index=fits.index)).fillna(default)
-        fits["backed"] = fits["backed"].astype(bool)
         sigma = fits.get("noise_multiplier", pd.Series(float("nan"), index=fits.index))
         private = fits["guarantee"] != "none"
         fits["sigma"] = [
@@ -343,16 +348,12 @@ def plot(path: str, figure: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fits = pd.read_json(path, lines=True)
-    fits = fits[fits["stage"] == "fit"].copy()
-    defaults = {"backed": False, "scope": "encoder", "optimizer": "sgd", "source": "pbmc4k"}
-    for column, default in defaults.items():
-        fits[column] = fits.get(column, pd.Series(default, index=fits.index)).fillna(default)
+    fits = _fit_rows(pd.read_json(path, lines=True))
     pcs = fits.get("input_pcs", pd.Series(float("nan"), index=fits.index)).fillna(-1)
     default_model = (fits["scope"] == "encoder") | (pcs > 0)  # full scope: its DP-PC model
     fits = fits[
         default_model
-        & ~fits["backed"].astype(bool)
+        & ~fits["backed"]
         & (fits["optimizer"] == "sgd")
         & (fits["source"] == "pbmc4k")
         & fits.get("private_lr", pd.Series(float("nan"), index=fits.index)).isna()
