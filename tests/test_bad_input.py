@@ -35,13 +35,17 @@ def _set(adata, value, where=(0, 0)):
     return adata
 
 
+# Bad values in the cells are refused by a non-private fit (nothing to protect: the message helps);
+# a DP fit never refuses because of what a cell contains (test_dp_fit_reads_bad_values_per_cell).
+NON_PRIVATE = {"epsilon": None}
 CASES = {
-    "non-integer": (lambda a: _set(a, 0.5), {}, "non-integer"),
-    "negative": (lambda a: _set(a, -1.0), {}, "negative"),
-    "nan": (lambda a: _set(a, np.nan), {}, "NaN"),
-    "inf": (lambda a: _set(a, np.inf), {}, "NaN or infinite"),
-    "zero cell": (lambda a: _zero_row(a), {}, "filter_cells"),
-    "zero gene": (lambda a: _zero_col(a), {}, "filter_genes"),
+    "non-integer": (lambda a: _set(a, 0.5), NON_PRIVATE, "non-integer"),
+    "negative": (lambda a: _set(a, -1.0), NON_PRIVATE, "negative"),
+    "nan": (lambda a: _set(a, np.nan), NON_PRIVATE, "NaN"),
+    "inf": (lambda a: _set(a, np.inf), NON_PRIVATE, "NaN or infinite"),
+    "zero cell": (lambda a: _zero_row(a), NON_PRIVATE, "filter_cells"),
+    "zero gene": (lambda a: _zero_col(a), NON_PRIVATE, "filter_genes"),
+    "epsilon text": (lambda a: a, {"epsilon": "8"}, "epsilon must be a number"),
     "epsilon 0": (lambda a: a, {"epsilon": 0.0}, "epsilon must be"),
     "epsilon negative": (lambda a: a, {"epsilon": -1.0}, "epsilon must be"),
     "delta 0": (lambda a: a, {"delta": 0.0}, "delta must satisfy"),
@@ -75,14 +79,36 @@ def test_bad_input_fails_fast_and_leaves_adata_alone(small_adata, case):
     make, kwargs, message = CASES[case]
     adata = make(small_adata)
     snap = snapshot(adata)
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises((ValueError, TypeError), match=message):
         dpsc.tl.fit(adata, **{"epsilon": 8.0, "n_clusters": 3, **kwargs})
     assert_unchanged(adata, snap)
 
 
+def test_dp_fit_reads_bad_values_per_cell(small_adata, tiny_fit):
+    """Under DP, refuse-versus-run must not depend on the cells: bad values read as 0, no refusal."""
+    adata = _zero_col(_zero_row(_set(_set(_set(small_adata, 0.5), -1.0, (1, 1)), np.nan, (2, 2))))
+    with pytest.warns(UserWarning):  # 300 cells are few at epsilon = 8
+        dpsc.tl.fit(adata, epsilon=8.0, **tiny_fit)
+    assert np.isfinite(adata.obsm["X_dpdcan"]).all()
+    assert dpsc.privacy.get_record(adata, "X_dpdcan")["guarantee"] == "heuristic"
+
+
+def test_log_normalised_input_is_refused_from_public_metadata(small_adata):
+    adata = small_adata.copy()
+    adata.uns["log1p"] = {"base": None}  # what scanpy's sc.pp.log1p writes
+    for call in (
+        lambda: dpsc.tl.fit(adata, epsilon=8.0, n_clusters=3),
+        lambda: dpsc.pp.pca(adata, epsilon=4.0),
+        lambda: dpsc.pp.highly_variable_genes(adata, 50, epsilon=1.0),
+    ):
+        with pytest.raises(ValueError, match="log"):
+            call()
+    assert "dpsc" not in adata.uns
+
+
 def test_error_messages_name_the_fix(small_adata):
     with pytest.raises(ValueError, match="likelihood='gaussian'"):
-        dpsc.tl.fit(_set(small_adata, 0.5), epsilon=8.0)
+        dpsc.tl.fit(_set(small_adata, 0.5), epsilon=None)
 
 
 def test_not_an_anndata():
@@ -115,7 +141,7 @@ def test_small_data_rule_reads_only_the_plan():
 def test_large_n_defaults_read_only_the_number_of_cells():
     """δ stays 10x below 1/n and the default batch stops growing at 4096 cells, so q falls with n."""
     from dpsc._validation import check_fit_args, check_privacy_args, default_batch_size, resolve_delta
-    from dpsc.tl._fit import _plan
+    from dpsc.model._dcan_privacy import TrainSettings, plan_fit
 
     assert resolve_delta(None, 4271) == 1e-5 and resolve_delta(3e-6, 10**6) == 3e-6
     for n in (10**4, 10**5, 10**6):
@@ -124,18 +150,22 @@ def test_large_n_defaults_read_only_the_number_of_cells():
         check_privacy_args(8.0, delta, n)  # the default is always accepted
     assert default_batch_size(4271) == 427 and default_batch_size(10**6) == 4096
     assert check_fit_args(n_obs=10**6, n_clusters=8, scope="encoder", batch_size=None) == 4096
-    options = dpsc.model.DPDCAN.check_options(None, None, "sgd")
-    plan = _plan(10**6, {"epsilon": 8.0, "delta": resolve_delta(None, 10**6), "batch_size": 4096}, options)
+    plan = plan_fit(TrainSettings(epsilon=8.0), 10**6, n_clusters=8, input_pcs=None, latent_scale=3.0)
     assert plan.sample_rate == 4096 / 10**6 and plan.settings.noise_multiplier < 2.3
+    assert plan.delta == resolve_delta(None, 10**6)
+    # the model's own train() takes the same default delta at any n (it used to reject 1e-5 at 10^5)
+    plan_fit(
+        TrainSettings(epsilon=8.0, delta=None), 2 * 10**5, n_clusters=8, input_pcs=None, latent_scale=3.0
+    )
 
 
 def test_checks_read_backed_matrices_in_row_blocks(small_adata, tmp_path, monkeypatch):
     """Validation streams a backed matrix block by block and still finds a bad value in any block."""
     import anndata as ad
 
-    from dpsc import _validation
+    from dpsc import _blocks, _validation
 
-    monkeypatch.setattr(_validation, "ROW_CHUNK", 64)
+    monkeypatch.setattr(_blocks, "ROW_CHUNK", 64)
     bad = small_adata.copy()
     counts = bad.X.astype(np.float32).tolil()
     counts[250, counts[250].nonzero()[1][0]] = 0.5  # a non-integer in a later block

@@ -6,38 +6,38 @@ import torch
 
 import dpsc
 from dpsc.module import dec_kl_per_cell, per_cell_target, student_t_assignment
-from dpsc.privacy import dp_cluster_frequency
+from dpsc.privacy import NoiseSource, dp_cluster_frequency
 
 
 def test_exact_release_is_the_column_sum_and_one_cell_moves_it_by_at_most_one():
     q = student_t_assignment(torch.rand(50, 4) * 5)
-    exact = dp_cluster_frequency(q, noise_multiplier=0.0, generator=None, floor=0.0)
+    exact = dp_cluster_frequency(q, noise_multiplier=0.0, rng=None, floor=0.0)
     torch.testing.assert_close(exact, q.double().sum(0))
-    without_last = dp_cluster_frequency(q[:-1], noise_multiplier=0.0, generator=None, floor=0.0)
+    without_last = dp_cluster_frequency(q[:-1], noise_multiplier=0.0, rng=None, floor=0.0)
     # add/remove one cell: the L2 change is the cell's own row, at most 1 (the sensitivity)
     change = (exact - without_last).norm().item()
     assert change == pytest.approx(q[-1].double().norm().item())
     assert change <= 1.0
     # a one-hot row attains the bound
     onehot = torch.eye(4)[:1]
-    assert dp_cluster_frequency(onehot, noise_multiplier=0.0, generator=None, floor=0.0).norm() == 1.0
+    assert dp_cluster_frequency(onehot, noise_multiplier=0.0, rng=None, floor=0.0).norm() == 1.0
 
 
 def test_noise_std_is_sigma_and_floor_applies():
     q = torch.full((10, 3), 1 / 3)
-    gen = torch.Generator().manual_seed(0)
+    rng = NoiseSource(0).stream("test")
     draws = torch.stack(
-        [dp_cluster_frequency(q, noise_multiplier=2.5, generator=gen, floor=-1e9) for _ in range(4000)]
+        [dp_cluster_frequency(q, noise_multiplier=2.5, rng=rng, floor=-1e9) for _ in range(4000)]
     )
     assert draws.mean().item() == pytest.approx(10 / 3, abs=0.1)
     assert draws.std().item() == pytest.approx(2.5, rel=0.05)
-    low = dp_cluster_frequency(torch.zeros(0, 3), noise_multiplier=5.0, generator=gen, floor=1.0)
+    low = dp_cluster_frequency(torch.zeros(0, 3), noise_multiplier=5.0, rng=rng, floor=1.0)
     assert torch.all(low >= 1.0)
 
 
 def test_rows_off_the_simplex_are_refused():
     with pytest.raises(ValueError, match="simplex"):
-        dp_cluster_frequency(torch.full((2, 2), 1.0), noise_multiplier=1.0, generator=None)
+        dp_cluster_frequency(torch.full((2, 2), 1.0), noise_multiplier=1.0, rng=None)
 
 
 def test_target_with_frequency_is_dec_equation_3():

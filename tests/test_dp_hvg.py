@@ -6,8 +6,8 @@ import pytest
 import scipy.sparse as sp
 
 import dpsc
-from dpsc.pp._dp_hvg import SENSITIVITY, per_cell_contributions
 from dpsc.privacy import get_record, spent
+from dpsc.privacy._hvg import SENSITIVITY, per_cell_contributions
 
 
 def marker_data(n_cells=1200, n_markers=40, n_flat=400, seed=0):

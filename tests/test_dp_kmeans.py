@@ -7,8 +7,16 @@ import pytest
 import torch
 from sklearn.metrics import adjusted_rand_score
 
-from dpsc.privacy import dp_kmeans_centroids, kmeans_release_steps
-from dpsc.privacy._kmeans import _noisy_table, table_sensitivity
+from dpsc.privacy import (
+    Assignment,
+    NoiseSource,
+    dp_kmeans_centroids,
+    kmeans_release_steps,
+    kmeans_table,
+    split_table,
+    table_release,
+)
+from dpsc.privacy._kmeans import table_sensitivity
 
 RADIUS = 3.0
 
@@ -22,16 +30,29 @@ def _blobs_on_sphere(n_per: int = 150, k: int = 4, d: int = 8, seed: int = 0):
     return torch.as_tensor(z), np.repeat(np.arange(k), n_per)
 
 
-def _run(z, k, sigma, seed=0, **kwargs):
+def _run(z, k, sigma, seed=0, count_scale=1.0, **kwargs):
+    """DP k-means on Poisson samples (q = 0.1) of z, one noisy table per release."""
     rng = np.random.default_rng(seed)
+    noise = NoiseSource(seed)
     steps = []
+    d = z.shape[1]
+
+    def release_table(assignment):
+        sample = z[torch.as_tensor(rng.random(len(z)) < 0.1)]
+        table = kmeans_table(sample, assignment, RADIUS, count_scale)
+        spec = table_release(assignment.n_rows, d, RADIUS, count_scale, sigma, 0.1)
+        steps.append(1)
+        return split_table(
+            spec.release(table, noise.stream("test")), assignment.n_rows, d, RADIUS, count_scale
+        )
+
     centroids = dp_kmeans_centroids(
-        lambda: z[torch.as_tensor(rng.random(len(z)) < 0.1)],
+        release_table,
         k,
+        d,
         noise_multiplier=sigma,
         clip_norm=RADIUS,
-        record_step=lambda: steps.append(1),
-        generator=torch.Generator().manual_seed(seed),
+        count_scale=count_scale,
         sphere_radius=RADIUS,
         random_state=seed,
         **kwargs,
@@ -52,35 +73,25 @@ def test_every_release_is_one_accounted_step(counts):
 
 @pytest.mark.parametrize("count_scale", [1.0, 0.3])
 def test_one_cell_moves_a_table_by_at_most_the_sensitivity(count_scale):
-    """Noise-free tables of neighbouring data sets (one cell added) differ by ≤ Δ = R·sqrt(1+κ²)."""
+    """Exact tables of neighbouring data sets (one cell added) differ by ≤ Δ = R·sqrt(1+κ²)."""
     z, _ = _blobs_on_sphere(n_per=20)
     extra = torch.full((1, z.shape[1]), 10.0, dtype=torch.float64)  # far outside the clip radius
-    rows = torch.arange(len(z)) % 5
-    gen = torch.Generator().manual_seed(0)
-    weight = count_scale * RADIUS
-    s0, c0 = _noisy_table(z, rows, 5, RADIUS, 0.0, gen, count_scale)
-    s1, c1 = _noisy_table(
-        torch.cat([z, extra]), torch.cat([rows, torch.tensor([2])]), 5, RADIUS, 0.0, gen, count_scale
-    )
-    change = torch.cat([(s1 - s0).flatten(), weight * (c1 - c0)]).norm()
+    nearest = Assignment("nearest", np.eye(z.shape[1])[:5] * RADIUS)
+    t0 = kmeans_table(z, nearest, RADIUS, count_scale)
+    t1 = kmeans_table(torch.cat([z, extra]), nearest, RADIUS, count_scale)
+    change = np.linalg.norm(t1 - t0)
     assert change == pytest.approx(table_sensitivity(RADIUS, count_scale))
     assert change > RADIUS  # the bound is attained, so it is not loose by construction
 
 
 def test_noise_has_the_calibrated_scale():
-    """Entries carry N(0, (σΔ)²); the returned counts are divided by the count weight κR."""
-    sigma, count_scale = 1.7, 0.3
-    empty = torch.zeros(0, 8, dtype=torch.float64)
-    sums, counts = _noisy_table(
-        empty,
-        torch.zeros(0, dtype=torch.long),
-        4000,
-        RADIUS,
-        sigma,
-        torch.Generator().manual_seed(1),
-        count_scale,
-    )
+    """Entries carry noise of std σΔ (lattice: at most 0.1 % more); counts are divided by κR."""
+    sigma, count_scale, d, rows = 1.7, 0.3, 8, 4000
+    spec = table_release(rows, d, RADIUS, count_scale, sigma)
+    noisy = spec.release(np.zeros(rows * (d + 1)), NoiseSource(1).stream("test"))
+    sums, counts = split_table(noisy, rows, d, RADIUS, count_scale)
     delta = table_sensitivity(RADIUS, count_scale)
+    assert sigma * delta <= spec.noise_std <= 1.001 * sigma * delta
     assert float(sums.std()) == pytest.approx(sigma * delta, rel=0.03)
     assert float(counts.std()) == pytest.approx(sigma * delta / (count_scale * RADIUS), rel=0.05)
 

@@ -134,7 +134,7 @@ def test_empty_batch_still_steps_and_is_accounted(tiny_module):
 def test_generators_follow_the_parameters_device():
     from dpsc.module._dcan import mask_views
 
-    assert NoiseSource(5).torch_generator("dpsgd", "cpu").device.type == "cpu"
+    assert NoiseSource(5).stream("dpsgd").gaussian_tensor(1.0, (3,), "cpu").device.type == "cpu"
     # masks come from the generator's own device, so a seeded CPU generator gives the same
     # masks whatever device the data is on
     rep = torch.ones(4, 6)
@@ -142,7 +142,7 @@ def test_generators_follow_the_parameters_device():
     b = mask_views(rep, 2, 0.5, torch.Generator().manual_seed(3))
     assert torch.equal(a, b) and 0 < int((a == 0).sum()) < a.numel()
     if torch.cuda.is_available():
-        moved = NoiseSource(5).torch_generator("dpsgd", "cuda")
+        moved = NoiseSource(5).stream("dpsgd").gaussian_tensor(1.0, (3,), "cuda")
         assert moved.device.type == "cuda"
         on_gpu = mask_views(rep.cuda(), 2, 0.5, torch.Generator().manual_seed(3))
         assert torch.equal(on_gpu.cpu(), a)

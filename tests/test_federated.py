@@ -89,7 +89,7 @@ def test_fit_federated_two_clients_two_rounds(small_adata):
     adata = small_adata.copy()
     dpsc.pp.partition(adata, 2, label_key="cell_type", types_per_client=4)
     dpsc.tl.fit_federated(adata, epsilon=None, rounds=2, local_epochs=1, n_clusters=4)
-    record = adata.uns["dpsc"]["federated"]
+    record = adata.uns["dpsc"]["X_fedsc"]
     assert adata.obsm["X_fedsc"].shape == (adata.n_obs, 60)
     assert adata.obs["fed_cluster"].nunique() <= 4
     assert len(record["loss"]) == 2 and np.isfinite(record["loss"]).all()
@@ -122,7 +122,7 @@ def test_fit_federated_with_pooled_gene_scaling(small_adata):
     adata = small_adata.copy()
     dpsc.pp.partition(adata, 2, label_key="cell_type", types_per_client=4)
     dpsc.tl.fit_federated(adata, epsilon=None, rounds=2, local_epochs=1, n_clusters=4, scale_genes=True)
-    record = adata.uns["dpsc"]["federated"]
+    record = adata.uns["dpsc"]["X_fedsc"]
     assert record["scale_genes"] and "per-gene sums" in record["privacy"]["statement"]
     assert np.isfinite(adata.obsm["X_fedsc"]).all() and len(record["loss"]) == 2
     with pytest.raises(ValueError, match="scale_genes=True sends"):
@@ -203,7 +203,7 @@ def test_fit_federated_with_client_level_dp(small_adata, tmp_path):
     assert isinstance(net, dpsc.federated.SSLNet) and "X_fedsc" not in adata.obsm
     assert dpsc.privacy.spent(adata) == dpsc.privacy.spent(out)  # the original's ledger books it too
     adata = out
-    record = adata.uns["dpsc"]["federated"]
+    record = adata.uns["dpsc"]["X_fedsc"]
     privacy = record["privacy"]
     assert set(privacy["epsilon_per_site"]) == set(adata.obs["client"].astype(str))
     assert 0 < privacy["epsilon"] <= 4.0

@@ -7,15 +7,16 @@ import torch
 import dpsc
 from dpsc.model import DPDCAN, SharedEncoder
 from dpsc.model._dcan_privacy import LOADINGS
-from dpsc.pp._dp_pca import unit_rows
 from dpsc.privacy import make_accountant, split_budget
+from dpsc.privacy._pca import unit_rows
 
 
 def test_split_budget_composes_to_the_target_in_the_given_shares():
     parts = {"loadings": (0.6, 1.0, 1), "training": (0.4, 0.1, 200)}
     split = split_budget(4.0, 1e-5, parts)
     (eps_v, sigma_v), (eps_t, sigma_t) = split["loadings"], split["training"]
-    assert eps_v / eps_t == pytest.approx(0.6 / 0.4)
+    # each part is calibrated once to its nominal share, then both σ are scaled by one factor
+    assert eps_v / eps_t == pytest.approx(0.6 / 0.4, rel=0.1)
     acc = make_accountant("rdp")
     acc.history = [(sigma_v, 1.0, 1), (sigma_t, 0.1, 200)]
     assert 0.97 * 4.0 <= acc.get_epsilon(1e-5) <= 4.0
@@ -63,7 +64,7 @@ def test_shared_encoder_carries_the_loadings(small_adata, tmp_path, tiny_fit):
     np.testing.assert_allclose(
         shared.get_latent_representation(small_adata), model.get_latent_representation(), rtol=1e-5, atol=1e-5
     )
-    np.testing.assert_array_equal(shared.predict(small_adata), model.predict())
+    np.testing.assert_array_equal(shared.predict(small_adata), model.predict().astype(str))
 
 
 @pytest.mark.parametrize("bad", [0, 200, 2.5, True])

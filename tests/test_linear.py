@@ -5,6 +5,7 @@ import pytest
 
 import dpsc
 from dpsc import linear
+from dpsc.privacy import NoiseSource
 
 
 def _data(n=200, d=5, seed=0):
@@ -51,7 +52,7 @@ def test_noise_scale_matches_sensitivity_and_split():
     for key in split:
         assert scales[key] == pytest.approx(sens[key] / (split[key] * eps))
     stats = linear.Statistics(np.eye(d), np.zeros(d), 0.0, 10)
-    rng = np.random.default_rng(0)
+    rng = NoiseSource(0).stream("test")
     draws = [linear.perturb(stats, scales, rng) for _ in range(4000)]
     xx_noise = np.array([s.xx[0, 1] for s in draws])
     xy_noise = np.array([s.xy[0] for s in draws])
@@ -65,12 +66,12 @@ def test_noise_scale_matches_sensitivity_and_split():
 @pytest.mark.parametrize("prior", ["fixed", "gamma"])
 def test_epsilon_composition_sums_to_target(prior, monkeypatch):
     if prior == "gamma":  # keep the VI short in the unit tests
-        orig = linear._estimators.gamma_prior_posterior_mean
+        orig = linear._private_fit.gamma_prior_posterior_mean
 
         def short(*a, **k):
             return orig(*a, **k, n_steps=200, n_samples=50)
 
-        monkeypatch.setattr(linear._estimators, "gamma_prior_posterior_mean", short)
+        monkeypatch.setattr(linear._private_fit, "gamma_prior_posterior_mean", short)
     X, y = _data()
     model = linear.RobustPrivateLR(1.5, bounds=(0.5, 2.0), prior=prior, y_center=0.0, y_scale=1.0).fit(X, y)
     assert model.spent_epsilon_ == pytest.approx(1.5)

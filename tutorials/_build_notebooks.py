@@ -293,7 +293,7 @@ results = {}
 for method in ["fedsc", "fedbyol"]:
     a = adata.copy()
     dpsc.tl.fit_federated(a, epsilon=None, method=method, **schedule)  # as published: no DP
-    record = a.uns["dpsc"]["federated"]
+    record = a.uns["dpsc"]["X_fedsc"]
     results[method] = a
     print(f"{method}: {record['seconds_per_round']:.1f} s per round")
 """),

@@ -16,13 +16,12 @@ from typing import Any
 
 import anndata as ad
 
-from .privacy import PrivacyRecord, write_result
-from .privacy._ledger import append
+from .privacy import PrivacyRecord, Spending, write_record
 
 DEFAULT_EPSILON = 8.0
-"""The default ε of every dpsc workflow: one call that trains (``tl.fit``, ``tl.fit_federated``,
-``tl.annotate``, ``tl.private_regression``, and the fits ``tl.audit`` audits) spends 8; the two
-steps of the linear pipeline (``pp.pca`` then ``tl.kmeans``) spend half of it each."""
+"""The default ε of every dpsc call that reads private cells: each call spends 8 unless told
+otherwise (``pp.highly_variable_genes``, ``pp.pca`` and ``tl.kmeans`` included: a whole proven
+clustering in one budget is :func:`dpsc.tl.cluster`, which splits 8 among its steps)."""
 
 
 def store_result(
@@ -33,31 +32,34 @@ def store_result(
     params: dict[str, Any] | None = None,
     *,
     copy: bool,
+    booking: Spending,
     model: Any = None,
     return_model: bool = False,
     **extra: Any,
 ) -> Any:
-    """Write a result's record into ``annotated``, book the read in ``adata``'s ledger, return by the rule.
+    """Write a result's record into ``annotated``, settle its ledger booking, return by the rule.
 
     Parameters
     ----------
     adata
-        The AnnData the user passed.
+        The AnnData the user passed (its ledger holds the booking).
     annotated
         Where the result was written: ``adata`` itself, or its copy when ``copy=True``.
     key, record, params, extra
-        Passed to :func:`dpsc.privacy.write_result` for ``annotated``.
+        Passed to :func:`dpsc.privacy.write_record` for ``annotated``.
     copy, model, return_model
         The call's arguments and what it trained (module docstring).
+    booking
+        The call's :func:`dpsc.privacy.spending` booking; settled here with ``record``, in
+        ``adata``'s ledger and in the copy's.
 
     Returns
     -------
     ``None``; ``annotated`` with ``copy=True``; ``model`` (or ``(annotated, model)``) with
     ``return_model=True``.
     """
-    write_result(annotated, key, record, params, **extra)
-    if annotated is not adata:
-        append(adata, record, key)
+    write_record(annotated, key, record, params, **extra)
+    booking.settle(record, *([annotated] if annotated is not adata else []))
     if return_model:
         return (annotated, model) if copy else model
     return annotated if copy else None

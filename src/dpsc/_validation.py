@@ -8,6 +8,8 @@ import anndata as ad
 import numpy as np
 import scipy.sparse as sp
 
+from ._blocks import row_blocks
+
 SCOPES = ("encoder", "full")
 LIKELIHOODS = ("zinb", "gaussian")
 MIN_CELLS = 10
@@ -27,18 +29,20 @@ def get_matrix(adata: ad.AnnData, layer: str | None) -> Any:
     return adata.layers[layer]
 
 
-ROW_CHUNK = 65_536
+def check_public_counts(
+    adata: ad.AnnData, layer: str | None, log_normalize: bool, tool: str, fix: str = "log_normalize=False"
+) -> None:
+    """Refuse log-normalised input to a tool that reads raw counts, from public metadata only.
 
-
-def _row_blocks(matrix: Any, chunk: int = ROW_CHUNK):
-    """Yield consecutive row blocks of an in-memory or backed (``backed="r"``) matrix.
-
-    Checks read the matrix block by block, so they never hold a dense copy, nor a second copy
-    of a sparse one, and work on backed AnnData without loading it.
+    scanpy's ``sc.pp.log1p`` records itself in ``adata.uns["log1p"]``; a DP release must not
+    look at the values to decide (refuse-versus-run would then be an output about the cells), so
+    this check reads that metadata and nothing else. ``fix`` names the option for transformed data.
     """
-    for start in range(0, matrix.shape[0], chunk):
-        block = matrix[start : start + chunk]
-        yield block if sp.issparse(block) else np.asarray(block)
+    if log_normalize and layer is None and "log1p" in adata.uns:
+        raise ValueError(
+            f"{tool} needs raw counts, but adata.uns['log1p'] says X is already log-transformed. Pass "
+            f"the raw counts (layer='counts'), or {fix} for log-normalised data."
+        )
 
 
 def _values(block: Any) -> np.ndarray:
@@ -72,7 +76,7 @@ def check_matrix(matrix: Any, likelihood: str, *, training: bool = True) -> None
         raise ValueError(f"Unknown likelihood {likelihood!r}; choose one of {LIKELIHOODS}.")
     empty_cells = 0
     gene_sums = np.zeros(matrix.shape[1])
-    for block in _row_blocks(matrix):
+    for block in row_blocks(matrix):
         _check_values(_values(block), likelihood)
         magnitude = abs(block)
         empty_cells += int((np.asarray(magnitude.sum(axis=1)).ravel() == 0).sum())
@@ -115,8 +119,29 @@ def resolve_delta(delta: float | None, n_obs: int) -> float:
     return float(delta) if delta is not None else min(DEFAULT_DELTA, 0.1 / max(1, n_obs))
 
 
+def check_epsilon(epsilon: Any, allow_none: bool = True) -> None:
+    """ε must be a positive finite number (``None`` for a non-private call, where allowed)."""
+    if epsilon is None:
+        if not allow_none:
+            raise ValueError(
+                "epsilon must be a positive number (e.g. epsilon=8); this call has no non-private mode."
+            )
+        return
+    if isinstance(epsilon, bool) or not isinstance(epsilon, int | float | np.integer | np.floating):
+        raise TypeError(
+            f"epsilon must be a number, e.g. epsilon=8; got {epsilon!r} ({type(epsilon).__name__})."
+        )
+
+
+def check_choice(name: str, value: Any, choices: tuple) -> None:
+    """Refuse a value outside ``choices`` with a message that lists them."""
+    if value not in choices:
+        raise ValueError(f"Unknown {name} {value!r}; choose one of {choices}.")
+
+
 def check_privacy_args(epsilon: float | None, delta: float, n_obs: int) -> None:
     """ε > 0 (or ``None`` for non-private), 0 < δ < 1/n."""
+    check_epsilon(epsilon)
     if epsilon is not None:
         if not np.isfinite(epsilon) or epsilon <= 0:
             raise ValueError(

@@ -1,13 +1,15 @@
-"""Command line: ``dpsc fit [INPUT.h5ad] --epsilon 8 [--output OUT.h5ad]``."""
+"""Command line: ``dpsc fit [INPUT.h5ad] --epsilon 8 [--output OUT.h5ad]`` and friends."""
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import textwrap
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import __version__
@@ -18,36 +20,62 @@ if TYPE_CHECKING:
 #: Exit code for input the user can fix (bad file, bad option, budget exceeded).
 BAD_INPUT = 2
 
+#: Python arguments that the command line spells as flags.
+ARGUMENTS = (
+    "epsilon",
+    "delta",
+    "n_clusters",
+    "scope",
+    "layer",
+    "likelihood",
+    "batch_size",
+    "max_epochs",
+    "noise_seed",
+)
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dpsc", description="Differentially private single-cell analysis.")
+
+def speak_cli(message: str) -> str:
+    """Rewrite a Python-API error message in the command line's words (flags, not arguments)."""
+    names = "|".join(ARGUMENTS)
+    message = message.replace("epsilon=None", "--non-private")
+    message = re.sub(rf"\b({names})='([\w.-]+)'", lambda m: f"--{m[1].replace('_', '-')} {m[2]}", message)
+    message = re.sub(rf"\b({names})=(\w+)", lambda m: f"--{m[1].replace('_', '-')} {m[2]}", message)
+    return re.sub(rf"^({names}) ", lambda m: f"--{m[1].replace('_', '-')} ", message)
+
+
+def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    # --debug is accepted before or after the subcommand: main() takes it out of argv first
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", help="Show the full traceback of an error.")
+    parser = argparse.ArgumentParser(
+        prog="dpsc", description="Differentially private single-cell analysis.", parents=[common]
+    )
     parser.add_argument("--version", action="version", version=f"dpsc {__version__}")
-    parser.add_argument("--debug", action="store_true", help="Show the full traceback of an error.")
     sub = parser.add_subparsers(dest="command", required=True)
-    fit = sub.add_parser("fit", help="Cluster and embed cells with DP-DCAN.")
+    fit = sub.add_parser("fit", help="Cluster and embed cells with DP-DCAN.", parents=[common])
     fit.add_argument("input", nargs="?", help="Counts as .h5ad (default: the embedded PBMC 4k data set).")
-    fit.add_argument("--epsilon", type=float, default=8.0, help="Privacy budget ε (default 8).")
+    fit.add_argument(
+        "--epsilon", type=float, default=8.0, help="Privacy budget ε of the whole fit (default 8)."
+    )
     fit.add_argument("--non-private", action="store_true", help="Train without DP (ignores --epsilon).")
     fit.add_argument(
         "--delta", type=float, default=None, help="δ (default 1e-5, or 1/(10 n) above 10^4 cells; < 1/n)."
     )
     fit.add_argument(
-        "--n-clusters",
-        type=int,
-        default=None,
-        help="Number of clusters (default 8; never estimated from the data).",
+        "--n-clusters", type=int, default=None, help="Number of clusters (default 8; never estimated)."
     )
     fit.add_argument(
         "--scope",
         choices=["encoder", "full"],
         default="encoder",
-        help="DP on the encoder (DP-DCAN) or on everything (DPE-DCAN).",
+        help="DP on the encoder (DP-DCAN, heuristic) or on everything (DPE-DCAN, proven).",
     )
     fit.add_argument("--layer", default=None, help="Layer holding the raw counts (default: X).")
     fit.add_argument(
         "--filter-genes",
         action="store_true",
-        help="Drop genes with no count in any cell first (reads the cells: not covered by ε).",
+        help="Drop genes with no count in any cell first (reads the cells: not covered by ε). Not needed: "
+        "genes no cell expresses are simply never selected.",
     )
     fit.add_argument(
         "--likelihood",
@@ -58,6 +86,7 @@ def _parser() -> argparse.ArgumentParser:
     fit.add_argument(
         "--max-epochs", type=int, default=None, help="Total epochs of both stages (default 50 + 40)."
     )
+    fit.add_argument("--batch-size", type=int, default=None, help="Expected Poisson batch (default 10 %%).")
     fit.add_argument("--accountant", choices=["rdp", "prv"], default="rdp")
     fit.add_argument(
         "--optimizer",
@@ -84,7 +113,7 @@ def _parser() -> argparse.ArgumentParser:
         "--export", default=None, help="Directory to write the shareable encoder + centroids to."
     )
     fit.add_argument("--no-progress", action="store_true", help="Hide the progress bar.")
-    return parser
+    return parser, {"fit": fit}
 
 
 def _drop_empty_genes(adata: ad.AnnData, layer: str | None) -> ad.AnnData:
@@ -109,20 +138,37 @@ def _label_key(adata: ad.AnnData, requested: str | None) -> str | None:
     return next((k for k in ("cell_type", "label") if k in adata.obs), None)
 
 
+def _wrap(text: str) -> str:
+    return textwrap.fill(text, width=96, initial_indent="  ", subsequent_indent="  ")
+
+
+def _print_spend(record: dict) -> None:
+    """Print the record's numbers and what the count of accounted releases is made of."""
+    details = {k: int(record.get(k, 0)) for k in ("dpsgd_steps", "kmeans_steps", "frequency_steps")}
+    one_off = int(record["steps"]) - sum(details.values())
+    print(
+        f"Privacy spent: epsilon = {record['epsilon']:.3f} (target {record['target_epsilon']:g}), "
+        f"delta = {record['delta']:g}, sigma = {record['noise_multiplier']:.3f}, "
+        f"q = {record['sample_rate']:.4f}, C = {record['max_grad_norm']:g}, "
+        f"accountant = {record['accountant']}, guarantee = {record['guarantee']}"
+    )
+    print(
+        f"  {record['steps']} accounted releases: {details['dpsgd_steps']} DP-SGD steps, "
+        f"{details['kmeans_steps']} DP k-means releases, "
+        f"{details['frequency_steps']} cluster-frequency releases"
+        + (f", {one_off} release(s) of gene statistics or input loadings" if one_off else "")
+    )
+
+
 def _fit(args: argparse.Namespace) -> int:
-    import anndata as ad
+    adata, source = _load(args.input)
     import numpy as np
     from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
 
-    from . import datasets, tl
-    from .tl._fit import empty_clusters_message
+    from . import tl
+    from .privacy import get_record
+    from .tl._fit import collapse_message
 
-    if args.input is None:
-        adata = datasets.pbmc4k()
-        source = "embedded PBMC 4k (4271 cells × 2000 genes)"
-    else:
-        adata = _read(ad, args.input)
-        source = args.input
     key = _label_key(adata, args.label_key)  # checked before any work
     if args.filter_genes:
         adata = _drop_empty_genes(adata, args.layer)
@@ -130,8 +176,8 @@ def _fit(args: argparse.Namespace) -> int:
     delta = "auto" if args.delta is None else args.delta
     print(f"dpsc fit: {source}; epsilon={epsilon}, delta={delta}, scope={args.scope}", flush=True)
     start = time.perf_counter()
-    with warnings.catch_warnings():  # the empty-cluster note is printed below, once
-        warnings.filterwarnings("ignore", message=r"\d+ of the \d+ clusters hold cells")
+    with warnings.catch_warnings():  # the collapse note is printed below, once
+        warnings.filterwarnings("ignore", message=r"Only \d+ of the \d+ clusters hold")
         model = tl.fit(
             adata,
             epsilon=epsilon,
@@ -141,6 +187,7 @@ def _fit(args: argparse.Namespace) -> int:
             layer=args.layer,
             likelihood=args.likelihood,
             max_epochs=args.max_epochs,
+            batch_size=args.batch_size,
             accountant=args.accountant,
             optimizer=args.optimizer,
             random_state=args.seed,
@@ -149,40 +196,30 @@ def _fit(args: argparse.Namespace) -> int:
             return_model=True,
         )
     wall = time.perf_counter() - start
-    from .privacy import get_record
-
     record = get_record(adata, "X_dpdcan")
     print()
     if epsilon is not None:
-        print(
-            f"Privacy spent: epsilon = {record['epsilon']:.3f} (target {record['target_epsilon']:g}), "
-            f"delta = {record['delta']:g}, sigma = {record['noise_multiplier']:.3f}, "
-            f"q = {record['sample_rate']:.4f}, steps = {record['steps']}, C = {record['max_grad_norm']:g}, "
-            f"accountant = {record['accountant']}, guarantee = {record['guarantee']}"
-        )
+        _print_spend(record)
     print("What this covers:")
-    print(textwrap.fill(record["statement"], width=96, initial_indent="  ", subsequent_indent="  "))
+    print(_wrap(record["statement"]))
     print(f"Wall time: {wall:.1f} s")
-    counts = adata.obs["dp_cluster"].value_counts()
-    asked = model.n_clusters
-    print(f"Clusters: {len(counts)} of {asked} used ({', '.join(f'{k}: {v}' for k, v in counts.items())})")
-    if len(counts) < asked:
+    result = adata.uns["dpsc"]["X_dpdcan"]
+    asked, in_use = model.n_clusters, int(result["clusters_in_use"])
+    if in_use >= 0:
         print(
-            textwrap.fill(
-                empty_clusters_message(len(counts), asked, epsilon),
-                width=96,
-                initial_indent="  ",
-                subsequent_indent="  ",
-            )
+            f"Clusters: {in_use} of {asked} used (clusters whose released frequency is above twice its "
+            "noise; read from released values only)"
         )
+        if in_use < asked / 2:
+            print(_wrap(collapse_message(in_use, asked, epsilon)))
     if key is None:
         print("No known labels (obs 'cell_type' or 'label'), so no ARI/NMI; pass --label-key to score.")
     else:
         truth = np.asarray(adata.obs[key].astype(str))
         pred = np.asarray(adata.obs["dp_cluster"].astype(str))
         print(
-            f"Against obs[{key!r}] (evaluation only, not used in training): "
-            f"ARI = {adjusted_rand_score(truth, pred):.3f}, "
+            f"Against obs[{key!r}] (evaluation for the data owner, not a release: it compares the "
+            f"training cells' labels exactly): ARI = {adjusted_rand_score(truth, pred):.3f}, "
             f"NMI = {normalized_mutual_info_score(truth, pred):.3f}"
         )
     if args.output:
@@ -194,32 +231,43 @@ def _fit(args: argparse.Namespace) -> int:
     return 0
 
 
-def _read(ad, path: str):
-    """Read an .h5ad file, with an error that names the problem instead of h5py's traceback."""
-    from pathlib import Path
-
-    if not Path(path).is_file():
+def _load(path: str | None) -> tuple[ad.AnnData, str]:
+    """Return the input AnnData and its name; the path is checked before anything heavy is imported."""
+    if path is not None and not Path(path).is_file():
         raise FileNotFoundError(f"No such file: {path}. Pass the path to an .h5ad file.")
+    import anndata as ad
+
+    from . import datasets
+
+    if path is None:
+        return datasets.pbmc4k(), "embedded PBMC 4k (4271 cells × 2000 genes)"
     try:
-        return ad.read_h5ad(path)
+        return ad.read_h5ad(path), path
     except OSError as err:
         raise ValueError(f"{path} is not a readable .h5ad file ({err}).") from None
 
 
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {"fit": _fit}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``dpsc`` command: exit 0 on success, 2 on input the user can fix."""
-    args = _parser().parse_args(argv)
+    parser, subparsers = _parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
+    args, extra = parser.parse_known_args([a for a in argv if a != "--debug"])
+    args.debug = debug
+    if extra:  # answered with the subcommand's usage, not the top-level one
+        subparsers.get(args.command, parser).error(f"unrecognized arguments: {' '.join(extra)}")
     try:
-        if args.command == "fit":
-            return _fit(args)
+        return COMMANDS[args.command](args)
     except (ValueError, FileNotFoundError, KeyError, TypeError) as err:
         if args.debug:
             raise
         message = err.args[0] if isinstance(err, KeyError) and err.args else str(err)
-        print(textwrap.fill(f"dpsc: error: {message}", width=96), file=sys.stderr)
-        print("(run with --debug for the full traceback)", file=sys.stderr)
+        print(textwrap.fill(f"dpsc: error: {speak_cli(message)}", width=96), file=sys.stderr)
+        print(f"(the full traceback: dpsc {args.command} ... --debug)", file=sys.stderr)
         return BAD_INPUT
-    return BAD_INPUT  # pragma: no cover - argparse rejects other commands
 
 
 if __name__ == "__main__":  # pragma: no cover

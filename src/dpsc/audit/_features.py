@@ -7,8 +7,9 @@ import scipy.sparse as sp
 import torch
 import torch.nn.functional as F
 
+from .._blocks import dense_blocks
 from ..module import DCANModule
-from ..module._dcan import mask_views
+from ..module._dcan import clean_input, mask_views
 
 
 @torch.no_grad()
@@ -32,10 +33,8 @@ def encoder_features(
     module.eval()
     gen = torch.Generator().manual_seed(seed)
     feats, scores = [], []
-    for start in range(0, X.shape[0], batch_size):
-        block = X[start : start + batch_size]
-        block = block.toarray() if sp.issparse(block) else np.asarray(block)
-        rep = module.represent(torch.as_tensor(block, dtype=torch.float32))
+    for block in dense_blocks(X, batch_size):
+        rep = module.represent(clean_input(torch.as_tensor(block), module.likelihood))
         z = module.encode(rep)
         q = module.soft_assignment(z)
         centroids = module.clustering.centroids
@@ -60,9 +59,8 @@ def reconstruction_loss(module: DCANModule, X: np.ndarray | sp.spmatrix, batch_s
     """
     module.eval()
     out = []
-    for start in range(0, X.shape[0], batch_size):
-        block = X[start : start + batch_size]
-        x = torch.as_tensor(block.toarray() if sp.issparse(block) else np.asarray(block), dtype=torch.float32)
+    for block in dense_blocks(X, batch_size):
+        x = clean_input(torch.as_tensor(block), module.likelihood)
         rep = module.represent(x)
         out.append(module.reconstruction_per_cell(x, rep, module.encode(rep)).numpy())
     return np.concatenate(out)

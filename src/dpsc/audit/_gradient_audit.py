@@ -5,8 +5,10 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import numpy as np
+import scipy.sparse as sp
 import torch
 
+from .._blocks import row_blocks
 from ..module import DCANModule
 from ..optim import make_optimizer
 from ..privacy import (
@@ -14,15 +16,22 @@ from ..privacy import (
     DPSGDSettings,
     NoiseSource,
     calibrate_noise_multiplier,
-    make_accountant,
-    spent_epsilon,
+    history_epsilon,
+    poisson_steps,
 )
 from ._canaries import GradientCanaries
 from ._one_run import one_run_bound
 
 
+def audit_schedule(n: int, epochs: int, batch_size: int | None) -> tuple[int, float, int]:
+    """``(batch_size, q, steps)`` of a gradient-canary run (10 % batches by default)."""
+    batch_size = max(1, round(0.1 * n)) if batch_size is None else batch_size
+    q = batch_size / n
+    return batch_size, q, epochs * max(1, round(1 / q))
+
+
 def gradient_canary_run(
-    counts: torch.Tensor,
+    counts: Any,
     *,
     epsilon: float | None,
     delta: float = 1e-5,
@@ -37,8 +46,9 @@ def gradient_canary_run(
     lr: float = 1.0,
     seed: int = 0,
     noise_seed: int | None = None,
-    placement: Literal["quiet", "random"] = "quiet",
+    placement: Literal["padding", "quiet", "random"] = "padding",
     accountant: Literal["rdp", "prv"] = "rdp",
+    noise_multiplier: float | None = None,
     _noise_scale: float = 1.0,
 ) -> dict[str, Any]:
     r"""Train DP-DCAN's encoder (instance stage) with DP-SGD and Dirac canaries; bound ε from one run.
@@ -49,34 +59,43 @@ def gradient_canary_run(
     initialisation, so the run is (ε, δ)-DP in every example, cells and canaries alike.
     ``epsilon=None`` runs without noise (the leak must show). The auditor guesses
     ``round(guess_fraction · m)`` canaries on each side (fixed before the run).
-    ``placement="quiet"`` puts the canaries on the first-layer weights of the genes seen in the
-    fewest cells (:func:`quiet_coordinates`; the auditor may know the data, as DP's adversary
-    does), ``"random"`` anywhere in the encoder. ``accountant`` calibrates σ and states the claim
+    ``placement="padding"`` (default) widens the encoder's input by :math:`\lceil m/h\rceil` padding
+    genes that are 0 in every cell and puts the canaries on their first-layer weights: a cell's
+    gradient reaches a first-layer weight only through that gene's input, so the cells add exactly
+    nothing there, and the choice reads no cell (the engine, the clipping and the noise are those of
+    the real genes' model). ``"quiet"`` uses the first-layer weights of the genes seen in the fewest
+    cells (:func:`quiet_coordinates`; it reads exact per-gene detection counts, so the report is not
+    a DP release of the cells), ``"random"`` anywhere in the encoder. ``accountant`` calibrates σ and
+    states the claim
     (``"prv"``: numerically tight; ``"rdp"``: an upper bound, looser by about 10 % here).
     With ``batch_size=n`` (q = 1) each canary's view of the run is one Gaussian mechanism, the
     case in which a one-run audit can come closest to the claim (docs/privacy.md).
+    ``noise_multiplier`` skips the calibration (the caller calibrated with the same arguments).
     ``_noise_scale`` multiplies the noise while the claim stays the same: a deliberately broken
     mechanism, for tests only.
     """
     n = counts.shape[0]
-    batch_size = max(1, round(0.1 * n)) if batch_size is None else batch_size
-    q = batch_size / n
-    steps = epochs * max(1, round(1 / q))
-    sigma = 0.0 if epsilon is None else calibrate_noise_multiplier(epsilon, delta, q, steps, accountant)
-    claimed = float("inf")
-    if epsilon is not None:
-        claim = make_accountant(accountant)
-        claim.history = [(sigma, q, steps)]
-        claimed = spent_epsilon(claim, delta)
+    batch_size, q, steps = audit_schedule(n, epochs, batch_size)
+    sigma = noise_multiplier
+    if sigma is None:
+        sigma = 0.0 if epsilon is None else calibrate_noise_multiplier(epsilon, delta, q, steps, accountant)
+    claimed = float("inf") if epsilon is None else history_epsilon([(sigma, q, steps)], delta, accountant)
+    if placement not in ("padding", "quiet", "random"):
+        raise ValueError(f"Unknown placement {placement!r}; choose 'padding', 'quiet' or 'random'.")
+    n_genes = counts.shape[1]
+    pad = -(-n_canaries // n_hidden[0]) if placement == "padding" else 0
     torch.manual_seed(seed)
-    module = DCANModule(n_input=counts.shape[1], n_clusters=2, n_latent=n_latent, n_hidden=n_hidden)
-    settings = DPSGDSettings(
-        noise_multiplier=sigma * _noise_scale,
-        max_grad_norm=max_grad_norm,
+    module = DCANModule(n_input=n_genes + pad, n_clusters=2, n_latent=n_latent, n_hidden=n_hidden)
+    settings = DPSGDSettings.calibrated(
+        n_obs=n,
         sample_rate=q,
-        expected_batch_size=batch_size,
-        accountant=make_accountant(accountant),
+        steps=steps,
+        epsilon=None,
+        delta=delta,
+        max_grad_norm=max_grad_norm,
+        accountant=accountant,
         noise=NoiseSource(noise_seed),
+        noise_multiplier=sigma * _noise_scale,
     )
     params = list(module.encoder.parameters())
     engine = DPSGDEngine([module.encoder], make_optimizer("sgd", params, lr), settings)
@@ -88,22 +107,20 @@ def gradient_canary_run(
         noise_multiplier=sigma,
         expected_batch_size=batch_size,
         seed=seed,
-        candidates=quiet_coordinates(counts, n_canaries, n_hidden[0]) if placement == "quiet" else None,
+        candidates=_candidates(placement, counts, n_canaries, n_hidden[0], pad),
     )
     engine.probes.append(canaries)
-    draw = settings.sampler()
     masks = torch.Generator().manual_seed(seed)
     module.train()
+
+    def per_cell_loss(indices: torch.Tensor) -> torch.Tensor:
+        rows = _rows(counts, indices)
+        if pad:
+            rows = torch.cat([rows, torch.zeros(rows.shape[0], pad)], dim=1)
+        return module.instance_stage_loss(rows, rho=0.8, mask_rate=0.2, generator=masks)[0]
+
     try:
-        for _ in range(steps):
-            x = counts[draw(n)]
-            if x.shape[0] == 0:
-                engine.empty_step()
-                continue
-            engine.zero_grad()
-            loss, _ = module.instance_stage_loss(x, rho=0.8, mask_rate=0.2, generator=masks)
-            engine.backward(loss)
-            engine.step()
+        poisson_steps(engine, n, steps, per_cell_loss)
     finally:
         engine.close()
     k = max(1, round(guess_fraction * n_canaries))
@@ -119,10 +136,40 @@ def gradient_canary_run(
         "steps": steps,
         "history": [(sigma, q, steps)] if epsilon is not None else [],
         "accountant": accountant,
+        "placement": placement,
     }
 
 
-def quiet_coordinates(counts: torch.Tensor, n_canaries: int, n_first: int) -> np.ndarray:
+def _candidates(placement: str, counts: Any, n_canaries: int, n_first: int, pad: int) -> np.ndarray | None:
+    """Flat encoder coordinates the canaries may use (``None``: anywhere)."""
+    if placement == "random":
+        return None
+    if placement == "quiet":
+        return quiet_coordinates(counts, n_canaries, n_first)
+    n_input = counts.shape[1] + pad
+    genes = np.arange(counts.shape[1], n_input)
+    return (np.arange(n_first)[:, None] * n_input + genes[None, :]).ravel()
+
+
+def _rows(counts: Any, indices: torch.Tensor) -> torch.Tensor:
+    """Return the sampled cells as a dense float32 tensor (a tensor, or rows of a sparse or backed matrix)."""
+    if isinstance(counts, torch.Tensor):
+        return counts[indices]
+    block = counts[np.sort(indices.numpy())]
+    return torch.as_tensor(np.asarray(block.toarray() if sp.issparse(block) else block, dtype=np.float32))
+
+
+def _detecting_cells(counts: Any) -> np.ndarray:
+    """Per gene, the number of cells with a count (row blocks; no dense copy)."""
+    if isinstance(counts, torch.Tensor):
+        return (counts > 0).sum(dim=0).cpu().numpy()
+    total = np.zeros(counts.shape[1])
+    for block in row_blocks(counts):
+        total += np.asarray((block > 0).sum(0)).ravel()
+    return total
+
+
+def quiet_coordinates(counts: Any, n_canaries: int, n_first: int) -> np.ndarray:
     """First-layer encoder weights of the genes expressed in the fewest cells, at least ``n_canaries``.
 
     The first layer's weight ``W[h, g]`` gets a cell's gradient only through that cell's input
@@ -132,6 +179,6 @@ def quiet_coordinates(counts: torch.Tensor, n_canaries: int, n_first: int) -> np
     ``h · n_genes + g``.
     """
     n_genes = counts.shape[1]
-    expressing = (counts > 0).sum(dim=0).cpu().numpy()
+    expressing = _detecting_cells(counts)
     genes = np.argsort(expressing, kind="stable")[: min(n_genes, -(-n_canaries // n_first))]
     return (np.arange(n_first)[:, None] * n_genes + genes[None, :]).ravel()

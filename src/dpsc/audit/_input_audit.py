@@ -24,6 +24,7 @@ together at the stated :math:`1 - \alpha` (Bonferroni). A canary is one cell, so
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Callable
 from typing import Any
 
 import anndata as ad
@@ -37,10 +38,19 @@ SCORES = ("view agreement", "reconstruction")
 
 
 def make_input_canaries(matrix, n_canaries: int, rng: np.random.Generator) -> sp.csr_matrix:
-    """``n_canaries`` real cells (drawn with replacement), each with its counts permuted across genes."""
+    """``n_canaries`` distinct real cells, each with its counts permuted across genes.
+
+    Each source cell appears at most twice in the audited fit (itself and its canary), so the
+    fit's guarantee covers it at group size 2 (:func:`input_canary_run`).
+    """
+    if n_canaries > matrix.shape[0]:
+        raise ValueError(
+            f"n_canaries={n_canaries} is more than the {matrix.shape[0]} cells the canaries are made from; "
+            "ask for at most that many."
+        )
     X = sp.csr_matrix(matrix)
     rows = []
-    for cell in rng.integers(0, X.shape[0], n_canaries):
+    for cell in rng.choice(X.shape[0], n_canaries, replace=False):
         dense = X[cell].toarray().ravel()
         rows.append(dense[rng.permutation(dense.size)])
     return sp.csr_matrix(np.vstack(rows).astype(np.float32))
@@ -49,6 +59,7 @@ def make_input_canaries(matrix, n_canaries: int, rng: np.random.Generator) -> sp
 def input_canary_run(
     adata: ad.AnnData,
     *,
+    fit: Callable,
     epsilon: float | None,
     delta: float = 1e-5,
     n_canaries: int = 1000,
@@ -61,11 +72,11 @@ def input_canary_run(
 ) -> dict[str, Any]:
     """Train one DP-DCAN fit with input canaries and bound its ε from the released model.
 
+    ``fit`` is :func:`dpsc.tl.fit` (passed in, so that this module does not import ``dpsc.tl``).
     Returns ``rows`` (one per score: ``score``, ``epsilon_lower``, ``ceiling``, ``n_guesses``,
     ``n_correct``, ``n_canaries``, ``confidence``), ``epsilon_claimed``, ``guarantee`` and the fit's
-    privacy ``record`` (for the ledger of the cells it read).
+    privacy ``record``.
     """
-    from .. import tl
     from ..model import SharedEncoder
     from ..privacy import get_record
 
@@ -76,7 +87,7 @@ def input_canary_run(
     train = ad.AnnData(sp.vstack([cells, canaries[included]]).tocsr())
     train.var_names = adata.var_names.copy()
     options = {"progress_bar": False, "random_state": seed, "noise_seed": noise_seed, **fit_kwargs}
-    model = tl.fit(train, epsilon=epsilon, delta=delta, return_model=True, **options)
+    model = fit(train, epsilon=epsilon, delta=delta, return_model=True, **options)
     record = get_record(train, "X_dpdcan")
     with tempfile.TemporaryDirectory() as tmp:
         shared = SharedEncoder.load(model.export_shared(tmp))

@@ -180,12 +180,13 @@ def local_train(net: SSLNet, X: np.ndarray, epochs: int, seed: int) -> float:
 
 @dataclass(frozen=True)
 class ClientDP:
-    """DP-SGD settings of one site: noise multiplier σ, clipping norm C, update rule, lr."""
+    """DP-SGD settings of one site: noise multiplier σ, clipping norm C, update rule, lr, accountant."""
 
     noise_multiplier: float
     max_grad_norm: float = 1.0
     optimizer: str = "sgd"
     lr: float = 0.032
+    accountant: str = "rdp"
 
 
 def dp_schedule(n_cells: int, batch_size: int) -> tuple[float, int]:
@@ -211,46 +212,40 @@ def local_train_private(
     the site's cells.
     """
     from ..optim import make_optimizer
-    from ..privacy import DPSGDEngine, DPSGDSettings, NoiseSource, make_accountant
+    from ..privacy import DPSGDEngine, DPSGDSettings, NoiseSource, poisson_steps
 
     cfg = net.config
     data = torch.as_tensor(X, dtype=torch.float32)
     n = data.shape[0]
     q, steps_per_epoch = dp_schedule(n, cfg.batch_size)
     mask_gen = torch.Generator().manual_seed(seed)
-    settings = DPSGDSettings(
-        noise_multiplier=dp.noise_multiplier,
-        max_grad_norm=dp.max_grad_norm,
+    settings = DPSGDSettings.calibrated(
+        n_obs=n,
         sample_rate=q,
-        expected_batch_size=max(1, round(q * n)),
-        accountant=make_accountant("rdp"),  # the site's own log; the record is computed from the plan
+        steps=epochs * steps_per_epoch,
+        epsilon=None,
+        delta=0.0,
+        max_grad_norm=dp.max_grad_norm,
+        accountant=dp.accountant,
         noise=NoiseSource(noise_seed),
+        noise_multiplier=dp.noise_multiplier,
     )
     private = [net.online, net.predictor]
     params = [p for m in private for p in m.parameters() if p.requires_grad]
     engine = DPSGDEngine(private, make_optimizer(dp.optimizer, params, dp.lr), settings)
-    draw = settings.sampler()
     net.train()
-    steps = 0
+
+    def per_cell_loss(indices: torch.Tensor) -> torch.Tensor:
+        batch = data[indices]
+        return net.per_cell_loss(
+            masked_view(batch, cfg.mask_rate, mask_gen), masked_view(batch, cfg.mask_rate, mask_gen)
+        )
+
+    after = None if cfg.method == "fedsimsiam" else net.update_target
     try:
-        for _ in range(epochs * steps_per_epoch):
-            batch = data[draw(n)]
-            if batch.shape[0] == 0:
-                engine.empty_step()
-            else:
-                v1, v2 = (
-                    masked_view(batch, cfg.mask_rate, mask_gen),
-                    masked_view(batch, cfg.mask_rate, mask_gen),
-                )
-                engine.zero_grad()
-                engine.backward(net.per_cell_loss(v1, v2))
-                engine.step()
-            steps += 1
-            if cfg.method != "fedsimsiam":
-                net.update_target()
+        return poisson_steps(engine, n, epochs * steps_per_epoch, per_cell_loss, after_step=after)
     finally:
         engine.close()
-    return steps
 
 
 @torch.no_grad()

@@ -153,7 +153,7 @@ class PrivateDBN:
             raise ValueError("Need at least 2 classes to train a classifier.")
         split = self._split()
         self.epsilon_per_layer_ = [float(self.epsilon * s) for s in split]
-        rng = NoiseSource(self.noise_seed).numpy_rng("laplace")  # secret unless noise_seed
+        rng = NoiseSource(self.noise_seed).stream("fm.dbn")  # secret unless noise_seed
         self.layers_: list[PrivateRBM] = []
         if self.image_shape is not None and not self.hidden:
             raise ValueError("Image input needs at least one (convolutional) hidden layer.")

@@ -12,9 +12,9 @@ from ..privacy import (
     DPSGDEngine,
     DPSGDSettings,
     NoiseSource,
-    calibrate_noise_multiplier,
     estimator_record,
-    make_accountant,
+    history_epsilon,
+    poisson_steps,
     spent_epsilon,
 )
 
@@ -90,18 +90,16 @@ class DPSGDClassifier:
     def _settings(self, n: int) -> tuple[DPSGDSettings, int]:
         q = min(1.0, self.batch_size / n)
         steps_per_epoch = max(1, round(1.0 / q))
-        sigma = self.noise_multiplier
-        if sigma is None:
-            sigma = calibrate_noise_multiplier(
-                self.epsilon, self.delta, q, self.epochs * steps_per_epoch, self.accountant
-            )
-        settings = DPSGDSettings(
-            noise_multiplier=float(sigma),
-            max_grad_norm=self.max_grad_norm,
+        settings = DPSGDSettings.calibrated(
+            n_obs=n,
             sample_rate=q,
-            expected_batch_size=max(1, round(q * n)),
-            accountant=make_accountant(self.accountant),
+            steps=self.epochs * steps_per_epoch,
+            epsilon=self.epsilon,
+            delta=self.delta,
+            max_grad_norm=self.max_grad_norm,
+            accountant=self.accountant,
             noise=NoiseSource(self.noise_seed),
+            noise_multiplier=self.noise_multiplier,
         )
         return settings, steps_per_epoch
 
@@ -110,7 +108,6 @@ class DPSGDClassifier:
         self.noise_multiplier_ = settings.noise_multiplier
         self._accountant = settings.accountant
         engine = DPSGDEngine([self.network_], optimizer, settings)
-        draw = settings.sampler()
         loss_fn = nn.CrossEntropyLoss(reduction="none")
         self.network_.train()
         try:
@@ -120,14 +117,9 @@ class DPSGDClassifier:
                     and self._projected(settings, steps_per_epoch) > self.max_epsilon
                 ):
                     break
-                for _ in range(steps_per_epoch):
-                    mask = draw(len(y))
-                    if not bool(mask.any()):
-                        engine.empty_step()
-                        continue
-                    engine.zero_grad()
-                    engine.backward(loss_fn(self.network_(X[mask]), y[mask]))
-                    engine.step()
+                poisson_steps(
+                    engine, len(y), steps_per_epoch, lambda idx: loss_fn(self.network_(X[idx]), y[idx])
+                )
                 self.epochs_trained_ += 1
                 self.epsilon_history_.append(spent_epsilon(settings.accountant, self.delta))
         finally:
@@ -136,12 +128,8 @@ class DPSGDClassifier:
 
     def _projected(self, settings: DPSGDSettings, steps: int) -> float:
         """ε after one more epoch, from a copy of the accountant's history (public quantities)."""
-        accountant = make_accountant(self.accountant)
-        accountant.history = [
-            *settings.accountant.history,
-            (settings.noise_multiplier, settings.sample_rate, steps),
-        ]
-        return spent_epsilon(accountant, self.delta)
+        history = [*settings.accountant.history, (settings.noise_multiplier, settings.sample_rate, steps)]
+        return history_epsilon(history, self.delta, self.accountant)
 
     def _train_plain(self, X: torch.Tensor, y: torch.Tensor, optimizer: torch.optim.Optimizer) -> None:
         loader = torch.utils.data.DataLoader(

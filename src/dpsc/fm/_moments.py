@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..privacy import SecureRandom, laplace_release
+
 MAX_TENSOR_ENTRIES = 60_000_000
 
 
@@ -94,9 +96,9 @@ def moment_tensors(patches: np.ndarray, degree: int, chunk_entries: int = 20_000
 
 
 def release_moments(
-    moments: list[np.ndarray], epsilon: float, rng: np.random.Generator, n_patches: int = 1
+    moments: list[np.ndarray], epsilon: float, rng: SecureRandom, n_patches: int = 1
 ) -> tuple[list[np.ndarray], float]:
-    """Laplace mechanism: add iid ``Lap(Δ/ε)`` to every entry of every moment tensor.
+    """Laplace mechanism: add iid ``Lap(Δ/ε)`` to every entry of every moment tensor (lattice-encoded).
 
     Returns the noisy tensors and the Laplace scale ``Δ/ε`` with ``Δ`` from
     :func:`moment_sensitivity`. The released tensors satisfy ε-DP (Dwork et al. 2006, Thm. 1).
@@ -104,4 +106,9 @@ def release_moments(
     if not epsilon > 0:
         raise ValueError(f"epsilon must be > 0, got {epsilon}.")
     scale = moment_sensitivity(len(moments), n_patches) / epsilon
-    return [m + rng.laplace(0.0, scale, size=m.shape) for m in moments], scale
+    flat = laplace_release(np.concatenate([m.reshape(-1) for m in moments]), scale, rng)
+    noisy, start = [], 0
+    for m in moments:
+        noisy.append(flat[start : start + m.size].reshape(m.shape))
+        start += m.size
+    return noisy, scale

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..privacy import NoiseSource
+from ..privacy import NoiseSource, SecureRandom
 from ._approx import approximate_softplus, chebyshev_error_bound
 from ._moments import check_patch_bound, moment_sensitivity, moment_tensors, release_moments
 
@@ -81,7 +81,7 @@ class PrivateRBM:
         self.noise_seed = noise_seed
 
     # -- fitting -------------------------------------------------------------------------------
-    def fit(self, patches: np.ndarray, rng: np.random.Generator | None = None) -> PrivateRBM:
+    def fit(self, patches: np.ndarray, rng: SecureRandom | None = None) -> PrivateRBM:
         """Release the noisy moments of ``patches`` (``(n, P, d)``) and train on them."""
         patches = np.asarray(patches, dtype=float)
         check_patch_bound(patches)
@@ -91,7 +91,7 @@ class PrivateRBM:
                 "approximation='piecewise' is not a polynomial in the weights, so the functional "
                 "mechanism cannot perturb it; use 'chebyshev' or 'taylor'."
             )
-        rng = rng if rng is not None else NoiseSource(self.noise_seed).numpy_rng("laplace")
+        rng = rng if rng is not None else NoiseSource(self.noise_seed).stream("fm.rbm")
         n, n_patches, d = patches.shape
         self.n_patches_, self.n_inputs_ = n_patches, d
         self.visible_scale_ = float(n_patches * d)

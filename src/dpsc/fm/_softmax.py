@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from ..privacy import NoiseSource
+from ..privacy import NoiseSource, SecureRandom, laplace_release
 
 
 def softmax_sensitivity() -> float:
@@ -51,7 +51,7 @@ class PrivateSoftmax:
         self.noise_seed = noise_seed
 
     def fit(
-        self, features: np.ndarray, labels: np.ndarray, n_classes: int, rng: np.random.Generator | None = None
+        self, features: np.ndarray, labels: np.ndarray, n_classes: int, rng: SecureRandom | None = None
     ) -> PrivateSoftmax:
         """``features`` ``(n, m)`` with ``‖a_t‖_1 ≤ 1``; ``labels`` integers in ``[0, n_classes)``."""
         a = np.asarray(features, dtype=float)
@@ -59,11 +59,12 @@ class PrivateSoftmax:
             raise ValueError("Softmax features violate ‖a‖_1 ≤ 1, the bound the sensitivity assumes.")
         if not self.epsilon > 0:
             raise ValueError(f"epsilon must be > 0, got {self.epsilon}.")
-        rng = rng if rng is not None else NoiseSource(self.noise_seed).numpy_rng("laplace")
+        rng = rng if rng is not None else NoiseSource(self.noise_seed).stream("fm.softmax")
         onehot = np.eye(n_classes)[np.asarray(labels, dtype=int)]
         self.laplace_scale_ = softmax_sensitivity() / self.epsilon
-        A = onehot.T @ a + rng.laplace(0.0, self.laplace_scale_, size=(n_classes, a.shape[1]))
-        H = a.T @ a + rng.laplace(0.0, self.laplace_scale_, size=(a.shape[1], a.shape[1]))
+        exact_a, exact_h = onehot.T @ a, a.T @ a
+        noisy = laplace_release(np.concatenate([exact_a.ravel(), exact_h.ravel()]), self.laplace_scale_, rng)
+        A, H = noisy[: exact_a.size].reshape(exact_a.shape), noisy[exact_a.size :].reshape(exact_h.shape)
         H = (H + H.T) / 2
         eigval, eigvec = np.linalg.eigh(H)
         H = (eigvec * np.clip(eigval, 0.0, None)) @ eigvec.T

@@ -14,6 +14,10 @@ from itertools import product
 import numpy as np
 from scipy.stats import spearmanr
 
+from ..privacy import SecureRandom
+from ..privacy._random import derive_key
+from ._private_fit import _fit_private_mean
+
 DEFAULT_OMEGAS = (0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0)
 DEFAULT_SPLITS = (
     (0.35, 0.60, 0.05),
@@ -66,8 +70,6 @@ def choose_bounds_and_split(
 
     Returns ``((omega_x, omega_y), split, score)``.
     """
-    from ._estimators import _fit_private_mean
-
     split_grid = [tuple(s) for s in (splits if splits is not None else DEFAULT_SPLITS)]
     rng = np.random.default_rng(seed)
     draws = []
@@ -93,7 +95,7 @@ def choose_bounds_and_split(
                 split=split,
                 row_norm=1.0,
                 prior="fixed",
-                rng=np.random.default_rng(noise_seed),
+                rng=SecureRandom(derive_key("auxiliary", noise_seed)),
             )
             rho = spearmanr(X[test] @ beta, y[test]).statistic
             scores.append(0.0 if np.isnan(rho) else rho)

@@ -14,13 +14,13 @@ from typing import Any
 import numpy as np
 from sklearn.base import BaseEstimator, RegressorMixin
 
-from ..privacy import NoiseSource, estimator_record
+from ..privacy import NoiseSource, SecureRandom, estimator_record
+from ..privacy._random import derive_key
 from ._auxiliary import choose_bounds_and_split, synthetic_auxiliary
-from ._bayes import fixed_precision_posterior, gamma_prior_posterior_mean
+from ._bayes import fixed_precision_posterior
 from ._preprocess import normalise_rows, project
-from ._statistics import empty_statistics, laplace_scales, perturb, sensitivities, sufficient_statistics
-
-STATISTICS = ("xx", "xy", "yy")
+from ._private_fit import _fit_private_mean, _used_split
+from ._statistics import sufficient_statistics
 
 
 def _check_epsilon(epsilon: float) -> float:
@@ -40,52 +40,6 @@ def _check_xy(X: Any, y: Any, name: str = "X") -> tuple[np.ndarray, np.ndarray]:
     if not (np.all(np.isfinite(X)) and np.all(np.isfinite(y))):
         raise ValueError(f"{name} or its target contains NaN or infinite values; remove those samples first.")
     return X, y
-
-
-def _used_split(split: tuple[float, float, float], prior: str) -> dict[str, float]:
-    """Return the budget fractions actually spent: ``yy`` is only released for the Gamma prior."""
-    split = tuple(float(p) for p in split)
-    if len(split) != 3 or any(p <= 0 for p in split) or not np.isclose(sum(split), 1.0):
-        raise ValueError(f"budget_split must be three positive fractions summing to 1, got {split}.")
-    if prior == "gamma":
-        return dict(zip(STATISTICS, split, strict=True))
-    total = split[0] + split[1]
-    return {"xx": split[0] / total, "xy": split[1] / total}
-
-
-def _fit_private_mean(
-    X_priv: np.ndarray,
-    y_priv: np.ndarray,
-    X_pub: np.ndarray,
-    y_pub: np.ndarray,
-    *,
-    epsilon: float,
-    bound_x: float,
-    bound_y: float,
-    split: tuple[float, float, float],
-    row_norm: float,
-    prior: str,
-    rng: np.random.Generator,
-    prior_precision: float = 1.0,
-    noise_precision: float = 1.0,
-    details: dict[str, Any] | None = None,
-) -> np.ndarray:
-    """Project, release noisy statistics of the private part, add exact public ones, solve."""
-    d = X_priv.shape[1]
-    used = _used_split(split, prior)
-    sens = sensitivities(d, bound_x, bound_y, row_norm)
-    scales = laplace_scales(sens, epsilon, used)
-    private = sufficient_statistics(project(X_priv, bound_x), project(y_priv, bound_y))
-    noisy = perturb(private, scales, rng)
-    public = sufficient_statistics(X_pub, y_pub) if X_pub.shape[0] else empty_statistics(d)
-    combined = noisy + public
-    if details is not None:
-        details.update(sensitivities=sens, laplace_scales=scales, budget_split=used)
-    if prior == "fixed":
-        return fixed_precision_posterior(combined.xx, combined.xy, prior_precision, noise_precision)[0]
-    return gamma_prior_posterior_mean(
-        combined.xx, combined.xy, combined.yy, combined.n, seed=int(rng.integers(2**31))
-    )
 
 
 class _NormalisedLinearModel(RegressorMixin, BaseEstimator):
@@ -250,7 +204,7 @@ class RobustPrivateLR(_NormalisedLinearModel):
             bx, by = self.bounds
         self.bounds_ = (float(bx), float(by))
         details: dict[str, Any] = {}
-        rng = NoiseSource(self.noise_seed).numpy_rng("laplace")
+        rng = NoiseSource(self.noise_seed).stream("linear")
         coef = _fit_private_mean(
             X,
             y,
@@ -331,7 +285,7 @@ class OutputPerturbationLR(_NormalisedLinearModel):
             reg = _choose_regularization(Xall.shape[0], X.shape[1], epsilon, float(bx), float(by))
         self.regularization_ = float(reg)
         self.spent_epsilon_ = epsilon
-        rng = NoiseSource(self.noise_seed).numpy_rng("laplace")
+        rng = NoiseSource(self.noise_seed).stream("linear")
         return self._release(Xall, yall, epsilon, bx, by, float(reg), rng)
 
 
@@ -346,7 +300,9 @@ def _choose_regularization(n: int, d: int, epsilon: float, bx: float, by: float)
     for reg in (0.01, 0.03, 0.1, 0.3, 1.0, 3.0):
         scores = []
         for i, (X, y) in enumerate(draws):
-            beta = OutputPerturbationLR._release(X[:n], y[:n], epsilon, bx, by, reg, np.random.default_rng(i))
+            beta = OutputPerturbationLR._release(
+                X[:n], y[:n], epsilon, bx, by, reg, SecureRandom(derive_key(i))
+            )
             rho = spearmanr(X[n:] @ beta, y[n:]).statistic
             scores.append(0.0 if np.isnan(rho) else rho)
         if np.mean(scores) > best:

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..privacy import SecureRandom, laplace_release
+
 
 @dataclass(frozen=True)
 class Statistics:
@@ -69,7 +71,7 @@ def laplace_scales(sens: dict[str, float], epsilon: float, split: dict[str, floa
     return {k: (sens[k] / (split[k] * epsilon) if np.isfinite(epsilon) else 0.0) for k in split}
 
 
-def perturb(stats: Statistics, scales: dict[str, float], rng: np.random.Generator) -> Statistics:
+def perturb(stats: Statistics, scales: dict[str, float], rng: SecureRandom) -> Statistics:
     r"""Add independent Laplace noise to each released statistic (upper triangle, then mirrored).
 
     Each statistic released with :math:`b_k = \Delta_k/(p_k\varepsilon)` is
@@ -80,16 +82,13 @@ def perturb(stats: Statistics, scales: dict[str, float], rng: np.random.Generato
     iu = np.triu_indices(d)
     xx = np.full((d, d), np.nan)
     if "xx" in scales:
-        upper = stats.xx[iu].copy()
-        if scales["xx"]:
-            upper += rng.laplace(0.0, scales["xx"], size=iu[0].size)
         xx = np.zeros((d, d))
-        xx[iu] = upper
+        xx[iu] = laplace_release(stats.xx[iu], scales["xx"], rng)
         xx = xx + np.triu(xx, 1).T
     xy = np.full(d, np.nan)
     if "xy" in scales:
-        xy = stats.xy + (rng.laplace(0.0, scales["xy"], size=d) if scales["xy"] else 0.0)
+        xy = laplace_release(stats.xy, scales["xy"], rng)
     yy = float("nan")
     if "yy" in scales:
-        yy = stats.yy + (float(rng.laplace(0.0, scales["yy"])) if scales["yy"] else 0.0)
+        yy = float(laplace_release(np.array([stats.yy]), scales["yy"], rng)[0])
     return Statistics(xx, xy, yy, stats.n)

@@ -1,50 +1,171 @@
-r"""What a DP-DCAN fit will spend (planned before any work) and what it did spend (its record).
+r"""What a DP-DCAN fit will spend (planned once, before any work) and what it did spend (its record).
 
 A fit is a sequence of sampled-Gaussian steps, all with the same :math:`(\sigma, q)`: the
 DP-SGD steps of both stages, the DP k-means releases of the centroid start and the DEC
-frequency releases. σ is calibrated once, before training, so that the planned total
-:math:`T` (:func:`planned_step_counts`) spends at most the target ε
-(:func:`~dpsc.privacy.calibrate_noise_multiplier`); the record then reports the accountant's ε
-after the steps that actually ran.
+frequency releases. :func:`plan_fit` checks every option, counts the planned steps :math:`T`
+(:func:`planned_step_counts`) and calibrates σ once so that they spend at most the target ε
+(:func:`~dpsc.privacy.calibrate_noise_multiplier`). The :class:`FitPlan` it returns is used for
+the budget check *and* handed to :meth:`~dpsc.model.DPDCAN.train`, which trains with it as it is;
+the record then reports the accountant's ε after the steps that actually ran.
 
 A model that reads frozen input loadings (``input_pcs``) releases them first: one Gaussian
 release of the gene second-moment matrix of its unit-norm cells (sensitivity 1, the release of
 :func:`dpsc.pp.pca`), a history entry :math:`(\sigma_V, q = 1, 1)`. That release and the
 :math:`T` steps share the target ε in the weights :data:`LOADINGS_SHARE` : 1 −
-:data:`LOADINGS_SHARE` (:func:`~dpsc.privacy.split_budget`, one Opacus accountant for both).
+:data:`LOADINGS_SHARE` (:func:`~dpsc.privacy.split_budget`: one calibration per part).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .._api import DEFAULT_EPSILON
+from .._validation import (
+    check_fit_args,
+    check_privacy_args,
+    check_target_frequency,
+    resolve_delta,
+)
+from ..optim import DEFAULT_PRIVATE_LRS, check_optimizer
 from ..privacy import (
     COMMON_NOT_COVERED,
     DPSGDSettings,
     NoiseSource,
     PrivacyRecord,
     build_statement,
-    calibrate_noise_multiplier,
     epsilon_curve,
+    history_epsilon,
     kmeans_release_steps,
     make_accountant,
-    spent_epsilon,
     split_budget,
 )
 
-DECODER = "decoder (hidden layers and ZINB heads)"
+DECODER_WORDS = {
+    "zinb": "decoder (hidden layers and ZINB heads)",
+    "gaussian": "decoder (hidden and output layers)",
+}
 LOADINGS = "input loadings (DP-PCA of the cells)"
+GENES = "gene selection (DP gene statistics)"
 
 #: Weight of the input-loadings release in the ε split of a model with ``input_pcs`` (the
-#: training steps get the rest): the DP pipeline's PCA : k-means split (``dpsc.pp.pca`` then
-#: ``dpsc.tl.kmeans``, ``benchmarks/dp_pipeline.py``).
+#: training steps get the rest): the DP pipeline's PCA : k-means split.
 LOADINGS_SHARE = 0.6
+
+#: DP gene selection inside a fit: a matrix with more genes than :data:`MODEL_GENES` is first
+#: reduced to that many by one release of gene statistics (:mod:`dpsc.privacy._hvg`), which takes
+#: :data:`GENE_SELECTION_SHARE` of the fit's ε. 2000 is the gene count DCAN's architecture and its
+#: reference preprocessing are built for; the rule reads only the number of genes.
+MODEL_GENES = 2000
+GENE_SELECTION_SHARE = 0.1
 
 HEURISTIC_REASON = (
     "under scope='encoder' the decoder trains on the cells without noise and the encoder's "
     "gradients pass through it, so every noisy encoder update depends on all cells through that "
     "hidden state and the DP-SGD proof does not apply. Use scope='full' for a proven guarantee."
 )
+
+#: Training-plan options of :meth:`DPDCAN.train` (``plan_kwargs`` overrides them), as scvi's
+#: ``plan_kwargs``: learning rates (``None``: the private optimizer's row of
+#: :data:`dpsc.optim.DEFAULT_PRIVATE_LRS`), instance-stage weight ``rho`` and masking rate,
+#: cluster-stage loss weights ``betas`` (ZINB, DEC, separation) and target sharpening, DEC's
+#: cluster frequencies, and whether the cluster stage trains the encoder.
+DEFAULT_PLAN_OPTIONS: dict[str, object] = {
+    "instance_lr": 1e-3,
+    "cluster_lr": 0.1,
+    "private_lr": None,
+    "cluster_private_lr": None,
+    "rho": 0.8,
+    "mask_rate": 0.2,
+    "betas": (0.4, 0.4, 0.2),
+    "target_power": 2.0,
+    "target_frequency": "released",
+    "cluster_train_encoder": True,
+}
+
+#: Options of the DP k-means start (:func:`~dpsc.privacy.dp_kmeans_centroids`) unless
+#: ``kmeans_kwargs`` overrides them: clipping radius (``None``: the latent sphere's radius, which
+#: clips nothing), 40 sketch releases with 2^6 buckets, 4 noisy Lloyd rounds of 40 releases with
+#: 3k centroids reduced to k, count column weighted 0.3·R (``benchmarks/results/dpdcan.md``).
+DEFAULT_KMEANS_OPTIONS: dict[str, object] = {
+    "clip_norm": None,
+    "n_sketch_steps": 40,
+    "n_lloyd_rounds": 4,
+    "steps_per_round": 40,
+    "n_bits": 6,
+    "oversampling": 3,
+    "count_scale": 0.3,
+}
+
+INSTANCE_SHARE = 5 / 9  # max_epochs is split 5:4, the reference's 50 instance + 40 cluster epochs
+
+
+@dataclass
+class TrainSettings:
+    """Every option of a DP-DCAN training, with its default: the one table ``tl.fit`` and ``train`` share.
+
+    ``max_epochs``, when given, sets both stages (split 5:4) unless they are given too.
+    """
+
+    epsilon: float | None = DEFAULT_EPSILON
+    delta: float | None = None
+    scope: str = "encoder"
+    max_epochs: int | None = None
+    instance_epochs: int | None = None
+    cluster_epochs: int | None = None
+    batch_size: int | None = None
+    max_grad_norm: float = 0.1
+    accountant: str = "rdp"
+    private_optimizer: str = "sgd"
+    plan_kwargs: dict | None = None
+    kmeans_kwargs: dict | None = None
+    random_state: int = 0
+    noise_seed: int | None = None
+
+    def epochs(self) -> tuple[int, int]:
+        """``(instance_epochs, cluster_epochs)``: given, or from ``max_epochs``, or 50 + 40."""
+        instance, cluster = self.instance_epochs, self.cluster_epochs
+        if self.max_epochs is not None:
+            if (
+                isinstance(self.max_epochs, bool)
+                or not isinstance(self.max_epochs, int)
+                or self.max_epochs < 2
+            ):
+                raise ValueError(
+                    f"max_epochs must be an integer of at least 2 (one per stage); got {self.max_epochs!r}."
+                )
+            split = max(1, round(self.max_epochs * INSTANCE_SHARE))
+            instance = split if instance is None else instance
+            cluster = self.max_epochs - split if cluster is None else cluster
+        instance = 50 if instance is None else instance
+        cluster = 40 if cluster is None else cluster
+        for name, value in (("instance_epochs", instance), ("cluster_epochs", cluster)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be a non-negative integer, got {value!r}.")
+        return int(instance), int(cluster)
+
+
+def merged_options(given: dict | None, defaults: dict, name: str) -> dict:
+    """``defaults`` updated by ``given``; an unknown key fails and names the known ones."""
+    unknown = sorted(set(given or {}) - set(defaults))
+    if unknown:
+        raise ValueError(f"{name} does not take {unknown}; it takes {sorted(defaults)}.")
+    return {**defaults, **(given or {})}
+
+
+def check_options(
+    plan_kwargs: dict | None, kmeans_kwargs: dict | None, private_optimizer: str = "sgd"
+) -> tuple[dict, dict]:
+    """Return the full plan and k-means options (defaults filled); refuse unknown or bad ones."""
+    check_optimizer(private_optimizer)
+    plan = merged_options(plan_kwargs, DEFAULT_PLAN_OPTIONS, "plan_kwargs")
+    kmeans = merged_options(kmeans_kwargs, DEFAULT_KMEANS_OPTIONS, "kmeans_kwargs")
+    lrs = DEFAULT_PRIVATE_LRS[private_optimizer]
+    if plan["private_lr"] is None:
+        plan["private_lr"] = lrs["dpdcan_instance"]
+    if plan["cluster_private_lr"] is None:
+        plan["cluster_private_lr"] = lrs["dpdcan_cluster"]
+    check_target_frequency(plan["target_frequency"])
+    return plan, kmeans
 
 
 def planned_step_counts(
@@ -80,108 +201,168 @@ def planned_step_counts(
 
 
 @dataclass
-class DCANPrivacyPlan:
-    """The privacy side of one fit, fixed before training.
+class FitPlan:
+    """One fit, fixed before training: options, step counts, σ and the DP-SGD settings.
 
-    ``settings`` is ``None`` for a non-private fit; ``counts`` are the planned step counts.
-    ``loadings_noise_multiplier`` is σ_V of the input-loadings release (0 for exact loadings in a
-    non-private fit; ``None`` when the model reads genes).
+    ``settings`` is ``None`` for a non-private fit. ``loadings_noise_multiplier`` is σ_V of the
+    input-loadings release (0 for exact loadings in a non-private fit; ``None`` when the model
+    reads genes); ``genes_noise_multiplier`` is σ_G of the gene-selection release (``None`` when
+    the fit selects no genes).
     """
 
     epsilon: float | None
     delta: float
     scope: str
     accountant: str
+    instance_epochs: int
+    cluster_epochs: int
+    batch_size: int
+    max_grad_norm: float
+    private_optimizer: str
+    options: dict
+    kmeans: dict
+    random_state: int
     counts: dict[str, int]
     sample_rate: float
     settings: DPSGDSettings | None
     noise: NoiseSource
+    likelihood: str = "zinb"
     loadings_noise_multiplier: float | None = None
+    genes_noise_multiplier: float | None = None
+
+    def planned_history(self) -> list[tuple[float, float, int]]:
+        """Return the Opacus history the fit will have if every planned step runs."""
+        if self.settings is None:
+            return []
+        history = [(self.settings.noise_multiplier, self.sample_rate, self.counts["total"])]
+        if self.loadings_noise_multiplier is not None:
+            history.insert(0, (self.loadings_noise_multiplier, 1.0, 1))
+        if self.genes_noise_multiplier is not None:
+            history.insert(0, (self.genes_noise_multiplier, 1.0, 1))
+        return history
 
     def planned_record(self, n_obs: int) -> PrivacyRecord:
         """Return the record the fit will write if every planned step runs (for the budget check)."""
         if self.settings is None:
             return dcan_record(self, n_obs, spent=None)
-        history = [(self.settings.noise_multiplier, self.sample_rate, self.counts["total"])]
-        if self.loadings_noise_multiplier is not None:
-            history.insert(0, (self.loadings_noise_multiplier, 1.0, 1))
-        accountant = make_accountant(self.accountant)
-        accountant.history = history
-        return dcan_record(self, n_obs, spent=spent_epsilon(accountant, self.delta), history=history)
+        history = self.planned_history()
+        return dcan_record(
+            self, n_obs, spent=history_epsilon(history, self.delta, self.accountant), history=history
+        )
+
+    def params(self) -> dict:
+        """Return the settings recorded in ``uns``: the plan options flat, the k-means ones nested."""
+        params = {
+            "instance_epochs": self.instance_epochs,
+            "cluster_epochs": self.cluster_epochs,
+            "batch_size": self.batch_size,
+            "private_optimizer": self.private_optimizer,
+            "random_state": self.random_state,
+            "noise_seed": self.noise.noise_seed,
+            **self.options,
+        }
+        params["betas"] = list(params["betas"])
+        params["kmeans"] = dict(self.kmeans)
+        params["planned_steps"] = self.counts["total"]
+        return params
 
 
-def plan_privacy(
-    *,
-    epsilon: float | None,
-    delta: float,
-    scope: str,
+def plan_fit(
+    settings: TrainSettings,
     n_obs: int,
-    batch_size: int,
-    counts: dict[str, int],
-    max_grad_norm: float,
-    accountant: str,
-    noise: NoiseSource,
-    input_loadings: bool = False,
-) -> DCANPrivacyPlan:
-    """Calibrate σ for the planned steps (and σ_V for input loadings) and build the DP-SGD settings.
+    *,
+    n_clusters: int,
+    input_pcs: int | None,
+    latent_scale: float | None,
+    likelihood: str = "zinb",
+    select_genes: bool = False,
+) -> FitPlan:
+    """Check every option of a fit, count its steps and calibrate σ (and σ_V, σ_G) once. Reads no cell.
 
-    Reads no cell.
+    ``select_genes``: the fit starts with the DP gene selection (:data:`MODEL_GENES`), which takes
+    :data:`GENE_SELECTION_SHARE` of ε.
     """
+    instance_epochs, cluster_epochs = settings.epochs()
+    batch_size = check_fit_args(
+        n_obs=n_obs, n_clusters=n_clusters, scope=settings.scope, batch_size=settings.batch_size
+    )
+    delta = resolve_delta(settings.delta, n_obs)
+    check_privacy_args(settings.epsilon, delta, n_obs)
+    make_accountant(settings.accountant)  # refuses unknown names
+    options, kmeans = check_options(settings.plan_kwargs, settings.kmeans_kwargs, settings.private_optimizer)
+    if kmeans["clip_norm"] is None:
+        if latent_scale is None:
+            raise ValueError(
+                "With latent_scale=None, pass kmeans_kwargs={'clip_norm': ...} (the DP k-means clipping "
+                "radius)."
+            )
+        kmeans["clip_norm"] = float(latent_scale)
     sample_rate = batch_size / n_obs
-    settings = None
-    loadings_sigma = 0.0 if input_loadings else None
-    if epsilon is not None:
-        if input_loadings:
+    counts = planned_step_counts(
+        sample_rate,
+        instance_epochs=instance_epochs,
+        cluster_epochs=cluster_epochs,
+        target_frequency=options["target_frequency"],
+        **{k: kmeans[k] for k in ("n_sketch_steps", "n_lloyd_rounds", "steps_per_round")},
+    )
+    noise = NoiseSource(settings.noise_seed)
+    loadings_sigma = 0.0 if input_pcs else None
+    genes_sigma = 0.0 if select_genes else None
+    dp = None
+    if settings.epsilon is not None:
+        parts = {"training": (1.0, sample_rate, counts["total"])}
+        if input_pcs:
             parts = {
                 "loadings": (LOADINGS_SHARE, 1.0, 1),
                 "training": (1 - LOADINGS_SHARE, sample_rate, counts["total"]),
             }
-            split = split_budget(epsilon, delta, parts, accountant)
-            loadings_sigma, sigma = split["loadings"][1], split["training"][1]
-        else:
-            sigma = calibrate_noise_multiplier(epsilon, delta, sample_rate, counts["total"], accountant)
-        settings = DPSGDSettings(
-            noise_multiplier=sigma,
-            max_grad_norm=max_grad_norm,
+        if select_genes:
+            parts = {
+                "genes": (GENE_SELECTION_SHARE, 1.0, 1),
+                **{k: (w * (1 - GENE_SELECTION_SHARE), q, n) for k, (w, q, n) in parts.items()},
+            }
+        sigma = None
+        if len(parts) > 1:
+            split = split_budget(float(settings.epsilon), delta, parts, settings.accountant)
+            sigma = split["training"][1]
+            loadings_sigma = split["loadings"][1] if input_pcs else None
+            genes_sigma = split["genes"][1] if select_genes else None
+        dp = DPSGDSettings.calibrated(
+            n_obs=n_obs,
             sample_rate=sample_rate,
-            expected_batch_size=batch_size,
-            accountant=make_accountant(accountant),
+            steps=counts["total"],
+            epsilon=float(settings.epsilon),
+            delta=delta,
+            max_grad_norm=settings.max_grad_norm,
+            accountant=settings.accountant,
             noise=noise,
+            noise_multiplier=sigma,
         )
-    return DCANPrivacyPlan(
-        epsilon, delta, scope, accountant, counts, sample_rate, settings, noise, loadings_sigma
-    )
-
-
-def plan_fit(settings: dict, n_obs: int) -> DCANPrivacyPlan:
-    """Planned steps, calibrated σ and DP-SGD settings of a fit from its checked settings (reads no cell).
-
-    ``settings`` holds ``train``'s arguments with ``batch_size`` resolved and the full ``plan`` and
-    ``kmeans`` options (:meth:`dpsc.model.DPDCAN.check_options`).
-    """
-    counts = planned_step_counts(
-        settings["batch_size"] / n_obs,
-        instance_epochs=settings["instance_epochs"],
-        cluster_epochs=settings["cluster_epochs"],
-        target_frequency=settings["plan"]["target_frequency"],
-        **{k: settings["kmeans"][k] for k in ("n_sketch_steps", "n_lloyd_rounds", "steps_per_round")},
-    )
-    return plan_privacy(
-        epsilon=settings["epsilon"],
-        delta=settings["delta"],
-        scope=settings["scope"],
-        n_obs=n_obs,
-        batch_size=settings["batch_size"],
+    return FitPlan(
+        epsilon=settings.epsilon,
+        delta=delta,
+        scope=settings.scope,
+        accountant=settings.accountant,
+        instance_epochs=instance_epochs,
+        cluster_epochs=cluster_epochs,
+        batch_size=batch_size,
+        max_grad_norm=settings.max_grad_norm,
+        private_optimizer=settings.private_optimizer,
+        options=options,
+        kmeans=kmeans,
+        random_state=settings.random_state,
         counts=counts,
-        max_grad_norm=settings["max_grad_norm"],
-        accountant=settings["accountant"],
-        noise=NoiseSource(settings["noise_seed"]),
-        input_loadings=bool(settings.get("input_pcs")),
+        sample_rate=sample_rate,
+        settings=dp,
+        noise=noise,
+        likelihood=likelihood,
+        loadings_noise_multiplier=loadings_sigma,
+        genes_noise_multiplier=genes_sigma,
     )
 
 
 def dcan_record(
-    plan: DCANPrivacyPlan,
+    plan: FitPlan,
     n_obs: int,
     *,
     spent: float | None,
@@ -189,6 +370,7 @@ def dcan_record(
 ) -> PrivacyRecord:
     """Return the fit's :class:`~dpsc.privacy.PrivacyRecord` (heuristic under ``scope="encoder"``)."""
     unit = f"adding or removing one of the {n_obs} training cells"
+    decoder = DECODER_WORDS[plan.likelihood]
     if plan.settings is None:
         covered = "this model (encoder, decoder, centroids)"
         return PrivacyRecord(
@@ -215,7 +397,7 @@ def dcan_record(
         )
     s = plan.settings
     history = list(s.accountant.history) if history is None else history
-    private = ["encoder weights", "cluster centroids"] + ([DECODER] if plan.scope == "full" else [])
+    private = ["encoder weights", "cluster centroids"] + ([decoder] if plan.scope == "full" else [])
     if plan.loadings_noise_multiplier is not None:
         private.insert(0, LOADINGS)
     covered = (
@@ -225,7 +407,7 @@ def dcan_record(
     not_covered = COMMON_NOT_COVERED
     if plan.scope == "encoder":
         not_covered = (
-            f"the {DECODER}, trained without noise and never exported by export_shared; " + not_covered
+            f"the {decoder}, trained without noise and never exported by export_shared; " + not_covered
         )
     guarantee = "heuristic" if plan.scope == "encoder" else "proven"
     mechanism = (
@@ -239,6 +421,7 @@ def dcan_record(
     curve_steps, curve_eps = epsilon_curve(history, plan.delta, plan.accountant)
     details = {
         "private_parameters": private,
+        "dpsgd_steps": plan.counts["instance"] + plan.counts["cluster"],
         "kmeans_steps": plan.counts["kmeans"],
         "frequency_steps": plan.counts["frequency"],
         "curve_steps": curve_steps,
@@ -249,6 +432,13 @@ def dcan_record(
         mechanism = "one Gaussian release of the gene second-moment matrix (the input loadings), " + mechanism
         mechanisms.insert(0, f"Gaussian, sigma={sigma_v:.4g}, sensitivity 1, q=1 (input loadings)")
         details["loadings_noise_multiplier"] = sigma_v
+    if plan.genes_noise_multiplier is not None:
+        sigma_g = plan.genes_noise_multiplier
+        private.insert(0, GENES)
+        mechanism = "one Gaussian release of gene statistics (the gene selection), " + mechanism
+        mechanisms.insert(0, f"Gaussian, sigma={sigma_g:.4g}, sensitivity sqrt(3), q=1 (gene selection)")
+        details["genes_noise_multiplier"] = sigma_g
+        covered = covered.replace("the released ", f"the released {GENES}, ", 1)
     return PrivacyRecord(
         tool="fit",
         epsilon=spent,
@@ -280,3 +470,6 @@ def dcan_record(
         noise=plan.noise.to_dict(),
         details=details,
     )
+
+
+__all__ = ["FitPlan", "TrainSettings", "dcan_record", "plan_fit", "planned_step_counts"]

@@ -17,73 +17,35 @@ from scvi.model.base import BaseModelClass, UnsupervisedTrainingMixin
 from scvi.train import TrainRunner
 from sklearn.cluster import KMeans
 
-from .._validation import (
-    check_fit_args,
-    check_input_pcs,
-    check_matrix,
-    check_privacy_args,
-    check_target_frequency,
-    get_matrix,
-)
-from ..module import DCANModule
-from ..optim import DEFAULT_PRIVATE_LRS, OPTIMIZERS
-from ..pp._dp_pca import DEFAULT_PCA_GENES, release_loadings, second_moment
+from .._api import DEFAULT_EPSILON
+from .._validation import check_input_pcs, check_matrix, get_matrix
+from ..module import DEFAULT_LATENT_SCALE, DCANModule
+from ..module._dcan import clean_input
 from ..privacy import (
-    DPSGDSettings,
+    Assignment,
     PrivacyRecord,
+    Spending,
+    _pca,
     broadcast_from_rank_zero,
     dp_cluster_frequency,
     dp_kmeans_centroids,
-    make_accountant,
+    kmeans_table,
+    spending,
     spent_epsilon,
+    split_table,
+    table_release,
 )
 from ..train import DCANTrainingPlan, PoissonDataSplitter
 from ..train._progress import FitProgress, quiet_training_logs
-from ._dcan_privacy import DCANPrivacyPlan, dcan_record, plan_fit
+from ._dcan_privacy import (
+    FitPlan,
+    TrainSettings,
+    check_options,
+    dcan_record,
+    plan_fit,
+)
 
 logger = logging.getLogger(__name__)
-
-#: Training-plan options of :meth:`DPDCAN.train` (``plan_kwargs`` overrides them), as scvi's
-#: ``plan_kwargs``: learning rates (``None``: the private optimizer's row of
-#: :data:`dpsc.optim.DEFAULT_PRIVATE_LRS`), instance-stage weight ``rho`` and masking rate,
-#: cluster-stage loss weights ``betas`` (ZINB, DEC, separation) and target sharpening, DEC's
-#: cluster frequencies, and whether the cluster stage trains the encoder.
-DEFAULT_PLAN_OPTIONS: dict[str, object] = {
-    "instance_lr": 1e-3,
-    "cluster_lr": 0.1,
-    "private_lr": None,
-    "cluster_private_lr": None,
-    "rho": 0.8,
-    "mask_rate": 0.2,
-    "betas": (0.4, 0.4, 0.2),
-    "target_power": 2.0,
-    "target_frequency": "released",
-    "cluster_train_encoder": True,
-}
-
-#: Options of the DP k-means start (:func:`~dpsc.privacy.dp_kmeans_centroids`) used by
-#: :meth:`DPDCAN.train` unless ``kmeans_kwargs`` overrides them: clipping radius (``None``: the
-#: latent sphere's radius, which clips nothing), 40 sketch releases with 2^6 buckets, 4 noisy Lloyd
-#: rounds of 40 releases with 3k centroids reduced to k, count column weighted 0.3·R
-#: (``benchmarks/results/dpdcan.md``).
-DEFAULT_KMEANS_OPTIONS: dict[str, object] = {
-    "clip_norm": None,
-    "n_sketch_steps": 40,
-    "n_lloyd_rounds": 4,
-    "steps_per_round": 40,
-    "n_bits": 6,
-    "oversampling": 3,
-    "count_scale": 0.3,
-}
-
-
-def merged_options(given: dict | None, defaults: dict, name: str) -> dict:
-    """``defaults`` updated by ``given``; an unknown key fails and names the known ones."""
-    unknown = sorted(set(given or {}) - set(defaults))
-    if unknown:
-        raise ValueError(f"{name} does not take {unknown}; it takes {sorted(defaults)}.")
-    return {**defaults, **(given or {})}
-
 
 SHARED_WEIGHTS = "shared_encoder.pt"
 SHARED_META = "shared_encoder.json"
@@ -142,7 +104,7 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
         n_latent: int = 32,
         n_hidden: Sequence[int] = (256, 64),
         likelihood: str = "zinb",
-        latent_scale: float | None = 3.0,
+        latent_scale: float | None = DEFAULT_LATENT_SCALE,
         input_pcs: int | None = None,
     ):
         super().__init__(adata)
@@ -157,6 +119,9 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
             input_pcs=input_pcs,
         )
         self.n_clusters = n_clusters
+        self._frequencies: np.ndarray | None = None
+        #: Standard deviation of the noise on the last released cluster frequencies (0: exact).
+        self.frequency_noise_ = 0.0
         self.privacy_: dict = {}
         self._record: PrivacyRecord | None = None
         self._model_summary_string = (
@@ -189,12 +154,13 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
     # -- training --------------------------------------------------------------------------
     def train(
         self,
-        epsilon: float | None = 8.0,
-        delta: float = 1e-5,
+        epsilon: float | None = DEFAULT_EPSILON,
+        delta: float | None = None,
         *,
         scope: str = "encoder",
-        instance_epochs: int = 50,
-        cluster_epochs: int = 40,
+        max_epochs: int | None = None,
+        instance_epochs: int | None = None,
+        cluster_epochs: int | None = None,
         batch_size: int | None = None,
         max_grad_norm: float = 0.1,
         accountant: str = "rdp",
@@ -207,31 +173,36 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
         devices: int | str = 1,
         strategy: str = "auto",
         progress_bar: bool = True,
+        plan: FitPlan | None = None,
+        booking: Spending | None = None,
     ) -> None:
         r"""Train both stages; with ``epsilon`` the whole fit is (ε, δ)-DP (see the record).
 
         The noise multiplier σ is calibrated once, before training, for the total number of
-        sampled-Gaussian steps of the fit: ``(instance_epochs + cluster_epochs) ×
-        round(1/q)`` DP-SGD steps plus ``n_sketch_steps + n_lloyd_rounds × steps_per_round`` DP
-        k-means releases (plus ``cluster_epochs`` frequency releases with
+        sampled-Gaussian steps of the fit: ``(instance_epochs + cluster_epochs) × round(1/q)``
+        DP-SGD steps plus ``n_sketch_steps + n_lloyd_rounds × steps_per_round`` DP k-means
+        releases (plus ``cluster_epochs`` frequency releases with
         ``target_frequency="released"``), all with Poisson rate ``q = batch_size / n_obs``
-        (:func:`~dpsc.model.planned_step_counts`). The ε recorded is the accountant's value after
-        the steps that actually ran. No epoch, learning rate or checkpoint is chosen from the
-        data: the final model is the result.
+        (:func:`~dpsc.model._dcan_privacy.plan_fit`). The ε recorded is the accountant's value
+        after the steps that actually ran. No epoch, learning rate or checkpoint is chosen from the
+        data: the final model is the result. The spend is booked in the AnnData's ledger
+        (:func:`dpsc.privacy.spending`): a budget refuses the fit before any work.
 
         Parameters
         ----------
         epsilon
             Target ε; ``None`` trains the non-private DCAN.
         delta
-            Target δ; must be below ``1/n_obs``.
+            Target δ; ``None``: 10⁻⁵, or 1/(10 n) above 10⁴ cells (it must be below 1/n).
         scope
             ``"encoder"`` (DP-DCAN; heuristic guarantee, see the record) or ``"full"``
             (DPE-DCAN; proven guarantee).
+        max_epochs
+            Total epochs, split 5:4 between the two stages (as in ``dpsc.tl.fit``).
         instance_epochs, cluster_epochs
-            Epochs of each stage; an epoch is ``round(1/q)`` Poisson batches.
+            Epochs of each stage (default 50 + 40); an epoch is ``round(1/q)`` Poisson batches.
         batch_size
-            Expected batch size ``q·n`` (default 10 % of the cells).
+            Expected batch size ``q·n`` (default 10 % of the cells, at most 4096).
         max_grad_norm
             Per-cell clipping norm C.
         accountant
@@ -259,8 +230,8 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
             ``steps_per_round`` (they set the planned steps), and ``n_bits``, ``oversampling``,
             ``count_scale`` (:func:`~dpsc.privacy.dp_kmeans_centroids`).
         random_state
-            Seed of initialisation, masking and post-processing k-means. Never of the DP noise
-            or the Poisson samples.
+            Seed of initialisation, masking, projections and post-processing k-means. Never of the
+            DP noise or the Poisson samples.
         noise_seed
             ``None`` (default): noise and Poisson samples are secret (OS entropy), so two fits
             with the same ``random_state`` differ. An integer makes them repeatable, for tests
@@ -277,120 +248,63 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
             process runs the script and holds the AnnData.
         progress_bar
             Show one progress bar over both stages (epochs, stage, ε spent so far).
+        plan
+            A :class:`~dpsc.model._dcan_privacy.FitPlan` made beforehand by
+            :func:`~dpsc.model._dcan_privacy.plan_fit` for this model (``dpsc.tl.fit`` does so, to
+            check the budget before touching the AnnData): it replaces the privacy and schedule
+            arguments above, and nothing is calibrated again.
+        booking
+            The caller's ledger booking of this fit (``dpsc.tl.fit`` passes its own); ``None``
+            books the fit in this model's AnnData.
         """
-        settings = self._check_train_settings(locals())
-        plan = self.plan_privacy(settings)
-        opts = settings["plan"]
-        splitter = self._data_splitter_cls(
-            self.adata_manager, plan.sample_rate, plan.counts["steps_per_epoch"], plan.noise
-        )
-        dp = plan.settings
-        stage_common = {
-            "dp": dp,
-            "scope": scope,
-            "private_optimizer": private_optimizer,
-            **{k: opts[k] for k in ("rho", "mask_rate", "betas", "target_power")},
-        }
-        progress = FitProgress(instance_epochs + cluster_epochs, delta if dp else None, progress_bar)
-        run = {"accelerator": accelerator, "devices": devices, "strategy": strategy, "progress": progress}
-        release_loadings = None
-        if self.module.input_pcs is not None:
-            release_loadings = self._loadings_release(plan)
-            if instance_epochs == 0:
-                release_loadings()
-        if instance_epochs > 0:
-            instance = self._training_plan_cls(
-                self.module,
-                stage="instance",
-                optimizer="adam",
-                lr=opts["instance_lr"],
-                private_lr=opts["private_lr"],
-                before_training=release_loadings,
-                seed=random_state,
-                **stage_common,
-            )
-            self._run_stage(instance, splitter, instance_epochs, "instance stage", **run)
-        self._init_centroids(splitter, dp, settings["kmeans"], random_state)
-        if cluster_epochs > 0:
-            released = opts["target_frequency"] == "released"
-            frequency = self._frequency_source(splitter, dp) if released else None
-            cluster = self._training_plan_cls(
-                self.module,
-                stage="cluster",
-                optimizer="adadelta",
-                lr=opts["cluster_lr"],
-                private_lr=opts["cluster_private_lr"],
-                frequency_source=frequency,
-                train_encoder=opts["cluster_train_encoder"],
-                seed=random_state + 2,
-                **stage_common,
-            )
-            self._run_stage(cluster, splitter, cluster_epochs, "cluster stage", **run)
-        progress.close()
-        self.module.eval()
-        self.is_trained_ = True
-        spent = None if dp is None else spent_epsilon(dp.accountant, delta)
-        self._record = dcan_record(plan, self.adata.n_obs, spent=spent)
-        self.privacy_ = self._record.to_dict()
-        self.train_params_ = self._train_params(settings, plan)
-
-    def privacy_record(self) -> PrivacyRecord:
-        """Return the :class:`~dpsc.privacy.PrivacyRecord` of the last ``train``."""
-        if self._record is None:
-            raise RuntimeError("Train the model first: it has no privacy record yet.")
-        return self._record
-
-    def _check_train_settings(self, given: dict) -> dict:
-        """Validate ``train``'s arguments before any work; fill the defaults that depend on them."""
         if self.is_trained_:
             raise RuntimeError(
                 "This model is already trained. Training it again would start a new privacy "
                 "record that ignores what the weights already learned from the cells; build a "
                 "new model (or dpsc.tl.fit) instead."
             )
-        s = {k: v for k, v in given.items() if k != "self"}
-        s["input_pcs"] = self.module.input_pcs
-        n_obs = self.adata.n_obs
-        s["batch_size"] = check_fit_args(
-            n_obs=n_obs, n_clusters=self.n_clusters, scope=s["scope"], batch_size=s["batch_size"]
-        )
-        check_privacy_args(s["epsilon"], s["delta"], n_obs)
-        check_matrix(self.adata_manager.get_from_registry(REGISTRY_KEYS.X_KEY), self.module.likelihood)
-        make_accountant(s["accountant"])  # rejects unknown names
-        if s["private_optimizer"] not in OPTIMIZERS:
-            raise ValueError(f"Unknown optimizer {s['private_optimizer']!r}; choose one of {OPTIMIZERS}.")
-        s["plan"], s["kmeans"] = self.check_options(
-            s["plan_kwargs"], s["kmeans_kwargs"], s["private_optimizer"]
-        )
-        if s["kmeans"]["clip_norm"] is None:
-            if self.module.latent_scale is None:
-                raise ValueError(
-                    "With latent_scale=None, pass kmeans_kwargs={'clip_norm': ...} (the DP k-means "
-                    "clipping radius)."
-                )
-            s["kmeans"]["clip_norm"] = float(self.module.latent_scale)
-        return s
+        if plan is None:
+            settings = TrainSettings(
+                epsilon=epsilon,
+                delta=delta,
+                scope=scope,
+                max_epochs=max_epochs,
+                instance_epochs=instance_epochs,
+                cluster_epochs=cluster_epochs,
+                batch_size=batch_size,
+                max_grad_norm=max_grad_norm,
+                accountant=accountant,
+                private_optimizer=private_optimizer,
+                plan_kwargs=plan_kwargs,
+                kmeans_kwargs=kmeans_kwargs,
+                random_state=random_state,
+                noise_seed=noise_seed,
+            )
+            plan = self.plan_training(settings)
+        self._check_training_input(plan)
+        run = {
+            "accelerator": accelerator,
+            "devices": devices,
+            "strategy": strategy,
+            "progress_bar": progress_bar,
+        }
+        if booking is not None:
+            self._train(plan, **run)
+            return
+        with spending(self.adata, plan.planned_record(self.adata.n_obs), "DPDCAN") as own:
+            self._train(plan, **run)
+            own.settle(self._record)
 
-    @staticmethod
-    def check_options(
-        plan_kwargs: dict | None, kmeans_kwargs: dict | None, private_optimizer: str = "sgd"
-    ) -> tuple[dict, dict]:
-        """Return the full plan and k-means options (defaults filled); refuse unknown or bad ones."""
-        if private_optimizer not in OPTIMIZERS:
-            raise ValueError(f"Unknown optimizer {private_optimizer!r}; choose one of {OPTIMIZERS}.")
-        plan = merged_options(plan_kwargs, DEFAULT_PLAN_OPTIONS, "plan_kwargs")
-        kmeans = merged_options(kmeans_kwargs, DEFAULT_KMEANS_OPTIONS, "kmeans_kwargs")
-        lrs = DEFAULT_PRIVATE_LRS[private_optimizer]
-        if plan["private_lr"] is None:
-            plan["private_lr"] = lrs["dpdcan_instance"]
-        if plan["cluster_private_lr"] is None:
-            plan["cluster_private_lr"] = lrs["dpdcan_cluster"]
-        check_target_frequency(plan["target_frequency"])
-        return plan, kmeans
-
-    def plan_privacy(self, settings: dict) -> DCANPrivacyPlan:
-        """Planned steps, calibrated σ and DP-SGD settings of a fit (:func:`plan_fit`; reads no cell)."""
-        plan = plan_fit(settings, self.adata.n_obs)
+    def plan_training(self, settings: TrainSettings) -> FitPlan:
+        """Return the :class:`~dpsc.model._dcan_privacy.FitPlan` of ``settings`` for this model."""
+        plan = plan_fit(
+            settings,
+            self.adata.n_obs,
+            n_clusters=self.n_clusters,
+            input_pcs=self.module.input_pcs,
+            latent_scale=self.module.latent_scale,
+            likelihood=self.module.likelihood,
+        )
         if plan.settings is not None:
             logger.info(
                 "Calibrated noise multiplier %.4f for %d steps at q=%.4f",
@@ -400,23 +314,95 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
             )
         return plan
 
-    @staticmethod
-    def _train_params(settings: dict, plan: DCANPrivacyPlan) -> dict:
-        """Return the settings recorded in ``uns``: the plan options flat, the k-means ones nested."""
-        keep = (
-            "instance_epochs",
-            "cluster_epochs",
-            "batch_size",
-            "private_optimizer",
-            "random_state",
-            "noise_seed",
+    def _check_training_input(self, plan: FitPlan) -> None:
+        """Non-private fits check the values (nothing to protect); private fits read public metadata only.
+
+        Under DP, refusing because of what a cell contains would itself be an output about the cells
+        (a data set fits, the same minus one cell is refused): the model reads each row through
+        :func:`~dpsc.module._dcan.clean_input` instead, and only scanpy's ``uns["log1p"]`` is checked.
+        """
+        matrix = self.adata_manager.get_from_registry(REGISTRY_KEYS.X_KEY)
+        if plan.settings is None:
+            check_matrix(matrix, self.module.likelihood)
+            return
+        layer = self.adata_manager.get_state_registry(REGISTRY_KEYS.X_KEY).get("layer")
+        if self.module.likelihood == "zinb" and layer is None and "log1p" in self.adata.uns:
+            raise ValueError(
+                "The ZINB model needs raw counts, but adata.uns['log1p'] says X is log-transformed. "
+                "Pass the raw counts (layer='counts'), or likelihood='gaussian' for log-normalised data."
+            )
+
+    def _train(self, plan: FitPlan, accelerator, devices, strategy, progress_bar: bool) -> None:
+        opts = plan.options
+        splitter = self._data_splitter_cls(
+            self.adata_manager, plan.sample_rate, plan.counts["steps_per_epoch"], plan.noise
         )
-        params = {k: settings[k] for k in keep}
-        params.update(settings["plan"])
-        params["betas"] = list(params["betas"])
-        params["kmeans"] = dict(settings["kmeans"])
-        params["planned_steps"] = plan.counts["total"]
-        return params
+        dp = plan.settings
+        stage_common = {
+            "dp": dp,
+            "scope": plan.scope,
+            "private_optimizer": plan.private_optimizer,
+            **{k: opts[k] for k in ("rho", "mask_rate", "betas", "target_power")},
+        }
+        progress = FitProgress(
+            plan.instance_epochs + plan.cluster_epochs, plan.delta if dp else None, progress_bar
+        )
+        run = {"accelerator": accelerator, "devices": devices, "strategy": strategy, "progress": progress}
+        release_loadings = None
+        if self.module.input_pcs is not None:
+            release_loadings = self._loadings_release(plan)
+            if plan.instance_epochs == 0:
+                release_loadings()
+        if plan.instance_epochs > 0:
+            instance = self._training_plan_cls(
+                self.module,
+                stage="instance",
+                optimizer="adam",
+                lr=opts["instance_lr"],
+                private_lr=opts["private_lr"],
+                before_training=release_loadings,
+                seed=plan.random_state,
+                **stage_common,
+            )
+            self._run_stage(instance, splitter, plan.instance_epochs, "instance stage", **run)
+        self._init_centroids(splitter, plan)
+        if plan.cluster_epochs > 0:
+            released = opts["target_frequency"] == "released"
+            frequency = self._frequency_source(splitter, plan) if released else None
+            cluster = self._training_plan_cls(
+                self.module,
+                stage="cluster",
+                optimizer="adadelta",
+                lr=opts["cluster_lr"],
+                private_lr=opts["cluster_private_lr"],
+                frequency_source=frequency,
+                train_encoder=opts["cluster_train_encoder"],
+                seed=plan.random_state + 2,
+                **stage_common,
+            )
+            self._run_stage(cluster, splitter, plan.cluster_epochs, "cluster stage", **run)
+        progress.close()
+        self.module.eval()
+        self.is_trained_ = True
+        spent = None if dp is None else spent_epsilon(dp.accountant, plan.delta)
+        self._record = dcan_record(plan, self.adata.n_obs, spent=spent)
+        self.privacy_ = self._record.to_dict()
+        self.train_params_ = plan.params()
+
+    def privacy_record(self) -> PrivacyRecord:
+        """Return the :class:`~dpsc.privacy.PrivacyRecord` of the last ``train``."""
+        if self._record is None:
+            raise RuntimeError("Train the model first: it has no privacy record yet.")
+        return self._record
+
+    check_options = staticmethod(check_options)
+
+    def released_frequencies(self) -> np.ndarray | None:
+        """DEC's cluster frequencies as last released in training (noisy under DP), or ``None``.
+
+        A released value: reading it costs no privacy (``frequency_noise_`` is its noise's std).
+        """
+        return None if self._frequencies is None else self._frequencies.copy()
 
     def _run_stage(
         self, plan, splitter, epochs, name, accelerator, devices, strategy, progress: FitProgress
@@ -452,16 +438,15 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
             if plan.dp is not None:
                 self.history_ = None
 
-    def _loadings_release(self, plan: DCANPrivacyPlan):
+    def _loadings_release(self, plan: FitPlan):
         r"""Callable that releases the frozen input loadings (once) and loads them into the module.
 
-        It sums :math:`u_i u_i^\top` over every training cell, :math:`u_i` the cell's
-        log1p(CP10k) row scaled to norm 1 (sensitivity 1; :func:`~dpsc.pp._dp_pca.second_moment`,
-        sparse row blocks), and makes one Gaussian release at
-        :math:`\sigma_V` (exact in a non-private fit) with :func:`dpsc.pp.pca`'s gene block and
-        dropped mean component (:func:`~dpsc.pp._dp_pca.release_loadings`); the accountant is told
-        :math:`(\sigma_V, q = 1)`. Under data parallelism every process holds all cells and
-        receives rank 0's release.
+        The release of :mod:`dpsc.privacy._pca` (the one :func:`dpsc.pp.pca` makes): the sum of
+        :math:`u_i u_i^\top` over every training cell, :math:`u_i` the cell's log1p(CP10k) row
+        scaled to norm 1 (sensitivity 1), one lattice-encoded Gaussian release at :math:`\sigma_V`
+        (exact in a non-private fit), the gene block :data:`dpsc.privacy._pca.DEFAULT_GENE_BLOCK`
+        and the dropped mean component; the accountant is told :math:`(\sigma_V, q = 1)`. Under
+        data parallelism every process holds all cells and receives rank 0's release.
         """
 
         @torch.no_grad()
@@ -469,13 +454,13 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
             module = self.module
             cells = self.adata_manager.get_from_registry(REGISTRY_KEYS.X_KEY)
             sigma = plan.loadings_noise_multiplier
-            loadings, _, _ = release_loadings(
-                second_moment(cells, log_normalize=module.likelihood == "zinb"),
-                sigma,
-                module.input_pcs,
-                n_genes=DEFAULT_PCA_GENES,
-                drop_mean_component=True,
-                rng=plan.noise.numpy_rng("loadings"),
+            n_genes = cells.shape[1]
+            S = _pca.second_moment(cells, log_normalize=module.likelihood == "zinb")
+            noisy = _pca.second_moment_release(n_genes, sigma).release(
+                _pca.upper(S), plan.noise.stream("dpdcan.loadings")
+            )
+            loadings, _, _ = _pca.loadings(
+                _pca.from_upper(noisy, n_genes), module.input_pcs, _pca.DEFAULT_GENE_BLOCK, True
             )
             device = module.input_loadings.device
             loadings = torch.as_tensor(loadings, dtype=module.input_loadings.dtype, device=device)
@@ -489,48 +474,75 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
         """Latent codes of one fresh Poisson sample of the training cells (rate q)."""
         device = next(self.module.parameters()).device
         x = splitter.sample_batch()[REGISTRY_KEYS.X_KEY].to(device)
-        return self.module.encode(self.module.represent(x))
+        return self.module.encode(self.module.represent(clean_input(x, self.module.likelihood)))
 
-    def _frequency_source(self, splitter, dp: DPSGDSettings | None):
-        """Callable releasing DEC's cluster frequencies (noisy under ``dp``, exact otherwise)."""
+    def _frequency_source(self, splitter, plan: FitPlan):
+        """Callable releasing DEC's cluster frequencies (noisy under DP, exact otherwise)."""
         device = next(self.module.parameters()).device
+        dp = plan.settings
         if dp is None:
 
             def exact() -> torch.Tensor:
                 frequency = torch.as_tensor(self.predict_proba().sum(0), dtype=torch.float32)
                 self.module.train()  # predict_proba leaves the module in eval mode
+                self._frequencies = frequency.numpy().astype(np.float64)
                 return frequency.to(device)
 
             return exact
-        gen = dp.noise.torch_generator("releases")
 
         def release() -> torch.Tensor:
             q = self.module.soft_assignment(self._encode_poisson_batch(splitter)).cpu()
-            frequency = dp_cluster_frequency(q, noise_multiplier=dp.noise_multiplier, generator=gen)
+            frequency = dp_cluster_frequency(
+                q,
+                noise_multiplier=dp.noise_multiplier,
+                rng=dp.noise.stream("dpdcan.frequency"),
+                sample_rate=dp.sample_rate,
+            )
             dp.record_release()
-            return broadcast_from_rank_zero(frequency.float().to(device))
+            frequency = broadcast_from_rank_zero(frequency.float().to(device))
+            self._frequencies, self.frequency_noise_ = (
+                frequency.cpu().numpy().astype(np.float64),
+                dp.noise_multiplier,
+            )
+            return frequency
 
         return release
 
     @torch.no_grad()
-    def _init_centroids(self, splitter, dp: DPSGDSettings | None, kmeans: dict, random_state: int) -> None:
-        """k-means initialisation: DP releases under ``dp``, plain k-means otherwise."""
+    def _init_centroids(self, splitter, plan: FitPlan) -> None:
+        """k-means initialisation: DP releases of Poisson-sampled tables under DP, plain k-means otherwise."""
         self.module.eval()
         centroids = self.module.clustering.centroids
+        dp = plan.settings
         if dp is None:
             z = self.get_latent_representation()
-            km = KMeans(n_clusters=self.n_clusters, n_init=20, random_state=random_state).fit(z)
+            km = KMeans(n_clusters=self.n_clusters, n_init=20, random_state=plan.random_state).fit(z)
             centroids.copy_(torch.as_tensor(km.cluster_centers_, dtype=centroids.dtype))
             return
+        options = dict(plan.kmeans)
+        clip_norm, count_scale = float(options.pop("clip_norm")), float(options["count_scale"])
+        d = self.module.n_latent
+
+        def release_table(assignment: Assignment) -> tuple[torch.Tensor, torch.Tensor]:
+            table = kmeans_table(
+                self._encode_poisson_batch(splitter).cpu(), assignment, clip_norm, count_scale
+            )
+            spec = table_release(
+                assignment.n_rows, d, clip_norm, count_scale, dp.noise_multiplier, dp.sample_rate
+            )
+            noisy = spec.release(table, dp.noise.stream("dpdcan.kmeans"))
+            dp.record_release()
+            return split_table(noisy, assignment.n_rows, d, clip_norm, count_scale)
+
         init = dp_kmeans_centroids(
-            lambda: self._encode_poisson_batch(splitter).cpu(),
+            release_table,
             self.n_clusters,
+            d,
             noise_multiplier=dp.noise_multiplier,
-            record_step=dp.record_release,
-            generator=dp.noise.torch_generator("releases"),
+            clip_norm=clip_norm,
             sphere_radius=self.module.latent_scale,
-            random_state=random_state,
-            **kmeans,
+            random_state=plan.random_state,
+            **options,
         )
         init = broadcast_from_rank_zero(torch.as_tensor(init, dtype=centroids.dtype, device=centroids.device))
         centroids.copy_(init)

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import anndata as ad
 import numpy as np
-import scipy.sparse as sp
+import pandas as pd
 import torch
 
-from .._validation import _row_blocks, check_matrix, get_matrix
+from .. import _blocks
+from .._validation import get_matrix
 from ..module import DCANModule
-
-ENCODE_ROWS = 4096  # cells encoded at once: a dense block of 4096 x genes floats
+from ..module._dcan import clean_input
 
 
 class SharedEncoder:
@@ -74,20 +74,28 @@ class SharedEncoder:
     def get_latent_representation(self, adata: ad.AnnData, layer: str | None = None) -> np.ndarray:
         """Latent codes of the cells in ``adata``, encoded one row block at a time (no dense copy)."""
         columns = self._gene_columns(adata)
-        matrix = get_matrix(adata, layer)
-        z = np.empty((adata.n_obs, self.module.n_latent), dtype=np.float32)
-        start = 0
-        for block in _row_blocks(matrix, chunk=ENCODE_ROWS):
-            block = block[:, columns]
-            check_matrix(block, self.module.likelihood, training=False)
-            dense = block.toarray() if sp.issparse(block) else np.asarray(block)
-            x = torch.as_tensor(dense, dtype=torch.float32)
-            z[start : start + len(dense)] = self.module.encode(self.module.represent(x)).numpy()
-            start += len(dense)
-        return z
+        module = self.module
+
+        def encode(block: np.ndarray) -> np.ndarray:
+            x = clean_input(torch.as_tensor(block), module.likelihood)
+            return module.encode(module.represent(x)).numpy()
+
+        return _blocks.map_rows(get_matrix(adata, layer), encode, module.n_latent, columns=columns)
 
     @torch.no_grad()
-    def predict(self, adata: ad.AnnData, layer: str | None = None) -> np.ndarray:
-        """Cluster labels from the shared centroids."""
+    def predict(
+        self, adata: ad.AnnData, layer: str | None = None, key_added: str | None = None
+    ) -> np.ndarray | None:
+        """Cluster labels from the shared centroids, as ``dpsc.tl.fit`` writes them.
+
+        With ``key_added``, writes ``adata.obs[key_added]`` (categorical, categories ``"0"`` …
+        ``str(n_clusters - 1)``) and returns ``None``; otherwise returns the labels as strings.
+        Everything computed here is post-processing of the released encoder and centroids.
+        """
         z = torch.as_tensor(self.get_latent_representation(adata, layer))
-        return self.module.soft_assignment(z).argmax(1).numpy()
+        labels = self.module.soft_assignment(z).argmax(1).numpy().astype(str)
+        if key_added is None:
+            return labels
+        categories = [str(i) for i in range(self.module.n_clusters)]
+        adata.obs[key_added] = pd.Categorical(labels, categories=categories)
+        return None

@@ -1,7 +1,7 @@
 """Torch modules of dpsc: networks, the Student-t clustering layer, per-cell losses."""
 
 from ._clustering import CentroidDistance
-from ._dcan import DCANModule
+from ._dcan import DEFAULT_LATENT_SCALE, DCANModule, clean_input
 from ._losses import (
     dec_kl_per_cell,
     gaussian_nll_per_cell,
@@ -13,8 +13,10 @@ from ._losses import (
 )
 
 __all__ = [
+    "DEFAULT_LATENT_SCALE",
     "CentroidDistance",
     "DCANModule",
+    "clean_input",
     "dec_kl_per_cell",
     "gaussian_nll_per_cell",
     "instance_loss_per_cell",

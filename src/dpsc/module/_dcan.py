@@ -28,6 +28,18 @@ Likelihood = Literal["zinb", "gaussian"]
 TARGET_SUM = 1e4
 
 
+DEFAULT_LATENT_SCALE = 3.0  # radius of the latent sphere
+
+
+def clean_input(x: torch.Tensor, likelihood: Likelihood) -> torch.Tensor:
+    """Each cell's row as the model reads it: non-finite values, and negative counts, read as 0.
+
+    A map of each cell alone, so a DP fit never has to look at the values to refuse them.
+    """
+    x = torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0)
+    return x.clamp(min=0.0) if likelihood == "zinb" else x
+
+
 def input_representation(x: torch.Tensor, likelihood: Likelihood) -> torch.Tensor:
     r"""Compute what the encoder sees, from each cell alone.
 
@@ -100,7 +112,7 @@ class DCANModule(BaseModuleClass):
         n_hidden: Sequence[int] = (256, 64),
         likelihood: Likelihood = "zinb",
         alpha: float = 1.0,
-        latent_scale: float | None = 3.0,
+        latent_scale: float | None = DEFAULT_LATENT_SCALE,
         input_pcs: int | None = None,
     ):
         super().__init__()
@@ -111,6 +123,7 @@ class DCANModule(BaseModuleClass):
         self.latent_scale = latent_scale
         self.n_input = n_input
         self.n_latent = n_latent
+        self.n_clusters = n_clusters
         self.likelihood = likelihood
         self.alpha = alpha
         hidden = list(n_hidden)
@@ -198,6 +211,7 @@ class DCANModule(BaseModuleClass):
         private encoder sees each cell once and its per-sample gradient is the sum over that
         cell's views.
         """
+        x = clean_input(x, self.likelihood)
         rep = self.represent(x)
         views = torch.cat([rep.unsqueeze(1), mask_views(rep, 2, mask_rate, generator)], dim=1)
         z_all = self.encode(views)
@@ -222,6 +236,7 @@ class DCANModule(BaseModuleClass):
         the paper's objective, :math:`\beta_3 L^{\mathrm{sep}}`, depends on the centroids only;
         it is returned by :meth:`parameter_penalty` and handled apart (see the training plan).
         """
+        x = clean_input(x, self.likelihood)
         rep = self.represent(x)
         z = self.encode(rep)
         recon = self.reconstruction_per_cell(x, rep, z)
@@ -248,6 +263,7 @@ class DCANModule(BaseModuleClass):
     @auto_move_data
     def inference(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         """Latent ``z`` (deterministic encoder) and soft cluster assignment ``q``."""
+        x = clean_input(x, self.likelihood)
         z = self.encode(self.represent(x))
         return {"z": z, "q": self.soft_assignment(z), "library": x.sum(-1, keepdim=True)}
 
@@ -265,7 +281,7 @@ class DCANModule(BaseModuleClass):
 
     def loss(self, tensors, inference_outputs, generative_outputs, **kwargs) -> LossOutput:
         """Mean reconstruction loss (used for evaluation; training uses the stage losses)."""
-        x = tensors[REGISTRY_KEYS.X_KEY]
+        x = clean_input(tensors[REGISTRY_KEYS.X_KEY], self.likelihood)
         recon = self.reconstruction_per_cell(x, self.represent(x), inference_outputs["z"])
         return LossOutput(loss=recon.mean(), reconstruction_loss=recon)
 

@@ -27,6 +27,12 @@ DEFAULT_PRIVATE_LRS: dict[str, dict[str, float]] = {
 }
 
 
+def check_optimizer(name: str) -> None:
+    """Refuse an update rule dpsc does not have (the one place that says which ones exist)."""
+    if name not in OPTIMIZERS:
+        raise ValueError(f"Unknown optimizer {name!r}; choose one of {OPTIMIZERS}.")
+
+
 def make_optimizer(name: str, params: Iterable[torch.nn.Parameter], lr: float) -> torch.optim.Optimizer:
     """Return the update rule called ``name``; under DP, Opacus wraps it (clip + noise first).
 
@@ -34,6 +40,7 @@ def make_optimizer(name: str, params: Iterable[torch.nn.Parameter], lr: float) -
     ``"dpsignsgd"`` / ``"dpsignadam"`` are :class:`SignSGD` / :class:`SignAdam` (the "dp" names
     follow the paper; the sign update is only private inside a ``DPOptimizer``).
     """
+    check_optimizer(name)
     params = list(params)
     if name == "sgd":
         return torch.optim.SGD(params, lr=lr, momentum=0.9)
@@ -43,9 +50,7 @@ def make_optimizer(name: str, params: Iterable[torch.nn.Parameter], lr: float) -
         return torch.optim.Adadelta(params, lr=lr)
     if name == "dpsignsgd":
         return SignSGD(params, lr=lr)
-    if name == "dpsignadam":
-        return SignAdam(params, lr=lr)
-    raise ValueError(f"Unknown optimizer {name!r}; choose one of {OPTIMIZERS}.")
+    return SignAdam(params, lr=lr)
 
 
 class DPSignSGD(DPOptimizer):

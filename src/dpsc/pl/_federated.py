@@ -14,6 +14,7 @@ from ._utils import finish, get_ax, uns_record
 def federated(
     adata: ad.AnnData,
     *,
+    key: str = "X_fedsc",
     ax: Axes | None = None,
     show: bool | None = None,
     save: str | Path | None = None,
@@ -23,11 +24,13 @@ def federated(
     Parameters
     ----------
     adata
-        AnnData passed to :func:`dpsc.tl.fit_federated` (reads ``uns["dpsc"]["federated"]``).
+        AnnData passed to :func:`dpsc.tl.fit_federated`.
+    key
+        The fit's ``key_added`` (reads ``uns["dpsc"][key]``).
     ax, show, save
         scanpy's conventions; the Axes is returned when not shown.
     """
-    record = uns_record(adata, "federated", "dpsc.tl.fit_federated")
+    record = uns_record(adata, key, "dpsc.tl.fit_federated")
     loss = np.asarray(record["loss"], dtype=float)
     target = get_ax(ax)
     target.plot(np.arange(1, len(loss) + 1), loss, marker="o", ms=3)

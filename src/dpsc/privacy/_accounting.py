@@ -1,8 +1,17 @@
-"""Noise calibration and ε accounting, delegated to Opacus's accountants."""
+r"""Noise calibration and ε accounting, delegated to Opacus's accountants.
+
+Every ε dpsc reports is computed by an Opacus accountant (RDP: Mironov 2017, Mironov, Talwar &
+Zhang 2019; PRV: Gopi, Lee & Wutschitz 2021) from a history of Gaussian releases
+``[(σ, q, steps), …]``; no Rényi divergence is written by hand here. The RDP accountant is asked
+for more orders than Opacus's default (which stops at 63): integers to 256 always, and to 10⁴ when
+every release reads all cells (q = 1, where RDP is closed-form), so releases with a large noise
+multiplier find their optimal order instead of being cut off at the last one (Opacus then warns
+"Optimal order is the largest alpha"; the ε it returns is still a valid, looser bound).
+"""
 
 from __future__ import annotations
 
-from functools import lru_cache
+import warnings
 
 import numpy as np
 from opacus.accountants import IAccountant, create_accountant
@@ -10,12 +19,43 @@ from opacus.accountants.utils import get_noise_multiplier
 
 ACCOUNTANTS = ("rdp", "prv")
 
+#: Rényi orders of the RDP accountant: Opacus's defaults and integers to 256; releases of all
+#: cells (q = 1, whose RDP is closed-form and cheap at any order) also get orders up to 10⁴.
+_BASE_ORDERS = [1 + x / 10.0 for x in range(1, 100)] + list(range(12, 64))
+RDP_ORDERS = [*_BASE_ORDERS, 64, 80, 96, 128, 160, 192, 256]
+RDP_ORDERS_FULL_BATCH = RDP_ORDERS + [int(x) for x in np.unique(np.geomspace(320, 1e4, 16).astype(int))]
+
+History = list[tuple[float, float, int]]
+
 
 def make_accountant(name: str) -> IAccountant:
     """Return a fresh Opacus accountant (``"rdp"`` or ``"prv"``)."""
     if name not in ACCOUNTANTS:
         raise ValueError(f"Unknown accountant {name!r}; choose one of {ACCOUNTANTS}.")
     return create_accountant(mechanism=name)
+
+
+def _orders(name: str, sample_rates) -> dict:
+    if name != "rdp":
+        return {}
+    full_batch = all(float(q) >= 1.0 for q in sample_rates)
+    return {"alphas": RDP_ORDERS_FULL_BATCH if full_batch else RDP_ORDERS}
+
+
+def spent_epsilon(accountant: IAccountant, delta: float) -> float:
+    """ε spent so far by ``accountant`` at ``delta`` (0 when nothing was spent)."""
+    if not accountant.history:
+        return 0.0
+    name = accountant.mechanism()
+    orders = _orders(name, [entry[1] for entry in accountant.history])
+    return float(accountant.get_epsilon(delta=delta, **orders))
+
+
+def history_epsilon(history: History, delta: float, accountant: str = "rdp") -> float:
+    """ε of a history of Gaussian releases ``[(σ, q, steps), …]`` at ``delta``."""
+    acc = make_accountant(accountant)
+    acc.history = [(float(s), float(q), int(n)) for s, q, n in history]
+    return spent_epsilon(acc, delta)
 
 
 def calibrate_noise_multiplier(
@@ -28,15 +68,20 @@ def calibrate_noise_multiplier(
     found by :func:`opacus.accountants.utils.get_noise_multiplier` (bisection; the resulting
     ε is at most ``epsilon`` and within 0.01 of it).
     """
-    return float(
-        get_noise_multiplier(
-            target_epsilon=epsilon,
-            target_delta=delta,
-            sample_rate=sample_rate,
-            steps=steps,
-            accountant=accountant,
+    with warnings.catch_warnings():
+        # Opacus's bracket search tries very small σ first, whose optimal order is the smallest
+        # one; the σ it returns is found at orders where the bound is tight.
+        warnings.filterwarnings("ignore", message="Optimal order is the smallest alpha")
+        return float(
+            get_noise_multiplier(
+                target_epsilon=epsilon,
+                target_delta=delta,
+                sample_rate=sample_rate,
+                steps=steps,
+                accountant=accountant,
+                **_orders(accountant, [sample_rate]),
+            )
         )
-    )
 
 
 def split_budget(
@@ -44,66 +89,49 @@ def split_budget(
     delta: float,
     parts: dict[str, tuple[float, float, int]],
     accountant: str = "rdp",
-    tolerance: float = 0.01,
+    tolerance: float = 1e-3,
 ) -> dict[str, tuple[float, float]]:
     r"""Noise multipliers of several releases that share one (ε, δ) in fixed proportions.
 
-    ``parts`` maps a name to ``(share, sample_rate, steps)``. Part :math:`k` gets the σ that
-    spends :math:`s\,w_k\,\varepsilon` alone at :math:`\delta/K`
-    (:func:`calibrate_noise_multiplier`), where the scale :math:`s` is the largest (found by
-    bisection) for which the composition of all parts in one Opacus accountant spends at most
-    ε at δ. Composition is tighter than the sum of the parts' ε, so :math:`s \ge 1`
-    usually. Returns ``name -> (ε_k, σ_k)`` with :math:`\varepsilon_k = s\,w_k\,\varepsilon`.
+    ``parts`` maps a name to ``(share, sample_rate, steps)``. Each part is calibrated once, alone,
+    to its nominal share: :math:`\sigma_k^0` spends :math:`w_k\varepsilon` at :math:`\delta/K`
+    (:func:`calibrate_noise_multiplier`; by basic composition the parts together spend at most ε
+    at δ). Composition in one Opacus accountant is tighter than that sum, so all parts are then
+    scaled by the smallest common factor :math:`c \le 1`, :math:`\sigma_k = c\,\sigma_k^0`, whose
+    composition still spends at most ε at δ (bisection to relative ``tolerance``; each step is one
+    accountant evaluation, no calibration). Returns ``name -> (ε_k, σ_k)``, ε_k the part's own ε
+    at δ/K.
     """
     names = tuple(parts)
-    split = _split_budget(epsilon, delta, tuple(parts.values()), accountant, tolerance)
-    return dict(zip(names, split, strict=True))
-
-
-@lru_cache(maxsize=32)  # a fit plans twice (budget check, then training): calibrate once
-def _split_budget(
-    epsilon: float,
-    delta: float,
-    parts: tuple[tuple[float, float, int], ...],
-    accountant: str,
-    tolerance: float,
-) -> tuple[tuple[float, float], ...]:
-    shares = np.array([p[0] for p in parts], dtype=float)
-    if np.any(shares <= 0):
-        raise ValueError(f"Every share must be positive; got {shares.tolist()}.")
-    part_delta = delta / len(parts)
-
-    def sigmas(scale: float) -> list[float]:
-        return [
-            calibrate_noise_multiplier(scale * w * epsilon, part_delta, q, steps, accountant)
-            for w, (_, q, steps) in zip(shares / shares.sum(), parts, strict=True)
-        ]
-
-    def composed(scale: float) -> float:
-        acc = make_accountant(accountant)
-        acc.history = [(sigma, q, steps) for sigma, (_, q, steps) in zip(sigmas(scale), parts, strict=True)]
-        return float(acc.get_epsilon(delta=delta))
-
-    lo, hi = 1.0, 4.0  # basic composition holds at scale 1; RDP composition is usually tighter
-    while composed(lo) > epsilon:
-        lo, hi = lo / 2, lo
-    while hi - lo > tolerance * lo:
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if composed(mid) <= epsilon else (lo, mid)
+    shares = np.array([parts[n][0] for n in names], dtype=float)
+    if np.any(shares <= 0) or not np.all(np.isfinite(shares)):
+        raise ValueError(f"Every share must be a positive number; got {shares.tolist()}.")
+    if not epsilon > 0 or not 0 < delta < 1:
+        raise ValueError(f"split_budget needs epsilon > 0 and 0 < delta < 1, got {epsilon}, {delta}.")
     weights = shares / shares.sum()
-    return tuple((float(lo * w * epsilon), s) for w, s in zip(weights, sigmas(lo), strict=True))
+    part_delta = delta / len(names)
+    base = [
+        calibrate_noise_multiplier(w * epsilon, part_delta, parts[n][1], parts[n][2], accountant)
+        for w, n in zip(weights, names, strict=True)
+    ]
+
+    def composed(c: float) -> float:
+        history = [(c * s, parts[n][1], parts[n][2]) for s, n in zip(base, names, strict=True)]
+        return history_epsilon(history, delta, accountant)
+
+    lo, hi = 0.05, 1.0  # c = 1 is feasible (basic composition); composition is tighter
+    if composed(lo) <= epsilon:
+        hi = lo
+    while hi - lo > tolerance * hi:
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if composed(mid) <= epsilon else (mid, hi)
+    return {
+        n: (history_epsilon([(hi * s, parts[n][1], parts[n][2])], part_delta, accountant), hi * s)
+        for s, n in zip(base, names, strict=True)
+    }
 
 
-def spent_epsilon(accountant: IAccountant, delta: float) -> float:
-    """ε spent so far by ``accountant`` at ``delta`` (0 when nothing was spent)."""
-    if not accountant.history:
-        return 0.0
-    return float(accountant.get_epsilon(delta=delta))
-
-
-def epsilon_curve(
-    history: list[tuple[float, float, int]], delta: float, accountant: str, n_points: int = 40
-) -> tuple[list[int], list[float]]:
+def epsilon_curve(history: History, delta: float, accountant: str, n_points: int = 40) -> tuple[list, list]:
     """ε spent after each of ``n_points`` step counts along a recorded Opacus history.
 
     Replays prefixes of the history through a fresh Opacus accountant of the same kind, so the
@@ -121,8 +149,6 @@ def epsilon_curve(
             if take > 0:
                 prefix.append((sigma, q, take))
             left -= take
-        acc = make_accountant(accountant)
-        acc.history = prefix
         steps_out.append(int(mark))
-        eps_out.append(float(acc.get_epsilon(delta=delta)))
+        eps_out.append(history_epsilon(prefix, delta, accountant))
     return steps_out, eps_out

@@ -13,11 +13,18 @@ Alg. 1, with Opacus doing the clipping, the noise and the accounting:
    private parameters' ``.grad`` by ghost clipping (:func:`ghost_clipped_backward`), never
    materialising per-cell gradients; its second pass starts at the private modules' outputs,
    so the loss's graph is differentiated once;
-3. :meth:`DPSGDEngine.step` lets :class:`~opacus.optimizers.DPOptimizerFastGradientClipping`
-   add :math:`\mathcal N(0, \sigma^2 C^2 I)` (secret generator, Opacus ``secure_mode``), divide by
-   the expected batch size :math:`qn`, report one :math:`(\sigma, q)` step to the accountant,
-   then applies the update rule. An empty Poisson batch still takes the noisy step
-   (:meth:`DPSGDEngine.empty_step`), as the accountant assumes.
+3. :meth:`DPSGDEngine.step` lets Opacus's :class:`~opacus.optimizers.DPOptimizerFastGradientClipping`
+   add :math:`\mathcal N(0, \sigma^2 C^2 I)`, divide by the expected batch size :math:`qn`,
+   report one :math:`(\sigma, q)` step to the accountant, then applies the update rule. The noise
+   comes from the secure stream (:meth:`~dpsc.privacy._random.SecureRandom.gaussian_tensor`:
+   AES-256-CTR uniforms, four draws summed as Opacus's ``secure_mode`` does), through the one
+   method of Opacus's optimizer that draws it (:class:`SecureNoiseOptimizer`). An empty Poisson
+   batch still takes the noisy step (:meth:`DPSGDEngine.empty_step`), as the accountant assumes.
+
+:func:`poisson_steps` is the one Poisson DP-SGD loop (draw, then an empty noisy step or backward
+and step) for every user outside Lightning (the annotation classifier, the gradient audit, the
+federated sites); DP-DCAN's Lightning plan draws its batches with
+:class:`~dpsc.train.PoissonDataSplitter` and takes the same :meth:`DPSGDEngine.take_step`.
 
 Across several processes (Lightning's DDP) the engine switches to Opacus's distributed
 optimizer: the ranks' clipped sums are added and rank 0 alone adds the noise, so each global step
@@ -40,11 +47,14 @@ from opacus.optimizers import (
     DistributedDPOptimizerFastGradientClipping,
     DPOptimizerFastGradientClipping,
 )
+from opacus.optimizers.optimizer import _check_processed_flag, _mark_as_processed
 from torch import nn
 
+from ._accounting import calibrate_noise_multiplier, make_accountant
 from ._distributed import world
 from ._ghost import ModuleOutputs, ghost_clipped_backward, release_privacy_hooks
-from ._noise import NoiseSource, poisson_mask
+from ._noise import NoiseSource
+from ._random import SecureRandom
 
 
 @dataclass
@@ -74,14 +84,83 @@ class DPSGDSettings:
     accountant: IAccountant
     noise: NoiseSource
 
-    def sampler(self, device: torch.device | str = "cpu") -> Callable[[int], torch.Tensor]:
-        """Return ``draw(n) -> bool mask``: Poisson sampling at rate q from the secret stream."""
-        generator = self.noise.torch_generator("sampling", device)
-        return lambda n: poisson_mask(n, self.sample_rate, generator)
+    @classmethod
+    def calibrated(
+        cls,
+        *,
+        n_obs: int,
+        sample_rate: float,
+        steps: int,
+        epsilon: float | None,
+        delta: float,
+        max_grad_norm: float,
+        accountant: str = "rdp",
+        noise: NoiseSource | None = None,
+        noise_multiplier: float | None = None,
+    ) -> DPSGDSettings:
+        """Return settings whose ``steps`` Poisson steps at rate q spend at most ``(epsilon, delta)``.
+
+        σ is calibrated with :func:`~dpsc.privacy.calibrate_noise_multiplier` unless
+        ``noise_multiplier`` is given (then ``epsilon`` is ignored).
+        """
+        sigma = noise_multiplier
+        if sigma is None:
+            sigma = calibrate_noise_multiplier(epsilon, delta, sample_rate, steps, accountant)
+        return cls(
+            noise_multiplier=float(sigma),
+            max_grad_norm=float(max_grad_norm),
+            sample_rate=float(sample_rate),
+            expected_batch_size=max(1, round(sample_rate * n_obs)),
+            accountant=make_accountant(accountant),
+            noise=noise if noise is not None else NoiseSource(),
+        )
+
+    def sampler(self, rank: int = 0) -> Callable[[int], torch.Tensor]:
+        """Return ``draw(n) -> bool mask``: Poisson sampling at rate q from a secure stream."""
+        rng = self.noise.stream("sampling", rank)
+        return lambda n: torch.from_numpy(rng.bernoulli_mask(n, self.sample_rate))
 
     def record_release(self) -> None:
         """Tell the accountant about one non-SGD release with the same (σ, q) (k-means, frequencies)."""
         self.accountant.step(noise_multiplier=self.noise_multiplier, sample_rate=self.sample_rate)
+
+
+def _add_secure_noise(optimizer: DPOptimizerFastGradientClipping, rng: SecureRandom) -> None:
+    """Opacus's ``add_noise`` with the noise drawn from ``rng`` (module docstring, step 3)."""
+    std = optimizer.noise_multiplier * optimizer.max_grad_norm
+    for p in optimizer.params:
+        _check_processed_flag(p.summed_grad)
+        noise = rng.gaussian_tensor(std, p.summed_grad.shape, p.summed_grad.device)
+        p.grad = (p.summed_grad + noise.to(p.summed_grad.dtype)).view_as(p)
+        _mark_as_processed(p.summed_grad)
+
+
+class SecureNoiseOptimizer(DPOptimizerFastGradientClipping):
+    """Opacus's ghost-clipping DP optimizer whose Gaussian noise comes from a secure stream."""
+
+    def __init__(self, *args, noise_rng: SecureRandom, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.noise_rng = noise_rng
+
+    def add_noise(self) -> None:
+        """Add N(0, σ²C²) from the secure stream to the clipped sums (Opacus's step, our sampler)."""
+        _add_secure_noise(self, self.noise_rng)
+
+
+class SecureNoiseDistributedOptimizer(DistributedDPOptimizerFastGradientClipping):
+    """Opacus's distributed ghost-clipping optimizer (rank 0 adds the noise) with secure noise."""
+
+    def __init__(self, *args, noise_rng: SecureRandom, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.noise_rng = noise_rng
+
+    def add_noise(self) -> None:
+        """Rank 0 adds N(0, σ²C²) from the secure stream; the other ranks pass their sums on."""
+        if self.rank == 0:
+            _add_secure_noise(self, self.noise_rng)
+        else:
+            for p in self.params:
+                p.grad = p.summed_grad.view_as(p)
 
 
 class DPSGDEngine:
@@ -104,15 +183,12 @@ class DPSGDEngine:
         self.settings = settings
         container = nn.ModuleList(modules)
         self.parameters = [p for p in container.parameters() if p.requires_grad]
-        device = self.parameters[0].device
         self._gsm = GradSampleModuleFastGradientClipping(
             container, loss_reduction="sum", max_grad_norm=settings.max_grad_norm, use_ghost_clipping=True
         )
-        _, world_size = world()
+        rank, world_size = world()
         self.distributed = world_size > 1
-        optimizer_cls = DPOptimizerFastGradientClipping
-        if self.distributed:
-            optimizer_cls = DistributedDPOptimizerFastGradientClipping
+        optimizer_cls = SecureNoiseDistributedOptimizer if self.distributed else SecureNoiseOptimizer
         self.optimizer = optimizer_cls(
             optimizer,
             noise_multiplier=settings.noise_multiplier,
@@ -120,8 +196,7 @@ class DPSGDEngine:
             # Opacus's distributed optimizer divides the all-reduced sum by world_size too.
             expected_batch_size=settings.expected_batch_size / world_size,
             loss_reduction="mean",
-            generator=settings.noise.torch_generator("dpsgd", device),
-            secure_mode=settings.noise.secret,
+            noise_rng=settings.noise.stream("dpsgd", rank),
         )
         self.optimizer.attach_step_hook(settings.accountant.get_optimizer_hook_fn(settings.sample_rate))
         self._outputs = ModuleOutputs(modules)
@@ -162,9 +237,42 @@ class DPSGDEngine:
             p.grad = torch.zeros_like(p)
         self.step(after_noise)
 
+    def take_step(
+        self, per_cell_loss: torch.Tensor | None, after_noise: Callable[[], None] | None = None
+    ) -> None:
+        """One DP-SGD step on a Poisson batch's per-cell losses (``None``: the batch was empty)."""
+        if per_cell_loss is None:
+            self.empty_step(after_noise)
+            return
+        self.zero_grad()
+        self.backward(per_cell_loss)
+        self.step(after_noise)
+
     def close(self) -> None:
         """Remove Opacus's hooks and bookkeeping (state-dict keys never change)."""
         self._outputs.close()
         if self._gsm is not None:
             release_privacy_hooks(self._gsm, self.parameters)
             self._gsm = None
+
+
+def poisson_steps(
+    engine: DPSGDEngine,
+    n_obs: int,
+    steps: int,
+    per_cell_loss: Callable[[torch.Tensor], torch.Tensor],
+    after_step: Callable[[], None] | None = None,
+) -> int:
+    """Return the one Poisson DP-SGD loop: ``steps`` draws at rate q, each an (empty or not) noisy step.
+
+    ``per_cell_loss(indices)`` returns the loss vector of the sampled cells (its entry ``i`` may
+    depend on cell ``indices[i]`` alone); ``after_step`` runs after every step (e.g. an EMA of
+    the already-private weights). Returns the number of steps taken.
+    """
+    draw = engine.settings.sampler()
+    for _ in range(steps):
+        indices = torch.nonzero(draw(n_obs)).reshape(-1)
+        engine.take_step(per_cell_loss(indices) if len(indices) else None)
+        if after_step is not None:
+            after_step()
+    return steps

@@ -1,63 +1,75 @@
-r"""Differentially private k-means initialisation of the cluster centroids.
+r"""Differentially private k-means: tables of per-row sums and counts, released as sums over cells.
 
-DEC-style models start the cluster stage with k-means on the latent codes of all cells. On
-private cells that is a release of data-dependent points and must be paid for. Here every
-access to the cells is *one step of the Poisson-subsampled Gaussian mechanism with the same
-(σ, q) as DP-SGD*, so the Opacus accountant composes it with the training steps exactly:
+**Per-cell contribution.** A public :class:`Assignment` (data-independent random hyperplanes, or
+already-released centroids) maps each cell to one row of a table; the cell adds
+:math:`(\mathrm{clip}_R(z_i),\ \kappa R)` to that row and nothing elsewhere
+(:func:`kmeans_table`), so one cell changes the flattened table by at most
+:math:`\Delta = R\sqrt{1 + \kappa^2}` in L2 (``count_scale`` :math:`\kappa`: the share of the
+sensitivity spent on the count).
 
-* each step draws a Poisson sample of cells (rate :math:`q`), maps every sampled cell to one
-  row of a table (its bucket or nearest centroid) and adds the vector
-  :math:`(\mathrm{clip}_R(z_i),\ c)` to that row, where :math:`c = \kappa R` is the weight of
-  the count (``count_scale`` :math:`\kappa`); one cell changes the table by at most
-  :math:`\Delta = \sqrt{R^2 + c^2}` in L2 norm;
-* Gaussian noise :math:`\mathcal N(0, \sigma^2\Delta^2)` is added to every entry.
+**Sum and noise.** The table is a sum over cells (or over sites), released by the
+:class:`~dpsc.privacy.GaussianSum` of :func:`table_release`; the count column of the released
+table, divided by :math:`\kappa R`, is a noisy count of cells (:func:`split_table`).
 
-The default :math:`\kappa = 1` gives :math:`\Delta = R\sqrt2`. With :math:`\kappa < 1` less of
-the sensitivity goes to the count, which is large anyway, and the noise on the sums (hence on
-the means) shrinks by :math:`\sqrt{(1+\kappa^2)/2}`.
+**Driver** (:func:`dp_kmeans_centroids`, post-processing of such releases only; it never sees a
+cell, only what ``release_table`` returns):
 
-The three phases (all post-processing of such releases):
+1. ``n_sketch_steps`` releases of a *sketch*: rows are the :math:`2^b` buckets of the signs of
+   :math:`b` random projections (seeded by ``random_state``: public); the noisy bucket means,
+   weighted by their noisy counts, are clustered by scikit-learn's k-means into :math:`m` =
+   ``oversampling`` × :math:`k` seeds;
+2. ``n_lloyd_rounds`` noisy Lloyd iterations with :math:`m` centroids, each summing
+   ``steps_per_round`` releases (the noise of a mean shrinks as 1/sqrt(releases)); a centroid
+   whose noisy count is below twice its noise is re-seeded next to the most populated one;
+3. when :math:`m > k`, weighted k-means of the :math:`m` noisy centroids (weights: their last
+   noisy counts) reduces them to :math:`k`.
 
-1. ``n_sketch_steps`` releases of a *sketch*: cells are hashed into :math:`2^b` buckets by the
-   signs of :math:`b` random (data-independent) projections of :math:`z_i`; the noisy bucket
-   means, weighted by noisy counts, are clustered with scikit-learn's k-means into
-   :math:`m` = ``oversampling`` × :math:`k` seeds (default :math:`m = k`);
-2. ``n_lloyd_rounds`` noisy Lloyd iterations with the :math:`m` centroids (nearest centroid →
-   noisy means), each summing ``steps_per_round`` releases so that the noise of a mean shrinks
-   as 1/sqrt(releases);
-3. when :math:`m > k`, the :math:`m` noisy centroids, weighted by their last noisy counts, are
-   reduced to :math:`k` by weighted k-means (post-processing: the reduction sees no cell).
-
-On the latent of a private PBMC instance stage (ε = 8) ``oversampling=3, count_scale=0.3``
-with 40 + 4 × 40 releases and 6 bits gives a better start than this function's defaults (ARI of
-the start 0.67–0.69 vs 0.61–0.65, agreement with non-private k-means 0.77–0.84 vs 0.68;
-``benchmarks/results/dp_kmeans_start.md``). :meth:`dpsc.model.DPDCAN.train` uses that setting by
-default, together with DEC frequencies released during the cluster stage
-(``benchmarks/results/dpdcan.md``).
-
-Because DCAN's latents lie on a sphere of radius :math:`s`, :math:`R = s` clips nothing.
-
-The centroids returned are therefore (ε, δ)-DP under the accountant that recorded the
-``kmeans_release_steps(...)`` steps.
+With ``sphere_radius`` every noisy mean is projected back onto that sphere (spherical k-means:
+noise shrinks means toward the origin). The centroids are (ε, δ)-DP under the accountant that
+recorded the :func:`kmeans_release_steps` releases.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import torch
 from sklearn.cluster import KMeans
 
+from ._release import GaussianSum
+
 
 def kmeans_release_steps(n_sketch_steps: int, n_lloyd_rounds: int, steps_per_round: int) -> int:
-    """Return the number of sampled-Gaussian steps that :func:`dp_kmeans_centroids` spends."""
+    """Return the number of Gaussian releases :func:`dp_kmeans_centroids` makes."""
     return n_sketch_steps + n_lloyd_rounds * steps_per_round
 
 
-def _clip_rows(z: torch.Tensor, clip_norm: float) -> torch.Tensor:
-    norms = z.norm(dim=1, keepdim=True).clamp(min=1e-12)
-    return z * (clip_norm / norms).clamp(max=1.0)
+@dataclass(frozen=True)
+class Assignment:
+    """Which table row each cell adds to: public, so it can be broadcast to every site.
+
+    ``kind="sketch"``: the bucket of the signs of ``points @ matrix`` (``d × b`` projections);
+    ``kind="nearest"``: the nearest of the centroids ``matrix`` (``m × d``).
+    """
+
+    kind: Literal["sketch", "nearest"]
+    matrix: np.ndarray
+
+    @property
+    def n_rows(self) -> int:
+        """Rows of the table: :math:`2^b` buckets, or the number of centroids."""
+        return 2 ** self.matrix.shape[1] if self.kind == "sketch" else self.matrix.shape[0]
+
+    def rows(self, points: torch.Tensor) -> torch.Tensor:
+        """Return the row of each point."""
+        matrix = torch.as_tensor(self.matrix, dtype=torch.float64)
+        if self.kind == "sketch":
+            weights = 2 ** torch.arange(matrix.shape[1])
+            return (((points.double() @ matrix) > 0).long() * weights).sum(1)
+        return torch.cdist(points.double(), matrix).argmin(1)
 
 
 def table_sensitivity(clip_norm: float, count_scale: float) -> float:
@@ -65,70 +77,66 @@ def table_sensitivity(clip_norm: float, count_scale: float) -> float:
     return clip_norm * float(np.sqrt(1.0 + count_scale**2))
 
 
-def _noisy_table(
-    z: torch.Tensor,
-    rows: torch.Tensor,
-    n_rows: int,
-    clip_norm: float,
-    noise_multiplier: float,
-    generator: torch.Generator,
-    count_scale: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    r"""One Gaussian release of per-row (sum of clipped points, count).
+def _clip_rows(z: torch.Tensor, clip_norm: float) -> torch.Tensor:
+    norms = z.norm(dim=1, keepdim=True).clamp(min=1e-12)
+    return z * (clip_norm / norms).clamp(max=1.0)
 
-    Each cell adds :math:`(\mathrm{clip}_R(z_i), \kappa R)` to its row; noise of standard
-    deviation :math:`\sigma\Delta` goes on every entry; the count column is returned divided by
-    :math:`\kappa R` (a noisy count of cells).
+
+def kmeans_table(
+    points: torch.Tensor, assignment: Assignment, clip_norm: float, count_scale: float
+) -> np.ndarray:
+    r"""Return the exact table :math:`\sum_i e_{r(i)} \otimes (\mathrm{clip}_R(z_i), \kappa R)`, flattened.
+
+    Row-major ``(n_rows, d + 1)``: the sums of the clipped points, then the weighted count.
     """
-    d = z.shape[1]
-    weight = count_scale * clip_norm
-    sums = torch.zeros(n_rows, d, dtype=torch.float64)
-    counts = torch.zeros(n_rows, dtype=torch.float64)
-    if z.shape[0] > 0:
-        sums.index_add_(0, rows, _clip_rows(z.double(), clip_norm))
-        counts.index_add_(0, rows, torch.full((rows.shape[0],), weight, dtype=torch.float64))
-    std = noise_multiplier * table_sensitivity(clip_norm, count_scale)
-    sums += torch.normal(0.0, std, size=sums.shape, generator=generator, dtype=torch.float64)
-    counts += torch.normal(0.0, std, size=counts.shape, generator=generator, dtype=torch.float64)
-    return sums, counts / weight
+    d = points.shape[1]
+    table = torch.zeros(assignment.n_rows, d + 1, dtype=torch.float64)
+    if points.shape[0] > 0:
+        z = points.double()
+        rows = assignment.rows(z)
+        table[:, :d].index_add_(0, rows, _clip_rows(z, clip_norm))
+        table[:, d].index_add_(
+            0, rows, torch.full((len(rows),), count_scale * clip_norm, dtype=torch.float64)
+        )
+    return table.reshape(-1).numpy()
 
 
-def _accumulate(
-    sample_latents: Callable[[], torch.Tensor],
-    assign: Callable[[torch.Tensor], torch.Tensor],
+def table_release(
     n_rows: int,
-    n_releases: int,
+    d: int,
     clip_norm: float,
-    noise_multiplier: float,
-    record_step: Callable[[], None],
-    generator: torch.Generator,
     count_scale: float,
+    noise_multiplier: float,
+    sample_rate: float = 1.0,
+) -> GaussianSum:
+    r"""Return the Gaussian release of one k-means table (sensitivity :math:`R\\sqrt{1+\\kappa^2}`)."""
+    return GaussianSum(
+        "k-means table",
+        n_rows * (d + 1),
+        table_sensitivity(clip_norm, count_scale),
+        noise_multiplier,
+        sample_rate,
+    )
+
+
+def split_table(
+    values: np.ndarray, n_rows: int, d: int, clip_norm: float, count_scale: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sum of ``n_releases`` independent noisy tables (each one accounted step)."""
-    sums, counts = None, None
-    for _ in range(n_releases):
-        z = sample_latents().double()
-        rows = assign(z) if z.shape[0] else torch.zeros(0, dtype=torch.long)
-        s, c = _noisy_table(z, rows, n_rows, clip_norm, noise_multiplier, generator, count_scale)
-        record_step()
-        sums = s if sums is None else sums + s
-        counts = c if counts is None else counts + c
-    return sums, counts
+    """Return a released table as ``(sums (n_rows, d), counts (n_rows,))``, counts in cells."""
+    table = torch.as_tensor(np.asarray(values, dtype=np.float64).reshape(n_rows, d + 1))
+    return table[:, :d].clone(), table[:, d] / (count_scale * clip_norm)
 
 
-def _count_noise(noise_multiplier: float, count_scale: float, n_releases: int) -> float:
-    """Return the standard deviation of a noisy count summed over ``n_releases`` tables."""
-    return noise_multiplier * float(np.sqrt((1.0 + count_scale**-2) * n_releases))
+ReleaseTable = Callable[[Assignment], tuple[torch.Tensor, torch.Tensor]]
 
 
 def dp_kmeans_centroids(
-    sample_latents: Callable[[], torch.Tensor],
+    release_table: ReleaseTable,
     n_clusters: int,
+    d: int,
     *,
     noise_multiplier: float,
     clip_norm: float,
-    record_step: Callable[[], None],
-    generator: torch.Generator,
     n_sketch_steps: int = 20,
     n_lloyd_rounds: int = 4,
     steps_per_round: int = 10,
@@ -138,49 +146,38 @@ def dp_kmeans_centroids(
     sphere_radius: float | None = None,
     random_state: int = 0,
 ) -> np.ndarray:
-    r"""Return ``(n_clusters, d)`` centroids computed from noisy releases only.
+    r"""Return ``(n_clusters, d)`` centroids computed from noisy releases only (module docstring).
 
     Parameters
     ----------
-    sample_latents
-        Returns the latent codes of a fresh Poisson sample of the private cells (rate q) each
-        time it is called; may return zero rows.
+    release_table
+        ``release_table(assignment) -> (sums, counts)``: one noisy release of the table of the
+        private cells under that assignment (:func:`kmeans_table` summed over the cells, or over
+        sites, with :func:`table_release`'s noise, :func:`split_table` applied). Each call is one
+        accounted release; the caller accounts it.
     n_clusters
         Number of centroids :math:`k`.
-    noise_multiplier
-        σ of the sampled Gaussian mechanism (the DP-SGD value).
-    clip_norm
-        :math:`R`; points are clipped to norm R (no-op when latents lie on a sphere of radius
-        at most R).
-    record_step
-        Called once per release; it must tell the accountant about one (σ, q) step.
-    generator
-        Source of the Gaussian noise and of the random projections.
+    d
+        Dimension of the points.
+    noise_multiplier, clip_norm, count_scale
+        σ, R and κ of the releases (the thresholds on noisy counts use them).
     n_sketch_steps, n_bits
         Releases of the bucket sketch and projection bits (:math:`2^b` buckets; :math:`b` is
         raised to :math:`\lceil\log_2 2m\rceil` when that is larger).
     n_lloyd_rounds, steps_per_round
-        Noisy Lloyd iterations with ``n_coreset`` centroids, each averaging
-        ``steps_per_round`` releases.
+        Noisy Lloyd iterations, each averaging ``steps_per_round`` releases.
     oversampling
-        The noisy Lloyd phase runs with :math:`m` = ``oversampling × n_clusters`` centroids
-        before the reduction to ``n_clusters``; 1 skips the reduction.
-    count_scale
-        :math:`\kappa`, weight of the count column relative to :math:`R` (module docstring).
+        The Lloyd phase runs with :math:`m` = ``oversampling × n_clusters`` centroids.
     sphere_radius
-        If the latents lie on a sphere of this radius, every noisy mean is projected back onto
-        it (spherical k-means): noise shrinks means toward the origin, and without projection
-        the shrunken centroids lose every nearest-centroid contest. A centroid whose noisy
-        count is too small is re-seeded next to the largest cluster's centroid.
+        Project every noisy mean onto the sphere of this radius (``None``: no projection).
     random_state
-        Seed of the (post-processing) k-means runs on noisy releases.
+        Seed of the projections and of the post-processing k-means runs (public).
     """
     if count_scale <= 0:
         raise ValueError(f"count_scale must be > 0, got {count_scale}.")
     if oversampling < 1:
         raise ValueError(f"oversampling must be an integer >= 1, got {oversampling}.")
     n_coreset = oversampling * n_clusters
-    d = sample_latents().shape[1]  # shape only: nothing about the cells is used
     rng = np.random.default_rng(random_state)
 
     def to_sphere(points: torch.Tensor) -> torch.Tensor:
@@ -188,25 +185,20 @@ def dp_kmeans_centroids(
             return points
         return sphere_radius * points / points.norm(dim=-1, keepdim=True).clamp(min=1e-12)
 
-    def release(assign: Callable[[torch.Tensor], torch.Tensor], n_rows: int, n_releases: int):
-        return _accumulate(
-            sample_latents,
-            assign,
-            n_rows,
-            n_releases,
-            clip_norm,
-            noise_multiplier,
-            record_step,
-            generator,
-            count_scale,
-        )
+    def accumulate(assignment: Assignment, n_releases: int) -> tuple[torch.Tensor, torch.Tensor, float]:
+        sums = torch.zeros(assignment.n_rows, d, dtype=torch.float64)
+        counts = torch.zeros(assignment.n_rows, dtype=torch.float64)
+        for _ in range(n_releases):
+            s, c = release_table(assignment)
+            sums, counts = sums + s, counts + c
+        one = table_release(assignment.n_rows, d, clip_norm, count_scale, noise_multiplier)
+        count_noise = one.noise_std / (count_scale * clip_norm) * float(np.sqrt(n_releases))
+        return sums, counts, count_noise
 
     n_bits = max(n_bits, int(np.ceil(np.log2(2 * n_coreset))))  # at least 2m buckets
-    n_buckets = 2**n_bits
-    proj = torch.randn(d, n_bits, generator=generator, dtype=torch.float64)
-    weights = 2 ** torch.arange(n_bits)
-    sums, counts = release(lambda z: (((z @ proj) > 0).long() * weights).sum(1), n_buckets, n_sketch_steps)
-    valid = counts > 2.0 * _count_noise(noise_multiplier, count_scale, n_sketch_steps)
+    sketch = Assignment("sketch", rng.normal(size=(d, n_bits)))
+    sums, counts, count_noise = accumulate(sketch, n_sketch_steps)
+    valid = counts > 2.0 * count_noise
     if int(valid.sum()) < n_coreset:
         valid = torch.zeros_like(valid)
         valid[torch.argsort(counts, descending=True)[:n_coreset]] = True
@@ -215,14 +207,12 @@ def dp_kmeans_centroids(
     seeds.fit(points, sample_weight=counts[valid].clamp(min=1e-3).numpy())
     centroids = to_sphere(torch.as_tensor(seeds.cluster_centers_, dtype=torch.float64))
 
-    threshold = 2.0 * _count_noise(noise_multiplier, count_scale, steps_per_round)
     counts = torch.ones(len(centroids), dtype=torch.float64)
     for _ in range(n_lloyd_rounds):
-        current = centroids.clone()
-        sums, counts = release(
-            lambda z, c=current: torch.cdist(z, c).argmin(1), len(current), steps_per_round
+        sums, counts, count_noise = accumulate(
+            Assignment("nearest", centroids.numpy().copy()), steps_per_round
         )
-        update = counts > threshold
+        update = counts > 2.0 * count_noise
         centroids[update] = to_sphere(sums[update] / counts[update][:, None])
         dead = torch.nonzero(~update).reshape(-1)
         if len(dead):  # split the most populated cluster (post-processing of noisy counts)
@@ -235,3 +225,25 @@ def dp_kmeans_centroids(
         reduce.fit(centroids.numpy(), sample_weight=counts.clamp(min=1e-3).numpy())
         centroids = to_sphere(torch.as_tensor(reduce.cluster_centers_, dtype=torch.float64))
     return centroids.float().numpy()
+
+
+def central_table_release(
+    points: torch.Tensor,
+    *,
+    clip_norm: float,
+    count_scale: float,
+    noise_multiplier: float,
+    draw_stream: Callable[[], object],
+    on_release: Callable[[], None] = lambda: None,
+) -> ReleaseTable:
+    """``release_table`` over points held in one place: table, noise from a fresh stream, split."""
+    d = points.shape[1]
+
+    def release(assignment: Assignment) -> tuple[torch.Tensor, torch.Tensor]:
+        table = kmeans_table(points, assignment, clip_norm, count_scale)
+        spec = table_release(assignment.n_rows, d, clip_norm, count_scale, noise_multiplier)
+        noisy = spec.release(table, draw_stream())
+        on_release()
+        return split_table(noisy, assignment.n_rows, d, clip_norm, count_scale)
+
+    return release

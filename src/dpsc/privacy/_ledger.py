@@ -1,100 +1,300 @@
-r"""One privacy ledger per AnnData: everything dpsc released about these cells, composed.
+r"""One privacy ledger per set of cells: everything dpsc released about them, composed.
 
-Every dpsc call that reads the cells of an AnnData appends an entry to
-``adata.uns["dpsc"]["ledger"]`` (tool, result key, guarantee, ε, δ, the Gaussian history and the
-pure-ε releases, time). :func:`spent` composes all entries into the (ε, δ) that holds for
-*each cell of this AnnData* against everything dpsc has released about it:
+Every dpsc call that reads the cells of an AnnData goes through :func:`spending`: it checks the
+call's *planned* record against the budget before any work, books it as a reservation, and
+replaces the reservation by the record of what was actually released when the call ends (a call
+that fails half-way keeps its reservation: what it released is not known, so the planned spend
+stays booked). The ledger lives in ``adata.uns["dpsc"]["ledger"]``, and, after
+:func:`attach_ledger`, in a JSON file beside the data that every copy of the AnnData, and every
+process, reads and writes under a file lock with atomic replacement (:class:`FileLedger`; a
+federated site keeps its ledger the same way).
 
-* Gaussian releases (DP-SGD steps, DP k-means and frequency releases, with their
-  :math:`(\sigma, q, T)` histories) are composed together in one Opacus RDP accountant
-  (Mironov 2017, Prop. 1: RDP adds up order by order) and converted at
-  :math:`\delta = \sum_j \delta_j`; where the plain sum :math:`\sum_j \varepsilon_j` at the same δ
-  (basic composition, Dwork & Roth 2014, Thm 3.16) is smaller, that is used; the result is never
-  below the largest entry (raising an ε keeps it valid);
-* pure ε-DP releases (Laplace) add their ε (basic composition);
-* a call that read the cells without a guarantee (a non-private fit) makes the total ``inf``.
+:func:`spent` composes the entries into the (ε, δ) that holds for *each cell* against everything
+dpsc released about it:
 
-The ledger is plain ``uns`` content, so it survives ``write_h5ad``/``read_h5ad``, and a subset or
-a copy of the cells keeps it (they are the same people). Entries made under a heuristic
-guarantee are counted like the others and flagged in :func:`ledger_frame`.
+* entries under the add/remove relation: the Gaussian releases (DP-SGD steps, DP k-means, PCA
+  and gene statistics, with their :math:`(\sigma, q, T)` histories) are composed in one Opacus RDP
+  accountant (Mironov 2017, Prop. 1) and converted at the sum of their δ; where the plain sum
+  :math:`\sum_j \varepsilon_j` at the same δ is smaller (basic composition, Dwork & Roth 2014,
+  Thm 3.16), that is used; entries without a Gaussian history (pure ε, or an (ε, δ) claim such as
+  a group-privacy bound) add their ε and δ;
+* entries under the replace-one relation (the Laplace estimators) add their ε;
+* when both relations occur, the add/remove total :math:`(\varepsilon, \delta)` is converted to
+  replace-one as :math:`(2\varepsilon, (1 + e^{\varepsilon})\delta)` (replacing a cell is removing
+  it, then adding another: two steps of group privacy, Dwork & Roth 2014, §2.3) before the
+  replace-one entries are added; the result is stated under replace-one;
+* a call that read the cells without a guarantee makes the total ``inf``.
 
-A budget (:func:`set_budget`) makes every dpsc call check its planned spend first and refuse
-with :class:`BudgetExceededError` before any work, leaving the AnnData unchanged.
+The result is never below the largest entry. :func:`spent` returns a :class:`Spent`, which
+unpacks as ``(epsilon, delta)`` and also says the relation, the weakest guarantee among the
+entries and whether any entry used seeded (non-secret) noise.
+
+**What the ledger is, and is not.** It is bookkeeping that dpsc keeps honestly for the calls that
+go through it; it does not stop code outside dpsc from reading the cells, and an AnnData ledger
+travels with the object: two independent copies of the cells each start from the same ledger,
+and ``anndata.concat`` drops ``uns`` (use :func:`concat`, which composes or refuses). A ledger
+file (:func:`attach_ledger`) is shared by every copy that points to it and by concurrent
+processes.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import json
 import math
+import os
+import tempfile
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import anndata as ad
 import numpy as np
 import pandas as pd
 
-from ._accounting import make_accountant
-from ._record import PrivacyRecord
+from ._accounting import history_epsilon
+from ._record import ADD_REMOVE, REPLACE_ONE, PrivacyRecord
 
 LEDGER_KEY = "ledger"
 BUDGET_KEY = "budget"
+FILE_KEY = "ledger_file"
 
 
 class BudgetExceededError(ValueError):
-    """A dpsc call would take this AnnData's privacy spend past its budget."""
+    """A dpsc call would take these cells' privacy spend past their budget."""
+
+
+class Spent(tuple):
+    """``(epsilon, delta)`` of a ledger, with ``relation``, ``guarantee`` and ``seeded`` attributes."""
+
+    relation: str
+    guarantee: str
+    seeded: bool
+
+    def __new__(cls, epsilon: float, delta: float, relation: str, guarantee: str, seeded: bool) -> Spent:
+        out = super().__new__(cls, (float(epsilon), float(delta)))
+        out.relation, out.guarantee, out.seeded = relation, guarantee, bool(seeded)
+        return out
+
+    @property
+    def epsilon(self) -> float:
+        """Composed ε."""
+        return self[0]
+
+    @property
+    def delta(self) -> float:
+        """Composed δ."""
+        return self[1]
+
+
+# -- entries and composition -----------------------------------------------------------------
+def ledger_entry(record: PrivacyRecord, key: str, status: str = "released") -> dict[str, Any]:
+    """Return the ledger entry of one record (what composition needs, plus what a reader needs)."""
+    return {
+        "tool": record.tool,
+        "key": key,
+        "guarantee": record.guarantee,
+        "relation": record.relation,
+        "epsilon": record.spent,
+        "delta": float(record.delta),
+        "history": np.asarray(record.history, dtype=float).reshape(-1, 3),
+        "pure_epsilon": float(record.pure_epsilon),
+        "seeded": not bool(record.noise.get("secret", True)),
+        "status": status,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
+
+
+def _compose_one_relation(entries: list[dict[str, Any]]) -> tuple[float, float]:
+    gaussian = [e for e in entries if np.asarray(e["history"]).size]
+    other = [e for e in entries if not np.asarray(e["history"]).size]
+    delta_gauss = float(sum(float(e["delta"]) for e in gaussian))
+    eps_gauss = 0.0
+    if gaussian:
+        plain = float(sum(float(e["epsilon"]) - float(e["pure_epsilon"]) for e in gaussian))
+        history = [tuple(h) for e in gaussian for h in np.asarray(e["history"], float).reshape(-1, 3)]
+        eps_gauss = min(history_epsilon(history, delta_gauss), plain)
+        eps_gauss += float(sum(float(e["pure_epsilon"]) for e in gaussian))
+    # pure-ε and other (ε, δ) entries: basic composition
+    eps_other = float(sum(float(e["epsilon"]) for e in other))
+    delta = delta_gauss + float(sum(float(e["delta"]) for e in other))
+    return max(eps_gauss + eps_other, max(float(e["epsilon"]) for e in entries)), delta
+
+
+def compose(entries: list[dict[str, Any]]) -> Spent:
+    """Composed :class:`Spent` of a list of ledger entries (module docstring)."""
+    if not entries:
+        return Spent(0.0, 0.0, ADD_REMOVE, "none", False)
+    guarantees = {str(e["guarantee"]) for e in entries}
+    weakest = next(g for g in ("none", "heuristic", "proven") if g in guarantees)
+    seeded = any(bool(e.get("seeded", False)) for e in entries)
+    relations = {str(e.get("relation", ADD_REMOVE)) for e in entries}
+    relation = REPLACE_ONE if REPLACE_ONE in relations else ADD_REMOVE
+    total_delta = float(sum(float(e["delta"]) for e in entries))
+    if any(not math.isfinite(float(e["epsilon"])) for e in entries):
+        return Spent(math.inf, total_delta, relation, weakest, seeded)
+    by_relation = {r: [e for e in entries if str(e.get("relation", ADD_REMOVE)) == r] for r in relations}
+    if len(relations) == 1:
+        eps, delta = _compose_one_relation(entries)
+        return Spent(eps, delta, relation, weakest, seeded)
+    eps_a, delta_a = _compose_one_relation(by_relation[ADD_REMOVE])
+    eps_r, delta_r = _compose_one_relation(by_relation[REPLACE_ONE])
+    eps = 2.0 * eps_a + eps_r
+    delta = (1.0 + math.exp(min(eps_a, 700.0))) * delta_a + delta_r
+    return Spent(eps, delta, REPLACE_ONE, weakest, seeded)
+
+
+# -- where entries live ------------------------------------------------------------------------
+class FileLedger:
+    """A ledger in a JSON file: read and written under an exclusive lock, replaced atomically.
+
+    The file holds ``{"budget": {...} | null, "entries": {id: entry}}``. Every change is a
+    read-modify-write of the whole file under ``fcntl.flock`` on ``<path>.lock``, written to a
+    temporary file in the same directory, flushed to disk and renamed over the old one
+    (``os.replace`` is atomic on POSIX), so a crash leaves either the old ledger or the new one.
+    """
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[dict[str, Any]]:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(f"{self.path}.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                state = self._read()
+                before = json.dumps(state, sort_keys=True)
+                yield state
+                if json.dumps(state, sort_keys=True) != before:
+                    self._write(state)
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def _read(self) -> dict[str, Any]:
+        if not self.path.exists():
+            return {"budget": None, "entries": {}}
+        try:
+            state = json.loads(self.path.read_text())
+        except json.JSONDecodeError as err:
+            raise ValueError(
+                f"The privacy ledger {self.path} is not valid JSON ({err}); restore it from a backup. "
+                "dpsc refuses to spend from a ledger it cannot read."
+            ) from None
+        state.setdefault("budget", None)
+        state.setdefault("entries", {})
+        return state
+
+    def _write(self, state: dict[str, Any]) -> None:
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as handle:
+                json.dump(state, handle, indent=1, default=_json_default)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, self.path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+
+    def entries(self) -> list[dict[str, Any]]:
+        """Return the entries, in the order they were made."""
+        state = self._read()
+        return [state["entries"][k] for k in sorted(state["entries"])]
+
+    def budget(self) -> dict[str, float] | None:
+        """``{"epsilon": ..., "delta": ...}`` or ``None``."""
+        return self._read()["budget"]
+
+    def set_budget(self, budget: dict[str, float]) -> None:
+        """Store the budget."""
+        with self._locked() as state:
+            state["budget"] = budget
+
+    def reserve(self, entry: dict[str, Any]) -> str:
+        """Check ``entry`` against the budget and book it, atomically; return its id."""
+        with self._locked() as state:
+            entries = [state["entries"][k] for k in sorted(state["entries"])]
+            _check(entries, entry, state["budget"])
+            key = f"{len(state['entries']):04d}"
+            state["entries"][key] = _plain(entry)
+        return key
+
+    def settle(self, key: str, entry: dict[str, Any]) -> None:
+        """Replace the reservation ``key`` by the entry of what was released."""
+        with self._locked() as state:
+            state["entries"][key] = _plain(entry)
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"Cannot write {type(value).__name__} to a ledger file.")
+
+
+def _plain(entry: dict[str, Any]) -> dict[str, Any]:
+    return json.loads(json.dumps(entry, default=_json_default))
 
 
 def _dpsc_uns(adata: ad.AnnData) -> dict[str, Any]:
     return adata.uns.setdefault("dpsc", {})
 
 
-def _entries(adata: ad.AnnData) -> list[dict[str, Any]]:
+def _file(adata: ad.AnnData) -> FileLedger | None:
+    path = adata.uns.get("dpsc", {}).get(FILE_KEY)
+    return FileLedger(path) if path else None
+
+
+def _uns_entries(adata: ad.AnnData) -> list[dict[str, Any]]:
     ledger = adata.uns.get("dpsc", {}).get(LEDGER_KEY, {})
     return [ledger[k] for k in sorted(ledger)]
 
 
-def ledger_entry(record: PrivacyRecord, key: str) -> dict[str, Any]:
-    """Return the ledger entry of one record (what composition needs, plus what a reader needs)."""
-    return {
-        "tool": record.tool,
-        "key": key,
-        "guarantee": record.guarantee,
-        "epsilon": record.spent,
-        "delta": float(record.delta),
-        "history": np.asarray(record.history, dtype=float).reshape(-1, 3),
-        "pure_epsilon": float(record.pure_epsilon),
-        "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
-    }
+def _entries(adata: ad.AnnData) -> list[dict[str, Any]]:
+    file = _file(adata)
+    return file.entries() if file is not None else _uns_entries(adata)
 
 
-def compose(entries: list[dict[str, Any]]) -> tuple[float, float]:
-    """(ε, δ) of a list of ledger entries (module docstring)."""
-    if not entries:
-        return 0.0, 0.0
-    if any(not math.isfinite(float(e["epsilon"])) for e in entries):
-        return math.inf, float(sum(e["delta"] for e in entries))
-    gaussian = [e for e in entries if np.asarray(e["history"]).size]
-    pure = float(sum(e["pure_epsilon"] for e in entries))
-    delta = float(sum(e["delta"] for e in gaussian))
-    eps_gauss = 0.0
-    if gaussian:
-        plain = float(sum(e["epsilon"] - e["pure_epsilon"] for e in gaussian))
-        accountant = make_accountant("rdp")
-        accountant.history = [
-            (float(s), float(q), int(n))
-            for e in gaussian
-            for s, q, n in np.asarray(e["history"]).reshape(-1, 3)
-        ]
-        eps_gauss = min(float(accountant.get_epsilon(delta=delta)), plain)
-    total = eps_gauss + pure
-    return max(total, max(float(e["epsilon"]) for e in entries)), delta
+def _budget(adata: ad.AnnData) -> dict[str, float] | None:
+    file = _file(adata)
+    if file is not None and file.budget() is not None:
+        return file.budget()
+    return adata.uns.get("dpsc", {}).get(BUDGET_KEY)
 
 
-def spent(adata: ad.AnnData) -> tuple[float, float]:
+def _check(entries: list[dict[str, Any]], planned: dict[str, Any], budget: dict[str, float] | None) -> None:
+    if budget is None:
+        return
+    before = compose(entries)
+    after = compose([*entries, planned])
+    cap_eps, cap_delta = float(budget["epsilon"]), float(budget["delta"])
+    over_delta = cap_delta >= 0 and after.delta > cap_delta * (1 + 1e-9)
+    if after.epsilon > cap_eps * (1 + 1e-9) or over_delta:
+        raise BudgetExceededError(
+            f"Privacy budget exceeded: these cells have spent ε = {before.epsilon:.3g}; this "
+            f"{planned['tool']} call asks for ε = {float(planned['epsilon']):.3g} (δ = "
+            f"{float(planned['delta']):.1e}), which would make ε = {after.epsilon:.3g} (δ = "
+            f"{after.delta:.1e}, {after.relation}) against a budget of ε = {cap_eps:.3g}"
+            + (f", δ = {cap_delta:.1e}" if cap_delta >= 0 else "")
+            + f"; ε left: {max(cap_eps - before.epsilon, 0.0):.3g}. Ask for less (a smaller epsilon), "
+            "or raise the budget with dpsc.privacy.set_budget if the data owner agrees. Nothing was "
+            "changed."
+        )
+
+
+# -- the public API ------------------------------------------------------------------------------
+def spent(adata: ad.AnnData) -> Spent:
     """(ε, δ) that holds for each cell of ``adata`` against everything dpsc released about it.
 
-    Composed from ``adata.uns["dpsc"]["ledger"]`` as tightly as the maintained accountants allow
-    (module docstring); ``(0.0, 0.0)`` for an AnnData dpsc never read, ``inf`` once a call read
-    the cells without a guarantee.
+    Composed from the ledger (module docstring); ``(0.0, 0.0)`` for an AnnData dpsc never read,
+    ``inf`` once a call read the cells without a guarantee. The result also carries
+    ``.relation``, ``.guarantee`` (the weakest among the entries: ``"none"``, ``"heuristic"`` or
+    ``"proven"``) and ``.seeded`` (some entry used a known noise seed).
     """
     return compose(_entries(adata))
 
@@ -111,40 +311,114 @@ def set_budget(adata: ad.AnnData, epsilon: float, delta: float | None = None) ->
     delta
         Largest total δ; ``None`` leaves δ uncapped.
     """
-    if not epsilon > 0:
-        raise ValueError(f"The budget's epsilon must be > 0, got {epsilon}.")
+    if isinstance(epsilon, bool) or not isinstance(epsilon, int | float) or not epsilon > 0:
+        raise ValueError(f"The budget's epsilon must be a number > 0, got {epsilon!r}.")
     if delta is not None and not 0 <= delta < 1:
         raise ValueError(f"The budget's delta must be in [0, 1), got {delta}.")
-    _dpsc_uns(adata)[BUDGET_KEY] = {
-        "epsilon": float(epsilon),
-        "delta": -1.0 if delta is None else float(delta),
-    }
+    budget = {"epsilon": float(epsilon), "delta": -1.0 if delta is None else float(delta)}
+    _dpsc_uns(adata)[BUDGET_KEY] = budget
+    file = _file(adata)
+    if file is not None:
+        file.set_budget(budget)
+
+
+def attach_ledger(adata: ad.AnnData, path: str | os.PathLike) -> None:
+    """Keep this AnnData's ledger in the file ``path`` (created if missing), beside the data.
+
+    The file then holds the entries and the budget for every copy of the AnnData that points to
+    it and for concurrent processes (reads and writes are locked and atomic). Entries already in
+    ``uns`` are added to a new file; an existing file's entries are kept and become this
+    AnnData's ledger.
+    """
+    file = FileLedger(path)
+    existing = file.entries()
+    if not existing:
+        for entry in _uns_entries(adata):
+            file.reserve({**entry, "status": entry.get("status", "released")})
+        budget = adata.uns.get("dpsc", {}).get(BUDGET_KEY)
+        if budget is not None:
+            file.set_budget(dict(budget))
+    _dpsc_uns(adata)[FILE_KEY] = str(Path(path).resolve())
+    _sync_uns(adata)
+
+
+def _sync_uns(adata: ad.AnnData) -> None:
+    """Mirror a file ledger into ``uns`` (so that a written ``.h5ad`` carries it too)."""
+    file = _file(adata)
+    if file is None:
+        return
+    _dpsc_uns(adata)[LEDGER_KEY] = {f"{i:04d}": _from_plain(e) for i, e in enumerate(file.entries())}
+    if file.budget() is not None:
+        _dpsc_uns(adata)[BUDGET_KEY] = dict(file.budget())
+
+
+def _from_plain(entry: dict[str, Any]) -> dict[str, Any]:
+    return {**entry, "history": np.asarray(entry.get("history", []), dtype=float).reshape(-1, 3)}
 
 
 def check_budget(adata: ad.AnnData, planned: PrivacyRecord, key: str) -> None:
     """Refuse (before any work) a call whose planned record would exceed the budget."""
-    budget = adata.uns.get("dpsc", {}).get(BUDGET_KEY)
-    if budget is None:
-        return
-    before, _ = spent(adata)
-    after, delta_after = compose([*_entries(adata), ledger_entry(planned, key)])
-    cap_eps, cap_delta = float(budget["epsilon"]), float(budget["delta"])
-    over_delta = cap_delta >= 0 and delta_after > cap_delta * (1 + 1e-9)
-    if after > cap_eps * (1 + 1e-9) or over_delta:
-        raise BudgetExceededError(
-            f"Privacy budget exceeded: these cells have spent ε = {before:.3g}; this "
-            f"{planned.tool} call asks for ε = {planned.spent:.3g} (δ = {planned.delta:.1e}), which "
-            f"would make ε = {after:.3g} (δ = {delta_after:.1e}) against a budget of ε = {cap_eps:.3g}"
-            + (f", δ = {cap_delta:.1e}" if cap_delta >= 0 else "")
-            + f"; ε left: {max(cap_eps - before, 0.0):.3g}. Ask for less (a smaller epsilon), or raise "
-            "the budget with dpsc.privacy.set_budget if the data owner agrees. Nothing was changed."
-        )
+    _check(_entries(adata), ledger_entry(planned, key, "planned"), _budget(adata))
 
 
-def append(adata: ad.AnnData, record: PrivacyRecord, key: str) -> None:
-    """Add the entry of ``record`` (made under result key ``key``) to the ledger."""
-    ledger = _dpsc_uns(adata).setdefault(LEDGER_KEY, {})
-    ledger[f"{len(ledger):04d}"] = ledger_entry(record, key)
+class Spending:
+    """The booking of one call: made by :func:`spending`; :meth:`settle` records what was released."""
+
+    def __init__(self, adata: ad.AnnData, key: str, entry_id: str) -> None:
+        self.adata, self.key, self.entry_id = adata, key, entry_id
+        self.settled = False
+
+    def settle(self, record: PrivacyRecord, *copies: ad.AnnData) -> None:
+        """Replace the reservation by ``record``'s entry, here and in ``copies`` (a ``copy=True`` result)."""
+        entry = ledger_entry(record, self.key)
+        file = _file(self.adata)
+        if file is not None:
+            file.settle(self.entry_id, entry)
+        for target in (self.adata, *copies):
+            ledger = _dpsc_uns(target).setdefault(LEDGER_KEY, {})
+            ledger[self.entry_id] = entry
+        self.settled = True
+
+
+@contextlib.contextmanager
+def spending(adata: ad.AnnData, planned: PrivacyRecord, key: str) -> Iterator[Spending]:
+    """Check the budget, reserve the planned spend, run the call, settle what it released.
+
+    Use it around all the work of a call that reads the cells, after its input checks::
+
+        with spending(adata, planned_record, key) as booking:
+            ...  # read the cells, release
+            booking.settle(actual_record)
+
+    Refuses with :class:`BudgetExceededError` before anything is written. If the body raises
+    before :meth:`Spending.settle`, the reservation stays (marked ``"interrupted"``): what the
+    call released before failing is not known, so the planned spend stays booked.
+    """
+    entry = ledger_entry(planned, key, "reserved")
+    file = _file(adata)
+    if file is not None:
+        entry_id = file.reserve(entry)
+        _sync_uns(adata)
+    else:
+        _check(_uns_entries(adata), entry, _budget(adata))
+        ledger = _dpsc_uns(adata).setdefault(LEDGER_KEY, {})
+        entry_id = f"{len(ledger):04d}"
+        ledger[entry_id] = entry
+    booking = Spending(adata, key, entry_id)
+    try:
+        yield booking
+    finally:
+        if not booking.settled:
+            interrupted = {**entry, "status": "interrupted"}
+            if file is not None:
+                file.settle(entry_id, interrupted)
+            _dpsc_uns(adata)[LEDGER_KEY][entry_id] = interrupted
+
+
+def book(adata: ad.AnnData, record: PrivacyRecord, key: str) -> None:
+    """Check, reserve and settle ``record`` at once: for a release whose record is final before it runs."""
+    with spending(adata, record, key) as booking:
+        booking.settle(record)
 
 
 def ledger_frame(adata: ad.AnnData) -> pd.DataFrame:
@@ -152,36 +426,57 @@ def ledger_frame(adata: ad.AnnData) -> pd.DataFrame:
     entries = _entries(adata)
     rows = []
     for i, e in enumerate(entries):
-        history = np.asarray(e["history"]).reshape(-1, 3)
+        history = np.asarray(e["history"], dtype=float).reshape(-1, 3)
         rows.append(
             {
                 "tool": e["tool"],
                 "key": e["key"],
                 "guarantee": e["guarantee"],
+                "relation": e.get("relation", ADD_REMOVE),
                 "epsilon": float(e["epsilon"]),
                 "delta": float(e["delta"]),
                 "gaussian_steps": int(history[:, 2].sum()),
                 "pure_epsilon": float(e["pure_epsilon"]),
-                "cumulative_epsilon": compose(entries[: i + 1])[0],
+                "seeded": bool(e.get("seeded", False)),
+                "status": e.get("status", "released"),
+                "cumulative_epsilon": compose(entries[: i + 1]).epsilon,
                 "time": e["time"],
             }
         )
     return pd.DataFrame(rows)
 
 
+def write_record(
+    adata: ad.AnnData, key: str, record: PrivacyRecord, params: dict[str, Any] | None = None, **extra: Any
+) -> None:
+    """Write a result's record (and parameters) under its own key, without touching the ledger.
+
+    ``adata.uns["dpsc"][key]`` gets ``{"privacy": record, "params": params, **extra}``, so a second
+    call with another key never overwrites the first's record.
+    """
+    entry: dict[str, Any] = {"privacy": record.to_dict(), **{k: _h5ad_safe(v) for k, v in extra.items()}}
+    if params is not None:
+        entry["params"] = {k: _h5ad_safe(v) for k, v in params.items()}
+    _dpsc_uns(adata)[key] = entry
+
+
+def _h5ad_safe(value: Any) -> Any:
+    """Return a value ``write_h5ad`` can store: tuples become lists, ``None`` the string ``"None"``."""
+    if value is None:
+        return "None"
+    if isinstance(value, tuple | list):
+        return [_h5ad_safe(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _h5ad_safe(v) for k, v in value.items()}
+    return value
+
+
 def write_result(
     adata: ad.AnnData, key: str, record: PrivacyRecord, params: dict[str, Any] | None = None, **extra: Any
 ) -> None:
-    """Write a result's record (and parameters) under its own key and append it to the ledger.
-
-    ``adata.uns["dpsc"][key]`` gets ``{"privacy": record, "params": params, **extra}``, so a
-    second call with another key never overwrites the first's record.
-    """
-    entry: dict[str, Any] = {"privacy": record.to_dict(), **extra}
-    if params is not None:
-        entry["params"] = {k: ("None" if v is None else v) for k, v in params.items()}
-    _dpsc_uns(adata)[key] = entry
-    append(adata, record, key)
+    """Write a result's record under its own key and book it in the ledger (check, reserve, settle)."""
+    book(adata, record, key)
+    write_record(adata, key, record, params, **extra)
 
 
 def get_record(adata: ad.AnnData, key: str) -> dict[str, Any]:
@@ -194,3 +489,37 @@ def get_record(adata: ad.AnnData, key: str) -> dict[str, Any]:
             f"No dpsc result under key {key!r} (results with a privacy record: {known or 'none'}); "
             "run dpsc.tl.fit (or the tool that writes that key) first."
         ) from None
+
+
+def concat(adatas: list[ad.AnnData], *, disjoint: bool, **kwargs: Any) -> ad.AnnData:
+    """``anndata.concat`` that keeps the privacy ledgers (``anndata.concat`` alone drops ``uns``).
+
+    Parameters
+    ----------
+    adatas
+        The AnnData objects, along the cells axis.
+    disjoint
+        ``True``: the objects hold different cells (different people), so each cell of the result
+        is covered by its own object's ledger: the result's ledger is the one of the part that
+        spent most (parallel composition, McSherry 2009), and its budget the smallest. ``False``:
+        the cells may overlap, so the result carries every entry of every part (sequential
+        composition).
+    **kwargs
+        Passed to :func:`anndata.concat`.
+    """
+    if any(_file(a) is not None for a in adatas):
+        raise ValueError(
+            "concat does not merge ledger files; detach them (or keep the parts separate) and "
+            "combine the files by hand, so that no spend is lost."
+        )
+    out = ad.concat(adatas, **kwargs)
+    if disjoint:
+        worst = max(adatas, key=lambda a: spent(a).epsilon)
+        entries = _uns_entries(worst)
+    else:
+        entries = [e for a in adatas for e in _uns_entries(a)]
+    _dpsc_uns(out)[LEDGER_KEY] = {f"{i:04d}": e for i, e in enumerate(entries)}
+    budgets = [a.uns["dpsc"][BUDGET_KEY] for a in adatas if BUDGET_KEY in a.uns.get("dpsc", {})]
+    if budgets:
+        _dpsc_uns(out)[BUDGET_KEY] = min(budgets, key=lambda b: float(b["epsilon"]))
+    return out

@@ -3,90 +3,74 @@ r"""Where every DP noise draw and every Poisson sample comes from.
 A DP guarantee holds only against someone who cannot predict the noise. If the noise were a
 function of a seed the user types (``random_state``) or a server chooses, anyone who knows
 that seed would hold a deterministic function of the data, and no ε would hold against them.
-So every mechanism in dpsc draws its noise and its Poisson samples from a :class:`NoiseSource`:
+So every mechanism in dpsc draws its noise and its Poisson samples from a stream of a
+:class:`NoiseSource`, a :class:`~dpsc.privacy._random.SecureRandom` (AES-256-CTR keystream):
 
-* by default (``noise_seed=None``) each generator is seeded with 63 fresh bits from the
-  operating system's CSPRNG (:func:`secure_seed`, Python's :mod:`secrets`); the seed is never
-  stored, printed or returned, so two runs with the same ``random_state`` differ;
+* by default (``noise_seed=None``) every stream is keyed with 256 fresh bits from the operating
+  system's CSPRNG (:func:`~dpsc.privacy._random.secure_key`); the key is never stored, printed
+  or returned, so two runs with the same ``random_state`` differ, and no output reveals the key;
 * ``noise_seed=<int>`` is an explicit opt-in for tests and benchmarks that need repeatable
-  runs. The privacy record then says the guarantee does not hold against whoever knows that
-  seed.
+  runs: each stream's key is derived from the seed, the stream's name and a counter
+  (:func:`~dpsc.privacy._random.derive_key`), so every release of a run draws *independent*
+  noise (two releases never share a stream), yet the run repeats. The privacy record then says
+  the guarantee does not hold against whoever knows that seed.
 
 ``random_state`` keeps seeding what is not a privacy mechanism: weight initialisation,
-masking augmentations, post-processing k-means.
-
-The generators are torch's and numpy's standard ones seeded from OS entropy, not
-cryptographic streams; what they protect is the secrecy of the seed (the attacker sees only
-noisy aggregates, never the raw stream). Opacus's ``secure_mode`` (sum of four Gaussian draws,
-against floating-point attacks on the noise) is on for secret DP-SGD noise.
+masking augmentations, post-processing k-means, data-independent projections.
 """
 
 from __future__ import annotations
 
-import secrets
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 
-import numpy as np
-import torch
-
-#: Stream names: each mechanism of a run gets its own generator, so that adding a release to
-#: one mechanism never shifts another's noise under a fixed ``noise_seed``.
-STREAMS = ("sampling", "dpsgd", "releases", "laplace", "site", "loadings")
-
-
-def secure_seed() -> int:
-    """Return 63 bits from the operating system's CSPRNG (the one seam tests patch)."""
-    return secrets.randbits(63)
+from . import _random
+from ._random import SecureRandom, derive_key
 
 
 @dataclass(frozen=True)
 class NoiseSource:
-    """Factory of the generators a private computation draws its noise and samples from.
+    """Factory of the secure streams a private computation draws its noise and samples from.
 
     Parameters
     ----------
     noise_seed
-        ``None`` (default): every generator is seeded from :func:`secure_seed`, so the noise is
-        secret and differs run to run. An integer makes the noise repeatable (tests and
-        benchmarks only); the guarantee then does not hold against anyone who knows it.
+        ``None`` (default): every stream is keyed from OS entropy, so the noise is secret and
+        differs run to run. An integer makes the noise repeatable (tests and benchmarks only);
+        the guarantee then does not hold against anyone who knows it.
     """
 
     noise_seed: int | None = None
+    _issued: Counter = field(default_factory=Counter, compare=False, repr=False)
 
     @property
     def secret(self) -> bool:
-        """True when the noise is seeded from OS entropy."""
+        """True when the noise is keyed from OS entropy."""
         return self.noise_seed is None
 
-    def _seed(self, stream: str, rank: int = 0) -> int:
-        if stream not in STREAMS:
-            raise ValueError(f"Unknown noise stream {stream!r}; one of {STREAMS}.")
+    def stream(self, name: str, *index: int) -> SecureRandom:
+        """Return a fresh stream for the release ``name`` (and an index, e.g. a round or a rank).
+
+        Every call returns a stream independent of every other: secret streams get their own OS
+        key; seeded streams a key derived from (seed, name, index, how many such streams this
+        source issued before).
+        """
         if self.noise_seed is None:
-            return secure_seed()
-        # each process of a data-parallel fit samples its own shard: its stream must differ
-        entropy = [int(self.noise_seed), STREAMS.index(stream)] + ([int(rank)] if rank else [])
-        state = np.random.SeedSequence(entropy).generate_state(2)
-        return int((int(state[0]) << 31) ^ int(state[1])) & (2**63 - 1)
-
-    def torch_generator(
-        self, stream: str, device: torch.device | str = "cpu", rank: int = 0
-    ) -> torch.Generator:
-        """Return a fresh torch generator on ``device`` for the named stream (and process rank)."""
-        return torch.Generator(device=device).manual_seed(self._seed(stream, rank))
-
-    def numpy_rng(self, stream: str) -> np.random.Generator:
-        """Return a fresh numpy generator for the named stream."""
-        return np.random.default_rng(self._seed(stream))
+            return SecureRandom(_random.secure_key())
+        key = (name, *map(int, index))
+        count = self._issued[key]
+        self._issued[key] += 1
+        return SecureRandom(derive_key(int(self.noise_seed), *key, count))
 
     def describe(self) -> str:
         """One sentence for the privacy statement: where the noise came from."""
         if self.secret:
             return (
-                "Noise and Poisson samples were drawn from generators seeded with OS entropy; the "
-                "seed was never stored."
+                "Noise and Poisson samples were drawn from AES-256-CTR keystreams keyed with OS "
+                "entropy; the keys were never stored."
             )
         return (
-            f"Noise and Poisson samples were drawn from a generator seeded with noise_seed="
+            f"Noise and Poisson samples were drawn from keystreams derived from noise_seed="
             f"{self.noise_seed} (an opt-in for tests and benchmarks): the guarantee does NOT hold "
             "against anyone who knows that seed."
         )
@@ -99,8 +83,3 @@ class NoiseSource:
     def to_dict(self) -> dict[str, object]:
         """Plain record entry (``noise_seed`` is stored only when the user chose it)."""
         return {"secret": self.secret, "noise_seed": -1 if self.noise_seed is None else int(self.noise_seed)}
-
-
-def poisson_mask(n: int, sample_rate: float, generator: torch.Generator) -> torch.Tensor:
-    """Boolean mask including each of ``n`` items independently with probability ``sample_rate``."""
-    return torch.rand(n, generator=generator, device=generator.device) < sample_rate

@@ -19,12 +19,24 @@ import numpy as np
 Guarantee = Literal["proven", "heuristic", "none"]
 GUARANTEES = ("proven", "heuristic", "none")
 
+#: The two neighbouring relations of dpsc's proofs: Gaussian releases and DP-SGD are proven for
+#: adding or removing one cell; the Laplace estimators with a known number of rows for replacing one.
+ADD_REMOVE = "add/remove"
+REPLACE_ONE = "replace-one"
+RELATIONS = (ADD_REMOVE, REPLACE_ONE)
+
+#: Said of n in every record: it is released exactly, and σ, q, δ and batch sizes depend on it.
+N_PUBLIC = (
+    "the number of cells, which is treated as public (it is released exactly, and the noise scale, "
+    "sampling rate, batch size and δ are functions of it)"
+)
+
 #: Caveats every record carries: a cell is the unit, outputs for the training cells are not releases.
 COMMON_NOT_COVERED = (
     "outputs written for the training cells themselves (they are computed from those cells), any "
     "gene selection or preprocessing statistics computed on the private cells before dpsc saw them, "
-    "and hyper-parameters chosen by looking at these cells. One cell is the unit of privacy: a "
-    "person contributing many cells is protected only at group level"
+    f"hyper-parameters chosen by looking at these cells, and {N_PUBLIC}. One cell is the unit of "
+    "privacy: a person contributing many cells is protected only at group level"
 )
 
 
@@ -117,6 +129,9 @@ class PrivacyRecord:
         What was privatised (``"encoder"``, ``"full"``, ``"none"``, or the tool's own word).
     noise
         ``{"secret": bool, "noise_seed": int}`` (``-1`` when secret).
+    relation
+        The neighbouring relation of the proof: ``"add/remove"`` (one cell added or removed) or
+        ``"replace-one"`` (one row replaced, the number of rows fixed).
     details
         Tool-specific fields (curves, per-site values, layer budgets…), written flat.
     """
@@ -140,11 +155,14 @@ class PrivacyRecord:
     max_grad_norm: float = 0.0
     scope: str = "none"
     noise: dict[str, Any] = field(default_factory=lambda: {"secret": True, "noise_seed": -1})
+    relation: str = ADD_REMOVE
     details: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.guarantee not in GUARANTEES:
             raise ValueError(f"guarantee must be one of {GUARANTEES}, got {self.guarantee!r}.")
+        if self.relation not in RELATIONS:
+            raise ValueError(f"relation must be one of {RELATIONS}, got {self.relation!r}.")
 
     @property
     def spent(self) -> float:
@@ -167,6 +185,7 @@ class PrivacyRecord:
             for s, q, n in np.asarray(known.get("history", []), float).reshape(-1, 3)
         ]
         known["mechanisms"] = list(known.get("mechanisms", []))
+        known["relation"] = str(known.get("relation", ADD_REMOVE))
         return cls(**known, details={k: v for k, v in record.items() if k not in names})
 
     def restate(self, tool: str, *, unit: str, covered: str, not_covered: str) -> PrivacyRecord:
@@ -203,7 +222,8 @@ class PrivacyRecord:
 
 #: What a stand-alone estimator's guarantee never covers.
 ESTIMATOR_NOT_COVERED = (
-    "the number of rows and the feature list (treated as public), any scaling or feature map fitted "
+    "the number of rows (treated as public: it is released exactly and the noise may depend on it) "
+    "and the feature list (treated as public), any scaling or feature map fitted "
     "on the private rows before this estimator saw them, predictions made for the training rows "
     "themselves, and hyper-parameters chosen by looking at these rows"
 )
@@ -239,6 +259,7 @@ def estimator_record(
     history = list(history or [])
     return PrivacyRecord(
         tool=tool,
+        relation=REPLACE_ONE if neighbours == "replacing" else ADD_REMOVE,
         epsilon=float(epsilon) if private else None,
         delta=float(delta) if private else 0.0,
         guarantee=guarantee,
@@ -284,7 +305,7 @@ def no_guarantee_record(tool: str, *, unit: str, covered: str, **fields_: Any) -
     )
 
 
-def planned_pure_record(tool: str, epsilon: float) -> PrivacyRecord:
+def planned_pure_record(tool: str, epsilon: float, relation: str = ADD_REMOVE) -> PrivacyRecord:
     """Planned spend of a call, counted as pure ε (conservative; the ledger records the real history)."""
     return PrivacyRecord(
         tool=tool,
@@ -293,6 +314,7 @@ def planned_pure_record(tool: str, epsilon: float) -> PrivacyRecord:
         guarantee="proven",
         statement="",
         pure_epsilon=float(epsilon),
+        relation=relation,
     )
 
 
@@ -315,11 +337,9 @@ def gaussian_release_record(
     accountant_name: str = "rdp",
 ) -> PrivacyRecord:
     """Proven record of ``steps`` Gaussian releases (σ, q), its ε from the named Opacus accountant."""
-    from ._accounting import make_accountant, spent_epsilon
+    from ._accounting import history_epsilon
 
-    accountant = make_accountant(accountant_name)
-    accountant.history = [(sigma, sample_rate, steps)]
-    spent = spent_epsilon(accountant, delta)
+    spent = history_epsilon([(sigma, sample_rate, steps)], delta, accountant_name)
     return PrivacyRecord(
         tool=tool,
         epsilon=spent,

@@ -7,22 +7,22 @@ from typing import Any, Literal
 import anndata as ad
 import numpy as np
 import pandas as pd
-import scipy.sparse as sp
 import torch
-from sklearn.decomposition import PCA
 
 from dpsc._docs import doc_params
 
-from .. import fm
+from .. import _blocks, fm
 from .._api import DEFAULT_EPSILON, store_result
 from .._validation import get_matrix, resolve_delta
-from ..module._dcan import input_representation
+from ..module._dcan import clean_input, input_representation
 from ..privacy import (
+    REPLACE_ONE,
     PrivacyRecord,
-    check_budget,
+    history_epsilon,
     no_guarantee_record,
     planned_pure_record,
-    write_result,
+    spending,
+    write_record,
 )
 
 METHODS = ("dpsgd", "pcdbn", "mlp")
@@ -49,20 +49,71 @@ def query_record(n_query: int) -> PrivacyRecord:
     return no_guarantee_record("annotate", unit=f"the {n_query} query cells", covered=covered)
 
 
-def _expression(adata: ad.AnnData, layer: str | None, genes: list[str], log_normalize: bool) -> np.ndarray:
-    matrix = get_matrix(adata, layer)
-    matrix = matrix[:, adata.var_names.get_indexer(genes)]
-    X = matrix.toarray() if sp.issparse(matrix) else np.asarray(matrix, dtype=float)
-    X = np.asarray(X, dtype=float)
-    if not np.all(np.isfinite(X)):
-        raise ValueError("The expression matrix contains NaN or infinite values; remove them first.")
-    if log_normalize:
-        if X.min(initial=0.0) < 0:
-            raise ValueError(
-                "log_normalize=True needs non-negative counts; pass log_normalize=False for transformed data."
-            )
-        X = input_representation(torch.as_tensor(X), "zinb").numpy()  # log1p CP10k, per cell
-    return X
+class QueryPCA:
+    """PCA fitted on the query cells block by block: mean and covariance summed, then eigenvectors.
+
+    Exact (the principal axes of the query's covariance, as scikit-learn's PCA finds them, up to
+    sign); no dense copy of either AnnData is made.
+    """
+
+    def __init__(self, n_components: int) -> None:
+        self.n_components = n_components
+
+    def fit(self, blocks) -> QueryPCA:
+        """Sum the query's rows and outer products over ``blocks``; keep the top axes."""
+        total, outer, n = 0.0, 0.0, 0
+        for X in blocks:
+            total = total + X.sum(0)
+            outer = outer + X.T @ X
+            n += X.shape[0]
+        self.mean_ = total / n
+        cov = outer / n - np.outer(self.mean_, self.mean_)
+        eigval, eigvec = np.linalg.eigh(cov)
+        order = np.argsort(eigval)[::-1][: self.n_components]
+        self.components_ = eigvec[:, order].T
+        self.scale_ = np.sqrt(np.clip(eigval[order], 0.0, None))  # std of each score over the query
+        return self
+
+    def transform(self, blocks) -> np.ndarray:
+        """Scores of the rows of ``blocks`` (stacked; only cells × components are held)."""
+        return np.vstack([(X - self.mean_) @ self.components_.T for X in blocks])
+
+
+def _expression_blocks(adata: ad.AnnData, layer: str | None, genes: list[str], log_normalize: bool):
+    """Log-normalised expression of ``genes``, one dense row block at a time (never all cells)."""
+    columns = adata.var_names.get_indexer(genes)
+    for block in _blocks.dense_blocks(get_matrix(adata, layer), columns=columns, dtype=np.float64):
+        if log_normalize:
+            block = input_representation(clean_input(torch.as_tensor(block), "zinb"), "zinb").numpy()
+        else:
+            block = np.nan_to_num(block, nan=0.0, posinf=0.0, neginf=0.0)
+        yield block
+
+
+def _planned_record(method: str, epsilon, delta: float, n_ref: int, kwargs: dict) -> PrivacyRecord:
+    """Return what the reference's ledger will get, computed before any cell is read."""
+    unit = f"the {n_ref} reference cells"
+    if method == "mlp":
+        return no_guarantee_record("annotate", unit=unit, covered="the classifier")
+    if method == "pcdbn":
+        return planned_pure_record("annotate", float(epsilon), REPLACE_ONE)
+    sigma = kwargs.get("noise_multiplier")
+    if epsilon is not None or sigma is None:
+        return planned_pure_record("annotate", float(epsilon))
+    batch = int(kwargs.get("batch_size", 128))
+    q = min(1.0, batch / n_ref)
+    steps = int(kwargs.get("epochs", 30)) * max(1, round(1.0 / q))
+    history = [(float(sigma), q, steps)]
+    planned = history_epsilon(history, delta, kwargs.get("accountant", "prv"))
+    cap = kwargs.get("max_epsilon")
+    return PrivacyRecord(
+        tool="annotate",
+        epsilon=planned if cap is None else min(planned, float(cap)),
+        delta=delta,
+        guarantee="proven",
+        statement="",
+        history=history,
+    )
 
 
 def _check_inputs(
@@ -180,53 +231,56 @@ def annotate(
     """
     fixed_noise = method == "dpsgd" and method_kwargs.get("noise_multiplier") is not None and epsilon is None
     labels = _check_inputs(adata_ref, adata_query, label_key, 1.0 if fixed_noise else epsilon, method)
-    if method != "mlp" and not fixed_noise:
-        planned = planned_pure_record("annotate", epsilon)  # the ledger then records the exact history
-        check_budget(adata_ref, planned, key_added)
     genes = list(adata_ref.var_names)
     if not 1 <= n_components <= min(len(genes), adata_query.n_obs):
         limit = min(len(genes), adata_query.n_obs)
         raise ValueError(f"n_components must be in [1, {limit}], got {n_components}.")
-    X_ref = _expression(adata_ref, layer, genes, log_normalize)
-    X_query = _expression(adata_query, layer, genes, log_normalize)
-    pca = PCA(n_components=n_components, random_state=random_state).fit(X_query)
-    Z_ref, Z_query = pca.transform(X_ref), pca.transform(X_query)
-    if method == "pcdbn":
-        model = fm.PrivateDBN(epsilon=float(epsilon), random_state=random_state, **method_kwargs)
-    else:
-        scale = Z_query.std(0)
-        scale[scale == 0] = 1.0
-        Z_ref, Z_query = Z_ref / scale, Z_query / scale
-        model = fm.DPSGDClassifier(
-            epsilon=None if method == "mlp" or fixed_noise else float(epsilon),
-            delta=resolve_delta(delta, adata_ref.n_obs),
-            random_state=random_state,
-            **method_kwargs,
-        )
-    model.fit(Z_ref, labels)
-    proba = model.predict_proba(Z_query)
-    record = annotation_record(model.privacy_record(), method, adata_ref.n_obs)
-    extra = {
-        "method": method,
-        "label_key": label_key,
-        "n_reference": int(adata_ref.n_obs),
-        "n_query": int(adata_query.n_obs),
-        "n_genes": len(genes),
-        "features": f"log-normalised, PCA ({n_components} components) fitted on the query cells",
-    }
-    target = adata_query.copy() if copy else adata_query
-    target.obs[key_added] = pd.Categorical(np.asarray(model.classes_)[proba.argmax(1)])
-    target.obs[f"{key_added}_confidence"] = proba.max(1)
-    write_result(adata_ref, key_added, record, **extra)
+    delta = resolve_delta(delta, adata_ref.n_obs)
+    planned = _planned_record(method, epsilon, delta, adata_ref.n_obs, method_kwargs)
     query = query_record(adata_query.n_obs)
-    return store_result(
-        adata_query,
-        target,
-        key_added,
-        query,
-        copy=copy,
-        model=model,
-        return_model=return_model,
-        reference=record.to_dict(),
-        **extra,
-    )
+    with (
+        spending(adata_ref, planned, key_added) as ref_booking,
+        spending(adata_query, query, key_added) as booking,
+    ):
+        pca = QueryPCA(n_components).fit(_expression_blocks(adata_query, layer, genes, log_normalize))
+        Z_ref = pca.transform(_expression_blocks(adata_ref, layer, genes, log_normalize))
+        Z_query = pca.transform(_expression_blocks(adata_query, layer, genes, log_normalize))
+        if method == "pcdbn":
+            model = fm.PrivateDBN(epsilon=float(epsilon), random_state=random_state, **method_kwargs)
+        else:
+            scale = np.where(pca.scale_ > 0, pca.scale_, 1.0)
+            Z_ref, Z_query = Z_ref / scale, Z_query / scale
+            model = fm.DPSGDClassifier(
+                epsilon=None if method == "mlp" or fixed_noise else float(epsilon),
+                delta=delta,
+                random_state=random_state,
+                **method_kwargs,
+            )
+        model.fit(Z_ref, labels)
+        proba = model.predict_proba(Z_query)
+        record = annotation_record(model.privacy_record(), method, adata_ref.n_obs)
+        extra = {
+            "method": method,
+            "label_key": label_key,
+            "n_reference": int(adata_ref.n_obs),
+            "n_query": int(adata_query.n_obs),
+            "n_genes": len(genes),
+            "features": f"log-normalised, PCA ({n_components} components) fitted on the query cells",
+        }
+        target = adata_query.copy() if copy else adata_query
+        target.obs[key_added] = pd.Categorical(np.asarray(model.classes_)[proba.argmax(1)])
+        target.obs[f"{key_added}_confidence"] = proba.max(1)
+        write_record(adata_ref, key_added, record, **extra)
+        ref_booking.settle(record)
+        return store_result(
+            adata_query,
+            target,
+            key_added,
+            query,
+            copy=copy,
+            booking=booking,
+            model=model,
+            return_model=return_model,
+            reference=record.to_dict(),
+            **extra,
+        )

@@ -2,41 +2,59 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from typing import Any
 
 import anndata as ad
-import numpy as np
 import pandas as pd
-import scipy.sparse as sp
-import torch
 
-from .._validation import check_matrix, check_privacy_args, get_matrix
+from .._validation import check_privacy_args, get_matrix
 from ..audit import gradient_canary_run, input_canary_run
+from ..audit._gradient_audit import audit_schedule
 from ..privacy import (
     NoiseSource,
     PrivacyRecord,
+    calibrate_noise_multiplier,
     gaussian_release_record,
     no_guarantee_record,
-    write_result,
+    planned_pure_record,
+    spending,
+    write_record,
 )
 
 CANARIES = ("gradient", "input")
 
 
-def one_run_record(run: dict[str, Any], n_obs: int, noise: NoiseSource) -> PrivacyRecord:
-    """Ledger record of the audited run: its canary scores are post-processing of its noisy gradients."""
+def one_run_record(
+    sigma: float,
+    q: float,
+    steps: int,
+    delta: float,
+    accountant: str,
+    placement: str,
+    n_obs: int,
+    noise: NoiseSource,
+) -> PrivacyRecord:
+    """Ledger record of the audited run: its canary scores are post-processing of its noisy gradients.
+
+    With ``placement="quiet"`` the canary coordinates are chosen from exact per-gene detection
+    counts of the cells, so the report is not a DP release of them: the record says so (no guarantee).
+    """
     covered = "the audit report (canary scores, guesses, the ε lower bound)"
     unit = f"adding or removing one of the {n_obs} cells"
-    if not run["history"]:
-        return no_guarantee_record("audit", unit=unit, covered=covered)
-    sigma, q, steps = run["history"][0]
+    if sigma == 0 or placement == "quiet":
+        reason = (
+            "" if sigma == 0 else " and the canary placement, chosen from exact per-gene detection counts"
+        )
+        return no_guarantee_record("audit", unit=unit, covered=covered + reason)
     return gaussian_release_record(
         "audit",
         sigma=float(sigma),
         sample_rate=float(q),
         steps=int(steps),
         target_epsilon=None,
-        delta=float(run["delta"]),
+        delta=float(delta),
         unit=unit,
         mechanism="DP-SGD on the encoder (instance-stage loss; the decoder stays at its initialisation)",
         covered=covered,
@@ -44,13 +62,37 @@ def one_run_record(run: dict[str, Any], n_obs: int, noise: NoiseSource) -> Priva
         noise_dict=noise.to_dict(),
         noise_sentence=noise.describe(),
         scope="encoder (fixed decoder)",
-        accountant_name=run["accountant"],
+        accountant_name=accountant,
+    )
+
+
+def group_of_two(record: PrivacyRecord, n_obs: int) -> PrivacyRecord:
+    r"""Return the input-canary fit's guarantee for a cell that is also the source of a canary (group size 2).
+
+    Removing such a cell removes it and its canary: two steps of group privacy turn the fit's
+    (ε, δ) into :math:`(2\varepsilon, (1 + e^\varepsilon)\\delta)` (Dwork & Roth 2014, §2.3).
+    """
+    if record.epsilon is None:
+        return record
+    eps, delta = float(record.epsilon), float(record.delta)
+    return PrivacyRecord(
+        tool="audit",
+        epsilon=2 * eps,
+        delta=(1 + math.exp(min(eps, 700.0))) * delta,
+        guarantee=record.guarantee,
+        statement=f"The audited fit's guarantee at group size 2 (a cell and its canary), over {n_obs} cells: "
+        + record.statement,
+        covered=record.covered,
+        not_covered=record.not_covered,
+        accountant=record.accountant,
+        noise=record.noise,
     )
 
 
 def one_run_audit(
     adata: ad.AnnData,
     *,
+    fit: Callable,
     epsilon: float | None,
     delta: float,
     canaries: str,
@@ -62,7 +104,7 @@ def one_run_audit(
     noise_seed: int | None,
     **run_kwargs: Any,
 ) -> pd.DataFrame:
-    """Run :func:`dpsc.audit.gradient_canary_run` on the cells; write the report and a ledger entry."""
+    """Run a one-run canary audit on the cells; book it before any work, write the report."""
     if canaries not in CANARIES:
         raise ValueError(
             f"Unknown canaries {canaries!r}; choose 'gradient' (white box, DP-SGD engine) or 'input' "
@@ -73,11 +115,11 @@ def one_run_audit(
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must be in (0, 1), got {confidence}.")
     matrix = get_matrix(adata, layer)
-    check_matrix(matrix, "zinb")
     check_privacy_args(epsilon, delta, adata.n_obs)
     if canaries == "input":
         return _input_audit(
             adata,
+            fit,
             epsilon,
             delta,
             n_canaries,
@@ -88,36 +130,45 @@ def one_run_audit(
             noise_seed,
             run_kwargs,
         )
-    dense = matrix.toarray() if sp.issparse(matrix) else np.asarray(matrix)
-    run = gradient_canary_run(
-        torch.as_tensor(dense, dtype=torch.float32),
-        epsilon=epsilon,
-        delta=delta,
-        n_canaries=n_canaries,
-        guess_fraction=guess_fraction,
-        confidence=confidence,
-        seed=random_state,
-        noise_seed=noise_seed,
-        **run_kwargs,
-    )
-    columns = ["epsilon_claimed", "epsilon_lower", "confidence", "n_canaries", "ceiling", "n_guesses"]
-    columns += ["n_correct", "noise_multiplier", "sample_rate", "steps"]
-    table = pd.DataFrame([{"method": "one_run", "canaries": canaries, **{c: run[c] for c in columns}}])
-    report = {
-        "table": {c: table[c].tolist() for c in table.columns},
-        "statement": (
-            "epsilon_lower is a lower bound on the ε of the DP-SGD engine that audited run used, at the "
-            f"stated confidence, from {n_canaries} white-box gradient canaries in one run (Steinke, Nasr "
-            "& Jagielski 2023). Above epsilon_claimed it proves a bug; at or below it, it proves nothing "
-            "about the true ε, and ceiling is the most these canaries could ever show."
-        ),
-    }
-    write_result(adata, "audit", one_run_record(run, adata.n_obs, NoiseSource(noise_seed)), **report)
+    accountant = run_kwargs.get("accountant", "rdp")
+    placement = run_kwargs.get("placement", "padding")
+    _, q, steps = audit_schedule(adata.n_obs, run_kwargs.get("epochs", 5), run_kwargs.get("batch_size"))
+    sigma = 0.0 if epsilon is None else calibrate_noise_multiplier(epsilon, delta, q, steps, accountant)
+    noise = NoiseSource(noise_seed)
+    record = one_run_record(sigma, q, steps, delta, accountant, placement, adata.n_obs, noise)
+    with spending(adata, record, "audit") as booking:
+        run = gradient_canary_run(
+            matrix,
+            epsilon=epsilon,
+            delta=delta,
+            n_canaries=n_canaries,
+            guess_fraction=guess_fraction,
+            confidence=confidence,
+            seed=random_state,
+            noise_seed=noise_seed,
+            noise_multiplier=sigma,
+            **run_kwargs,
+        )
+        columns = ["epsilon_claimed", "epsilon_lower", "confidence", "n_canaries", "ceiling", "n_guesses"]
+        columns += ["n_correct", "noise_multiplier", "sample_rate", "steps"]
+        table = pd.DataFrame([{"method": "one_run", "canaries": canaries, **{c: run[c] for c in columns}}])
+        report = {
+            "table": {c: table[c].tolist() for c in table.columns},
+            "statement": (
+                "epsilon_lower is a lower bound on the ε of the DP-SGD engine that audited run used, at the "
+                f"stated confidence, from {n_canaries} white-box gradient canaries in one run (Steinke, Nasr "
+                "& Jagielski 2023). Above epsilon_claimed it proves a bug; at or below it, it proves nothing "
+                "about the true ε, and ceiling is the most these canaries could ever show."
+            ),
+        }
+        write_record(adata, "audit", record, **report)
+        booking.settle(record)
     return table
 
 
 def _input_audit(
     adata: ad.AnnData,
+    fit: Callable,
     epsilon: float | None,
     delta: float,
     n_canaries: int,
@@ -128,32 +179,55 @@ def _input_audit(
     noise_seed: int | None,
     fit_kwargs: dict[str, Any],
 ) -> pd.DataFrame:
-    """Black-box one-run audit (:func:`dpsc.audit.input_canary_run`); report and ledger entry."""
-    run = input_canary_run(
-        adata,
-        epsilon=epsilon,
-        delta=delta,
-        n_canaries=n_canaries,
-        guess_fraction=guess_fraction,
-        confidence=confidence,
-        seed=random_state,
-        noise_seed=noise_seed,
-        layer=layer,
-        **fit_kwargs,
+    """Black-box one-run audit (:func:`dpsc.audit.input_canary_run`); booked before any work."""
+    planned = (
+        no_guarantee_record("audit", unit=f"the {adata.n_obs} audited cells", covered="the audited fit")
+        if epsilon is None
+        else group_of_two(planned_pure_record("audit", float(epsilon)), adata.n_obs)
     )
-    common = {"method": "one_run", "canaries": "input", "scope": run["scope"], "guarantee": run["guarantee"]}
-    claimed = {"epsilon_claimed": run["epsilon_claimed"]}
-    table = pd.DataFrame([{**common, **claimed, **row} for row in run["rows"]])
-    report = {
-        "table": {c: table[c].tolist() for c in table.columns},
-        "statement": (
-            f"epsilon_lower is a lower bound on the ε of the whole DP-DCAN fit (scope={run['scope']!r}) "
-            f"with respect to one cell, from {n_canaries} inserted canary cells scored from the released "
-            "model after one run (Steinke, Nasr & Jagielski 2023); the two scores' bounds hold together "
-            f"at confidence {confidence:g}. Above epsilon_claimed it proves a leak; at or below it, it "
-            "proves nothing about the true ε, and ceiling is the most these canaries could ever show. "
-            "The 'reconstruction' score uses the decoder, which scope='encoder' never shares."
-        ),
-    }
-    write_result(adata, "audit", run["record"], **report)
+    if epsilon is not None:
+        planned = PrivacyRecord(
+            tool="audit",
+            epsilon=planned.epsilon,
+            delta=(1 + math.exp(min(epsilon, 700.0))) * delta,
+            guarantee="proven",
+            statement="",
+        )
+    with spending(adata, planned, "audit") as booking:
+        run = input_canary_run(
+            adata,
+            fit=fit,
+            epsilon=epsilon,
+            delta=delta,
+            n_canaries=n_canaries,
+            guess_fraction=guess_fraction,
+            confidence=confidence,
+            seed=random_state,
+            noise_seed=noise_seed,
+            layer=layer,
+            **fit_kwargs,
+        )
+        common = {
+            "method": "one_run",
+            "canaries": "input",
+            "scope": run["scope"],
+            "guarantee": run["guarantee"],
+        }
+        claimed = {"epsilon_claimed": run["epsilon_claimed"]}
+        table = pd.DataFrame([{**common, **claimed, **row} for row in run["rows"]])
+        report = {
+            "table": {c: table[c].tolist() for c in table.columns},
+            "statement": (
+                f"epsilon_lower is a lower bound on the ε of the whole DP-DCAN fit (scope={run['scope']!r}) "
+                f"with respect to one cell, from {n_canaries} inserted canary cells scored from the released "
+                "model after one run (Steinke, Nasr & Jagielski 2023); the two scores' bounds hold together "
+                f"at confidence {confidence:g}. Above epsilon_claimed it proves a leak; at or below it, it "
+                "proves nothing about the true ε, and ceiling is the most these canaries could ever show. "
+                "The 'reconstruction' score uses the decoder, which scope='encoder' never shares. Each "
+                "canary is a real cell with its counts permuted, so the ledger books the fit at group size 2."
+            ),
+        }
+        record = group_of_two(run["record"], adata.n_obs)
+        write_record(adata, "audit", record, **report)
+        booking.settle(record)
     return table

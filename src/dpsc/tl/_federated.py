@@ -39,10 +39,9 @@ from ..privacy import (
     PrivacyRecord,
     build_statement,
     calibrate_noise_multiplier,
-    check_budget,
-    make_accountant,
+    history_epsilon,
     no_guarantee_record,
-    spent_epsilon,
+    spending,
 )
 from ._fit import DEFAULT_N_CLUSTERS
 
@@ -77,11 +76,7 @@ def federated_record(
             ", including each site's per-gene sums" if scale_genes else ""
         )
         return no_guarantee_record("fit_federated", unit=unit, covered=covered)
-    per_site = {}
-    for name, (sigma, q, steps) in plan.items():
-        acc = make_accountant(accountant)
-        acc.history = [(sigma, q, steps)]
-        per_site[name] = spent_epsilon(acc, delta)
+    per_site = {name: history_epsilon([entry], delta, accountant) for name, entry in plan.items()}
     worst = max(per_site, key=per_site.get)
     covered = (
         "every message a site sends (the weights after each round, hence everything the server and the "
@@ -230,7 +225,7 @@ def fit_federated(
     -------
     {doc_returns}
     Writes ``obsm[key_added]``, ``obs[cluster_key]`` and the record
-    ``uns["dpsc"]["federated"]`` (method, rounds, clients, per-round loss, wall time, privacy).
+    ``uns["dpsc"][key_added]`` (method, rounds, clients, per-round loss, wall time, privacy).
     """
     if method not in METHODS:
         raise ValueError(f"Unknown method {method!r}; choose one of {METHODS}.")
@@ -320,7 +315,55 @@ def fit_federated(
         "noise": noise,
         "scale_genes": bool(scale_genes),
     }
-    check_budget(adata, federated_record(dp_plan, **record_args), "federated")
+    planned = federated_record(dp_plan, **record_args)
+    with spending(adata, planned, key_added) as booking:
+        return _run_fedsc(
+            adata,
+            X,
+            parts,
+            names,
+            sizes,
+            settings,
+            dp_plan,
+            record_args,
+            method,
+            n_clusters,
+            random_state,
+            key_added,
+            cluster_key,
+            n_cpus,
+            rounds,
+            local_epochs,
+            scale_genes,
+            copy,
+            return_model,
+            booking,
+        )
+
+
+def _run_fedsc(
+    adata,
+    X,
+    parts,
+    names,
+    sizes,
+    settings,
+    dp_plan,
+    record_args,
+    method,
+    n_clusters,
+    random_state,
+    key_added,
+    cluster_key,
+    n_cpus,
+    rounds,
+    local_epochs,
+    scale_genes,
+    copy,
+    return_model,
+    booking,
+):
+    """Run the Flower simulation, embed and cluster, and write the results (inside the booking)."""
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="dpsc_fed_") as tmp:
         data_dir = Path(tmp) / "data"
@@ -360,5 +403,13 @@ def fit_federated(
         result["mean_dp_steps_per_round_reported"] = float(np.mean(steps_done)) if steps_done else 0.0
     record = federated_record(dp_plan, **record_args)
     return store_result(
-        adata, target, "federated", record, copy=copy, model=net, return_model=return_model, **result
+        adata,
+        target,
+        key_added,
+        record,
+        copy=copy,
+        booking=booking,
+        model=net,
+        return_model=return_model,
+        **result,
     )

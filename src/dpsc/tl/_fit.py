@@ -1,4 +1,11 @@
-"""``dpsc.tl.fit``: DP-DCAN clustering and embedding of an AnnData."""
+"""``dpsc.tl.fit``: DP-DCAN clustering and embedding of an AnnData.
+
+One way through: the arguments become one :class:`~dpsc.model._dcan_privacy.TrainSettings`;
+:func:`~dpsc.model._dcan_privacy.plan_fit` checks them and calibrates σ once; the plan's record is
+booked in the AnnData's ledger (:func:`dpsc.privacy.spending`, which refuses before any work
+when a budget would be exceeded); a matrix with more genes than the model reads is reduced by
+the DP gene selection inside the same ε; the model trains with the plan as it is.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +13,7 @@ import warnings
 from typing import Literal
 
 import anndata as ad
+import numpy as np
 import pandas as pd
 import torch
 
@@ -13,31 +21,33 @@ from dpsc._docs import doc_params
 
 from .._api import DEFAULT_EPSILON, store_result
 from .._validation import (
-    check_fit_args,
+    LIKELIHOODS,
+    check_choice,
     check_input_pcs,
     check_matrix,
-    check_privacy_args,
+    check_public_counts,
     get_matrix,
-    resolve_delta,
 )
 from ..model import DPDCAN
-from ..model._dcan_privacy import plan_fit
-from ..privacy import check_budget
+from ..model._dcan_privacy import MODEL_GENES, FitPlan, TrainSettings, plan_fit
+from ..module import DEFAULT_LATENT_SCALE
+from ..privacy import _hvg, spending
 from ._small_data import small_data_message
 
 DEFAULT_N_CLUSTERS = 8
 """Used when ``n_clusters`` is None: a fixed, data-independent default (never estimated)."""
 
-_SPLIT_INSTANCE = 5 / 9  # the reference's 50 instance + 40 cluster epochs
-
 #: The proven scope's model with ``input_pcs="auto"``: the encoder reads 16 DP principal
-#: components (released inside the fit's ε; the count :func:`dpsc.pp.pca` uses) through 64
-#: hidden units to a 16-dimensional latent, and the decoder reconstructs those components, so
-#: DP-SGD noises 4 384 parameters instead of 2.09 million (2000 genes, 8 clusters). It trains 10 + 10 epochs
-#: (fewer steps, less noise per step). Chosen on PBMC 4k with its labels (tuned-on), confirmed on
-#: mouse bladder (``benchmarks/results/dp_pipeline.md``).
+#: components (released inside the fit's ε) through 64 hidden units to a 16-dimensional latent,
+#: and the decoder reconstructs those components, so DP-SGD noises 4 384 parameters instead of
+#: 2.09 million (2000 genes, 8 clusters). It trains 10 + 10 epochs.
 FULL_SCOPE_MODEL = {"input_pcs": 16, "n_hidden": (64,), "n_latent": 16}
 FULL_SCOPE_EPOCHS = {"instance_epochs": 10, "cluster_epochs": 10}
+
+#: ``tl.fit`` keyword arguments that go to Lightning, not to the plan.
+RUN_OPTIONS = ("accelerator", "devices", "strategy")
+#: ``tl.fit`` keyword arguments that set the plan beyond its named parameters.
+PLAN_OPTIONS = ("instance_epochs", "cluster_epochs", "max_grad_norm", "plan_kwargs", "kmeans_kwargs")
 
 
 @doc_params
@@ -69,9 +79,11 @@ def fit(
     Parameters
     ----------
     adata
-        Cells × genes, raw counts in ``X`` (or ``layers[layer]``).
+        Cells × genes, raw counts in ``X`` (or ``layers[layer]``), as they come: all genes are
+        fine (more than 2000 are reduced by a DP gene selection inside ε, see Notes).
     epsilon
-        Privacy budget ε of the whole fit; ``None`` trains the non-private DCAN.
+        Privacy budget ε of the whole fit (gene selection, input loadings, training, k-means and
+        frequency releases together); ``None`` trains the non-private DCAN.
     delta
         {doc_delta}
     n_clusters
@@ -85,28 +97,25 @@ def fit(
         ``"auto"``: ``None`` under ``scope="encoder"``, and under ``scope="full"`` the model of
         :data:`FULL_SCOPE_MODEL` (16 DP principal components in, 10 + 10 epochs unless
         ``max_epochs`` or the per-stage epochs are given). An integer: the encoder reads that many
-        DP principal components of the cells, released inside the fit's ε
-        (:class:`~dpsc.model.DPDCAN`'s ``input_pcs``); ``None``: it reads the genes.
+        DP principal components of the cells, released inside the fit's ε; ``None``: it reads the
+        genes.
     layer
         Layer with the counts; ``None`` for ``X``.
     max_epochs
         Total epochs, split 5:4 between the instance and cluster stages (the reference's
-        50 + 40). ``None`` uses 50 + 40 (10 + 10 for the proven scope's default model, see
-        ``input_pcs``). Pass ``instance_epochs``/``cluster_epochs`` to set each.
+        50 + 40). ``None`` uses 50 + 40 (10 + 10 for the proven scope's default model). Pass
+        ``instance_epochs``/``cluster_epochs`` to set each (the same names as
+        :meth:`~dpsc.model.DPDCAN.train`).
     batch_size
         Expected Poisson batch size; the Poisson rate is ``q = batch_size / n_obs``. Default:
-        10 % of the cells, at most 4096, so that
-        memory per step stays bounded at atlas scale while an epoch keeps ``1/q`` steps and σ
-        is calibrated for that q and step count.
+        10 % of the cells, at most 4096.
     likelihood
         ``"zinb"`` for counts, ``"gaussian"`` for continuous (log-normalised) data.
     accountant
         ``"rdp"`` (default) or ``"prv"``.
     optimizer
         Update rule of the private parameters, applied to the clipped and noised gradient:
-        ``"sgd"`` (default), ``"adam"``, ``"dpsignsgd"`` or ``"dpsignadam"`` (sign of the
-        noisy gradient, :mod:`dpsc.optim`). Same accounting for all: the update is
-        post-processing of the noisy gradient.
+        ``"sgd"`` (default), ``"adam"``, ``"dpsignsgd"`` or ``"dpsignadam"`` (:mod:`dpsc.optim`).
     random_state
         Seed of initialisation, masking and post-processing. Never of the DP noise or the Poisson
         samples: those are secret unless ``noise_seed`` is given.
@@ -124,17 +133,19 @@ def fit(
     progress_bar
         {doc_progress_bar}
     **train_kwargs
-        Passed to :meth:`dpsc.model.DPDCAN.train`: for example ``instance_epochs``,
-        ``max_grad_norm``, ``accelerator``, and ``devices=4, strategy="ddp"`` for data-parallel
-        training with the single-process guarantee.
+        ``instance_epochs``, ``cluster_epochs``, ``max_grad_norm``, ``plan_kwargs`` and
+        ``kmeans_kwargs`` as in :meth:`dpsc.model.DPDCAN.train`, and Lightning's ``accelerator``,
+        ``devices`` and ``strategy`` (``devices=4, strategy="ddp"`` for data-parallel training
+        with the single-process guarantee).
 
     Returns
     -------
     {doc_returns}
-    Writes ``obsm[key_added]``, ``obs[cluster_key]`` (categorical), the privacy record
-    ``uns["dpsc"][key_added]["privacy"]`` (:func:`dpsc.privacy.get_record`), the parameters
-    ``uns["dpsc"][key_added]["params"]``, and one entry of the AnnData's privacy ledger
-    (:func:`dpsc.privacy.spent`). With a budget set
+    Writes ``obsm[key_added]``, ``obs[cluster_key]`` (categorical, categories ``"0"`` …
+    ``str(n_clusters - 1)``), the privacy record ``uns["dpsc"][key_added]["privacy"]``
+    (:func:`dpsc.privacy.get_record`), the parameters and the released cluster frequencies in
+    ``uns["dpsc"][key_added]``, ``var["dp_fit_gene"]`` when genes were selected, and one entry of
+    the AnnData's privacy ledger (:func:`dpsc.privacy.spent`). With a budget set
     (:func:`dpsc.privacy.set_budget`), a fit that would exceed it is refused before any work.
 
     Notes
@@ -143,71 +154,78 @@ def fit(
     decoder and centroids with respect to adding or removing one training cell. With the
     default ``scope="encoder"`` the guarantee is *heuristic*: the decoder trains without noise
     and the encoder's gradients pass through it; the record's ``guarantee`` field and its
-    statement say so. Neither covers the outputs written for the training cells themselves,
-    nor gene selection done before dpsc. See ``docs/privacy.md``.
+    statement say so. Neither covers the outputs written for the training cells themselves.
+
+    Gene selection: a matrix with more than 2000 genes is first reduced to 2000 by
+    :mod:`dpsc.privacy._hvg`'s release (the statistic of :func:`dpsc.pp.highly_variable_genes`),
+    with 10 % of ε, inside the same record; the model, and :meth:`~dpsc.model.DPDCAN.export_shared`,
+    then use those genes. Under DP no check reads the values of the cells: empty cells are zero
+    rows, genes no cell expresses are kept (and never selected), negative or non-finite values read
+    as 0. A non-private fit checks the values and refuses bad input with a message.
     """
     n_clusters = DEFAULT_N_CLUSTERS if n_clusters is None else n_clusters
-    # Every check runs before adata is touched.
     matrix = get_matrix(adata, layer)
-    batch_size = check_fit_args(n_obs=adata.n_obs, n_clusters=n_clusters, scope=scope, batch_size=batch_size)
-    delta = resolve_delta(delta, adata.n_obs)
-    check_privacy_args(epsilon, delta, adata.n_obs)
-    check_matrix(matrix, likelihood)
+    check_choice("likelihood", likelihood, LIKELIHOODS)
     model_kwargs = _model_kwargs(scope, input_pcs, adata.n_vars)
-    full_scope_default = scope == "full" and input_pcs == "auto"
-    if full_scope_default and max_epochs is None:
-        for name, epochs in FULL_SCOPE_EPOCHS.items():
-            train_kwargs.setdefault(name, epochs)
-    train_kwargs.setdefault("private_optimizer", optimizer)
-    options = DPDCAN.check_options(
-        train_kwargs.get("plan_kwargs"), train_kwargs.get("kmeans_kwargs"), train_kwargs["private_optimizer"]
+    run = {k: train_kwargs.pop(k) for k in RUN_OPTIONS if k in train_kwargs}
+    settings = _settings(
+        train_kwargs,
+        epsilon,
+        delta,
+        scope,
+        max_epochs,
+        batch_size,
+        accountant,
+        optimizer,
+        random_state,
+        noise_seed,
+        full_scope_default=scope == "full" and input_pcs == "auto",
     )
-    if max_epochs is not None:
-        if max_epochs < 2:
-            raise ValueError(f"max_epochs must be at least 2 (one per stage); got {max_epochs}.")
-        instance = max(1, round(max_epochs * _SPLIT_INSTANCE))
-        train_kwargs.setdefault("instance_epochs", instance)
-        train_kwargs.setdefault("cluster_epochs", max_epochs - instance)
-
-    train_kwargs.update(
-        epsilon=epsilon,
-        delta=delta,
-        scope=scope,
-        batch_size=batch_size,
-        accountant=accountant,
-        random_state=random_state,
-        noise_seed=noise_seed,
-        progress_bar=progress_bar,
+    select_genes = adata.n_vars > MODEL_GENES
+    plan = plan_fit(
+        settings,
+        adata.n_obs,
+        n_clusters=n_clusters,
+        input_pcs=model_kwargs["input_pcs"],
+        latent_scale=DEFAULT_LATENT_SCALE,
+        likelihood=likelihood,
+        select_genes=select_genes,
     )
-    plan = _plan(adata.n_obs, {**train_kwargs, "input_pcs": model_kwargs["input_pcs"]}, options)
-    _check_planned_budget(adata, key_added, plan)
-    if plan.settings is not None:
-        sigma = plan.settings.noise_multiplier
-        reads_pcs = model_kwargs["input_pcs"] is not None
-        message = small_data_message(adata.n_obs, plan.sample_rate, sigma, epsilon, reads_pcs)
+    if plan.settings is None:
+        check_matrix(matrix, likelihood, training=not select_genes)
+    else:
+        check_public_counts(adata, layer, likelihood == "zinb", "dpsc.tl.fit", "likelihood='gaussian'")
+        message = small_data_message(
+            adata.n_obs,
+            plan.sample_rate,
+            plan.settings.noise_multiplier,
+            epsilon,
+            model_kwargs["input_pcs"] is not None,
+        )
         if message:
             warnings.warn(message, UserWarning, stacklevel=2)
 
-    target = adata.copy() if copy else adata
-    DPDCAN.setup_anndata(target, layer=layer)
-    torch.manual_seed(random_state)  # the module's weights are drawn when the model is built
-    model = DPDCAN(target, n_clusters=n_clusters, likelihood=likelihood, **model_kwargs)
-    model.train(**train_kwargs)
-    target.obsm[key_added] = model.get_latent_representation()
-    labels = model.predict().astype(str)
-    target.obs[cluster_key] = pd.Categorical(labels, categories=sorted(set(labels), key=int))
-    n_used = len(set(labels))
-    if n_used < n_clusters:
-        warnings.warn(empty_clusters_message(n_used, n_clusters, epsilon), UserWarning, stacklevel=2)
-    return store_result(
-        adata,
-        target,
-        key_added,
-        model.privacy_record(),
-        {
+    with spending(adata, plan.planned_record(adata.n_obs), key_added) as booking:
+        target = adata.copy() if copy else adata
+        genes = _dp_gene_selection(target, layer, likelihood, plan) if select_genes else None
+        train_on = target if genes is None else target[:, genes].copy()
+        DPDCAN.setup_anndata(train_on, layer=layer)
+        torch.manual_seed(random_state)  # the module's weights are drawn when the model is built
+        model = DPDCAN(train_on, n_clusters=n_clusters, likelihood=likelihood, **model_kwargs)
+        model.train(plan=plan, booking=booking, progress_bar=progress_bar, **run)
+        target.obsm[key_added] = model.get_latent_representation()
+        labels = model.predict().astype(str)
+        target.obs[cluster_key] = pd.Categorical(labels, categories=[str(i) for i in range(n_clusters)])
+        if genes is not None:
+            target.var["dp_fit_gene"] = genes
+        frequencies = model.released_frequencies()
+        in_use = clusters_in_use(frequencies, model.frequency_noise_)
+        if 0 <= in_use < n_clusters / 2:
+            warnings.warn(collapse_message(in_use, n_clusters, epsilon), UserWarning, stacklevel=2)
+        params = {
             "method": "dpdcan",
             "epsilon": epsilon,
-            "delta": delta,
+            "delta": plan.delta,
             "n_clusters": n_clusters,
             "scope": scope,
             "input_pcs": -1 if model_kwargs["input_pcs"] is None else model_kwargs["input_pcs"],
@@ -216,28 +234,98 @@ def fit(
             "accountant": accountant,
             "key_added": key_added,
             "cluster_key": cluster_key,
-            "clusters_used": n_used,
+            "genes_selected": -1 if genes is None else int(genes.sum()),
             **model.train_params_,
-        },
-        copy=copy,
-        model=model,
-        return_model=return_model,
+        }
+        return store_result(
+            adata,
+            target,
+            key_added,
+            model.privacy_record(),
+            params,
+            copy=copy,
+            booking=booking,
+            model=model,
+            return_model=return_model,
+            cluster_frequencies=frequencies,
+            clusters_in_use=in_use,
+        )
+
+
+def _settings(
+    train_kwargs,
+    epsilon,
+    delta,
+    scope,
+    max_epochs,
+    batch_size,
+    accountant,
+    optimizer,
+    random_state,
+    noise_seed,
+    *,
+    full_scope_default: bool,
+) -> TrainSettings:
+    """One :class:`TrainSettings` from ``tl.fit``'s arguments; unknown keywords are refused."""
+    unknown = sorted(set(train_kwargs) - set(PLAN_OPTIONS))
+    if unknown:
+        raise TypeError(
+            f"dpsc.tl.fit got unexpected keyword argument(s) {unknown}; it takes "
+            f"{sorted(PLAN_OPTIONS + RUN_OPTIONS)} "
+            "besides its named parameters."
+        )
+    if full_scope_default and max_epochs is None:
+        for name, epochs in FULL_SCOPE_EPOCHS.items():
+            train_kwargs.setdefault(name, epochs)
+    return TrainSettings(
+        epsilon=epsilon,
+        delta=delta,
+        scope=scope,
+        max_epochs=max_epochs,
+        batch_size=batch_size,
+        accountant=accountant,
+        private_optimizer=optimizer,
+        random_state=random_state,
+        noise_seed=noise_seed,
+        **train_kwargs,
     )
 
 
-def empty_clusters_message(n_used: int, n_clusters: int, epsilon: float | None) -> str:
-    """Say why some of the asked clusters hold no cell, and what would help."""
+def _dp_gene_selection(adata: ad.AnnData, layer: str | None, likelihood: str, plan: FitPlan) -> np.ndarray:
+    """Select :data:`MODEL_GENES` genes by one release of gene statistics (σ_G of the plan); account it."""
+    sigma = plan.genes_noise_multiplier
+    release = _hvg.gene_statistics_release(adata.n_vars, sigma)
+    clip = _hvg.DEFAULT_SQUARE_CLIP
+    sums = _hvg.gene_sums(get_matrix(adata, layer), likelihood == "zinb", clip)
+    released = release.release(sums, plan.noise.stream("fit.gene-selection")) if sigma else sums
+    _, _, _, order = _hvg.rank_genes(released, release, clip, 3.0, "second_moment")
+    if plan.settings is not None:
+        plan.settings.accountant.step(noise_multiplier=sigma, sample_rate=1.0)
+    selected = np.zeros(adata.n_vars, dtype=bool)
+    selected[order[:MODEL_GENES]] = True
+    return selected
+
+
+def clusters_in_use(frequencies: np.ndarray | None, noise_std: float) -> int:
+    """Clusters whose *released* frequency is above twice its noise (all, when nothing was released)."""
+    if frequencies is None:
+        return -1
+    return int((np.asarray(frequencies) > max(2.0 * noise_std, 0.5)).sum())
+
+
+def collapse_message(in_use: int, n_clusters: int, epsilon: float | None) -> str:
+    """Say that the released cluster frequencies leave few clusters in use, why, and what helps."""
     cause = (
-        f"Under DP (epsilon={epsilon:g}) the centroids are released with noise, so cell types "
-        "with few cells, or close to a larger one, are absorbed by their neighbours"
+        f"under DP (epsilon={epsilon:g}) the centroids and frequencies are released with noise, so cell "
+        "types with few cells, or close to a larger one, are absorbed by their neighbours"
         if epsilon is not None
-        else "Without noise this means the cells support fewer separate groups in the embedding"
+        else "without noise this means the cells support fewer separate groups in the embedding"
     )
     return (
-        f"{n_used} of the {n_clusters} clusters hold cells; {n_clusters - n_used} ended with no cell "
-        f"nearest to their centroid. {cause}. This is not an error: the labels use only the "
-        "non-empty clusters. A larger epsilon, more cells, or a smaller n_clusters (from prior "
-        "knowledge, never from these cells' labels) gives each cluster more signal."
+        f"Only {in_use} of the {n_clusters} clusters hold a share of the cells above the noise of the "
+        f"last released cluster frequencies: {cause}. What helps: a larger epsilon, more cells, "
+        "scope='full', or dpsc.tl.cluster (the proven private pipeline). This note reads only released "
+        "values, so it costs no privacy."
     )
 
 
@@ -246,26 +334,7 @@ def _model_kwargs(scope: str, input_pcs: int | str | None, n_vars: int) -> dict:
     if input_pcs == "auto":
         if scope != "full":
             return {"input_pcs": None}
-        return {**FULL_SCOPE_MODEL, "input_pcs": min(FULL_SCOPE_MODEL["input_pcs"], n_vars - 1)}
-    check_input_pcs(input_pcs, n_vars)
+        genes = min(n_vars, MODEL_GENES)
+        return {**FULL_SCOPE_MODEL, "input_pcs": min(FULL_SCOPE_MODEL["input_pcs"], genes - 1)}
+    check_input_pcs(input_pcs, min(n_vars, MODEL_GENES))
     return {"input_pcs": input_pcs}
-
-
-def _plan(n_obs: int, train_kwargs: dict, options: tuple[dict, dict]):
-    """Plan the fit's steps and σ (:func:`dpsc.model._dcan_privacy.plan_fit`; reads no cell)."""
-    settings = {**_train_defaults(), **train_kwargs, "plan": options[0], "kmeans": options[1]}
-    return plan_fit(settings, n_obs)
-
-
-def _check_planned_budget(adata: ad.AnnData, key: str, plan) -> None:
-    """Refuse, before ``adata`` is touched, a fit whose planned spend would exceed the budget."""
-    if "budget" in adata.uns.get("dpsc", {}):
-        check_budget(adata, plan.planned_record(adata.n_obs), key)
-
-
-def _train_defaults() -> dict:
-    """``DPDCAN.train``'s keyword defaults."""
-    import inspect
-
-    sig = inspect.signature(DPDCAN.train)
-    return {k: p.default for k, p in sig.parameters.items() if p.default is not inspect.Parameter.empty}

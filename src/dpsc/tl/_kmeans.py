@@ -1,10 +1,11 @@
 r"""``dpsc.tl.kmeans``: k-means whose centroids are released with Gaussian noise.
 
 The cells' rows of ``obsm[use_rep]`` (e.g. the projections of :func:`dpsc.pp.pca`, each a
-function of its own cell and of already-released loadings) are read only through
-:func:`dpsc.privacy.dp_kmeans_centroids`: every read is one full-data release (q = 1) of
-per-row sums of clipped points and weighted counts, sensitivity :math:`\Delta = R\sqrt{1+\kappa^2}`,
-noise :math:`\mathcal N(0, \sigma^2\Delta^2)`. With ``metric="cosine"`` (the default) each
+function of its own cell and of already-released loadings) are read only through the tables of
+:mod:`dpsc.privacy._kmeans`: every read is one release of all cells (q = 1) of per-row sums of
+clipped points and weighted counts, sensitivity :math:`\Delta = R\sqrt{1+\kappa^2}`,
+lattice-encoded discrete Gaussian noise of scale :math:`\sigma\Delta`. With ``metric="cosine"`` (the
+default) each
 cell's point is first scaled to unit norm (a function of that cell alone), so the clipping
 radius 1 clips nothing and every cell weighs the same; the label is the centroid nearest to
 the scaled point (the centroids are noisy means of unit vectors, inside the sphere). The
@@ -33,10 +34,11 @@ from ..privacy import (
     COMMON_NOT_COVERED,
     NoiseSource,
     calibrate_noise_multiplier,
-    check_budget,
+    central_table_release,
     dp_kmeans_centroids,
     gaussian_release_record,
     kmeans_release_steps,
+    spending,
 )
 
 #: Release plan and sketch of :func:`kmeans` (chosen with PBMC 4k labels together with the cosine
@@ -105,7 +107,7 @@ def kmeans(
     adata: ad.AnnData,
     n_clusters: int = 8,
     *,
-    epsilon: float = DEFAULT_EPSILON / 2,
+    epsilon: float = DEFAULT_EPSILON,
     delta: float | None = None,
     use_rep: str = "X_pca",
     metric: Metric = "cosine",
@@ -128,9 +130,9 @@ def kmeans(
     n_clusters
         k (fixed in advance; estimating it from the cells would spend privacy).
     epsilon, delta
-        (ε, δ) of the centroid releases. The default is half of the workflow default 8:
-        :func:`dpsc.pp.pca` then ``tl.kmeans``, both at their defaults, spend 8 together.
-        ``delta=None``: 10⁻⁵, or 1/(10 n) above 10⁴ cells.
+        (ε, δ) of the centroid releases; ε = 8 by default, as every dpsc call (a whole clustering
+        in one budget: :func:`dpsc.tl.cluster`). ``delta=None``: 10⁻⁵, or 1/(10 n) above 10⁴
+        cells.
     use_rep
         ``obsm`` key of the representation; rows are clipped to L2 norm ``clip_norm`` (the
         projections of :func:`dpsc.pp.pca` have norm at most 1, so the default clips nothing).
@@ -153,7 +155,10 @@ def kmeans(
 
     Returns
     -------
-    ``None``, or the new AnnData with ``copy=True``.
+    ``None``, or the new AnnData with ``copy=True``. Writes ``obs[key_added]`` (categorical: the
+    nearest released centroid of each cell, categories ``"0"`` … ``str(n_clusters - 1)``, all of
+    them whether or not a cell is nearest), and ``uns["dpsc"][key_added]`` with the record, the
+    parameters and the released ``centroids`` (``n_clusters × d``).
     """
     if use_rep not in adata.obsm:
         raise ValueError(
@@ -178,29 +183,37 @@ def kmeans(
     sigma = calibrate_noise_multiplier(epsilon, delta, 1.0, steps)
     noise = NoiseSource(noise_seed)
     record = kmeans_record(sigma, steps, epsilon, delta, adata.n_obs, noise)
-    check_budget(adata, record, key_added)
-
-    released = []
-    centroids = dp_kmeans_centroids(
-        lambda: points,
-        n_clusters,
-        noise_multiplier=sigma,
-        clip_norm=clip_norm,
-        record_step=lambda: released.append(1),
-        generator=noise.torch_generator("releases"),
-        random_state=random_state,
-        **KMEANS_DEFAULTS,
-    )
-    assert len(released) == steps, "the release plan and the accounted steps disagree"
-    labels = _nearest(points, centroids)
-
-    target = adata.copy() if copy else adata
-    target.obs[key_added] = pd.Categorical(labels.astype(str), categories=[str(i) for i in range(n_clusters)])
-    params = {
-        "n_clusters": n_clusters,
-        "use_rep": use_rep,
-        "metric": metric,
-        "clip_norm": clip_norm,
-        **KMEANS_DEFAULTS,
-    }
-    return store_result(adata, target, key_added, record, params, copy=copy, centroids=centroids)
+    with spending(adata, record, key_added) as booking:
+        released = []
+        centroids = dp_kmeans_centroids(
+            central_table_release(
+                points,
+                clip_norm=clip_norm,
+                count_scale=KMEANS_DEFAULTS["count_scale"],
+                noise_multiplier=sigma,
+                draw_stream=lambda: noise.stream("tl.kmeans"),
+                on_release=lambda: released.append(1),
+            ),
+            n_clusters,
+            points.shape[1],
+            noise_multiplier=sigma,
+            clip_norm=clip_norm,
+            random_state=random_state,
+            **KMEANS_DEFAULTS,
+        )
+        if len(released) != steps:
+            raise RuntimeError("The release plan and the accounted releases disagree; nothing is written.")
+        labels = _nearest(points, centroids)
+        target = adata.copy() if copy else adata
+        categories = [str(i) for i in range(n_clusters)]
+        target.obs[key_added] = pd.Categorical(labels.astype(str), categories=categories)
+        params = {
+            "n_clusters": n_clusters,
+            "use_rep": use_rep,
+            "metric": metric,
+            "clip_norm": clip_norm,
+            **KMEANS_DEFAULTS,
+        }
+        return store_result(
+            adata, target, key_added, record, params, copy=copy, booking=booking, centroids=centroids
+        )

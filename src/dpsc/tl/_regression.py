@@ -11,9 +11,10 @@ import scipy.sparse as sp
 
 from dpsc._docs import doc_params
 
-from .. import linear
+from .. import _blocks, linear
 from .._api import DEFAULT_EPSILON, store_result
-from ..privacy import PrivacyRecord, check_budget, planned_pure_record
+from .._validation import get_matrix
+from ..privacy import REPLACE_ONE, PrivacyRecord, no_guarantee_record, planned_pure_record, spending
 
 METHODS = {
     "robust": linear.RobustPrivateLR,
@@ -58,9 +59,7 @@ def _public_mask(adata: ad.AnnData, public_mask: Any) -> np.ndarray:
     return mask
 
 
-def _choose_genes(
-    adata: ad.AnnData, X: np.ndarray, genes: Any, n_genes: int, public: np.ndarray
-) -> list[str]:
+def _choose_genes(adata: ad.AnnData, matrix: Any, genes: Any, n_genes: int, public: np.ndarray) -> list[str]:
     """Genes given by the user, or the most variable genes among the *public* samples."""
     if genes is not None:
         genes = [str(g) for g in genes]
@@ -76,7 +75,9 @@ def _choose_genes(
         )
     if not 1 <= n_genes <= adata.n_vars:
         raise ValueError(f"n_genes must be in [1, {adata.n_vars}], got {n_genes}.")
-    order = np.argsort(-X[public].var(0), kind="stable")[:n_genes]
+    rows = matrix[np.flatnonzero(public)]
+    variances = np.asarray(rows.toarray() if sp.issparse(rows) else rows, dtype=float).var(0)
+    order = np.argsort(-variances, kind="stable")[:n_genes]
     return [str(adata.var_names[i]) for i in order]
 
 
@@ -148,15 +149,11 @@ def private_regression(
         raise ValueError(f"target={target!r} is not a column of adata.obs.")
     if method not in _NON_PRIVATE and not float(epsilon) > 0:
         raise ValueError(f"epsilon must be > 0, got {epsilon}.")
-    if layer is not None and layer not in adata.layers:
-        raise ValueError(f"Unknown layer {layer!r}; adata.layers has {list(adata.layers)}.")
-    matrix = adata.X if layer is None else adata.layers[layer]
-    X = matrix.toarray() if sp.issparse(matrix) else np.asarray(matrix, dtype=float)
+    matrix = get_matrix(adata, layer)
     y = pd.to_numeric(adata.obs[target], errors="coerce").to_numpy(dtype=float)
     public = _public_mask(adata, public_mask)
-    chosen = _choose_genes(adata, X, genes, n_genes, public)
+    chosen = _choose_genes(adata, matrix, genes, n_genes, public)
     cols = adata.var_names.get_indexer(chosen)
-    Xg = X[:, cols]
     labelled = np.isfinite(y)
     private_rows = labelled & ~public
     public_rows = labelled & public
@@ -165,24 +162,39 @@ def private_regression(
             f"Need at least 2 private samples with a finite {target!r}, got {private_rows.sum()}."
         )
     key = key_added or f"{target}_dp_pred"
-    if method not in _NON_PRIVATE:
-        planned = planned_pure_record("private_regression", epsilon)
-        check_budget(adata, planned, key)
-    kwargs = dict(method_kwargs)
-    if method not in _NON_PRIVATE:
-        kwargs.setdefault("epsilon", epsilon)
-    if method != "non_private":
-        kwargs.setdefault("random_state", random_state)
-    model = METHODS[method](**kwargs)
-    model.fit(Xg[private_rows], y[private_rows], Xg[public_rows], y[public_rows])
+    if method in _NON_PRIVATE:
+        planned = no_guarantee_record(
+            "private_regression", unit=f"the {adata.n_obs} samples", covered="the coefficients"
+        )
+    else:
+        planned = planned_pure_record("private_regression", float(epsilon), REPLACE_ONE)
+    with spending(adata, planned, key) as booking:
+        Xg = _blocks.map_rows(matrix, lambda block: block, len(cols), columns=cols).astype(np.float64)
+        kwargs = dict(method_kwargs)
+        if method not in _NON_PRIVATE:
+            kwargs.setdefault("epsilon", epsilon)
+        if method != "non_private":
+            kwargs.setdefault("random_state", random_state)
+        model = METHODS[method](**kwargs)
+        model.fit(Xg[private_rows], y[private_rows], Xg[public_rows], y[public_rows])
 
-    out = adata.copy() if copy else adata
-    out.obs[key] = model.predict(Xg)
-    n_private, n_public = int(private_rows.sum()), int(public_rows.sum())
-    extra: dict[str, Any] = {"method": method, "target": target, "genes": chosen}
-    for attr in ("bounds_", "budget_split_", "laplace_scales_", "sensitivities_", "regularization_"):
-        if hasattr(model, attr):
-            value = getattr(model, attr)
-            extra[attr.rstrip("_")] = dict(value) if isinstance(value, dict) else value
-    record = regression_record(model, method, n_private, n_public)
-    return store_result(adata, out, key, record, copy=copy, model=model, return_model=return_model, **extra)
+        out = adata.copy() if copy else adata
+        out.obs[key] = model.predict(Xg)
+        n_private, n_public = int(private_rows.sum()), int(public_rows.sum())
+        extra: dict[str, Any] = {"method": method, "target": target, "genes": chosen}
+        for attr in ("bounds_", "budget_split_", "laplace_scales_", "sensitivities_", "regularization_"):
+            if hasattr(model, attr):
+                value = getattr(model, attr)
+                extra[attr.rstrip("_")] = dict(value) if isinstance(value, dict) else value
+        record = regression_record(model, method, n_private, n_public)
+        return store_result(
+            adata,
+            out,
+            key,
+            record,
+            copy=copy,
+            booking=booking,
+            model=model,
+            return_model=return_model,
+            **extra,
+        )

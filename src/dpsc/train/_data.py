@@ -2,15 +2,34 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 import torch
 from lightning.pytorch import LightningDataModule
-from opacus.utils.uniform_sampler import UniformWithReplacementSampler
 from scvi import REGISTRY_KEYS
 from scvi.data import AnnDataManager
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Sampler
 
-from ..privacy import NoiseSource, world
+from ..privacy import NoiseSource, SecureRandom, world
+
+
+class PoissonBatchSampler(Sampler[list[int]]):
+    """``steps`` batches, each holding every index independently with probability ``q``.
+
+    The draws come from a secure stream (:class:`~dpsc.privacy.SecureRandom`); an empty batch is
+    yielded as an empty list (the training step then takes a pure-noise step).
+    """
+
+    def __init__(self, n: int, sample_rate: float, steps: int, rng: SecureRandom) -> None:
+        self.n, self.sample_rate, self.steps, self.rng = int(n), float(sample_rate), int(steps), rng
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for _ in range(self.steps):
+            yield np.flatnonzero(self.rng.bernoulli_mask(self.n, self.sample_rate)).tolist()
 
 
 class PoissonDataSplitter(LightningDataModule):
@@ -24,7 +43,7 @@ class PoissonDataSplitter(LightningDataModule):
 
     Under data parallelism (Lightning's DDP strategy) rank :math:`r` of :math:`W` reads only its
     shard, cells :math:`r, r+W, \dots`, and includes each with the same rate ``q`` from its own
-    generator, so the ranks' batches together are one Poisson sample of all cells; every rank
+    stream, so the ranks' batches together are one Poisson sample of all cells; every rank
     yields ``steps_per_epoch`` batches, empty ones included, so the ranks stay in step.
 
     Parameters
@@ -36,7 +55,7 @@ class PoissonDataSplitter(LightningDataModule):
     steps_per_epoch
         Number of batches per epoch (``round(1/q)``: one pass in expectation).
     noise
-        Source of the sampling generator: secret (OS entropy) unless a ``noise_seed`` was opted
+        Source of the sampling streams: secret (OS entropy) unless a ``noise_seed`` was opted
         into. Never ``random_state``: who knows the sample knows whose cells shaped each step.
     """
 
@@ -48,35 +67,35 @@ class PoissonDataSplitter(LightningDataModule):
         self.sample_rate = sample_rate
         self.steps_per_epoch = steps_per_epoch
         self.noise = noise
-        self.generator = noise.torch_generator("sampling")
         self.n_train = adata_manager.adata.n_obs
         self.n_val = 0
         self.train_idx = np.arange(self.n_train)
         self.val_idx = np.array([], dtype=int)
         self.test_idx = np.array([], dtype=int)
+        self._release_rng: SecureRandom | None = None
 
     def train_dataloader(self) -> DataLoader:
         """Loader yielding ``{"X": (batch, genes) float32}`` dicts, one per Poisson draw."""
         rank, world_size = world()
         shard = self.train_idx[rank::world_size]
-        if world_size > 1:  # the process group exists only once Lightning has set it up
-            self.generator = self.noise.torch_generator("sampling", rank=rank)
         dataset = self.adata_manager.create_torch_dataset(
             indices=shard, data_and_attributes={REGISTRY_KEYS.X_KEY: np.float32}
         )
-        sampler = UniformWithReplacementSampler(
-            num_samples=len(shard),
-            sample_rate=self.sample_rate,
-            generator=self.generator,
-            steps=self.steps_per_epoch,
+        sampler = PoissonBatchSampler(
+            len(shard), self.sample_rate, self.steps_per_epoch, self.noise.stream("sampling", rank)
         )
-        return DataLoader(dataset, sampler=sampler, batch_size=None, num_workers=0)
+        return DataLoader(dataset, sampler=sampler, batch_size=None, num_workers=0, collate_fn=_collate)
 
     def sample_batch(self) -> dict[str, torch.Tensor]:
-        """One Poisson batch outside the training loop (used by the DP k-means releases)."""
+        """Return one Poisson batch of all cells outside the training loop (DP k-means, frequencies)."""
+        if self._release_rng is None:
+            self._release_rng = self.noise.stream("sampling-releases")
         dataset = self.adata_manager.create_torch_dataset(
             indices=self.train_idx, data_and_attributes={REGISTRY_KEYS.X_KEY: np.float32}
         )
-        mask = torch.rand(self.n_train, generator=self.generator) < self.sample_rate
-        batch = dataset[mask.nonzero().reshape(-1).tolist()]
-        return {k: torch.as_tensor(v) for k, v in batch.items()}
+        index = np.flatnonzero(self._release_rng.bernoulli_mask(self.n_train, self.sample_rate)).tolist()
+        return _collate(dataset[index])
+
+
+def _collate(batch: dict) -> dict[str, torch.Tensor]:
+    return {k: torch.as_tensor(v) for k, v in batch.items()}

@@ -1,0 +1,84 @@
+r"""DP gene statistics for highly-variable-gene selection, as a release of a sum over cells.
+
+**Per-cell contribution.** Each cell is represented from itself alone, as for DP PCA:
+:math:`z_i = r_i / \lVert r_i\rVert_2` with :math:`r_i = \log(1 + 10^4 x_i / \sum_g x_{ig})`.
+Its squared entries :math:`w_i = z_i \odot z_i` are scaled down to L2 norm at most :math:`c`
+(``square_clip``; :math:`\lVert w_i\rVert_2 \le \max_g z_{ig} \le 1` always). One cell
+contributes
+
+.. math:: u_i = \bigl(z_i,\; w_i / c,\; 1\bigr), \qquad \lVert u_i\rVert_2 \le \sqrt 3 = \Delta .
+
+**Sum and noise.** :math:`T = \sum_i u_i = (S_1, S_2, n)` (:func:`gene_sums`) is released by the
+:class:`~dpsc.privacy.GaussianSum` of :func:`gene_statistics_release` (:math:`2G + 1`
+coordinates, sensitivity √3).
+
+**Post-processing** (:func:`rank_genes`): per-gene mean and variance of the unit-norm log
+expression, :math:`\hat\mu_g = \tilde S_{1g}/\tilde n`, :math:`\hat v_g = c\tilde S_{2g}/\tilde n -
+\hat\mu_g^2`; a gene is *eligible* when its noisy mean exceeds ``min_mean_sd`` standard
+deviations of the mean's noise; the eligible genes are ranked by the score ``flavor`` (the second
+moment :math:`\hat v_g + \hat\mu_g^2` by default, the statistic DP PCA selects by), then the
+others. A gene no cell expresses is kept in the release like any other: it is simply never
+eligible, so no refusal depends on the cells.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import numpy as np
+import scipy.sparse as sp
+
+from .. import _blocks
+from ._pca import unit_rows
+from ._release import GaussianSum
+
+Flavor = Literal["second_moment", "variance", "mean"]
+FLAVORS = ("second_moment", "variance", "mean")
+SENSITIVITY = float(np.sqrt(3.0))  # ||(z, w / c, 1)||_2 <= sqrt(1 + 1 + 1)
+DEFAULT_SQUARE_CLIP = 0.2
+
+
+def per_cell_contributions(matrix: Any, log_normalize: bool, square_clip: float):
+    """Return the rows :math:`z_i` and :math:`w_i / c` of the module docstring (norms at most 1)."""
+    Z = unit_rows(matrix, log_normalize)
+    W = Z.multiply(Z).tocsr() if sp.issparse(Z) else Z**2
+    norms = np.sqrt(np.asarray(W.multiply(W).sum(1) if sp.issparse(W) else (W**2).sum(1)).ravel())
+    scale = 1.0 / np.maximum(norms, square_clip)  # w / max(||w||, c) = (w scaled to norm <= c) / c
+    W = sp.diags(scale) @ W if sp.issparse(W) else W * scale[:, None]
+    return Z, W
+
+
+def gene_sums(matrix: Any, log_normalize: bool, square_clip: float) -> np.ndarray:
+    """:math:`(S_1, S_2, n)`: the sum of the contributions over the cells, read in row blocks."""
+    n_genes = matrix.shape[1]
+    total = np.zeros(2 * n_genes + 1)
+    for block in _blocks.row_blocks(matrix):
+        Z, W = per_cell_contributions(block, log_normalize, square_clip)
+        total[:n_genes] += np.asarray(Z.sum(0)).ravel()
+        total[n_genes:-1] += np.asarray(W.sum(0)).ravel()
+        total[-1] += block.shape[0]
+    return total
+
+
+def gene_statistics_release(n_genes: int, noise_multiplier: float) -> GaussianSum:
+    """Return the Gaussian release of :math:`(S_1, S_2, n)` (sensitivity √3)."""
+    return GaussianSum("gene statistics", 2 * n_genes + 1, SENSITIVITY, noise_multiplier)
+
+
+def rank_genes(
+    released: np.ndarray,
+    release: GaussianSum,
+    square_clip: float,
+    min_mean_sd: float,
+    flavor: Flavor,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Post-processing: noisy means, variances, eligibility and the gene order (eligible first)."""
+    n_genes = (released.size - 1) // 2
+    s1, s2, n = released[:n_genes], released[n_genes:-1], max(float(released[-1]), 1.0)
+    means = s1 / n
+    second_moments = square_clip * s2 / n
+    variances = second_moments - means**2
+    eligible = means > min_mean_sd * release.noise_std / n
+    score = {"second_moment": second_moments, "variance": variances, "mean": means}[flavor]
+    order = np.lexsort((-score, ~eligible))  # eligible first, then by score, descending
+    return means, variances, eligible, order
