@@ -41,6 +41,34 @@ from sklearn.cluster import KMeans
 
 from ._release import GaussianSum
 
+Metric = Literal["cosine", "euclidean"]
+
+
+def kmeans_points(points: np.ndarray, metric: Metric = "cosine") -> torch.Tensor:
+    """Each cell's point as DP k-means reads it: the row itself, or scaled to unit norm (cosine).
+
+    A row of zeros stays zero. Applied to each cell alone, so it is part of the per-cell map the
+    sensitivity argument allows (module docstring).
+    """
+    rows = torch.as_tensor(np.asarray(points, dtype=np.float64))
+    if metric == "cosine":
+        rows = rows / rows.norm(dim=1, keepdim=True).clamp(min=1e-12)
+    return rows
+
+
+def nearest_centroid(points: np.ndarray, centroids: np.ndarray, metric: Metric = "cosine") -> np.ndarray:
+    """Index of each cell's nearest released centroid (to the cell's unit-norm point for ``"cosine"``).
+
+    Post-processing of the centroids: use it to label cells that were not in the fit, from a
+    representation computed the same way (e.g. ``unit_rows(X) @ varm["PCs"]``).
+    """
+    return _nearest(kmeans_points(points, metric), centroids)
+
+
+def _nearest(points: torch.Tensor, centroids: np.ndarray) -> np.ndarray:
+    """Index of the nearest centroid of each row of points already mapped by :func:`kmeans_points`."""
+    return torch.cdist(points, torch.as_tensor(np.asarray(centroids, dtype=np.float64))).argmin(1).numpy()
+
 
 def kmeans_release_steps(n_sketch_steps: int, n_lloyd_rounds: int, steps_per_round: int) -> int:
     """Return the number of Gaussian releases :func:`dp_kmeans_centroids` makes."""

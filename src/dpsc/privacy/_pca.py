@@ -62,16 +62,20 @@ def unit_rows(matrix: Any, log_normalize: bool = True) -> np.ndarray | sp.csr_ma
     return sp.diags(scale) @ X if sp.issparse(X) else X * scale[:, None]
 
 
-def second_moment(matrix: Any, log_normalize: bool = True) -> np.ndarray:
+def second_moment(matrix: Any, log_normalize: bool = True, columns: np.ndarray | None = None) -> np.ndarray:
     r""":math:`S = \sum_i z_i z_i^\top` over the unit-norm cells :math:`z_i` (:func:`unit_rows`).
 
     Read in row blocks of an in-memory or backed matrix; each block's rows are densified
     :data:`dpsc._blocks.DENSE_ROWS` at a time and summed with a dense float64 BLAS product
     :math:`Z_b^\top Z_b` (exact, and on 2 threads about 3× faster than a sparse product whose
-    output is nearly dense). Genes × genes, float64.
+    output is nearly dense). Genes × genes, float64. ``columns``: only these genes (each cell is
+    then normalised over them, as in an AnnData subset to them).
     """
-    S = np.zeros((matrix.shape[1], matrix.shape[1]))
+    d = matrix.shape[1] if columns is None else len(columns)
+    S = np.zeros((d, d))
     for block in _blocks.row_blocks(matrix):
+        if columns is not None:
+            block = block[:, columns]
         for rows in _blocks.row_blocks(unit_rows(block, log_normalize), _blocks.DENSE_ROWS):
             Z = rows.toarray() if sp.issparse(rows) else rows
             S += Z.T @ Z
@@ -115,11 +119,15 @@ def loadings(
     return out, keep, eigval[order]
 
 
-def project(matrix: Any, pcs: np.ndarray, log_normalize: bool = True) -> np.ndarray:
-    r"""Each cell's projection :math:`z_i^\\top V` (a function of that cell and the loadings), float32."""
+def project(
+    matrix: Any, pcs: np.ndarray, log_normalize: bool = True, columns: np.ndarray | None = None
+) -> np.ndarray:
+    r"""Each cell's projection :math:`z_i^\top V` (a function of that cell and the loadings), float32."""
     out = np.empty((matrix.shape[0], pcs.shape[1]), dtype=np.float32)
     start = 0
     for block in _blocks.row_blocks(matrix):
+        if columns is not None:
+            block = block[:, columns]
         rows = np.asarray(unit_rows(block, log_normalize) @ pcs, dtype=np.float32)
         out[start : start + len(rows)] = rows
         start += len(rows)

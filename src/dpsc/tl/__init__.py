@@ -2,9 +2,20 @@
 
 from ._annotate import annotate
 from ._audit import audit
+from ._cluster import cluster
+from ._cluster_federated import cluster_federated
 from ._federated import fit_federated
 from ._fit import DEFAULT_N_CLUSTERS, fit
 from ._kmeans import kmeans
 from ._regression import private_regression
 
-__all__ = ["DEFAULT_N_CLUSTERS", "annotate", "audit", "fit", "fit_federated", "kmeans", "private_regression"]
+__all__ = [
+    "DEFAULT_N_CLUSTERS",
+    "annotate",
+    "audit",
+    "cluster",
+    "fit",
+    "fit_federated",
+    "kmeans",
+    "private_regression",
+]

@@ -1,0 +1,411 @@
+"""Flower apps of the federated private clustering: the private pipeline, run over sites.
+
+The server runs :func:`dpsc.privacy._clustering.run_clustering` (post-processing only) and answers
+each of its ``release_sum`` calls with one Flower round: every site computes the requested sum over
+its own cells and adds its noise share (:class:`~dpsc.federated._site.Site`); the server obtains
+the total through SecAgg+ (``mode="secure"``, :mod:`dpsc.federated._secagg`) or as the sum of the
+sites' fully noised vectors (``mode="plain"``). A last round sends the released genes, loadings and
+centroids to the sites, which label their own cells and write them into their own ``.h5ad``.
+
+The same apps run in Flower's simulation engine (:func:`dpsc.tl.fit_federated`) and in a real
+deployment (``dpsc federate server`` / ``dpsc federate site``, one SuperNode per site).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..privacy._clustering import ClusterPlan, ClusterResult, Request, plan_clustering, run_clustering
+from ..privacy._kmeans import Assignment
+from ._secagg import LIMBS, from_digit_means, secagg_workflow, to_digits, use_secure_masks
+from ._site import MODES, Site, SiteRefusal, SiteSettings
+
+#: The server's run configuration (``flwr run --run-config`` or :func:`make_pipeline_apps`).
+SERVER_DEFAULTS: dict[str, Any] = {
+    "task": "pipeline",
+    "n-sites": 2,
+    "mode": "secure",
+    "threshold": 0,  # 0: every site (the central mechanism's noise exactly)
+    "epsilon": 8.0,  # -1: no noise
+    "delta": 1e-5,
+    "n-clusters": 8,
+    "n-vars": 0,  # 0: asked from the sites
+    "random-state": 0,
+    "out-dir": "",
+    "timeout": 300.0,
+}
+SECURE_MARK = "dpsc-secagg"
+
+_SITES: dict[str, Site] = {}  # one loaded site per settings, per process
+
+
+def _site(settings: SiteSettings) -> Site:
+    key = json.dumps(settings.__dict__, sort_keys=True, default=str)
+    if key not in _SITES:
+        _SITES[key] = Site(settings)
+    return _SITES[key]
+
+
+def site_settings_from(node_config: dict[str, Any], given: dict[int, SiteSettings] | None) -> SiteSettings:
+    """Return the site's own settings: given for the simulation, or the TOML file its ``node_config`` names."""
+    if given is not None:
+        return given[int(node_config["partition-id"])]
+    if "settings" not in node_config:
+        raise SiteRefusal(
+            "This SuperNode has no site settings: start it with --node-config \"settings='site.toml'\" "
+            "(dpsc federate site does)."
+        )
+    return SiteSettings.from_file(str(node_config["settings"]))
+
+
+def dpsc_secagg_mod(msg, ctxt, call_next):
+    """Flower's ``secaggplus_mod`` for SecAgg+ messages; other messages pass straight through.
+
+    While the site's handler runs inside SecAgg+'s masked-vector stage, ``ctxt.state`` holds
+    ``{"active": True, "threshold": t}`` under :data:`SECURE_MARK`, so the handler can check that a
+    secure-mode request really travels masked, with the threshold it needs.
+    """
+    from flwr.app import ConfigRecord
+    from flwr.client.mod import secaggplus_mod
+    from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, RECORD_KEY_STATE
+
+    use_secure_masks()
+    if RECORD_KEY_CONFIGS not in msg.content.config_records:
+        ctxt.state.config_records.pop(SECURE_MARK, None)
+        return call_next(msg, ctxt)
+
+    def marked(message, context):
+        state = context.state.config_records.get(RECORD_KEY_STATE, {})
+        context.state.config_records[SECURE_MARK] = ConfigRecord(
+            {"active": True, "threshold": int(state.get("threshold", 0))}
+        )
+        try:
+            return call_next(message, context)
+        finally:
+            context.state.config_records.pop(SECURE_MARK, None)
+
+    return secaggplus_mod(msg, ctxt, marked)
+
+
+def _payload(request: Request) -> list[np.ndarray]:
+    genes = np.asarray(request.genes if request.genes is not None else [], dtype=np.int64)
+    loadings = np.asarray(
+        request.loadings if request.loadings is not None else np.zeros((0, 0)), dtype=np.float64
+    )
+    assignment = request.assignment.matrix if request.assignment is not None else np.zeros((0, 0))
+    return [genes, loadings, np.asarray(assignment, dtype=np.float64)]
+
+
+def _request(config: dict[str, Any], arrays: list[np.ndarray]) -> Request:
+    """Return the request a site received (refused with a message when malformed)."""
+    try:
+        kind, index, sigma = str(config["kind"]), int(config["index"]), float(config["sigma"])
+        genes, loadings, matrix = arrays
+        assignment = None
+        if kind == "kmeans":
+            assignment = Assignment(str(config["assignment"]), np.asarray(matrix, dtype=np.float64))
+        return Request(
+            kind,
+            index,
+            sigma,
+            genes=np.asarray(genes, dtype=np.int64) if kind != "genes" else None,
+            loadings=np.asarray(loadings, dtype=np.float64) if kind == "kmeans" else None,
+            assignment=assignment,
+        )
+    except (KeyError, ValueError, TypeError) as err:
+        raise SiteRefusal(f"Malformed request from the server ({err!r}); nothing was sent.") from None
+
+
+def make_client_app(site_settings: dict[int, SiteSettings] | None = None):
+    """Return the site's ClientApp: answers release requests and the final labelling round."""
+    from flwr.client import NumPyClient
+    from flwr.clientapp import ClientApp
+
+    class SiteClient(NumPyClient):
+        def __init__(self, context) -> None:
+            self.context = context
+
+        def fit(self, parameters, config):
+            settings = site_settings_from(dict(self.context.node_config), site_settings)
+            if any(key.replace("_", "-") == "noise-seed" for key in config):
+                raise SiteRefusal(
+                    "The server sent a noise seed; a site draws its noise from its own secret source."
+                )
+            if str(config.get("task", "")) != "pipeline":
+                raise SiteRefusal(f"Unknown task {config.get('task')!r}; this site serves 'pipeline'.")
+            site = _site(settings)
+            plan = ClusterPlan.from_config(dict(config))
+            mode, threshold, n_sites = str(config["mode"]), int(config["threshold"]), int(config["n-sites"])
+            if mode not in MODES:
+                raise SiteRefusal(f"Unknown aggregation mode {mode!r}; a site serves {MODES}.")
+            if config["kind"] == "describe":  # public facts the plan needs: genes, and the site's check
+                site.check_run(plan, mode, threshold, n_sites, whole_run=plan.n_vars > 0)
+                return [np.array([site.adata.n_vars], dtype=np.int64)], 1, {}
+            if config["kind"] == "finish":
+                genes, loadings, block, eigenvalues, centroids = parameters
+                result = ClusterResult(
+                    genes.astype(np.int64), loadings, block.astype(np.int64), eigenvalues, centroids
+                )
+                site.write_results(result, plan, mode, threshold, n_sites)
+                return [], 1, {}
+            if mode == "secure":
+                mark = self.context.state.config_records.get(SECURE_MARK)
+                if mark is None or not mark.get("active"):
+                    raise SiteRefusal(
+                        "A secure-mode request arrived outside SecAgg+: this site's noise share alone is not "
+                        "enough noise to send in the clear."
+                    )
+                if int(mark["threshold"]) < threshold:
+                    raise SiteRefusal(
+                        f"SecAgg+ runs with threshold {mark['threshold']}, below the {threshold} this site's noise "
+                        "share assumes."
+                    )
+            vector = site.contribute(plan, _request(dict(config), parameters), mode, threshold, n_sites)
+            return (to_digits(vector) if mode == "secure" else [vector]), 1, {}
+
+    def client_fn(context):
+        return SiteClient(context).to_client()
+
+    return ClientApp(client_fn=client_fn, mods=[dpsc_secagg_mod])
+
+
+class _RoundStrategy:
+    """One Flower round that sends ``config`` and ``payload`` to every site and keeps the replies."""
+
+    def __new__(cls, *args, **kwargs):
+        from flwr.server.strategy import Strategy
+
+        class RoundStrategy(Strategy):
+            def __init__(
+                self, config: dict[str, Any], payload: list[np.ndarray], n_sites: int, timeout: float
+            ):
+                self.config, self.payload, self.n_sites, self.timeout = config, payload, n_sites, timeout
+                self.replies: list[list[np.ndarray]] = []
+                self.failures: list[str] = []
+
+            def initialize_parameters(self, client_manager):
+                from flwr.common import ndarrays_to_parameters
+
+                return ndarrays_to_parameters(self.payload)
+
+            def configure_fit(self, server_round, parameters, client_manager):
+                from flwr.common import FitIns
+
+                client_manager.wait_for(self.n_sites, timeout=self.timeout)
+                clients = list(client_manager.all().values())
+                return [(client, FitIns(parameters, dict(self.config))) for client in clients]
+
+            def aggregate_fit(self, server_round, results, failures):
+                from flwr.common import parameters_to_ndarrays
+
+                self.replies = [parameters_to_ndarrays(res.parameters) for _, res in results]
+                self.failures = [
+                    str(f if isinstance(f, BaseException) else f[1].status.message) for f in failures
+                ]
+                return None, {}
+
+            def configure_evaluate(self, server_round, parameters, client_manager):
+                return []
+
+            def aggregate_evaluate(self, server_round, results, failures):
+                return None, {}
+
+            def evaluate(self, server_round, parameters):
+                return None
+
+        return RoundStrategy(*args, **kwargs)
+
+
+def _round(
+    grid, context, config: dict[str, Any], payload: list[np.ndarray], n_sites: int, s: dict, secure: bool
+):
+    """Run one round (through SecAgg+ when ``secure``); return the strategy with the replies."""
+    from flwr.server import ServerConfig
+    from flwr.server.compat import LegacyContext
+    from flwr.server.workflow import DefaultWorkflow
+
+    strategy = _RoundStrategy(config, payload, n_sites, float(s["timeout"]))
+    legacy = LegacyContext(context=context, config=ServerConfig(num_rounds=1), strategy=strategy)
+    fit_workflow = secagg_workflow(int(config["threshold"]), float(s["timeout"])) if secure else None
+    DefaultWorkflow(fit_workflow=fit_workflow)(grid, legacy)
+    return strategy
+
+
+class ReleaseLog:
+    """What the server saw of each release: contributors, failures, bytes each site sent."""
+
+    def __init__(self) -> None:
+        self.rows: list[dict[str, Any]] = []
+
+    def add(self, request: Request, contributors: int, failures: list[str], bytes_per_site: int) -> None:
+        """Record one release."""
+        self.rows.append(
+            {
+                "index": request.index,
+                "kind": request.kind,
+                "contributors": contributors,
+                "failures": failures,
+                "bytes_per_site": bytes_per_site,
+            }
+        )
+
+
+def make_server_app(settings: dict[str, Any] | None = None):
+    """Return the server's ServerApp: plans the clustering, runs its releases over the sites, sends the result."""
+    from flwr.serverapp import ServerApp
+
+    base = {**SERVER_DEFAULTS, **(settings or {})}
+    app = ServerApp()
+
+    @app.main()
+    def main(grid, context) -> None:
+        s = {**base, **dict(context.run_config)}
+        if s["task"] != "pipeline":
+            raise ValueError(f"This ServerApp runs the task 'pipeline', not {s['task']!r}.")
+        mode, n_sites = str(s["mode"]), int(s["n-sites"])
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}.")
+        threshold = int(s["threshold"]) or n_sites
+        if mode == "plain":
+            threshold = 1
+        out = Path(s["out-dir"])
+        out.mkdir(parents=True, exist_ok=True)
+        start = time.perf_counter()
+        epsilon = None if float(s["epsilon"]) < 0 else float(s["epsilon"])
+        plan = _plan(grid, context, s, epsilon, mode, threshold, n_sites)
+        common = {
+            "task": "pipeline",
+            "mode": mode,
+            "threshold": threshold,
+            "n-sites": n_sites,
+            **plan.to_config(),
+        }
+        log = ReleaseLog()
+
+        def release_sum(request: Request) -> np.ndarray:
+            config = {**common, "kind": request.kind, "index": request.index, "sigma": request.sigma}
+            if request.assignment is not None:
+                config["assignment"] = request.assignment.kind
+            strategy = _round(grid, context, config, _payload(request), n_sites, s, secure=mode == "secure")
+            replies = strategy.replies
+            needed = threshold if mode == "secure" else 1
+            if len(replies) < needed:
+                raise RuntimeError(
+                    f"Release {request.index} ({request.kind}): {len(replies)} site(s) contributed, fewer than the "
+                    f"{needed} the run needs; the run stops and nothing more is released. Site errors: "
+                    f"{strategy.failures or 'none'}"
+                )
+            spec = request.release(plan.n_vars)
+            if mode == "secure":
+                total = from_digit_means(replies[0][:LIMBS], len(replies))
+                sent = LIMBS * spec.size * 8
+            else:
+                total = np.sum([np.asarray(r[0], dtype=np.int64) for r in replies], axis=0)
+                sent = spec.size * 8
+            log.add(request, len(replies), strategy.failures, sent)
+            return spec.decode(total)
+
+        result = run_clustering(plan, release_sum)
+        finish = {**common, "kind": "finish"}
+        arrays = [result.genes, result.loadings, result.block, result.eigenvalues, result.centroids]
+        _round(grid, context, finish, arrays, n_sites, s, secure=False)
+        np.savez(
+            out / "result.npz",
+            **{
+                k: v
+                for k, v in zip(
+                    ("genes", "loadings", "block", "eigenvalues", "centroids"), arrays, strict=True
+                )
+            },
+        )
+        summary = {
+            "plan": plan.to_config(),
+            "mode": mode,
+            "threshold": threshold,
+            "n_sites": n_sites,
+            "releases": log.rows,
+            "wall_s": time.perf_counter() - start,
+        }
+        (out / "summary.json").write_text(json.dumps(summary, indent=1))
+
+    return app
+
+
+def _plan(grid, context, s: dict, epsilon, mode: str, threshold: int, n_sites: int) -> ClusterPlan:
+    """Return the run's plan; the number of genes is asked from the sites when not given (a public fact)."""
+    n_vars = int(s["n-vars"])
+    if n_vars <= 0:
+        probe = plan_clustering(epsilon, float(s["delta"]), n_vars=3, n_clusters=int(s["n-clusters"]))
+        config = {
+            "task": "pipeline",
+            "mode": mode,
+            "threshold": threshold,
+            "n-sites": n_sites,
+            "kind": "describe",
+            **probe.to_config(),
+            "n-vars": 0,
+        }
+        replies = _round(grid, context, config, [], n_sites, s, secure=False)
+        answers = {int(r[0][0]) for r in replies.replies}
+        if len(answers) != 1 or len(replies.replies) < n_sites:
+            raise RuntimeError(
+                f"The sites disagree on the number of genes or did not answer: {answers}, {replies.failures}"
+            )
+        n_vars = answers.pop()
+    return plan_clustering(
+        epsilon,
+        float(s["delta"]),
+        n_vars=n_vars,
+        n_clusters=int(s["n-clusters"]),
+        random_state=int(s["random-state"]),
+    )
+
+
+def run_pipeline_simulation(
+    server_settings: dict[str, Any], site_settings: list[SiteSettings], n_cpus: int = 2
+) -> tuple[ClusterResult, dict[str, Any]]:
+    """Run the apps in Flower's simulation engine, one SuperNode per site; return the result and summary."""
+    from flwr.simulation import run_simulation
+
+    from ._flower import require_flwr
+
+    require_flwr()
+    out = Path(server_settings["out-dir"])
+    server_app = make_server_app(server_settings)
+    client_app = make_client_app(dict(enumerate(site_settings)))
+    flwr_logger = logging.getLogger("flwr")
+    level = flwr_logger.level
+    flwr_logger.setLevel(logging.WARNING)
+    try:
+        run_simulation(
+            server_app=server_app,
+            client_app=client_app,
+            num_supernodes=len(site_settings),
+            backend_config={
+                "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+                "init_args": {"num_cpus": n_cpus, "include_dashboard": False, "log_to_driver": False},
+            },
+        )
+    finally:
+        flwr_logger.setLevel(level)
+    if not (out / "summary.json").exists():
+        raise RuntimeError("The federated clustering ended without a result; see the Flower log above.")
+    return read_result(out), json.loads((out / "summary.json").read_text())
+
+
+def read_result(out: str | Path) -> ClusterResult:
+    """Return the released genes, loadings and centroids a server wrote to ``out``."""
+    with np.load(Path(out) / "result.npz") as saved:
+        return ClusterResult(
+            saved["genes"].astype(np.int64),
+            saved["loadings"],
+            saved["block"].astype(np.int64),
+            saved["eigenvalues"],
+            saved["centroids"],
+        )

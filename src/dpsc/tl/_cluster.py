@@ -1,0 +1,202 @@
+"""``dpsc.tl.cluster``: a whole proven private clustering in one call and one budget.
+
+Gene selection (for matrices with more than 2000 genes), PCA and k-means, each a release of a sum
+over cells (:mod:`dpsc.privacy._clustering`), with the asked ε split among them so that the
+composed spend is the asked ε. The separate steps (:func:`dpsc.pp.highly_variable_genes`,
+:func:`dpsc.pp.pca`, :func:`dpsc.tl.kmeans`) remain for users who want them.
+"""
+
+from __future__ import annotations
+
+import anndata as ad
+import numpy as np
+import pandas as pd
+
+from dpsc._docs import doc_params
+
+from .._api import DEFAULT_EPSILON, store_result
+from .._validation import check_privacy_args, check_public_counts, get_matrix, resolve_delta
+from ..privacy import COMMON_NOT_COVERED, NoiseSource, PrivacyRecord, build_statement, spending
+from ..privacy._clustering import (
+    ClusterPlan,
+    ClusterResult,
+    central_release_sum,
+    plan_clustering,
+    run_clustering,
+)
+
+
+def cluster_record(plan: ClusterPlan, n_obs: int, noise: NoiseSource, tool: str = "cluster") -> PrivacyRecord:
+    """Proven record of the whole clustering: every release in one Opacus history."""
+    unit = f"adding or removing one of the {n_obs} cells"
+    covered = (
+        ("the selected genes and their noisy statistics, " if plan.select_genes else "")
+        + "the loadings, the eigenvalues and the centroids, and anything computed from them on other data "
+        "(e.g. the labels of new cells)"
+    )
+    not_covered = (
+        "the projections and labels written for these cells (computed from each cell); " + COMMON_NOT_COVERED
+    )
+    if plan.epsilon is None:
+        return PrivacyRecord(
+            tool=tool,
+            epsilon=None,
+            delta=0.0,
+            guarantee="none",
+            statement=build_statement(
+                guarantee="none",
+                epsilon=None,
+                delta=0.0,
+                unit=unit,
+                mechanism="",
+                covered=covered,
+                not_covered="",
+            ),
+            covered=covered,
+        )
+    spent = plan.spent()
+    mechanism = (
+        f"{plan.n_releases} discrete Gaussian releases of sums over cells (gene statistics, gene second "
+        "moments, k-means tables; lattice-encoded), composed by the Opacus RDP accountant"
+    )
+    history = plan.history()
+    return PrivacyRecord(
+        tool=tool,
+        epsilon=spent,
+        delta=plan.delta,
+        guarantee="proven",
+        statement=build_statement(
+            guarantee="proven",
+            epsilon=spent,
+            delta=plan.delta,
+            unit=unit,
+            mechanism=mechanism,
+            covered=covered,
+            not_covered=not_covered,
+            noise=noise.describe(),
+        ),
+        covered=covered,
+        not_covered=not_covered,
+        target_epsilon=float(plan.epsilon),
+        accountant="rdp",
+        mechanisms=[f"{name}: sigma={sigma:.4g}" for name, sigma in plan.sigmas.items() if sigma],
+        history=history,
+        steps=int(sum(h[2] for h in history)),
+        scope="genes, loadings, centroids",
+        noise=noise.to_dict(),
+        details={"noise_multipliers": dict(plan.sigmas)},
+    )
+
+
+def write_clustering(
+    target: ad.AnnData, matrix, result: ClusterResult, key_added: str, n_clusters: int
+) -> None:
+    """Write a clustering's released values and each cell's projection and label into ``target``."""
+    n_vars = target.n_vars
+    pcs = np.zeros((n_vars, result.loadings.shape[1]))
+    pcs[result.genes] = result.loadings
+    target.obsm["X_pca"] = result.projections(matrix)
+    target.varm["PCs"] = pcs
+    target.uns.pop("pca", None)  # scanpy's variance ratios of an earlier PCA would be stale
+    in_block = np.zeros(n_vars, dtype=bool)
+    in_block[result.genes[result.block]] = True
+    target.var["dp_pca_gene"] = in_block
+    if result.gene_means is not None:
+        selected = np.zeros(n_vars, dtype=bool)
+        selected[result.genes] = True
+        target.var["highly_variable"] = selected
+        target.var["means"] = result.gene_means
+        target.var["variances"] = result.gene_variances
+    labels = result.labels(matrix).astype(str)
+    target.obs[key_added] = pd.Categorical(labels, categories=[str(i) for i in range(n_clusters)])
+
+
+@doc_params
+def cluster(
+    adata: ad.AnnData,
+    n_clusters: int = 8,
+    *,
+    epsilon: float | None = DEFAULT_EPSILON,
+    delta: float | None = None,
+    layer: str | None = None,
+    key_added: str = "dp_kmeans",
+    random_state: int = 0,
+    noise_seed: int | None = None,
+    copy: bool = False,
+) -> ad.AnnData | None:
+    """Cluster cells with the proven private pipeline (gene selection, PCA, k-means) in one budget.
+
+    Every step reads the cells only through a Gaussian release of a sum over cells
+    (:mod:`dpsc.privacy._clustering` states the plan and the argument); the asked (ε, δ) is split
+    among the releases and composed by the Opacus RDP accountant, so that
+    :func:`dpsc.privacy.spent` grows by the asked ε. Proven (ε, δ)-DP with respect to adding or
+    removing one cell for the selected genes, the loadings and the centroids.
+
+    Parameters
+    ----------
+    adata
+        Cells × genes, raw counts, all genes as they come (more than 2000 are reduced to 2000 by
+        the DP gene selection inside ε). No check reads the cells.
+    n_clusters
+        k (fixed in advance from prior knowledge; estimating it would spend privacy).
+    epsilon, delta
+        The whole clustering's (ε, δ); ε = 8 by default, as every dpsc call. ``None``: the same
+        pipeline without noise (no guarantee). ``delta=None``: 10⁻⁵, or 1/(10 n) above 10⁴ cells.
+    layer
+        Layer with the counts; ``None`` for ``X``.
+    key_added
+        ``obs`` column of the labels; the record goes to ``uns["dpsc"][key_added]``.
+    random_state
+        Seed of the k-means projections and post-processing (public; never of the noise).
+    noise_seed
+        {doc_noise_seed}
+    copy
+        {doc_copy}
+
+    Returns
+    -------
+    ``None``, or the new AnnData with ``copy=True``. Writes ``obs[key_added]`` (categorical: each
+    cell's nearest released centroid), ``obsm["X_pca"]`` (cells × 16), ``varm["PCs"]`` (zero rows
+    for the genes the PCA did not read), ``var["dp_pca_gene"]``, with gene selection also
+    ``var["highly_variable"]``, ``var["means"]`` and ``var["variances"]`` (noisy), and
+    ``uns["dpsc"][key_added]`` with the record, the parameters, the ``centroids`` and the noisy
+    ``eigenvalues``.
+    """
+    matrix = get_matrix(adata, layer)
+    delta = resolve_delta(delta, adata.n_obs)
+    check_privacy_args(epsilon, delta, adata.n_obs)
+    check_public_counts(adata, layer, True, "dpsc.tl.cluster")
+    if (
+        isinstance(n_clusters, bool)
+        or not isinstance(n_clusters, int | np.integer)
+        or not 2 <= n_clusters <= adata.n_obs
+    ):
+        raise ValueError(f"n_clusters must be an integer in [2, n_obs={adata.n_obs}], got {n_clusters!r}.")
+    plan = plan_clustering(
+        epsilon, delta, n_vars=adata.n_vars, n_clusters=int(n_clusters), random_state=random_state
+    )
+    noise = NoiseSource(noise_seed)
+    record = cluster_record(plan, adata.n_obs, noise)
+    with spending(adata, record, key_added) as booking:
+        result = run_clustering(plan, central_release_sum(matrix, noise))
+        target = adata.copy() if copy else adata
+        write_clustering(target, matrix, result, key_added, plan.n_clusters)
+        params = {
+            "n_clusters": plan.n_clusters,
+            "layer": layer,
+            "genes_selected": int(plan.select_genes) * len(result.genes),
+            "n_comps": plan.n_comps,
+            "gene_block": -1 if plan.gene_block is None else plan.gene_block,
+            "random_state": random_state,
+        }
+        return store_result(
+            adata,
+            target,
+            key_added,
+            record,
+            params,
+            copy=copy,
+            booking=booking,
+            centroids=result.centroids,
+            eigenvalues=result.eigenvalues,
+        )

@@ -1,0 +1,174 @@
+"""``dpsc.tl.cluster_federated``: the proven private clustering across sites, in Flower's simulation.
+
+Each site (``obs[client_key]``) is one SuperNode holding only its cells, with its own settings
+and ledger (:class:`~dpsc.federated.SiteSettings`); the server runs the plan of
+:func:`dpsc.tl.cluster` and obtains every release as a secure sum of the sites' noisy sums
+(:mod:`dpsc.federated._pipeline`). The same apps run in a real deployment with
+``dpsc federate server`` and ``dpsc federate site``.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Literal
+
+import anndata as ad
+import numpy as np
+
+from dpsc._docs import doc_params
+
+from .._api import DEFAULT_EPSILON, store_result
+from .._validation import check_privacy_args, check_public_counts, get_matrix, resolve_delta
+from ..privacy import NoiseSource, spending
+from ..privacy._clustering import plan_clustering
+from ._cluster import write_clustering
+
+MIN_SITE_CELLS = 2
+
+
+def _sites(adata: ad.AnnData, client_key: str) -> tuple[list[str], np.ndarray]:
+    if client_key not in adata.obs:
+        raise ValueError(
+            f"obs[{client_key!r}] is missing: assign cells to sites first, e.g. dpsc.pp.partition(adata, 4)."
+        )
+    sites = adata.obs[client_key].astype(str).to_numpy()
+    names = sorted(set(sites))
+    if len(names) < 2:
+        raise ValueError(f"obs[{client_key!r}] has {len(names)} site(s); a federation needs at least 2.")
+    sizes = {name: int((sites == name).sum()) for name in names}
+    small = [name for name, size in sizes.items() if size < MIN_SITE_CELLS]
+    if small:
+        raise ValueError(f"Site(s) {small} have fewer than {MIN_SITE_CELLS} cells; merge or drop them.")
+    return names, sites
+
+
+@doc_params
+def cluster_federated(
+    adata: ad.AnnData,
+    client_key: str = "client",
+    n_clusters: int = 8,
+    *,
+    epsilon: float | None = DEFAULT_EPSILON,
+    delta: float | None = None,
+    mode: Literal["secure", "plain"] = "secure",
+    threshold: int | None = None,
+    layer: str | None = None,
+    key_added: str = "dp_kmeans",
+    random_state: int = 0,
+    noise_seed: int | None = None,
+    n_cpus: int = 2,
+    copy: bool = False,
+) -> ad.AnnData | None:
+    """Cluster cells held by several sites with the proven private pipeline, federated exactly.
+
+    Every release of :func:`dpsc.tl.cluster` is a sum over cells, hence a sum over sites: each site
+    computes its own sum and adds its share of the noise, and only the total is released.
+
+    Parameters
+    ----------
+    adata
+        All sites' cells (a simulation: in a deployment each site holds only its own).
+    client_key
+        ``obs`` column with each cell's site (:func:`dpsc.pp.partition`).
+    n_clusters
+        k (fixed in advance).
+    epsilon, delta
+        Each site's (ε, δ) for its cells; ε = 8 by default. ``None``: no noise (no guarantee).
+        ``delta=None``: 10⁻⁵ (or 1/(10 n) for the largest site above 10⁴ cells).
+    mode
+        ``"secure"`` (default): Flower's SecAgg+ sums the sites' vectors and each adds 1/t of the
+        noise variance, so the released sums carry the central mechanism's noise when at least
+        ``threshold`` sites are honest; the result is then the central :func:`dpsc.tl.cluster`'s, up
+        to round-off. ``"plain"``: each site adds the full noise to its own sums (no assumption on
+        the others; more noise in the total).
+    threshold
+        t: SecAgg+'s reconstruction threshold and the number of honest sites the noise shares assume
+        (default: every site).
+    layer
+        Layer with the counts.
+    key_added
+        ``obs`` column of the labels; the record goes to ``uns["dpsc"][key_added]``.
+    random_state
+        Seed of the public k-means projections and post-processing.
+    noise_seed
+        {doc_noise_seed}
+        Each simulated site then reproduces its part of the central run's noise (a test of exactness).
+    n_cpus
+        CPUs for Flower's simulation engine.
+    copy
+        {doc_copy}
+
+    Returns
+    -------
+    ``None``, or the new AnnData with ``copy=True``. Writes what :func:`dpsc.tl.cluster` writes, each
+    cell labelled by its own site from the released centroids, and ``uns["dpsc"][key_added]`` with the
+    sites' record, the plan and what the server saw of each release (contributors, bytes per site).
+    """
+    from ..federated._pipeline import run_pipeline_simulation
+    from ..federated._site import SiteSettings, site_record
+
+    matrix = get_matrix(adata, layer)
+    names, sites = _sites(adata, client_key)
+    largest = max(int((sites == n).sum()) for n in names)
+    delta = resolve_delta(delta, largest)
+    check_privacy_args(epsilon, delta, largest)
+    check_public_counts(adata, layer, True, "dpsc.tl.cluster_federated")
+    if mode not in ("secure", "plain"):
+        raise ValueError(f"mode must be 'secure' or 'plain', got {mode!r}.")
+    n_sites = len(names)
+    threshold = n_sites if threshold is None else int(threshold)
+    if mode == "secure" and not 2 <= threshold <= n_sites:
+        raise ValueError(f"threshold must be in [2, {n_sites}] (the number of sites), got {threshold}.")
+    plan = plan_clustering(
+        epsilon, delta, n_vars=adata.n_vars, n_clusters=int(n_clusters), random_state=random_state
+    )
+    noise = NoiseSource(noise_seed)
+    record = site_record(plan, mode, threshold if mode == "secure" else 1, n_sites, adata.n_obs, noise)
+    with (
+        spending(adata, record, key_added) as booking,
+        tempfile.TemporaryDirectory(prefix="dpsc_fed_") as tmp,
+    ):
+        settings = []
+        for index, name in enumerate(names):
+            path = Path(tmp) / f"site_{index}.h5ad"
+            part = ad.AnnData(matrix[np.flatnonzero(sites == name)], var=adata.var[[]].copy())
+            part.write_h5ad(path)
+            settings.append(
+                SiteSettings(
+                    data=str(path),
+                    epsilon=epsilon,
+                    delta=delta,
+                    noise_seed=noise_seed,
+                    site_index=index if noise_seed is not None else None,
+                )
+            )
+        server = {
+            "n-sites": n_sites,
+            "mode": mode,
+            "threshold": threshold,
+            "epsilon": -1.0 if epsilon is None else float(epsilon),
+            "delta": delta,
+            "n-clusters": int(n_clusters),
+            "n-vars": adata.n_vars,
+            "random-state": random_state,
+            "out-dir": str(Path(tmp) / "server"),
+        }
+        result, summary = run_pipeline_simulation(server, settings, n_cpus=n_cpus)
+        target = adata.copy() if copy else adata
+        write_clustering(target, matrix, result, key_added, plan.n_clusters)
+        params = {"n_clusters": int(n_clusters), "mode": mode, "threshold": threshold, "n_sites": n_sites}
+        return store_result(
+            adata,
+            target,
+            key_added,
+            record,
+            params,
+            copy=copy,
+            booking=booking,
+            centroids=result.centroids,
+            eigenvalues=result.eigenvalues,
+            sites={name: int((sites == name).sum()) for name in names},
+            releases=[{k: v for k, v in row.items() if k != "failures"} for row in summary["releases"]],
+            wall_s=float(summary["wall_s"]),
+        )
