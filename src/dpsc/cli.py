@@ -113,7 +113,63 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
         "--export", default=None, help="Directory to write the shareable encoder + centroids to."
     )
     fit.add_argument("--no-progress", action="store_true", help="Hide the progress bar.")
-    return parser, {"fit": fit}
+    federate = sub.add_parser(
+        "federate", help="Run or join a federated private clustering (Flower, SecAgg+).", parents=[common]
+    )
+    roles = federate.add_subparsers(dest="role", required=True)
+    server = roles.add_parser(
+        "server", help="Start the SuperLink and run the clustering over the sites.", parents=[common]
+    )
+    server.add_argument("--sites", type=int, required=True, help="Number of sites that will join.")
+    server.add_argument(
+        "--mode", choices=["secure", "plain"], default="secure", help="SecAgg+ (default) or plain."
+    )
+    server.add_argument(
+        "--threshold", type=int, default=0, help="Sites assumed honest / SecAgg+ threshold (default: all)."
+    )
+    server.add_argument("--epsilon", type=float, default=8.0, help="Each site's ε for the run (default 8).")
+    server.add_argument(
+        "--non-private", action="store_true", help="A run without noise (sites must allow it)."
+    )
+    server.add_argument("--delta", type=float, default=1e-5, help="δ of the run (default 1e-5).")
+    server.add_argument("--n-clusters", type=int, default=8, help="Number of clusters (default 8).")
+    server.add_argument(
+        "--n-vars", type=int, default=0, help="Genes every site holds (default: the sites are asked)."
+    )
+    server.add_argument(
+        "--host", default="127.0.0.1", help="Address the SuperLink listens on (default loopback)."
+    )
+    server.add_argument("--port", type=int, default=8000, help="Port of the SuperLink (default 8000).")
+    server.add_argument("--out", default="dpsc-federation", help="Folder for the result and logs.")
+    server.add_argument("--timeout", type=float, default=600.0, help="Stop after this many seconds.")
+    for name in ("ssl-certfile", "ssl-keyfile", "ssl-ca-certfile"):
+        server.add_argument(
+            f"--{name}", default=None, help="TLS file (without them: --insecure, loopback only)."
+        )
+    site = roles.add_parser(
+        "site", help="Join a federation with this site's own data and settings.", parents=[common]
+    )
+    site.add_argument("--settings", default=None, help="The site's settings file (TOML).")
+    site.add_argument(
+        "--data", default=None, help="The site's .h5ad (raw counts), when no --settings is given."
+    )
+    site.add_argument("--superlink", required=True, help="HOST:PORT of the federation's SuperLink.")
+    site.add_argument("--epsilon", type=float, default=8.0, help="The largest ε this site spends on a run.")
+    site.add_argument("--non-private", action="store_true", help="Serve non-private runs only.")
+    site.add_argument("--delta", type=float, default=None, help="This site's δ (default 1e-5).")
+    site.add_argument("--budget", type=float, default=None, help="The largest total ε of this site's ledger.")
+    site.add_argument("--honest-sites", type=int, default=None, help="Sites this site trusts to add noise.")
+    site.add_argument("--max-rounds", type=int, default=1000, help="The most releases served in one run.")
+    site.add_argument("--layer", default=None, help="Layer with the raw counts (default: X).")
+    site.add_argument("--output", default=None, help="Where to write the labelled cells (.h5ad).")
+    site.add_argument(
+        "--port", type=int, default=None, help="Local port of the SuperNode (default: a free one)."
+    )
+    site.add_argument("--timeout", type=float, default=600.0, help="Stop after this many seconds.")
+    site.add_argument(
+        "--root-certificates", default=None, help="CA file of the SuperLink's TLS (else --insecure)."
+    )
+    return parser, {"fit": fit, "federate": federate, "server": server, "site": site}
 
 
 def _drop_empty_genes(adata: ad.AnnData, layer: str | None) -> ad.AnnData:
@@ -247,7 +303,74 @@ def _load(path: str | None) -> tuple[ad.AnnData, str]:
         raise ValueError(f"{path} is not a readable .h5ad file ({err}).") from None
 
 
-COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {"fit": _fit}
+def _federate(args: argparse.Namespace) -> int:
+    from .federated._deploy import run_server, run_site, write_site_settings
+    from .federated._site import SiteSettings
+
+    if args.role == "server":
+        if not args.ssl_certfile and args.host not in ("127.0.0.1", "localhost"):
+            print(
+                "Warning: no TLS certificates: messages travel unencrypted (use --ssl-* on a real network)."
+            )
+        summary = run_server(
+            n_sites=args.sites,
+            out=args.out,
+            host=args.host,
+            port=args.port,
+            timeout=args.timeout,
+            certificates={
+                "ssl-certfile": args.ssl_certfile,
+                "ssl-keyfile": args.ssl_keyfile,
+                "ssl-ca-certfile": args.ssl_ca_certfile,
+            },
+            mode=args.mode,
+            threshold=args.threshold,
+            epsilon=-1.0 if args.non_private else args.epsilon,
+            delta=args.delta,
+            n_clusters=args.n_clusters,
+            n_vars=args.n_vars,
+        )
+        print(
+            f"Federated clustering over {summary['n_sites']} sites ({summary['mode']}, threshold "
+            f"{summary['threshold']}): {len(summary['releases'])} releases in {summary['wall_s']:.1f} s; "
+            f"result in {Path(args.out) / 'result'}"
+        )
+        for row in summary["releases"]:
+            print(
+                f"  release {row['index']} ({row['kind']}): {row['contributors']} sites, "
+                f"{row['bytes_per_site']} bytes per site"
+            )
+        return 0
+    if args.settings:
+        settings_file = Path(args.settings)
+    elif args.data:
+        settings = SiteSettings(
+            data=str(Path(args.data).resolve()),
+            epsilon=None if args.non_private else args.epsilon,
+            delta=args.delta,
+            budget=args.budget,
+            honest_sites=args.honest_sites,
+            max_rounds=args.max_rounds,
+            layer=args.layer,
+            output=args.output,
+        )
+        settings_file = write_site_settings(settings, Path(args.data).with_suffix(".dpsc-site.toml"))
+    else:
+        raise ValueError(
+            "Give the site's settings file (--settings site.toml) or its data (--data site.h5ad)."
+        )
+    output = run_site(
+        settings_file,
+        superlink=args.superlink,
+        port=args.port,
+        timeout=args.timeout,
+        root_certificates=args.root_certificates,
+    )
+    print(f"This site's cells, labelled by the federation's released centroids, are in {output}")
+    return 0
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {"fit": _fit, "federate": _federate}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -258,10 +381,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args, extra = parser.parse_known_args([a for a in argv if a != "--debug"])
     args.debug = debug
     if extra:  # answered with the subcommand's usage, not the top-level one
-        subparsers.get(args.command, parser).error(f"unrecognized arguments: {' '.join(extra)}")
+        name = getattr(args, "role", None) or args.command
+        subparsers.get(name, parser).error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return COMMANDS[args.command](args)
-    except (ValueError, FileNotFoundError, KeyError, TypeError) as err:
+    except (ValueError, FileNotFoundError, KeyError, TypeError, RuntimeError, TimeoutError) as err:
         if args.debug:
             raise
         message = err.args[0] if isinstance(err, KeyError) and err.args else str(err)

@@ -1,47 +1,57 @@
-"""FedSC: federated self-supervised single-cell clustering on Flower."""
+"""Federated analysis on Flower: the private clustering over sites (SecAgg+), and FedSC.
 
-from ._ema import calibrate_lambda, divergence, divergence_aware_update, ema_weight
-from ._flower import DEFAULTS, make_apps, read_scaling, require_flwr, run_federation, write_client_data
-from ._scaling import apply_scaling, pooled_scaling, site_sums
-from ._ssl import (
-    METHODS,
-    PER_CELL_METHODS,
-    ClientDP,
-    SSLConfig,
-    SSLNet,
-    byol_loss,
-    dp_schedule,
-    embed,
-    info_nce,
-    local_train,
-    local_train_private,
-    nt_xent,
-)
+Submodules load on first use, so that a site's per-message ClientApp process imports only the
+federated clustering's light path (not torch or Opacus).
+"""
 
-__all__ = [
-    "DEFAULTS",
-    "METHODS",
-    "PER_CELL_METHODS",
-    "ClientDP",
-    "SSLConfig",
-    "SSLNet",
-    "apply_scaling",
-    "byol_loss",
-    "calibrate_lambda",
-    "divergence",
-    "divergence_aware_update",
-    "dp_schedule",
-    "ema_weight",
-    "embed",
-    "info_nce",
-    "local_train",
-    "local_train_private",
-    "make_apps",
-    "nt_xent",
-    "pooled_scaling",
-    "read_scaling",
-    "require_flwr",
-    "run_federation",
-    "site_sums",
-    "write_client_data",
-]
+from importlib import import_module
+from typing import Any
+
+_WHERE = {
+    "calibrate_lambda": "._ema",
+    "divergence": "._ema",
+    "divergence_aware_update": "._ema",
+    "ema_weight": "._ema",
+    "DEFAULTS": "._flower",
+    "make_apps": "._flower",
+    "read_scaling": "._flower",
+    "require_flwr": "._flower",
+    "run_federation": "._flower",
+    "write_client_data": "._flower",
+    "apply_scaling": "._scaling",
+    "pooled_scaling": "._scaling",
+    "site_sums": "._scaling",
+    "METHODS": "._ssl",
+    "PER_CELL_METHODS": "._ssl",
+    "ClientDP": "._ssl",
+    "SSLConfig": "._ssl",
+    "SSLNet": "._ssl",
+    "byol_loss": "._ssl",
+    "dp_schedule": "._ssl",
+    "embed": "._ssl",
+    "info_nce": "._ssl",
+    "local_train": "._ssl",
+    "local_train_private": "._ssl",
+    "nt_xent": "._ssl",
+    "Site": "._site",
+    "SiteRefusal": "._site",
+    "SiteSettings": "._site",
+    "run_pipeline_simulation": "._pipeline",
+    "run_server": "._deploy",
+    "run_site": "._deploy",
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    """Import the submodule that defines ``name`` on first access (PEP 562)."""
+    if name in _WHERE:
+        value = getattr(import_module(_WHERE[name], __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'dpsc.federated' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_WHERE])

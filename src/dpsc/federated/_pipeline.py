@@ -41,6 +41,7 @@ SERVER_DEFAULTS: dict[str, Any] = {
     "timeout": 300.0,
 }
 SECURE_MARK = "dpsc-secagg"
+RUN_STATE = "dpsc-site-run"  # what a site remembers between the messages of one run
 
 _SITES: dict[str, Site] = {}  # one loaded site per settings, per process
 
@@ -53,7 +54,7 @@ def _site(settings: SiteSettings) -> Site:
 
 
 def site_settings_from(node_config: dict[str, Any], given: dict[int, SiteSettings] | None) -> SiteSettings:
-    """Return the site's own settings: given for the simulation, or the TOML file its ``node_config`` names."""
+    """Return the site's own settings: given (simulation), or the TOML file its ``node_config`` names."""
     if given is not None:
         return given[int(node_config["partition-id"])]
     if "settings" not in node_config:
@@ -122,52 +123,88 @@ def _request(config: dict[str, Any], arrays: list[np.ndarray]) -> Request:
         raise SiteRefusal(f"Malformed request from the server ({err!r}); nothing was sent.") from None
 
 
+class SiteHandler:
+    """What a site does with one message of the federated clustering (the ClientApp's ``fit``).
+
+    Parameters
+    ----------
+    context
+        Flower's context of the message (node config, per-run state).
+    site_settings
+        The sites' settings by partition id (simulation); ``None``: the TOML file ``node_config``
+        names (deployment).
+    """
+
+    def __init__(self, context, site_settings: dict[int, SiteSettings] | None = None) -> None:
+        self.context, self.site_settings = context, site_settings
+
+    def fit(self, parameters: list[np.ndarray], config: dict[str, Any]) -> tuple[list[np.ndarray], int, dict]:
+        """Answer one request: a release (the noisy vector), ``describe`` or ``finish``; or refuse."""
+        from flwr.app import ConfigRecord
+
+        settings = site_settings_from(dict(self.context.node_config), self.site_settings)
+        if any(str(key).replace("_", "-") == "noise-seed" for key in config):
+            raise SiteRefusal(
+                "The server sent a noise seed; a site draws its noise from its own secret source."
+            )
+        if str(config.get("task", "")) != "pipeline":
+            raise SiteRefusal(f"Unknown task {config.get('task')!r}; this site serves 'pipeline'.")
+        site = _site(settings)
+        try:
+            plan = ClusterPlan.from_config(dict(config))
+            mode, threshold, n_sites = str(config["mode"]), int(config["threshold"]), int(config["n-sites"])
+            kind = str(config["kind"])
+        except (KeyError, ValueError, TypeError) as err:
+            raise SiteRefusal(f"Malformed request from the server ({err!r}); nothing was sent.") from None
+        if mode not in MODES:
+            raise SiteRefusal(f"Unknown aggregation mode {mode!r}; a site serves {MODES}.")
+        if kind == "describe":  # a public fact the plan needs: the number of genes
+            return [np.array([site.adata.n_vars], dtype=np.int64)], 1, {}
+        if plan.n_vars <= 0:
+            raise SiteRefusal("Malformed request from the server: the plan has no genes; nothing was sent.")
+        if kind == "finish":
+            genes, loadings, block, eigenvalues, centroids = parameters
+            result = ClusterResult(
+                genes.astype(np.int64), loadings, block.astype(np.int64), eigenvalues, centroids
+            )
+            site.write_results(result, plan, mode, threshold, n_sites)
+            return [], 1, {}
+        if mode == "secure":
+            self._check_secure(threshold)
+        records = self.context.state.config_records
+        run_state = json.loads(records[RUN_STATE]["json"]) if RUN_STATE in records else {}
+        vector = site.contribute(
+            plan, _request(dict(config), parameters), mode, threshold, n_sites, run_state
+        )
+        records[RUN_STATE] = ConfigRecord({"json": json.dumps(run_state)})
+        return (to_digits(vector) if mode == "secure" else [vector]), 1, {}
+
+    def _check_secure(self, threshold: int) -> None:
+        mark = self.context.state.config_records.get(SECURE_MARK)
+        if mark is None or not mark.get("active"):
+            raise SiteRefusal(
+                "A secure-mode request arrived outside SecAgg+: this site's noise share alone is not enough "
+                "noise to send in the clear."
+            )
+        if int(mark["threshold"]) < threshold:
+            raise SiteRefusal(
+                f"SecAgg+ runs with threshold {mark['threshold']}, below the {threshold} this site's noise "
+                "share "
+                "assumes."
+            )
+
+
 def make_client_app(site_settings: dict[int, SiteSettings] | None = None):
-    """Return the site's ClientApp: answers release requests and the final labelling round."""
+    """Return the site's ClientApp: release requests and the final labelling (:class:`SiteHandler`)."""
     from flwr.client import NumPyClient
     from flwr.clientapp import ClientApp
 
     class SiteClient(NumPyClient):
         def __init__(self, context) -> None:
-            self.context = context
+            self.handler = SiteHandler(context, site_settings)
 
         def fit(self, parameters, config):
-            settings = site_settings_from(dict(self.context.node_config), site_settings)
-            if any(key.replace("_", "-") == "noise-seed" for key in config):
-                raise SiteRefusal(
-                    "The server sent a noise seed; a site draws its noise from its own secret source."
-                )
-            if str(config.get("task", "")) != "pipeline":
-                raise SiteRefusal(f"Unknown task {config.get('task')!r}; this site serves 'pipeline'.")
-            site = _site(settings)
-            plan = ClusterPlan.from_config(dict(config))
-            mode, threshold, n_sites = str(config["mode"]), int(config["threshold"]), int(config["n-sites"])
-            if mode not in MODES:
-                raise SiteRefusal(f"Unknown aggregation mode {mode!r}; a site serves {MODES}.")
-            if config["kind"] == "describe":  # public facts the plan needs: genes, and the site's check
-                site.check_run(plan, mode, threshold, n_sites, whole_run=plan.n_vars > 0)
-                return [np.array([site.adata.n_vars], dtype=np.int64)], 1, {}
-            if config["kind"] == "finish":
-                genes, loadings, block, eigenvalues, centroids = parameters
-                result = ClusterResult(
-                    genes.astype(np.int64), loadings, block.astype(np.int64), eigenvalues, centroids
-                )
-                site.write_results(result, plan, mode, threshold, n_sites)
-                return [], 1, {}
-            if mode == "secure":
-                mark = self.context.state.config_records.get(SECURE_MARK)
-                if mark is None or not mark.get("active"):
-                    raise SiteRefusal(
-                        "A secure-mode request arrived outside SecAgg+: this site's noise share alone is not "
-                        "enough noise to send in the clear."
-                    )
-                if int(mark["threshold"]) < threshold:
-                    raise SiteRefusal(
-                        f"SecAgg+ runs with threshold {mark['threshold']}, below the {threshold} this site's noise "
-                        "share assumes."
-                    )
-            vector = site.contribute(plan, _request(dict(config), parameters), mode, threshold, n_sites)
-            return (to_digits(vector) if mode == "secure" else [vector]), 1, {}
+            return self.handler.fit(parameters, config)
 
     def client_fn(context):
         return SiteClient(context).to_client()
@@ -257,7 +294,7 @@ class ReleaseLog:
 
 
 def make_server_app(settings: dict[str, Any] | None = None):
-    """Return the server's ServerApp: plans the clustering, runs its releases over the sites, sends the result."""
+    """Return the server's ServerApp: plans the clustering, runs its releases over the sites, sends it."""
     from flwr.serverapp import ServerApp
 
     base = {**SERVER_DEFAULTS, **(settings or {})}
@@ -297,7 +334,8 @@ def make_server_app(settings: dict[str, Any] | None = None):
             needed = threshold if mode == "secure" else 1
             if len(replies) < needed:
                 raise RuntimeError(
-                    f"Release {request.index} ({request.kind}): {len(replies)} site(s) contributed, fewer than the "
+                    f"Release {request.index} ({request.kind}): {len(replies)} site(s) contributed, fewer than "
+                    "the "
                     f"{needed} the run needs; the run stops and nothing more is released. Site errors: "
                     f"{strategy.failures or 'none'}"
                 )

@@ -61,7 +61,7 @@ def to_digits(values: np.ndarray) -> list[np.ndarray]:
 
 
 def from_digit_means(means: list[np.ndarray], n_sites: int) -> np.ndarray:
-    """Return the exact int64 sum over ``n_sites`` sites from SecAgg+'s per-limb means (see the module docstring)."""
+    """Return the exact int64 sum over ``n_sites`` sites from SecAgg+'s per-limb means (module docstring)."""
     if not 1 <= n_sites <= MAX_SITES:
         raise ValueError(f"Secure sums support 1 to {MAX_SITES} sites, got {n_sites}.")
     total = np.zeros(np.asarray(means[0]).shape, dtype=np.uint64)
@@ -78,7 +78,7 @@ def sum_digits(digits_per_site: list[list[np.ndarray]]) -> np.ndarray:
 
 
 def secure_mask(seed: bytes, num_range: int, dimensions_list: list[tuple[int, ...]]) -> list[np.ndarray]:
-    """Uniform integers in ``[0, num_range)`` from AES-256-CTR keyed with SHA-256(seed), one array per shape."""
+    """Return uniform integers in ``[0, num_range)`` (AES-256-CTR keyed with SHA-256(seed)) per shape."""
     rng = SecureRandom(hashlib.sha256(b"dpsc-secagg-mask" + bytes(seed)).digest())
     out = []
     for shape in dimensions_list:

@@ -34,6 +34,7 @@ then the central mechanism's, under that assumption (the record states it).
 
 from __future__ import annotations
 
+import json
 import math
 import tomllib
 from dataclasses import dataclass, fields
@@ -51,12 +52,24 @@ from ..privacy import (
     NoiseSource,
     PrivacyRecord,
     build_statement,
-    history_epsilon,
 )
 from ..privacy._clustering import ClusterPlan, Request, contribution, plan_clustering
 from ..privacy._ledger import _check, ledger_entry
 
 MODES = ("secure", "plain")
+
+
+def _release_epsilon(sigma: float, delta: float) -> float:
+    """ε of one Gaussian release (σ, q = 1) at δ (Opacus RDP), computed once per (σ, δ) per process."""
+    key = (float(sigma), float(delta))
+    if key not in _EPSILONS:
+        from ..privacy import history_epsilon
+
+        _EPSILONS[key] = history_epsilon([(sigma, 1.0, 1)], delta)
+    return _EPSILONS[key]
+
+
+_EPSILONS: dict[tuple[float, float], float] = {}
 
 
 class SiteRefusal(ValueError):
@@ -122,7 +135,7 @@ class SiteSettings:
 
     @classmethod
     def from_mapping(cls, values: dict[str, Any]) -> SiteSettings:
-        """Return settings from a mapping (a TOML table, or Flower's ``node_config``); dashes or underscores."""
+        """Return settings from a mapping (a TOML table, or Flower's ``node_config``)."""
         known = {f.name for f in fields(cls)}
         given = {str(k).replace("-", "_"): v for k, v in values.items()}
         unknown = sorted(set(given) - known - {"partition_id", "num_partitions", "settings"})
@@ -171,7 +184,8 @@ def site_record(
     if mode == "secure":
         assumption = (
             f"secure aggregation (SecAgg+) over {n_sites} sites with threshold {threshold}: each site added "
-            f"1/{threshold} of the noise variance; the guarantee holds if at least {threshold} of the summed sites "
+            f"1/{threshold} of the noise variance; the guarantee holds if at least {threshold} of the summed "
+            "sites "
             "added their share and did not collude with the server, which learns only sums of at least "
             f"{threshold} sites"
         )
@@ -265,7 +279,8 @@ class Site:
         for name, sigma in own.sigmas.items():
             if plan.sigmas[name] < sigma * (1 - 1e-9):
                 raise SiteRefusal(
-                    f"The server's noise multiplier for {name} ({plan.sigmas[name]:.4g}) is below this site's "
+                    f"The server's noise multiplier for {name} ({plan.sigmas[name]:.4g}) is below this "
+                    "site's "
                     f"own calibration ({sigma:.4g} for epsilon={s.epsilon:g}, delta={self.delta:.1e}); it "
                     "would spend more than the site allows."
                 )
@@ -276,7 +291,8 @@ class Site:
                 raise SiteRefusal(f"A secure run needs a threshold in [2, {n_sites}], got {threshold}.")
             if s.honest_sites is not None and threshold > s.honest_sites:
                 raise SiteRefusal(
-                    f"The run's threshold {threshold} assumes {threshold} honest sites; this site trusts at most "
+                    f"The run's threshold {threshold} assumes {threshold} honest sites; this site trusts "
+                    "at most "
                     f"{s.honest_sites}. Ask for a threshold of {s.honest_sites} or less (or the plain mode)."
                 )
         if not whole_run:
@@ -294,9 +310,22 @@ class Site:
 
     # -- a release ---------------------------------------------------------------------------------
     def contribute(
-        self, plan: ClusterPlan, request: Request, mode: str, threshold: int, n_sites: int
+        self,
+        plan: ClusterPlan,
+        request: Request,
+        mode: str,
+        threshold: int,
+        n_sites: int,
+        run_state: dict[str, Any] | None = None,
     ) -> np.ndarray:
-        """Return this site's integer lattice vector of the requested sum plus its noise share; booked first."""
+        """Return this site's integer lattice vector of the requested sum plus its noise share; booked first.
+
+        ``run_state`` (kept by Flower for this run at this node) remembers that the whole run was
+        checked at its first release, and the ledger's size then, so that later releases are booked
+        without the accountant when nothing else was booked in between (they are part of the
+        spend already checked).
+        """
+        run_state = {} if run_state is None else run_state
         if not 0 <= request.index < plan.n_releases:
             raise SiteRefusal(
                 f"Release {request.index} is not in the run's plan of {plan.n_releases} releases."
@@ -306,13 +335,22 @@ class Site:
             raise SiteRefusal(
                 f"The request's noise multiplier {request.sigma} differs from the plan's {expected}."
             )
-        self.check_run(plan, mode, threshold, n_sites, whole_run=request.index == 0)
+        signature = json.dumps(plan.to_config(), sort_keys=True)
+        if run_state.get("plan") != signature:
+            if run_state.get("plan") is not None:
+                raise SiteRefusal("The server changed the plan in the middle of the run.")
+            self.check_run(plan, mode, threshold, n_sites, whole_run=True)
+            delta = plan.delta / plan.n_releases
+            epsilons = {
+                repr(sigma): _release_epsilon(sigma, delta) for sigma in plan.sigmas.values() if sigma > 0
+            }
+            run_state.update(plan=signature, ledger=self.ledger.count(), booked=0, epsilons=epsilons)
         spec = request.release(plan.n_vars)
         shares = threshold if mode == "secure" else 1
         vector = spec.encode(contribution(request, self.matrix))
         if plan.epsilon is not None:
             vector = vector + self._noise(spec, request, shares, n_sites)
-        self._book(plan, request, mode, threshold, n_sites)
+        self._book(plan, request, mode, threshold, n_sites, run_state)
         return vector
 
     def _noise(self, spec, request: Request, shares: int, n_sites: int) -> np.ndarray:
@@ -332,15 +370,18 @@ class Site:
         k = int(self.settings.site_index)
         return np.floor_divide(central, n_sites) + (np.mod(central, n_sites) > k)
 
-    def _book(self, plan: ClusterPlan, request: Request, mode: str, threshold: int, n_sites: int) -> None:
-        """Append this release to the ledger (checked against the budget, atomically)."""
+    def _book(
+        self, plan: ClusterPlan, request: Request, mode: str, threshold: int, n_sites: int, run_state: dict
+    ) -> None:
+        """Append this release to the ledger (atomically; checked against the budget when needed)."""
         if plan.epsilon is None:
             return
         delta = plan.delta / plan.n_releases
         entry = (request.sigma, 1.0, 1)
         record = PrivacyRecord(
             tool=f"federated clustering ({mode})",
-            epsilon=history_epsilon([entry], delta),
+            epsilon=run_state.get("epsilons", {}).get(repr(request.sigma))
+            or _release_epsilon(request.sigma, delta),
             delta=delta,
             guarantee="proven",
             statement="",
@@ -349,10 +390,14 @@ class Site:
             noise=self.noise.to_dict(),
             details={"threshold": threshold, "n_sites": n_sites},
         )
-        try:
-            self.ledger.reserve(ledger_entry(record, f"release {request.index}: {request.kind}", "sent"))
-        except BudgetExceededError as err:
-            raise SiteRefusal(f"This site's budget refuses the release: {err}") from None
+        line = ledger_entry(record, f"release {request.index}: {request.kind}", "sent")
+        expected = int(run_state.get("ledger", -1)) + int(run_state.get("booked", 0))
+        if self.ledger.append_if_unchanged(line, expected) is None:
+            try:
+                self.ledger.reserve(line)
+            except BudgetExceededError as err:
+                raise SiteRefusal(f"This site's budget refuses the release: {err}") from None
+        run_state["booked"] = int(run_state.get("booked", 0)) + 1
 
     # -- the end of a run ------------------------------------------------------------------------------
     def write_results(self, result, plan: ClusterPlan, mode: str, threshold: int, n_sites: int) -> Path:

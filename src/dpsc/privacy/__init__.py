@@ -8,59 +8,68 @@ DP-SGD steps go through :class:`DPSGDEngine`. Every call that reads cells books 
 cells' ledger through :func:`spending`.
 """
 
-from ._accounting import (
-    ACCOUNTANTS,
-    calibrate_noise_multiplier,
-    epsilon_curve,
-    history_epsilon,
-    make_accountant,
-    spent_epsilon,
-    split_budget,
-)
-from ._distributed import broadcast_from_rank_zero, is_distributed, sum_over_ranks, world
-from ._engine import DPSGDEngine, DPSGDSettings, poisson_steps
-from ._frequency import dp_cluster_frequency, frequency_release
-from ._kmeans import (
-    Assignment,
-    central_table_release,
-    dp_kmeans_centroids,
-    kmeans_release_steps,
-    kmeans_table,
-    split_table,
-    table_release,
-)
-from ._ledger import (
-    BudgetExceededError,
-    FileLedger,
-    Spending,
-    Spent,
-    attach_ledger,
-    book,
-    check_budget,
-    concat,
-    get_record,
-    ledger_frame,
-    set_budget,
-    spending,
-    spent,
-    write_record,
-    write_result,
-)
-from ._noise import NoiseSource
-from ._random import SecureRandom, secure_key
-from ._record import (
-    ADD_REMOVE,
-    COMMON_NOT_COVERED,
-    N_PUBLIC,
-    REPLACE_ONE,
-    PrivacyRecord,
-    build_statement,
-    estimator_record,
-    gaussian_release_record,
-    no_guarantee_record,
-    planned_pure_record,
-)
-from ._release import GaussianSum, LaplaceSum, distributed_slack, laplace_release
+from importlib import import_module
+from typing import Any
+
+#: Where each public name lives; submodules load on first use, so that a federated site's
+#: per-message process imports only what it uses (not Opacus or torch).
+_WHERE = {
+    "ACCOUNTANTS": "._accounting",
+    "ADD_REMOVE": "._record",
+    "Assignment": "._kmeans",
+    "BudgetExceededError": "._ledger",
+    "COMMON_NOT_COVERED": "._record",
+    "DPSGDEngine": "._engine",
+    "DPSGDSettings": "._engine",
+    "FileLedger": "._ledger",
+    "GaussianSum": "._release",
+    "LaplaceSum": "._release",
+    "N_PUBLIC": "._record",
+    "NoiseSource": "._noise",
+    "PrivacyRecord": "._record",
+    "REPLACE_ONE": "._record",
+    "SecureRandom": "._random",
+    "Spending": "._ledger",
+    "Spent": "._ledger",
+    "attach_ledger": "._ledger",
+    "book": "._ledger",
+    "broadcast_from_rank_zero": "._distributed",
+    "build_statement": "._record",
+    "calibrate_noise_multiplier": "._accounting",
+    "central_table_release": "._kmeans",
+    "check_budget": "._ledger",
+    "concat": "._ledger",
+    "distributed_slack": "._release",
+    "dp_cluster_frequency": "._frequency",
+    "dp_kmeans_centroids": "._kmeans",
+    "epsilon_curve": "._accounting",
+    "estimator_record": "._record",
+    "frequency_release": "._frequency",
+    "gaussian_release_record": "._record",
+    "get_record": "._ledger",
+    "history_epsilon": "._accounting",
+    "is_distributed": "._distributed",
+    "kmeans_release_steps": "._kmeans",
+    "kmeans_table": "._kmeans",
+    "laplace_release": "._release",
+    "ledger_frame": "._ledger",
+    "make_accountant": "._accounting",
+    "no_guarantee_record": "._record",
+    "planned_pure_record": "._record",
+    "poisson_steps": "._engine",
+    "secure_key": "._random",
+    "set_budget": "._ledger",
+    "spending": "._ledger",
+    "spent": "._ledger",
+    "spent_epsilon": "._accounting",
+    "split_budget": "._accounting",
+    "split_table": "._kmeans",
+    "sum_over_ranks": "._distributed",
+    "table_release": "._kmeans",
+    "world": "._distributed",
+    "write_record": "._ledger",
+    "write_result": "._ledger",
+}
 
 __all__ = [
     "ACCOUNTANTS",
@@ -119,3 +128,16 @@ __all__ = [
     "write_record",
     "write_result",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """Import the submodule that defines ``name`` on first access (PEP 562)."""
+    if name in _WHERE:
+        value = getattr(import_module(_WHERE[name], __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'dpsc.privacy' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_WHERE])

@@ -21,7 +21,7 @@ ACCOUNTANTS = ("rdp", "prv")
 
 #: Rényi orders of the RDP accountant: Opacus's defaults and integers to 256; releases of all
 #: cells (q = 1, whose RDP is closed-form and cheap at any order) also get orders up to 10⁴.
-_BASE_ORDERS = [1 + x / 10.0 for x in range(1, 100)] + list(range(12, 64))
+_BASE_ORDERS = [1.01, 1.02, 1.05] + [1 + x / 10.0 for x in range(1, 100)] + list(range(12, 64))
 RDP_ORDERS = [*_BASE_ORDERS, 64, 80, 96, 128, 160, 192, 256]
 RDP_ORDERS_FULL_BATCH = RDP_ORDERS + [int(x) for x in np.unique(np.geomspace(320, 1e4, 16).astype(int))]
 

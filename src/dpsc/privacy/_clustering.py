@@ -30,10 +30,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import torch
 
 from . import _hvg, _kmeans, _pca
-from ._accounting import history_epsilon, split_budget
 from ._release import GaussianSum
 
 PIPELINE_GENES = 2000  # genes kept by the DP gene selection (when the matrix has more)
@@ -94,6 +92,8 @@ class ClusterPlan:
 
     def spent(self, accountant: str = "rdp") -> float | None:
         """ε of the whole plan at δ (``None`` without privacy)."""
+        from ._accounting import history_epsilon
+
         return None if self.epsilon is None else history_epsilon(self.history(), self.delta, accountant)
 
     def to_config(self) -> dict[str, Any]:
@@ -148,6 +148,8 @@ def plan_clustering(
     )
     sigmas = {"genes": 0.0, "pca": 0.0, "kmeans": 0.0}
     if epsilon is not None:
+        from ._accounting import split_budget
+
         parts = {"pca": (SHARES["pca"], 1.0, 1), "kmeans": (SHARES["kmeans"], 1.0, steps)}
         if select:
             parts["genes"] = (SHARES["genes"], 1.0, 1)
@@ -199,7 +201,7 @@ def contribution(
     raise ValueError(f"Unknown release {request.kind!r}; the clustering has 'genes', 'pca' and 'kmeans'.")
 
 
-def cell_points(matrix: Any, genes: np.ndarray, loadings: np.ndarray) -> torch.Tensor:
+def cell_points(matrix: Any, genes: np.ndarray, loadings: np.ndarray) -> np.ndarray:
     """Each cell's projection on the released loadings, scaled to unit norm (a map of each cell alone)."""
     return _kmeans.kmeans_points(_pca.project(matrix, loadings, True, columns=genes), "cosine")
 
@@ -219,9 +221,7 @@ class ClusterResult:
 
     def labels(self, matrix: Any) -> np.ndarray:
         """Each cell's nearest released centroid (post-processing; computed from each cell)."""
-        return _kmeans.nearest_centroid(
-            cell_points(matrix, self.genes, self.loadings).numpy(), self.centroids
-        )
+        return _kmeans.nearest_centroid(cell_points(matrix, self.genes, self.loadings), self.centroids)
 
     def projections(self, matrix: Any) -> np.ndarray:
         """Each cell's projection on the loadings (float32)."""
@@ -250,7 +250,7 @@ def run_clustering(plan: ClusterPlan, release_sum: ReleaseSum) -> ClusterResult:
     loadings, block, eigenvalues = _pca.loadings(S, plan.n_comps, plan.gene_block, True)
     index += 1
 
-    def release_table(assignment: _kmeans.Assignment) -> tuple[torch.Tensor, torch.Tensor]:
+    def release_table(assignment: _kmeans.Assignment) -> tuple:
         nonlocal index
         table_request = Request("kmeans", index, plan.sigmas["kmeans"], genes, loadings, assignment)
         noisy = release_sum(table_request)

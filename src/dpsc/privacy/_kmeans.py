@@ -33,30 +33,38 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
-import torch
-from sklearn.cluster import KMeans
 
 from ._release import GaussianSum
+
+if TYPE_CHECKING:
+    import torch
 
 Metric = Literal["cosine", "euclidean"]
 
 
-def kmeans_points(points: np.ndarray, metric: Metric = "cosine") -> torch.Tensor:
+def _array(points) -> np.ndarray:
+    """Points as a float64 array (a torch tensor is moved to the CPU first)."""
+    if hasattr(points, "detach"):
+        points = points.detach().cpu().numpy()
+    return np.asarray(points, dtype=np.float64)
+
+
+def kmeans_points(points, metric: Metric = "cosine") -> np.ndarray:
     """Each cell's point as DP k-means reads it: the row itself, or scaled to unit norm (cosine).
 
     A row of zeros stays zero. Applied to each cell alone, so it is part of the per-cell map the
     sensitivity argument allows (module docstring).
     """
-    rows = torch.as_tensor(np.asarray(points, dtype=np.float64))
+    rows = _array(points)
     if metric == "cosine":
-        rows = rows / rows.norm(dim=1, keepdim=True).clamp(min=1e-12)
+        rows = rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)
     return rows
 
 
-def nearest_centroid(points: np.ndarray, centroids: np.ndarray, metric: Metric = "cosine") -> np.ndarray:
+def nearest_centroid(points, centroids: np.ndarray, metric: Metric = "cosine") -> np.ndarray:
     """Index of each cell's nearest released centroid (to the cell's unit-norm point for ``"cosine"``).
 
     Post-processing of the centroids: use it to label cells that were not in the fit, from a
@@ -65,9 +73,15 @@ def nearest_centroid(points: np.ndarray, centroids: np.ndarray, metric: Metric =
     return _nearest(kmeans_points(points, metric), centroids)
 
 
-def _nearest(points: torch.Tensor, centroids: np.ndarray) -> np.ndarray:
-    """Index of the nearest centroid of each row of points already mapped by :func:`kmeans_points`."""
-    return torch.cdist(points, torch.as_tensor(np.asarray(centroids, dtype=np.float64))).argmin(1).numpy()
+def _nearest(points, centroids: np.ndarray, block: int = 65_536) -> np.ndarray:
+    """Index of the nearest centroid of each row of points (already mapped by :func:`kmeans_points`)."""
+    points, centroids = _array(points), np.asarray(centroids, dtype=np.float64)
+    out = np.empty(points.shape[0], dtype=np.int64)
+    norms = (centroids**2).sum(1)
+    for start in range(0, points.shape[0], block):
+        rows = points[start : start + block]
+        out[start : start + len(rows)] = (norms[None, :] - 2.0 * rows @ centroids.T).argmin(1)
+    return out
 
 
 def kmeans_release_steps(n_sketch_steps: int, n_lloyd_rounds: int, steps_per_round: int) -> int:
@@ -91,13 +105,14 @@ class Assignment:
         """Rows of the table: :math:`2^b` buckets, or the number of centroids."""
         return 2 ** self.matrix.shape[1] if self.kind == "sketch" else self.matrix.shape[0]
 
-    def rows(self, points: torch.Tensor) -> torch.Tensor:
+    def rows(self, points) -> np.ndarray:
         """Return the row of each point."""
-        matrix = torch.as_tensor(self.matrix, dtype=torch.float64)
+        points, matrix = _array(points), np.asarray(self.matrix, dtype=np.float64)
         if self.kind == "sketch":
-            weights = 2 ** torch.arange(matrix.shape[1])
-            return (((points.double() @ matrix) > 0).long() * weights).sum(1)
-        return torch.cdist(points.double(), matrix).argmin(1)
+            return ((points @ matrix) > 0).astype(np.int64) @ (
+                2 ** np.arange(matrix.shape[1], dtype=np.int64)
+            )
+        return _nearest(points, matrix)
 
 
 def table_sensitivity(clip_norm: float, count_scale: float) -> float:
@@ -105,28 +120,24 @@ def table_sensitivity(clip_norm: float, count_scale: float) -> float:
     return clip_norm * float(np.sqrt(1.0 + count_scale**2))
 
 
-def _clip_rows(z: torch.Tensor, clip_norm: float) -> torch.Tensor:
-    norms = z.norm(dim=1, keepdim=True).clamp(min=1e-12)
-    return z * (clip_norm / norms).clamp(max=1.0)
+def _clip_rows(z: np.ndarray, clip_norm: float) -> np.ndarray:
+    norms = np.maximum(np.linalg.norm(z, axis=1, keepdims=True), 1e-12)
+    return z * np.minimum(clip_norm / norms, 1.0)
 
 
-def kmeans_table(
-    points: torch.Tensor, assignment: Assignment, clip_norm: float, count_scale: float
-) -> np.ndarray:
+def kmeans_table(points, assignment: Assignment, clip_norm: float, count_scale: float) -> np.ndarray:
     r"""Return the exact table :math:`\sum_i e_{r(i)} \otimes (\mathrm{clip}_R(z_i), \kappa R)`, flattened.
 
     Row-major ``(n_rows, d + 1)``: the sums of the clipped points, then the weighted count.
     """
-    d = points.shape[1]
-    table = torch.zeros(assignment.n_rows, d + 1, dtype=torch.float64)
-    if points.shape[0] > 0:
-        z = points.double()
+    z = _array(points)
+    d = z.shape[1]
+    table = np.zeros((assignment.n_rows, d + 1))
+    if z.shape[0] > 0:
         rows = assignment.rows(z)
-        table[:, :d].index_add_(0, rows, _clip_rows(z, clip_norm))
-        table[:, d].index_add_(
-            0, rows, torch.full((len(rows),), count_scale * clip_norm, dtype=torch.float64)
-        )
-    return table.reshape(-1).numpy()
+        np.add.at(table[:, :d], rows, _clip_rows(z, clip_norm))
+        table[:, d] = np.bincount(rows, minlength=assignment.n_rows) * (count_scale * clip_norm)
+    return table.reshape(-1)
 
 
 def table_release(
@@ -150,12 +161,14 @@ def table_release(
 def split_table(
     values: np.ndarray, n_rows: int, d: int, clip_norm: float, count_scale: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Return a released table as ``(sums (n_rows, d), counts (n_rows,))``, counts in cells."""
+    """Return a released table as ``(sums (n_rows, d), counts (n_rows,))`` torch tensors, counts in cells."""
+    import torch
+
     table = torch.as_tensor(np.asarray(values, dtype=np.float64).reshape(n_rows, d + 1))
     return table[:, :d].clone(), table[:, d] / (count_scale * clip_norm)
 
 
-ReleaseTable = Callable[[Assignment], tuple[torch.Tensor, torch.Tensor]]
+ReleaseTable = Callable[[Assignment], tuple]  # (sums, counts) as torch tensors
 
 
 def dp_kmeans_centroids(
@@ -201,6 +214,9 @@ def dp_kmeans_centroids(
     random_state
         Seed of the projections and of the post-processing k-means runs (public).
     """
+    import torch
+    from sklearn.cluster import KMeans
+
     if count_scale <= 0:
         raise ValueError(f"count_scale must be > 0, got {count_scale}.")
     if oversampling < 1:

@@ -54,7 +54,6 @@ import anndata as ad
 import numpy as np
 import pandas as pd
 
-from ._accounting import history_epsilon
 from ._record import ADD_REMOVE, REPLACE_ONE, PrivacyRecord
 
 LEDGER_KEY = "ledger"
@@ -108,6 +107,8 @@ def ledger_entry(record: PrivacyRecord, key: str, status: str = "released") -> d
 
 
 def _compose_one_relation(entries: list[dict[str, Any]]) -> tuple[float, float]:
+    from ._accounting import history_epsilon
+
     gaussian = [e for e in entries if np.asarray(e["history"]).size]
     other = [e for e in entries if not np.asarray(e["history"]).size]
     delta_gauss = float(sum(float(e["delta"]) for e in gaussian))
@@ -222,6 +223,24 @@ class FileLedger:
             key = f"{len(state['entries']):04d}"
             state["entries"][key] = _plain(entry)
         return key
+
+    def append_if_unchanged(self, entry: dict[str, Any], expected: int) -> str | None:
+        """Append ``entry`` without a budget check if the ledger still has ``expected`` entries.
+
+        For a caller that already checked a larger spend that includes this one (a site checks a
+        whole run at its first release): if nothing else was booked since, appending cannot exceed
+        the budget. Returns the entry's id, or ``None`` (the ledger changed: use :meth:`reserve`).
+        """
+        with self._locked() as state:
+            if len(state["entries"]) != expected:
+                return None
+            key = f"{len(state['entries']):04d}"
+            state["entries"][key] = _plain(entry)
+        return key
+
+    def count(self) -> int:
+        """Return number of entries."""
+        return len(self._read()["entries"])
 
     def settle(self, key: str, entry: dict[str, Any]) -> None:
         """Replace the reservation ``key`` by the entry of what was released."""

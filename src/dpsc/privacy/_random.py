@@ -29,7 +29,6 @@ import math
 import secrets
 
 import numpy as np
-import torch
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 KEY_BYTES = 32
@@ -115,14 +114,14 @@ class SecureRandom:
         draws = self.standard_normal(4 * n).reshape(4, n).sum(0) / 2.0
         return (std * draws).reshape(size)
 
-    def gaussian_tensor(
-        self, std: float, shape: torch.Size | tuple[int, ...], device: torch.device | str = "cpu"
-    ) -> torch.Tensor:
+    def gaussian_tensor(self, std: float, shape: tuple[int, ...], device: str = "cpu"):
         """Float32 tensor of N(0, std²) noise for DP-SGD: four Box–Muller draws summed, divided by 2.
 
         The arithmetic is float32, as Opacus's own sampler; on 2 CPU threads it costs what
-        ``torch.normal`` does (about 17 ms for 2.1 million draws).
+        ``torch.normal`` does (about 17 ms for 2.1 million draws). Returns a torch tensor.
         """
+        import torch
+
         n = int(np.prod(tuple(shape))) if len(shape) else 1
         if std == 0 or n == 0:
             return torch.zeros(shape, device=device)

@@ -14,6 +14,7 @@ __all__ = [
     "annotate",
     "audit",
     "cluster",
+    "cluster_federated",
     "fit",
     "fit_federated",
     "kmeans",

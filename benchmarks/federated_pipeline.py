@@ -1,0 +1,156 @@
+"""The federated private clustering (``dpsc.tl.cluster_federated``) beside the central one.
+
+Each row is one final run (secret noise, no label-based choice; labels only score it): a data set
+split over K sites (IID, or non-IID with 2 cell types per site as in the FedSC paper), the
+federated pipeline in ``secure`` mode (SecAgg+, threshold K: the central mechanism's noise) or
+``plain`` mode (each site adds the full noise), and the central ``dpsc.tl.cluster`` on the same
+cells at the same ε. Flower's simulation engine runs the sites on this machine.
+
+    python benchmarks/federated_pipeline.py --data ../shared/data --out benchmarks/results/federated_pipeline.jsonl \\
+        --datasets pbmc bladder --sites 2 4 8 --splits iid noniid --epsilons 8 --runs 3
+    python benchmarks/federated_pipeline.py --report benchmarks/results/federated_pipeline.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
+
+warnings.filterwarnings("ignore")
+DATASETS = {"pbmc": "pbmc_10x_4k_top2000.h5", "bladder": "mouse_bladder_top2000.h5"}
+
+
+def load(data: Path, name: str):
+    import dpsc
+
+    adata = dpsc.datasets.read_h5(data / DATASETS[name])
+    adata.obs["label"] = adata.obs["label"].astype(str)
+    return adata
+
+
+def score(truth, pred) -> dict:
+    return {
+        "ari": adjusted_rand_score(truth, pred),
+        "nmi": normalized_mutual_info_score(truth, pred),
+        "clusters_used": int(len(np.unique(pred))),
+    }
+
+
+def run_one(adata, dataset, n_sites, split, mode, eps, run) -> list[dict]:
+    import dpsc
+
+    cells = adata.copy()
+    types = 2 if split == "noniid" else None
+    n_types = cells.obs["label"].nunique()
+    if types is not None and n_sites * types < n_types:
+        types = -(-n_types // n_sites)
+    dpsc.pp.partition(cells, n_sites, label_key="label", types_per_client=types, random_state=run)
+    k = cells.obs["label"].nunique()
+    common = {"dataset": dataset, "sites": n_sites, "split": split, "epsilon": eps, "run": run, "k": k}
+    rows = []
+    start = time.perf_counter()
+    fed = cells.copy()
+    dpsc.tl.cluster_federated(fed, "client", k, epsilon=eps, mode=mode, random_state=run)
+    record = fed.uns["dpsc"]["dp_kmeans"]
+    rows.append(
+        {
+            **common,
+            "method": f"federated pipeline ({mode})",
+            **score(fed.obs["label"], fed.obs["dp_kmeans"]),
+            "wall_s": time.perf_counter() - start,
+            "bytes_per_site": int(sum(r["bytes_per_site"] for r in record["releases"])),
+            "rounds": len(record["releases"]) + 2,
+            "epsilon_spent": dpsc.privacy.spent(fed)[0],
+        }
+    )
+    if mode == "secure":
+        start = time.perf_counter()
+        central = cells.copy()
+        dpsc.tl.cluster(central, k, epsilon=eps, random_state=run)
+        rows.append(
+            {
+                **common,
+                "method": "central pipeline",
+                **score(central.obs["label"], central.obs["dp_kmeans"]),
+                "wall_s": time.perf_counter() - start,
+                "epsilon_spent": dpsc.privacy.spent(central)[0],
+            }
+        )
+    return rows
+
+
+def report(path: Path) -> str:
+    rows = pd.DataFrame([json.loads(line) for line in path.read_text().splitlines() if line.strip()])
+    keys = ["dataset", "split", "sites", "epsilon", "method"]
+    table = rows.groupby(keys).agg(
+        ari=("ari", "mean"),
+        ari_sd=("ari", "std"),
+        nmi=("nmi", "mean"),
+        clusters=("clusters_used", "mean"),
+        wall_s=("wall_s", "mean"),
+        mbytes=("bytes_per_site", lambda b: b.mean() / 1e6),
+        runs=("run", "count"),
+    )
+    lines = [
+        "| data | split | sites | ε | method | ARI | NMI | clusters used | wall s | MB per site | runs |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for (data, split, sites, eps, method), r in table.iterrows():
+        mb = "" if np.isnan(r["mbytes"]) else f"{r['mbytes']:.1f}"
+        lines.append(
+            f"| {data} | {split} | {sites} | {eps:g} | {method} | {r['ari']:.3f} ± {np.nan_to_num(r['ari_sd']):.3f} "
+            f"| {r['nmi']:.3f} | {r['clusters']:.1f} | {r['wall_s']:.1f} | {mb} | {int(r['runs'])} |"
+        )
+    secure = table.xs("federated pipeline (secure)", level="method")["ari"]
+    central = table.xs("central pipeline", level="method")["ari"]
+    gap = (secure - central).dropna()
+    lines.append("")
+    lines.append(
+        f"Secure federated minus central, mean ARI per configuration: mean {gap.mean():+.3f}, "
+        f"largest |gap| {gap.abs().max():.3f} over {len(gap)} configurations."
+    )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--data", type=Path)
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--datasets", nargs="+", default=list(DATASETS))
+    parser.add_argument("--sites", nargs="+", type=int, default=[2, 4, 8])
+    parser.add_argument("--splits", nargs="+", default=["iid", "noniid"])
+    parser.add_argument("--modes", nargs="+", default=["secure"])
+    parser.add_argument("--epsilons", nargs="+", type=float, default=[8.0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--report", type=Path)
+    args = parser.parse_args()
+    if args.report:
+        print(report(args.report))
+        return
+    import torch
+
+    torch.set_num_threads(2)
+    for dataset in args.datasets:
+        adata = load(args.data, dataset)
+        for n_sites in args.sites:
+            for split in args.splits:
+                for eps in args.epsilons:
+                    for mode in args.modes:
+                        for run in range(args.runs):
+                            for row in run_one(adata, dataset, n_sites, split, mode, eps, run):
+                                row["machine"] = f"{platform.machine()}, 2 CPU threads"
+                                with args.out.open("a") as out:
+                                    out.write(json.dumps(row) + "\n")
+                                print(json.dumps(row), flush=True)
+
+
+if __name__ == "__main__":
+    main()

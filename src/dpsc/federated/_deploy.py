@@ -1,0 +1,208 @@
+"""A real deployment of the federated clustering: Flower's SuperLink, SuperNodes and ``flwr run``.
+
+``dpsc federate server`` (:func:`run_server`) starts a SuperLink, writes a Flower app project whose
+components are :mod:`dpsc.federated.pipeline_app`'s apps, submits it with ``flwr run`` and stops the
+SuperLink when the run ends. ``dpsc federate site`` (:func:`run_site`) starts one SuperNode whose
+``node_config`` names the site's own settings file; it stops when the site has written its results
+(or its log shows that it refused), or at the timeout. Every process is bounded in time and stopped
+on exit. Without TLS certificates the processes run with Flower's ``--insecure`` (no encryption of
+the messages: loopback or a trusted network only); certificate files are passed through.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from ._pipeline import SERVER_DEFAULTS
+from ._site import SiteSettings
+
+APP_MODULE = """import dpsc.federated.pipeline_app as apps
+
+server_app = apps.server_app
+client_app = apps.client_app
+"""
+REFUSED = ("SiteRefusal", "Exit Code: 800")
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    return json.dumps(str(value))
+
+
+def write_app_project(folder: Path, config: dict[str, Any]) -> Path:
+    """Write the Flower app project ``flwr run`` submits (the components are dpsc's apps)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "dpsc_app.py").write_text(APP_MODULE)
+    lines = [
+        '[build-system]\nrequires = ["hatchling"]\nbuild-backend = "hatchling.build"\n',
+        '[project]\nname = "dpsc-federation"\nversion = "1.0.0"\ndependencies = []\n',
+        '[tool.hatch.build.targets.wheel]\npackages = ["."]\n',
+        '[tool.flwr.app]\npublisher = "dpsc"\n',
+        '[tool.flwr.app.components]\nserverapp = "dpsc_app:server_app"\nclientapp = "dpsc_app:client_app"\n',
+        "[tool.flwr.app.config]\n" + "".join(f"{k} = {_toml_value(v)}\n" for k, v in config.items()),
+    ]
+    (folder / "pyproject.toml").write_text("\n".join(lines))
+    return folder
+
+
+def wait_for_port(host: str, port: int, timeout: float) -> None:
+    """Wait until something listens on ``host:port`` (or raise)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=1.0):
+            return
+        time.sleep(0.2)
+    raise TimeoutError(f"Nothing listens on {host}:{port} after {timeout:.0f} s.")
+
+
+def free_port() -> int:
+    """Return a TCP port free on loopback now (for tests and a default)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextlib.contextmanager
+def _process(command: list[str], log: Path, env: dict[str, str] | None = None) -> Iterator[subprocess.Popen]:
+    with open(log, "w") as out:
+        process = subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+        try:
+            yield process
+        finally:
+            if process.poll() is None:
+                process.terminate()
+                try:
+                    process.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
+
+
+def _tls(certificates: dict[str, str | None]) -> list[str]:
+    given = {k: v for k, v in certificates.items() if v}
+    if not given:
+        return ["--insecure"]
+    return [arg for key, value in given.items() for arg in (f"--{key}", value)]
+
+
+def run_server(
+    *,
+    n_sites: int,
+    out: str | Path,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    timeout: float = 600.0,
+    certificates: dict[str, str | None] | None = None,
+    **config: Any,
+) -> dict[str, Any]:
+    """Start a SuperLink, run the federated clustering over ``n_sites`` SuperNodes, stop; return the summary.
+
+    ``config`` takes the server's run configuration (:data:`~dpsc.federated._pipeline.SERVER_DEFAULTS`,
+    underscores for dashes: ``mode``, ``threshold``, ``epsilon``, ``delta``, ``n_clusters``, …).
+    """
+    out = Path(out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    settings = {**SERVER_DEFAULTS, **{k.replace("_", "-"): v for k, v in config.items()}}
+    unknown = sorted(set(settings) - set(SERVER_DEFAULTS))
+    if unknown:
+        raise ValueError(f"Unknown server settings {unknown}; the server takes {sorted(SERVER_DEFAULTS)}.")
+    settings.update({"n-sites": int(n_sites), "out-dir": str(out / "result"), "timeout": float(timeout)})
+    home = out / "flwr-home"
+    home.mkdir(exist_ok=True)
+    address = f"{'127.0.0.1' if host == '0.0.0.0' else host}:{port}"
+    insecure = "--insecure" in _tls(certificates or {})
+    (home / "config.toml").write_text(
+        f'[superlink]\ndefault = "dpsc"\n\n[superlink.dpsc]\naddress = "{address}"\n'
+        f"insecure = {str(insecure).lower()}\n"
+    )
+    env = {**os.environ, "FLWR_HOME": str(home)}
+    project = write_app_project(out / "app", settings)
+    command = ["flower-superlink", *_tls(certificates or {}), "--host", host, "--port", str(port)]
+    with _process(command, out / "superlink.log", env):
+        wait_for_port("127.0.0.1" if host == "0.0.0.0" else host, port, 60)
+        started = time.monotonic()
+        run = subprocess.run(
+            ["flwr", "run", str(project), "dpsc", "--stream"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        (out / "run.log").write_text(run.stdout + run.stderr)
+    summary_file = out / "result" / "summary.json"
+    if not summary_file.exists():
+        raise RuntimeError(
+            f"The federated run ended without a result after {time.monotonic() - started:.0f} s; see "
+            f"{out / 'run.log'} (a site's refusal or a site that stopped appears there)."
+        )
+    return json.loads(summary_file.read_text())
+
+
+def write_site_settings(settings: SiteSettings, path: str | Path) -> Path:
+    """Write a site's settings as the TOML file its SuperNode's ``node_config`` names."""
+    values = {k: v for k, v in settings.__dict__.items() if v is not None}
+    if settings.epsilon is None:
+        values["epsilon"] = "none"
+    path = Path(path)
+    path.write_text("".join(f"{k} = {_toml_value(v)}\n" for k, v in values.items()))
+    return path
+
+
+def run_site(
+    settings_file: str | Path,
+    *,
+    superlink: str,
+    port: int | None = None,
+    timeout: float = 600.0,
+    root_certificates: str | None = None,
+) -> Path:
+    """Start this site's SuperNode; stop once its results are written (return their path) or it refused."""
+    settings_file = Path(settings_file).resolve()
+    settings = SiteSettings.from_file(settings_file)
+    if not Path(settings.data).is_file():
+        raise FileNotFoundError(f"The site's data file {settings.data} does not exist.")
+    output = Path(settings.output)
+    before = output.stat().st_mtime if output.exists() else 0.0
+    port = port or free_port()
+    tls = ["--root-certificates", root_certificates] if root_certificates else ["--insecure"]
+    command = [
+        "flower-supernode",
+        *tls,
+        "--superlink",
+        superlink,
+        "--port",
+        str(port),
+        "--node-config",
+        f"settings='{settings_file}'",
+    ]
+    log = Path(tempfile.gettempdir()) / f"dpsc-site-{os.getpid()}-{port}.log"
+    deadline = time.monotonic() + timeout
+    with _process(command, log) as node:
+        while time.monotonic() < deadline:
+            if output.exists() and output.stat().st_mtime > before:
+                time.sleep(2.0)  # let the last reply leave
+                return output
+            text = log.read_text() if log.exists() else ""
+            if any(mark in text for mark in REFUSED):
+                reason = next((line for line in text.splitlines() if "SiteRefusal" in line), "see the log")
+                raise ValueError(
+                    f"This site refused the run: {reason.split('SiteRefusal: ')[-1]} (log: {log})"
+                )
+            if node.poll() is not None:
+                raise RuntimeError(f"The SuperNode stopped before the run ended; see {log}.")
+            time.sleep(0.5)
+    raise TimeoutError(f"No run completed within {timeout:.0f} s; the SuperNode was stopped (log: {log}).")

@@ -1,0 +1,11 @@
+"""Module-level Flower apps of the federated private clustering, for a real deployment.
+
+``dpsc federate server`` submits a Flower app whose components are these two objects; every
+SuperNode's ClientApp reads its site's own settings from the TOML file its ``node_config``
+names (``settings='site.toml'``), never from the server.
+"""
+
+from ._pipeline import make_client_app, make_server_app
+
+server_app = make_server_app()
+client_app = make_client_app()

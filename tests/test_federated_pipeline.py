@@ -1,0 +1,329 @@
+"""The federated private clustering: exact secure sums, site-enforced privacy, ledgers, deployment."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import anndata as ad
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+import dpsc
+from dpsc.federated._secagg import LIMBS, from_digit_means, secure_mask, sum_digits, to_digits
+from dpsc.federated._site import Site, SiteRefusal, SiteSettings
+from dpsc.privacy import GaussianSum, NoiseSource, distributed_slack
+from dpsc.privacy._clustering import Request, contribution, plan_clustering
+
+
+@pytest.fixture
+def sites(small_adata, tmp_path):
+    """Three sites' files (100 cells each of the small PBMC AnnData) and their settings."""
+    out = []
+    for k in range(3):
+        path = tmp_path / f"site{k}.h5ad"
+        ad.AnnData(small_adata.X[k * 100 : (k + 1) * 100], var=small_adata.var[[]].copy()).write_h5ad(path)
+        out.append(SiteSettings(data=str(path), epsilon=8.0, budget=20.0))
+    return out
+
+
+def _plan(settings: SiteSettings, n_vars: int = 200, epsilon: float = 8.0):
+    return plan_clustering(epsilon, 1e-5, n_vars=n_vars, n_clusters=3)
+
+
+# -- exact secure sums ---------------------------------------------------------------------------
+def test_secagg_digits_carry_exact_int64_sums_through_flowers_quantizer():
+    from flwr.common.secure_aggregation.quantization import dequantize, quantize
+
+    from dpsc.federated._secagg import CLIP_RANGE, TARGET_RANGE
+
+    rng = np.random.default_rng(0)
+    vectors = [rng.integers(-(2**52), 2**52, size=500) for _ in range(5)]
+    assert np.array_equal(sum_digits([to_digits(v) for v in vectors]), np.sum(vectors, axis=0))
+    # what SecAgg+ does with the floats: quantize (stochastic rounding never rounds them), sum, dequantize,
+    # remove the clipping offset, divide by the total weight
+    quantized = [quantize(to_digits(v), CLIP_RANGE, TARGET_RANGE) for v in vectors]
+    recon = [sum(q[limb] for q in quantized) for limb in range(LIMBS)]
+    k = len(vectors)
+    means = [(a - (k - 1) * CLIP_RANGE) / k for a in dequantize(recon, CLIP_RANGE, TARGET_RANGE)]
+    assert np.array_equal(from_digit_means(means, k), np.sum(vectors, axis=0))
+
+
+def test_secure_masks_replace_flowers_32_bit_seed():
+    import importlib
+
+    from flwr.common.secure_aggregation.secaggplus_utils import pseudo_rand_gen as flowers
+
+    from dpsc.federated._secagg import SECAGG_MODULES, use_secure_masks
+
+    use_secure_masks()
+    for name in SECAGG_MODULES:  # the generator SecAgg+ calls on both sides is ours
+        assert importlib.import_module(name).pseudo_rand_gen is secure_mask
+    a, b = bytes(range(32)), bytes(range(4, 32)) + bytes(range(4))  # rotated by one 32-bit word
+    shapes = [(1000,)]
+    # Flower folds a 256-bit secret into 32 bits by XOR: these two secrets give the same mask ...
+    assert np.array_equal(flowers(a, 2**32, shapes)[0], flowers(b, 2**32, shapes)[0])
+    # ... ours uses the whole secret
+    assert not np.array_equal(secure_mask(a, 2**32, shapes)[0], secure_mask(b, 2**32, shapes)[0])
+    mask = secure_mask(a, 2**32, shapes)[0]
+    assert mask.min() >= 0 and mask.max() < 2**32 and abs(mask.mean() / 2**31 - 1) < 0.05
+
+
+def test_noise_shares_sum_to_the_central_noise():
+    release = GaussianSum("x", 20_000, 1.0, 1.3)
+    t = 4
+    shares = [release.noise(NoiseSource(7).stream("share", k), shares=t) for k in range(t)]
+    total = np.sum(shares, axis=0)
+    assert np.std(total) == pytest.approx(release.lattice_std, rel=0.02)
+    assert np.std(shares[0]) == pytest.approx(release.lattice_std / np.sqrt(t), rel=0.02)
+    assert distributed_slack(release, t) < -100  # Kairouz-Liu-Steinke slack: negligible
+    assert release.noise_std <= 1.001 * 1.3  # the lattice costs at most 0.1 %
+
+
+def test_a_sum_over_sites_equals_the_sum_over_cells(sites):
+    matrix = sp.vstack([ad.read_h5ad(s.data).X for s in sites])
+    request = Request("pca", 1, 0.0, genes=np.arange(200))
+    parts = [contribution(request, ad.read_h5ad(s.data).X) for s in sites]
+    np.testing.assert_allclose(np.sum(parts, axis=0), contribution(request, matrix), atol=1e-9)
+
+
+# -- site-enforced privacy -----------------------------------------------------------------------
+def test_site_refuses_what_its_settings_do_not_allow(sites):
+    site = Site(sites[0])
+    plan = _plan(sites[0])
+    site.check_run(plan, "secure", 3, 3)  # its own calibration: accepted
+    weaker = plan_clustering(16.0, 1e-5, n_vars=200, n_clusters=3)  # less noise than ε = 8 needs
+    with pytest.raises(SiteRefusal, match="below this site's own calibration"):
+        site.check_run(weaker, "secure", 3, 3)
+    with pytest.raises(SiteRefusal, match="un-noised"):
+        site.check_run(plan_clustering(None, 1e-5, n_vars=200, n_clusters=3), "secure", 3, 3)
+    cautious = Site(SiteSettings(data=sites[0].data, epsilon=8.0, honest_sites=2))
+    with pytest.raises(SiteRefusal, match="trusts at most 2"):
+        cautious.check_run(plan, "secure", 3, 3)
+    with pytest.raises(SiteRefusal, match="genes"):
+        site.check_run(_plan(sites[0], n_vars=150), "secure", 3, 3)
+    with pytest.raises(SiteRefusal, match="not in the run's plan"):
+        site.contribute(plan, Request("kmeans", 99, plan.sigmas["kmeans"]), "secure", 3, 3)
+    assert site.ledger.entries() == []  # nothing was booked by a refusal
+
+
+def test_site_handler_refuses_a_server_seed_and_a_secure_request_outside_secagg(sites):
+    from flwr.app import Context, RecordDict
+
+    from dpsc.federated._pipeline import SiteHandler
+
+    context = Context(run_id=1, node_id=1, node_config={"partition-id": 0}, state=RecordDict(), run_config={})
+    handler = SiteHandler(context, dict(enumerate(sites)))
+    plan = _plan(sites[0])
+    config = {"task": "pipeline", "mode": "secure", "threshold": 3, "n-sites": 3, **plan.to_config()}
+    config |= {"kind": "pca", "index": 0, "sigma": plan.sigmas["pca"]}
+    payload = [np.arange(200), np.zeros((0, 0)), np.zeros((0, 0))]
+    with pytest.raises(SiteRefusal, match="noise seed"):
+        handler.fit(payload, {**config, "noise-seed": 7})
+    with pytest.raises(SiteRefusal, match="outside SecAgg"):
+        handler.fit(payload, config)
+    with pytest.raises(SiteRefusal, match="Malformed"):
+        handler.fit(payload, {k: v for k, v in config.items() if k != "n-clusters"})
+    assert Site(sites[0]).ledger.entries() == []
+    vector, _, _ = handler.fit(payload, {**config, "mode": "plain", "threshold": 1})  # plain: full noise
+    assert vector[0].dtype == np.int64 and len(Site(sites[0]).ledger.entries()) == 1
+
+
+def test_site_ledger_survives_a_restart_composes_and_refuses_past_the_budget(sites):
+    settings = SiteSettings(data=sites[1].data, epsilon=8.0, budget=9.0)
+    plan = _plan(settings)
+
+    def one_run(site: Site) -> None:
+        state: dict = {}
+        genes = np.arange(200)
+        site.contribute(plan, Request("pca", 0, plan.sigmas["pca"], genes=genes), "plain", 1, 3, state)
+
+    one_run(Site(settings))
+    restarted = Site(settings)  # a new process: the ledger is read back from its file
+    assert len(restarted.ledger.entries()) == 1
+    first = dpsc.privacy._ledger.compose(restarted.ledger.entries()).epsilon
+    with pytest.raises(SiteRefusal, match="budget refuses the run"):
+        one_run(restarted)  # the whole run (about 8) on top of what was spent passes 9
+    assert len(restarted.ledger.entries()) == 1
+    assert 0 < first < 8.0
+    text = Path(settings.ledger).read_text()
+    assert json.loads(text)["budget"]["epsilon"] == 9.0  # a plain, atomic JSON file beside the data
+
+
+# -- Flower: simulation and a real deployment ----------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.optional_extra
+def test_secure_federated_clustering_reproduces_the_central_one(small_adata):
+    pytest.importorskip("flwr")
+    adata = small_adata.copy()
+    dpsc.pp.partition(adata, 3, random_state=0)
+    fed, central = adata.copy(), adata.copy()
+    dpsc.tl.cluster_federated(fed, "client", 3, epsilon=8.0, noise_seed=5)
+    dpsc.tl.cluster(central, 3, epsilon=8.0, noise_seed=5)
+    np.testing.assert_allclose(fed.varm["PCs"], central.varm["PCs"], atol=1e-4)
+    np.testing.assert_allclose(
+        fed.uns["dpsc"]["dp_kmeans"]["centroids"], central.uns["dpsc"]["dp_kmeans"]["centroids"], atol=1e-4
+    )
+    assert (fed.obs["dp_kmeans"] == central.obs["dp_kmeans"]).mean() > 0.99
+    record = dpsc.privacy.get_record(fed, "dp_kmeans")
+    assert record["guarantee"] == "proven" and "SecAgg+" in record["statement"]
+    assert dpsc.privacy.spent(fed).epsilon == pytest.approx(dpsc.privacy.spent(central).epsilon)
+    releases = fed.uns["dpsc"]["dp_kmeans"]["releases"]
+    assert [r["contributors"] for r in releases] == [3] * len(releases)
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _launch(args: list[str], log: Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "dpsc.cli", *args],
+        stdout=open(log, "w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+@pytest.mark.optional_extra
+def test_loopback_deployment_in_separate_processes(sites, tmp_path):
+    """SuperLink + 2 SuperNodes on loopback in separate processes, bounded in time, stopping by themselves."""
+    pytest.importorskip("flwr")
+    from dpsc.federated._deploy import free_port, write_site_settings
+
+    port = free_port()
+    start = time.monotonic()
+    server = _launch(
+        [
+            "federate",
+            "server",
+            "--sites",
+            "2",
+            "--mode",
+            "plain",
+            "--n-clusters",
+            "3",
+            "--n-vars",
+            "200",
+            "--port",
+            str(port),
+            "--out",
+            str(tmp_path / "fed"),
+            "--timeout",
+            "170",
+        ],
+        tmp_path / "server.log",
+    )
+    files = [write_site_settings(s, tmp_path / f"site{k}.toml") for k, s in enumerate(sites[:2])]
+    nodes = [
+        _launch(
+            [
+                "federate",
+                "site",
+                "--settings",
+                str(f),
+                "--superlink",
+                f"127.0.0.1:{port}",
+                "--timeout",
+                "170",
+            ],
+            tmp_path / f"site{k}.log",
+        )
+        for k, f in enumerate(files)
+    ]
+    try:
+        codes = [p.wait(timeout=190) for p in [server, *nodes]]
+    finally:
+        for p in [server, *nodes]:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+    wall = time.monotonic() - start
+    assert codes == [0, 0, 0], (tmp_path / "server.log").read_text()[-2000:]
+    summary = json.loads((tmp_path / "fed" / "result" / "summary.json").read_text())
+    assert [r["contributors"] for r in summary["releases"]] == [2] * len(summary["releases"])
+    for s in sites[:2]:
+        out = ad.read_h5ad(s.output)
+        assert out.obs["dp_kmeans"].notna().all() and out.varm["PCs"].shape == (
+            200,
+            out.obsm["X_pca"].shape[1],
+        )
+        claimed = out.uns["dpsc"]["dp_kmeans"]["privacy"]["epsilon"]
+        assert 0 < claimed <= 8.0 and dpsc.privacy.spent(out).epsilon == pytest.approx(claimed, rel=0.05)
+    print(f"loopback deployment: {wall:.0f} s")
+    assert wall < 180
+
+
+@pytest.mark.slow
+@pytest.mark.optional_extra
+def test_a_site_killed_mid_run_leaves_every_ledger_consistent(sites, tmp_path):
+    pytest.importorskip("flwr")
+    from dpsc.federated._deploy import free_port, write_site_settings
+
+    port = free_port()
+    data_digest = _digest(Path(sites[2].data))
+    server = _launch(
+        [
+            "federate",
+            "server",
+            "--sites",
+            "3",
+            "--mode",
+            "plain",
+            "--n-clusters",
+            "3",
+            "--n-vars",
+            "200",
+            "--port",
+            str(port),
+            "--out",
+            str(tmp_path / "fed"),
+            "--timeout",
+            "250",
+        ],
+        tmp_path / "server.log",
+    )
+    files = [write_site_settings(s, tmp_path / f"site{k}.toml") for k, s in enumerate(sites)]
+    nodes = [
+        _launch(
+            [
+                "federate",
+                "site",
+                "--settings",
+                str(f),
+                "--superlink",
+                f"127.0.0.1:{port}",
+                "--timeout",
+                "250",
+            ],
+            tmp_path / f"site{k}.log",
+        )
+        for k, f in enumerate(files)
+    ]
+    victim = Path(sites[2].ledger)
+    deadline = time.monotonic() + 200
+    while time.monotonic() < deadline and not (victim.exists() and json.loads(victim.read_text())["entries"]):
+        time.sleep(0.5)
+    os.killpg(nodes[2].pid, signal.SIGKILL)  # the site and its SuperNode stop mid-run
+    try:
+        codes = [p.wait(timeout=260) for p in [server, nodes[0], nodes[1]]]
+    finally:
+        for p in [server, *nodes]:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+    assert codes == [0, 0, 0], (tmp_path / "server.log").read_text()[-2000:]
+    summary = json.loads((tmp_path / "fed" / "result" / "summary.json").read_text())
+    contributors = [r["contributors"] for r in summary["releases"]]
+    assert contributors[-1] == 2 and contributors[0] in (2, 3)
+    killed = json.loads(victim.read_text())["entries"]
+    assert 1 <= len(killed) <= contributors.count(3) + 1  # booked just before sending: never less than sent
+    assert _digest(Path(sites[2].data)) == data_digest and not Path(sites[2].output).exists()
+    for s in sites[:2]:  # the others booked every release they sent, and wrote their results
+        assert len(json.loads(Path(s.ledger).read_text())["entries"]) == len(contributors)
+        assert Path(s.output).exists()
