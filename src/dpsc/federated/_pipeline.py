@@ -334,8 +334,8 @@ def make_server_app(settings: dict[str, Any] | None = None):
             needed = threshold if mode == "secure" else 1
             if len(replies) < needed:
                 raise RuntimeError(
-                    f"Release {request.index} ({request.kind}): {len(replies)} site(s) contributed, fewer than "
-                    "the "
+                    f"Release {request.index} ({request.kind}): {len(replies)} site(s) contributed, "
+                    "fewer than the "
                     f"{needed} the run needs; the run stops and nothing more is released. Site errors: "
                     f"{strategy.failures or 'none'}"
                 )
