@@ -327,3 +327,31 @@ def test_a_site_killed_mid_run_leaves_every_ledger_consistent(sites, tmp_path):
     for s in sites[:2]:  # the others booked every release they sent, and wrote their results
         assert len(json.loads(Path(s.ledger).read_text())["entries"]) == len(contributors)
         assert Path(s.output).exists()
+
+
+def test_fedsc_site_enforces_its_own_privacy(sites):
+    from dpsc.federated._fedsc_site import KMEANS_STEPS, FedSCGuard, fedsc_noise
+
+    guard = FedSCGuard(SiteSettings(data=sites[0].data, epsilon=4.0, budget=4.5, max_rounds=20), 100)
+    q, steps = 0.5, 40
+    own = fedsc_noise(4.0, guard.delta, q, steps)
+    run = {
+        "rounds": 10,
+        "local-epochs": 1,
+        "noise-multipliers": json.dumps([own[0]]),
+        "kmeans-noise-multipliers": json.dumps([own[1]]),
+    }
+    assert guard.check_run(run, 0, q, steps) == pytest.approx(own)
+    with pytest.raises(SiteRefusal, match="noise seed"):
+        guard.check_run({**run, "noise-seed": 3}, 0, q, steps)
+    with pytest.raises(SiteRefusal, match="below this site's own calibration"):
+        guard.check_run({**run, "noise-multipliers": json.dumps([0.5 * own[0]])}, 0, q, steps)
+    with pytest.raises(SiteRefusal, match="without noise"):
+        guard.check_run({**run, "noise-multipliers": ""}, 0, q, steps)
+    with pytest.raises(SiteRefusal, match="at most 20"):
+        guard.check_run({**run, "rounds": 30}, 0, q, steps)
+    with pytest.raises(SiteRefusal, match="exact per-gene sums"):
+        guard.refuse_statistics()
+    guard.book([(own[0], q, steps)], "a whole run", steps / (steps + KMEANS_STEPS))
+    with pytest.raises(SiteRefusal, match="budget"):  # a second whole run passes the budget of 4.5
+        guard.check_run(run, 0, q, steps)

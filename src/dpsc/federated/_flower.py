@@ -16,9 +16,15 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..privacy import dp_kmeans_centroids, split_table
+from ..privacy._clustering import CLIP_NORM, KMEANS_PLAN
+from ..privacy._kmeans import Assignment, nearest_centroid, table_release
 from ._ema import calibrate_lambda, divergence, divergence_aware_update, ema_weight
+from ._fedsc_site import KMEANS_STEPS, FedSCGuard
+from ._pipeline import site_settings_from
 from ._scaling import apply_scaling, pooled_scaling, site_sums
-from ._ssl import ClientDP, SSLConfig, SSLNet, local_train, local_train_private
+from ._site import SiteRefusal
+from ._ssl import ClientDP, SSLConfig, SSLNet, dp_schedule, embed, local_train, local_train_private
 
 DEFAULTS: dict[str, Any] = {
     "method": "fedsc",
@@ -40,6 +46,9 @@ DEFAULTS: dict[str, Any] = {
     # -1: every site seeds its DP noise and sampling from OS entropy (the server never sets it);
     # >= 0: an opt-in for tests and benchmarks, the guarantee then does not hold against its holder
     "noise-seed": -1,
+    # the final federated DP k-means: JSON list of each site's noise multiplier, and k
+    "kmeans-noise-multipliers": "",
+    "n-clusters": 8,
     "dp-optimizer": "sgd",
     "dp-lr": 0.032,
 }
@@ -77,8 +86,13 @@ def check_settings(settings: dict[str, Any]) -> None:
         )
 
 
-def make_apps(settings: dict[str, Any]):
-    """Build the ``(ServerApp, ClientApp)`` pair for the given settings."""
+def make_apps(settings: dict[str, Any], site_settings: dict[int, Any] | None = None):
+    """Build the ``(ServerApp, ClientApp)`` pair for the given settings.
+
+    ``site_settings`` maps a partition id to its site's :class:`~dpsc.federated.SiteSettings`
+    (simulation); without it, each SuperNode's ``node_config`` names its settings file. A site's
+    privacy comes from its settings, never from the run configuration (:mod:`._fedsc_site`).
+    """
     require_flwr()
     from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
     from flwr.clientapp import ClientApp
@@ -115,6 +129,60 @@ def make_apps(settings: dict[str, Any]):
             int(r): {k: float(v) for k, v in m.items()} for r, m in result.train_metrics_clientapp.items()
         }
         (out / "history.json").write_text(json.dumps(history))
+        centroids, releases = _federated_kmeans(grid, n, result.arrays, s, net.config.n_latent)
+        np.save(out / "centroids.npy", centroids)
+        _send(grid, n, {"task": "finish"}, result.arrays, extra={"centroids": centroids})
+        (out / "kmeans.json").write_text(json.dumps(releases))
+
+    def _send(grid: Grid, n: int, config: dict, arrays, extra: dict | None = None) -> list:
+        """One Message-API query round to every site; the replies, or a clear error."""
+        while len(nodes := list(grid.get_node_ids())) < n:
+            time.sleep(0.1)
+        payload = {"weights": arrays, "config": ConfigRecord(config)}
+        if extra:
+            payload["extra"] = ArrayRecord({k: torch.as_tensor(v) for k, v in extra.items()})
+        messages = [
+            Message(content=RecordDict(payload), dst_node_id=node, message_type="query") for node in nodes
+        ]
+        replies = list(grid.send_and_receive(messages))
+        failed = [reply.error.reason for reply in replies if reply.has_error()]
+        if failed:
+            raise RuntimeError(f"{config['task']}: {len(failed)} site(s) refused or failed: {failed}")
+        return replies
+
+    def _federated_kmeans(grid: Grid, n: int, arrays, s: dict, d: int):
+        """Return DP k-means centroids of the sites' embedded cells (plain: full noise at each site)."""
+        sigmas = json.loads(s["kmeans-noise-multipliers"]) if s["kmeans-noise-multipliers"] else [0.0] * n
+        sigma_sum = float(np.sqrt(np.sum(np.square(sigmas))))
+        count = {"index": 0}
+        releases = []
+
+        def release_table(assignment: Assignment):
+            index = count["index"]
+            config = {"task": "kmeans", "index": index, "assignment": assignment.kind}
+            replies = _send(grid, n, config, arrays, extra={"matrix": assignment.matrix})
+            total = np.sum([r.content["table"]["vector"].numpy() for r in replies], axis=0)
+            spec = table_release(
+                assignment.n_rows, d, CLIP_NORM, KMEANS_PLAN["count_scale"], max(sigma_sum, 1e-12)
+            )
+            releases.append(
+                {"index": index, "contributors": len(replies), "bytes_per_site": int(spec.size * 8)}
+            )
+            count["index"] += 1
+            return split_table(
+                spec.decode(total), assignment.n_rows, d, CLIP_NORM, KMEANS_PLAN["count_scale"]
+            )
+
+        centroids = dp_kmeans_centroids(
+            release_table,
+            int(s["n-clusters"]),
+            d,
+            noise_multiplier=sigma_sum,
+            clip_norm=CLIP_NORM,
+            random_state=int(s["seed"]),
+            **KMEANS_PLAN,
+        )
+        return centroids, releases
 
     def _pooled_gene_statistics(grid: Grid, n: int) -> tuple[np.ndarray, np.ndarray]:
         while len(nodes := list(grid.get_node_ids())) < n:  # SuperNodes register asynchronously
@@ -127,11 +195,45 @@ def make_apps(settings: dict[str, Any]):
             raise RuntimeError(f"Gene statistics: {missing} site(s) did not reply; errors: {failed}")
         return pooled_scaling([reply.content["sums"].to_torch_state_dict() for reply in replies])
 
-    @client_app.query()
-    def client_sums(msg: Message, context: Context) -> Message:
-        s = {**base, **dict(context.run_config)}
+    def _guard(context: Context, n_cells: int) -> FedSCGuard:
+        settings = site_settings_from(dict(context.node_config), site_settings)
+        return FedSCGuard(settings, n_cells)
+
+    def _cells(s: dict, context: Context) -> np.ndarray:
         X = np.load(Path(s["data-dir"]) / f"client_{int(context.node_config['partition-id'])}.npy")
-        return Message(content=RecordDict({"sums": ArrayRecord(site_sums(X))}), reply_to=msg)
+        if "scaling" in context.state:
+            scaling = context.state["scaling"]
+            X = apply_scaling(X, np.asarray(scaling["mean"]), np.asarray(scaling["std"]))
+        return X
+
+    @client_app.query()
+    def client_query(msg: Message, context: Context) -> Message:
+        s = {**base, **dict(context.run_config)}
+        X = _cells(s, context)
+        guard = _guard(context, X.shape[0])
+        config = msg.content.config_records.get("config", ConfigRecord({}))
+        task = str(config.get("task", "gene sums"))
+        if task == "gene sums":
+            guard.refuse_statistics()
+            return Message(content=RecordDict({"sums": ArrayRecord(site_sums(X))}), reply_to=msg)
+        net = SSLNet(X.shape[1], _ssl_config(s))
+        net.load_shared(msg.content["weights"].to_torch_state_dict())
+        points = embed(net, X)
+        extra = msg.content["extra"].to_torch_state_dict()
+        if task == "finish":
+            labels = nearest_centroid(points, extra["centroids"].numpy())
+            pid = int(context.node_config["partition-id"])
+            np.save(Path(s["out-dir"]) / f"labels_{pid}.npy", labels)
+            return Message(content=RecordDict({}), reply_to=msg)
+        if task != "kmeans":
+            raise SiteRefusal(f"Unknown request {task!r}; nothing was sent.")
+        sigma = float(context.state["dp"]["kmeans-sigma"]) if "dp" in context.state else 0.0
+        total = int(context.state["dp"]["steps"]) if "dp" in context.state else 0
+        assignment = Assignment(str(config["assignment"]), extra["matrix"].numpy())
+        vector = guard.kmeans_table(points, assignment, sigma, int(config["index"]), total)
+        return Message(
+            content=RecordDict({"table": ArrayRecord({"vector": torch.as_tensor(vector)})}), reply_to=msg
+        )
 
     @client_app.train()
     def client_train(msg: Message, context: Context) -> Message:
@@ -142,6 +244,9 @@ def make_apps(settings: dict[str, Any]):
         config = msg.content["config"]
         if "gene-mean" in config:
             X = apply_scaling(X, np.asarray(config["gene-mean"]), np.asarray(config["gene-std"]))
+            context.state["scaling"] = ConfigRecord(
+                {"mean": list(config["gene-mean"]), "std": list(config["gene-std"])}
+            )
         server_round = int(config["server-round"])
         net = SSLNet(X.shape[1], _ssl_config(s))
         global_state = msg.content["arrays"].to_torch_state_dict()
@@ -164,13 +269,21 @@ def make_apps(settings: dict[str, Any]):
         epochs = int(config["local-epochs"])
         seed = int(s["seed"]) * 100_003 + 1009 * pid + server_round
         metrics = {"mu": mu, "num-examples": int(X.shape[0])}
-        if s["noise-multipliers"]:
-            sigma = float(json.loads(s["noise-multipliers"])[pid])
+        guard = _guard(context, X.shape[0])
+        q, per_epoch = dp_schedule(X.shape[0], int(s["batch-size"]))
+        total = int(s["rounds"]) * int(s["local-epochs"]) * per_epoch
+        if "dp" not in context.state:  # the site's own checks, once per run
+            sigma, kmeans_sigma = guard.check_run(s, pid, q, total)
+            context.state["dp"] = ConfigRecord({"sigma": sigma, "kmeans-sigma": kmeans_sigma, "steps": total})
+        sigma = float(context.state["dp"]["sigma"])
+        if sigma > 0:
             dp = ClientDP(sigma, float(s["max-grad-norm"]), str(s["dp-optimizer"]), float(s["dp-lr"]))
-            noise_seed = int(s["noise-seed"])
-            site_seed = None if noise_seed < 0 else noise_seed * 100_003 + 1009 * pid + server_round
+            steps = epochs * per_epoch
+            guard.book([(sigma, q, steps)], f"round {server_round}", steps / (total + KMEANS_STEPS))
             # no loss in the reply: under DP it would be an un-noised statistic of the site's cells
-            metrics["dp-steps"] = local_train_private(net, X, epochs, seed, dp, noise_seed=site_seed)
+            metrics["dp-steps"] = local_train_private(
+                net, X, epochs, seed, dp, noise_seed=guard.settings.noise_seed
+            )
         else:
             metrics["loss"] = local_train(net, X, epochs, seed=seed)
         context.state["local"] = ArrayRecord(net.state_dict())
@@ -189,7 +302,9 @@ def write_client_data(data_dir: Path, parts: list[np.ndarray]) -> None:
     (data_dir / "meta.json").write_text(json.dumps(meta))
 
 
-def run_federation(settings: dict[str, Any], n_clients: int, n_cpus: int = 2) -> tuple[dict, dict]:
+def run_federation(
+    settings: dict[str, Any], n_clients: int, n_cpus: int = 2, site_settings: dict[int, Any] | None = None
+) -> tuple[dict, dict]:
     """Run the apps in Flower's simulation engine (Ray backend), one SuperNode per site.
 
     Returns ``(global_state, history)`` where ``history`` maps round → aggregated client metrics.
@@ -199,7 +314,7 @@ def run_federation(settings: dict[str, Any], n_clients: int, n_cpus: int = 2) ->
 
     from flwr.simulation import run_simulation
 
-    server_app, client_app = make_apps(settings)
+    server_app, client_app = make_apps(settings, site_settings)
     flwr_logger = logging.getLogger("flwr")
     level = flwr_logger.level
     flwr_logger.setLevel(logging.WARNING)  # Flower logs every round at INFO

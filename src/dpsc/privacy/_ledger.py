@@ -480,9 +480,12 @@ def write_record(
 
 
 def _h5ad_safe(value: Any) -> Any:
-    """Return a value ``write_h5ad`` can store: tuples become lists, ``None`` the string ``"None"``."""
+    """Return a value ``write_h5ad`` can store: tuples become lists, lists of dicts a dict of columns."""
     if value is None:
         return "None"
+    if isinstance(value, tuple | list) and value and all(isinstance(v, dict) for v in value):
+        keys = list(value[0])  # a table given as rows: stored as columns
+        return {str(k): _h5ad_safe([row.get(k) for row in value]) for k in keys}
     if isinstance(value, tuple | list):
         return [_h5ad_safe(v) for v in value]
     if isinstance(value, dict):

@@ -13,7 +13,6 @@ import numpy as np
 import pandas as pd
 import scipy.sparse as sp
 import torch
-from sklearn.cluster import KMeans
 
 from dpsc._docs import doc_params
 
@@ -32,13 +31,14 @@ from ..federated import (
     run_federation,
     write_client_data,
 )
+from ..federated._fedsc_site import KMEANS_STEPS, fedsc_noise
+from ..federated._site import SiteSettings
 from ..module._dcan import input_representation
 from ..optim import DEFAULT_PRIVATE_LRS, OPTIMIZERS
 from ..privacy import (
     NoiseSource,
     PrivacyRecord,
     build_statement,
-    calibrate_noise_multiplier,
     history_epsilon,
     no_guarantee_record,
     spending,
@@ -55,7 +55,7 @@ FEDERATED_NOT_COVERED = (
 
 
 def federated_record(
-    plan: dict[str, tuple[float, float, int]] | None,
+    plan: dict[str, tuple[tuple[float, float, int], tuple[float, float, int]]] | None,
     *,
     delta: float,
     optimizer: str,
@@ -64,25 +64,27 @@ def federated_record(
     n_obs: int,
     noise: NoiseSource,
     scale_genes: bool,
+    **_: Any,
 ) -> PrivacyRecord:
-    """Record of a federated fit: per-site DP-SGD (parallel composition), or none.
+    """Record of a federated fit: per-site DP-SGD and DP k-means (parallel composition), or none.
 
     A cell belongs to one site, so it is protected by its own site's (ε_k, δ): the ledger entry
     carries the worst site's history, max_k ε_k (parallel composition, McSherry 2009).
     """
     unit = f"adding or removing one cell of its site ({n_obs} cells in all)"
     if plan is None:
-        covered = "the global model and every message a site sent" + (
+        covered = "the global model, the final clustering and every message a site sent" + (
             ", including each site's per-gene sums" if scale_genes else ""
         )
         return no_guarantee_record("fit_federated", unit=unit, covered=covered)
-    per_site = {name: history_epsilon([entry], delta, accountant) for name, entry in plan.items()}
+    per_site = {name: history_epsilon(list(entries), delta, accountant) for name, entries in plan.items()}
     worst = max(per_site, key=per_site.get)
     covered = (
-        "every message a site sends (the weights after each round, hence everything the server and the "
-        "other sites see) and the final global model (post-processing); each cell by its own site's ε "
-        "(per site in 'epsilon_per_site')"
+        "every message a site sends (the weights after each round and its noisy k-means tables, hence "
+        "everything the server and the other sites see), the final global model and the centroids "
+        "(post-processing); each cell by its own site's ε (per site in 'epsilon_per_site')"
     )
+    training, kmeans = plan[worst]
     return PrivacyRecord(
         tool="fit_federated",
         epsilon=per_site[worst],
@@ -93,8 +95,9 @@ def federated_record(
             epsilon=per_site[worst],
             delta=delta,
             unit=unit,
-            mechanism=f"DP-SGD at every site ({optimizer} update on the noisy gradient, Poisson sampling, "
-            f"Opacus {accountant.upper()} accountant; noise drawn by each site, never by the server)",
+            mechanism=f"DP-SGD at every site ({optimizer} update on the noisy gradient, Poisson sampling) "
+            f"and DP k-means tables with each site's full noise, composed by the Opacus {accountant.upper()} "
+            "accountant; each site calibrates its own noise, drawn by each site, never by the server",
             covered=covered,
             not_covered=FEDERATED_NOT_COVERED,
             noise=noise.describe(),
@@ -102,19 +105,23 @@ def federated_record(
         covered=covered,
         not_covered=FEDERATED_NOT_COVERED,
         accountant=accountant,
-        mechanisms=[f"sampled Gaussian at site {k}: sigma={v[0]:.4g}, q={v[1]:.4g}" for k, v in plan.items()],
-        history=[plan[worst]],
-        noise_multiplier=plan[worst][0],
-        sample_rate=plan[worst][1],
-        steps=plan[worst][2],
+        mechanisms=[
+            f"site {k}: DP-SGD sigma={v[0][0]:.4g}, q={v[0][1]:.4g}; k-means sigma={v[1][0]:.4g}"
+            for k, v in plan.items()
+        ],
+        history=[training, kmeans],
+        noise_multiplier=training[0],
+        sample_rate=training[1],
+        steps=training[2] + kmeans[2],
         max_grad_norm=max_grad_norm,
         scope="site",
         noise=noise.to_dict(),
         details={
             "epsilon_per_site": per_site,
-            "noise_multiplier_per_site": {k: v[0] for k, v in plan.items()},
-            "sample_rate_per_site": {k: v[1] for k, v in plan.items()},
-            "steps_per_site": {k: v[2] for k, v in plan.items()},
+            "noise_multiplier_per_site": {k: v[0][0] for k, v in plan.items()},
+            "kmeans_noise_multiplier_per_site": {k: v[1][0] for k, v in plan.items()},
+            "sample_rate_per_site": {k: v[0][1] for k, v in plan.items()},
+            "steps_per_site": {k: v[0][2] for k, v in plan.items()},
             "optimizer": optimizer,
         },
     )
@@ -285,7 +292,8 @@ def fit_federated(
         "alpha": alpha,
         "seed": random_state,
         "scale-genes": bool(scale_genes),
-        "noise-seed": -1 if noise_seed is None else int(noise_seed),
+        "n-clusters": int(n_clusters),
+        "accountant": accountant,
     }
     dp_plan = None
     if epsilon is not None:
@@ -294,12 +302,13 @@ def fit_federated(
         for name in names:
             q, per_epoch = dp_schedule(int(sizes[name]), batch)
             steps = rounds * local_epochs * per_epoch
-            sigma = calibrate_noise_multiplier(float(epsilon), delta, q, steps, accountant)
-            dp_plan[name] = (sigma, q, steps)
+            sigma, kmeans_sigma = fedsc_noise(float(epsilon), delta, q, steps, accountant)
+            dp_plan[name] = ((sigma, q, steps), (kmeans_sigma, 1.0, KMEANS_STEPS))
         lr = DEFAULT_PRIVATE_LRS[optimizer]["federated"] if private_lr is None else float(private_lr)
         settings.update(
             {
-                "noise-multipliers": json.dumps([dp_plan[name][0] for name in names]),
+                "noise-multipliers": json.dumps([dp_plan[name][0][0] for name in names]),
+                "kmeans-noise-multipliers": json.dumps([dp_plan[name][1][0] for name in names]),
                 "max-grad-norm": float(max_grad_norm),
                 "dp-optimizer": optimizer,
                 "dp-lr": lr,
@@ -307,6 +316,8 @@ def fit_federated(
         )
     noise = NoiseSource(noise_seed)
     record_args = {
+        "epsilon": epsilon,
+        "client_key": client_key,
         "delta": delta,
         "optimizer": optimizer,
         "accountant": accountant,
@@ -368,9 +379,23 @@ def _run_fedsc(
     with tempfile.TemporaryDirectory(prefix="dpsc_fed_") as tmp:
         data_dir = Path(tmp) / "data"
         write_client_data(data_dir, parts)
-        settings.update({"data-dir": str(data_dir), "out-dir": str(Path(tmp) / "out")})
-        state, history = run_federation(settings, len(parts), n_cpus=n_cpus)
+        out = Path(tmp) / "out"
+        settings.update({"data-dir": str(data_dir), "out-dir": str(out)})
+        site_settings = {
+            k: SiteSettings(
+                data=str(data_dir / f"client_{k}.npy"),
+                epsilon=None if dp_plan is None else float(record_args["epsilon"]),
+                delta=record_args["delta"],
+                noise_seed=record_args["noise"].noise_seed,
+            )
+            for k in range(len(parts))
+        }
+        state, history = run_federation(settings, len(parts), n_cpus=n_cpus, site_settings=site_settings)
         scaling = read_scaling(settings["out-dir"])
+        site_labels = [
+            np.load(out / f"labels_{k}.npy") for k in range(len(parts))
+        ]  # each site, its own cells
+        kmeans_releases = json.loads((out / "kmeans.json").read_text())
     wall = time.perf_counter() - start
     if scaling is not None:
         X = apply_scaling(X, *scaling)
@@ -378,7 +403,10 @@ def _run_fedsc(
     net = SSLNet(X.shape[1], SSLConfig(method=method))
     net.load_shared(state)
     Z = embed(net, X)
-    labels = KMeans(n_clusters, n_init=10, random_state=random_state).fit_predict(Z)
+    labels = np.empty(adata.n_obs, dtype=np.int64)
+    sites = adata.obs[record_args["client_key"]].astype(str).to_numpy()
+    for name, part_labels in zip(names, site_labels, strict=True):
+        labels[sites == name] = part_labels
     target = adata.copy() if copy else adata
     target.obsm[key_added] = Z
     categories = [str(i) for i in range(n_clusters)]
@@ -397,6 +425,7 @@ def _run_fedsc(
         "scale_genes": bool(scale_genes),
         # what the sites' messages carried besides the weights (aggregated by the server)
         "reported_metrics": sorted({k for r in rounds_done for k in history[r]}),
+        "kmeans_releases": kmeans_releases,
     }
     if dp_plan is not None:
         steps_done = [history[r].get("dp-steps", 0) for r in rounds_done]

@@ -1,0 +1,169 @@
+"""The site's side of a FedSC run: its own privacy for training, and its part of the final clustering.
+
+A FedSC site enforces its privacy as a clustering site does (:mod:`dpsc.federated._site`): its ε,
+δ, budget, noise and the number of rounds it serves come from its own :class:`SiteSettings`. For a
+run of ``rounds × local_epochs`` local epochs with the FedSC batch it calibrates, for its own
+cells, the DP-SGD noise multiplier of the training and the one of the final DP k-means (the run's ε
+split :data:`TRAINING_SHARE` : 1 − :data:`TRAINING_SHARE`, :func:`~dpsc.privacy.split_budget`),
+and refuses the run when the server's noise multipliers are smaller, when the server sends a noise
+seed or asks for un-noised weights or statistics, when the run has more rounds than it serves, or
+when its ledger would pass its budget. Each round's DP-SGD steps, and each k-means release, are
+booked in its ledger file before the reply leaves.
+
+**The final clustering is federated.** After training, the server runs DP k-means
+(:func:`~dpsc.privacy.dp_kmeans_centroids`, the plan of :mod:`dpsc.privacy._clustering`) on the
+global encoder's embeddings: each site adds the k-means table of its own embedded cells with its
+full noise (plain aggregation), the server sums the tables and post-processes, and each site labels
+its own cells with the released centroids. No central k-means sees anyone's embeddings.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..privacy import ADD_REMOVE, BudgetExceededError, FileLedger, NoiseSource, PrivacyRecord
+from ..privacy._clustering import CLIP_NORM, KMEANS_PLAN
+from ..privacy._kmeans import Assignment, kmeans_points, kmeans_release_steps, kmeans_table, table_release
+from ..privacy._ledger import _check, ledger_entry
+from ._site import SiteRefusal, SiteSettings
+
+TRAINING_SHARE = 0.9
+KMEANS_STEPS = kmeans_release_steps(
+    KMEANS_PLAN["n_sketch_steps"], KMEANS_PLAN["n_lloyd_rounds"], KMEANS_PLAN["steps_per_round"]
+)
+
+
+def fedsc_noise(
+    epsilon: float, delta: float, sample_rate: float, steps: int, accountant: str = "rdp"
+) -> tuple[float, float]:
+    """``(σ_training, σ_kmeans)`` of a FedSC run at one site: its (ε, δ) split over training and k-means."""
+    from ..privacy import split_budget
+
+    split = split_budget(
+        epsilon,
+        delta,
+        {"training": (TRAINING_SHARE, sample_rate, steps), "kmeans": (1 - TRAINING_SHARE, 1.0, KMEANS_STEPS)},
+        accountant,
+    )
+    return split["training"][1], split["kmeans"][1]
+
+
+@dataclass
+class FedSCGuard:
+    """One site's checks and ledger for a FedSC run (module docstring)."""
+
+    settings: SiteSettings
+    n_cells: int
+
+    def __post_init__(self) -> None:
+        self.ledger = FileLedger(self.settings.ledger)
+        if self.settings.budget is not None:
+            self.ledger.set_budget({"epsilon": float(self.settings.budget), "delta": -1.0})
+        self.noise = NoiseSource(self.settings.noise_seed)
+        self.delta = (
+            float(self.settings.delta) if self.settings.delta is not None else min(1e-5, 0.1 / self.n_cells)
+        )
+
+    @property
+    def private(self) -> bool:
+        """Whether this site only serves private runs (it has an ε)."""
+        return self.settings.epsilon is not None
+
+    def refuse_statistics(self) -> None:
+        """Return an exact statistic of the cells (FedSC's pooled gene sums) is refused under DP."""
+        if self.private:
+            raise SiteRefusal(
+                "The server asks for this site's exact per-gene sums; under DP this site sends no un-noised "
+                "statistic of its cells."
+            )
+
+    def check_run(
+        self, run: dict[str, Any], partition: int, sample_rate: float, steps: int
+    ) -> tuple[float, float]:
+        """Check the run's plan and return the ``(σ_training, σ_kmeans)`` this site will use.
+
+        The site uses the server's noise multipliers when they are at least its own (more noise only
+        lowers its spend), else refuses. Called at the first round; the result is kept for the run.
+        """
+        if int(run.get("noise-seed", -1)) >= 0:
+            raise SiteRefusal(
+                "The server sent a noise seed; a site draws its noise from its own secret source."
+            )
+        rounds = int(run["rounds"]) * int(run["local-epochs"])
+        if rounds > self.settings.max_rounds:
+            raise SiteRefusal(
+                f"The run has {rounds} local epochs of rounds; this site serves at most "
+                f"{self.settings.max_rounds}."
+            )
+        if not self.private:
+            return 0.0, 0.0
+        if not run.get("noise-multipliers"):
+            raise SiteRefusal(
+                "The server asks for weights trained without noise; this site's settings give it an epsilon."
+            )
+        served = json.loads(run["noise-multipliers"])[partition]
+        kmeans_served = json.loads(run["kmeans-noise-multipliers"])[partition]
+        own = fedsc_noise(
+            float(self.settings.epsilon), self.delta, sample_rate, steps, run.get("accountant", "rdp")
+        )
+        for name, given, needed in (("training", served, own[0]), ("k-means", kmeans_served, own[1])):
+            if given < needed * (1 - 1e-9):
+                raise SiteRefusal(
+                    f"The server's {name} noise multiplier ({given:.4g}) is below this site's own "
+                    "calibration "
+                    f"({needed:.4g} for epsilon={self.settings.epsilon:g}); it would spend more than "
+                    "the site allows."
+                )
+        planned = self._record([(served, sample_rate, steps), (kmeans_served, 1.0, KMEANS_STEPS)], "run")
+        try:
+            _check(self.ledger.entries(), ledger_entry(planned, "run", "planned"), self.ledger.budget())
+        except BudgetExceededError as err:
+            raise SiteRefusal(f"This site's budget refuses the run: {err}") from None
+        return float(served), float(kmeans_served)
+
+    def _record(self, history: list[tuple[float, float, int]], what: str) -> PrivacyRecord:
+        from ..privacy import history_epsilon
+
+        delta = self.delta
+        return PrivacyRecord(
+            tool=f"FedSC ({what})",
+            epsilon=history_epsilon(history, delta),
+            delta=delta,
+            guarantee="proven",
+            statement="",
+            history=history,
+            relation=ADD_REMOVE,
+            noise=self.noise.to_dict(),
+        )
+
+    def book(self, history: list[tuple[float, float, int]], key: str, share_of_delta: float) -> None:
+        """Book what this reply releases (checked against the budget, atomically), before it leaves."""
+        if not self.private:
+            return
+        record = self._record(history, key)
+        record.delta = self.delta * share_of_delta
+        try:
+            self.ledger.reserve(ledger_entry(record, key, "sent"))
+        except BudgetExceededError as err:
+            raise SiteRefusal(f"This site's budget refuses the release: {err}") from None
+
+    def kmeans_table(
+        self, embeddings: np.ndarray, assignment: Assignment, sigma: float, index: int, total_steps: int
+    ) -> np.ndarray:
+        """Return this site's noisy k-means table of its embedded cells (lattice vector, full noise)."""
+        if self.private and not sigma > 0:
+            raise SiteRefusal("The server asks for an un-noised k-means table; this site has an epsilon.")
+        if not 0 <= index < KMEANS_STEPS or not math.isfinite(sigma):
+            raise SiteRefusal(f"Malformed k-means request (release {index}); nothing was sent.")
+        points = kmeans_points(embeddings, "cosine")
+        spec = table_release(assignment.n_rows, points.shape[1], CLIP_NORM, KMEANS_PLAN["count_scale"], sigma)
+        vector = spec.encode(kmeans_table(points, assignment, CLIP_NORM, KMEANS_PLAN["count_scale"]))
+        if self.private:
+            vector = vector + spec.noise(self.noise.stream("fedsc.kmeans", index))
+        self.book([(sigma, 1.0, 1)], f"k-means release {index}", 1.0 / (total_steps + KMEANS_STEPS))
+        return vector
