@@ -6,7 +6,8 @@ federated pipeline in ``secure`` mode (SecAgg+, threshold K: the central mechani
 ``plain`` mode (each site adds the full noise), and the central ``dpsc.tl.cluster`` on the same
 cells at the same ε. Flower's simulation engine runs the sites on this machine.
 
-    python benchmarks/federated_pipeline.py --data ../shared/data --out benchmarks/results/federated_pipeline.jsonl \\
+    python benchmarks/federated_pipeline.py --data ../shared/data \\
+        --out benchmarks/results/federated_pipeline.jsonl \\
         --datasets pbmc bladder --sites 2 4 8 --splits iid noniid --epsilons 8 --runs 3
     python benchmarks/federated_pipeline.py --report benchmarks/results/federated_pipeline.jsonl
 """
@@ -22,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
+from cluster_benchmark import score
 
 warnings.filterwarnings("ignore")
 DATASETS = {"pbmc": "pbmc_10x_4k_top2000.h5", "bladder": "mouse_bladder_top2000.h5"}
@@ -34,14 +35,6 @@ def load(data: Path, name: str):
     adata = dpsc.datasets.read_h5(data / DATASETS[name])
     adata.obs["label"] = adata.obs["label"].astype(str)
     return adata
-
-
-def score(truth, pred) -> dict:
-    return {
-        "ari": adjusted_rand_score(truth, pred),
-        "nmi": normalized_mutual_info_score(truth, pred),
-        "clusters_used": int(len(np.unique(pred))),
-    }
 
 
 def run_one(adata, dataset, n_sites, split, mode, eps, run) -> list[dict]:
@@ -66,8 +59,8 @@ def run_one(adata, dataset, n_sites, split, mode, eps, run) -> list[dict]:
             "method": f"federated pipeline ({mode})",
             **score(fed.obs["label"], fed.obs["dp_kmeans"]),
             "wall_s": time.perf_counter() - start,
-            "bytes_per_site": int(sum(r["bytes_per_site"] for r in record["releases"])),
-            "rounds": len(record["releases"]) + 2,
+            "bytes_per_site": int(sum(record["releases"]["bytes_per_site"])),
+            "rounds": len(record["releases"]["bytes_per_site"]) + 2,
             "epsilon_spent": dpsc.privacy.spent(fed)[0],
         }
     )
@@ -106,7 +99,8 @@ def report(path: Path) -> str:
     for (data, split, sites, eps, method), r in table.iterrows():
         mb = "" if np.isnan(r["mbytes"]) else f"{r['mbytes']:.1f}"
         lines.append(
-            f"| {data} | {split} | {sites} | {eps:g} | {method} | {r['ari']:.3f} ± {np.nan_to_num(r['ari_sd']):.3f} "
+            f"| {data} | {split} | {sites} | {eps:g} | {method} "
+            f"| {r['ari']:.3f} ± {np.nan_to_num(r['ari_sd']):.3f} "
             f"| {r['nmi']:.3f} | {r['clusters']:.1f} | {r['wall_s']:.1f} | {mb} | {int(r['runs'])} |"
         )
     secure = table.xs("federated pipeline (secure)", level="method")["ari"]

@@ -8,9 +8,16 @@ from sklearn.metrics import adjusted_rand_score
 
 import dpsc
 from dpsc import _blocks
-from dpsc.privacy import BudgetExceededError, kmeans_release_steps, ledger_frame, set_budget, spent
+from dpsc.privacy import (
+    BudgetExceededError,
+    kmeans_release_steps,
+    ledger_frame,
+    nearest_centroid,
+    set_budget,
+    spent,
+)
 from dpsc.privacy._pca import second_moment, unit_rows
-from dpsc.tl._kmeans import KMEANS_DEFAULTS, nearest_centroid
+from dpsc.tl._kmeans import KMEANS_DEFAULTS
 
 
 def blobs(n_per=150, k=4, genes=60, seed=0):

@@ -52,6 +52,7 @@ from ..privacy import (
     NoiseSource,
     PrivacyRecord,
     build_statement,
+    no_guarantee_record,
 )
 from ..privacy._clustering import ClusterPlan, Request, contribution, plan_clustering
 from ..privacy._ledger import _check, ledger_entry
@@ -156,30 +157,34 @@ class SiteSettings:
 
 
 def site_record(
-    plan: ClusterPlan, mode: str, threshold: int, n_sites: int, n_obs: int, noise: NoiseSource
+    plan: ClusterPlan,
+    mode: str,
+    threshold: int,
+    n_sites: int,
+    n_obs: int,
+    noise: NoiseSource,
+    simulated: bool = False,
 ) -> PrivacyRecord:
-    """Return the site's record of a federated clustering run (what its ε covers, under which assumption)."""
-    unit = f"adding or removing one of this site's {n_obs} cells"
-    covered = (
-        "every message this site sent (its noisy sums), hence the released genes, loadings and centroids"
-    )
-    if plan.epsilon is None:
-        return PrivacyRecord(
-            tool="federated clustering",
-            epsilon=None,
-            delta=0.0,
-            guarantee="none",
-            statement=build_statement(
-                guarantee="none",
-                epsilon=None,
-                delta=0.0,
-                unit=unit,
-                mechanism="",
-                covered=covered,
-                not_covered="",
-            ),
-            covered=covered,
+    """Return the site's record of a federated clustering run (what its ε covers, under which assumption).
+
+    ``simulated=True`` words it for one AnnData holding every simulated site's cells
+    (:func:`dpsc.tl.cluster_federated`): each site's ε covers its own cells, and so every cell here.
+    """
+    if simulated:
+        unit = (
+            f"adding or removing one of these {n_obs} cells (each of the {n_sites} sites' ε covers its own)"
         )
+        covered = (
+            "every message the sites sent (their noisy sums), hence the released genes, loadings and "
+            "centroids"
+        )
+    else:
+        unit = f"adding or removing one of this site's {n_obs} cells"
+        covered = (
+            "every message this site sent (its noisy sums), hence the released genes, loadings and centroids"
+        )
+    if plan.epsilon is None:
+        return no_guarantee_record("federated clustering", unit=unit, covered=covered)
     spent = plan.spent()
     if mode == "secure":
         assumption = (
@@ -191,11 +196,14 @@ def site_record(
         )
     else:
         assumption = (
-            "plain aggregation: this site added the full noise to its own sums, whatever the others did"
+            f"plain aggregation: {'each' if simulated else 'this'} site added the full noise to its own "
+            "sums, whatever the others did"
         )
+    whose = "these" if simulated else "this site's"
     not_covered = (
-        "the labels and projections written for this site's cells (computed from each cell), the number of "
-        "cells of each site (treated as public), and site-level privacy (whether this site took part)"
+        f"the labels and projections written for {whose} cells (computed from each cell), the number of "
+        "cells of each site (treated as public), and site-level privacy (whether "
+        f"{'a' if simulated else 'this'} site took part)"
     )
     return PrivacyRecord(
         tool="federated clustering",

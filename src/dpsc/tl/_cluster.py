@@ -16,7 +16,14 @@ from dpsc._docs import doc_params
 
 from .._api import DEFAULT_EPSILON, store_result
 from .._validation import check_privacy_args, check_public_counts, get_matrix, resolve_delta
-from ..privacy import COMMON_NOT_COVERED, NoiseSource, PrivacyRecord, build_statement, spending
+from ..privacy import (
+    COMMON_NOT_COVERED,
+    NoiseSource,
+    PrivacyRecord,
+    build_statement,
+    no_guarantee_record,
+    spending,
+)
 from ..privacy._clustering import (
     ClusterPlan,
     ClusterResult,
@@ -38,26 +45,14 @@ def cluster_record(plan: ClusterPlan, n_obs: int, noise: NoiseSource, tool: str 
         "the projections and labels written for these cells (computed from each cell); " + COMMON_NOT_COVERED
     )
     if plan.epsilon is None:
-        return PrivacyRecord(
-            tool=tool,
-            epsilon=None,
-            delta=0.0,
-            guarantee="none",
-            statement=build_statement(
-                guarantee="none",
-                epsilon=None,
-                delta=0.0,
-                unit=unit,
-                mechanism="",
-                covered=covered,
-                not_covered="",
-            ),
-            covered=covered,
-        )
+        return no_guarantee_record(tool, unit=unit, covered=covered)
     spent = plan.spent()
+    sums = ", ".join(
+        [*(["gene statistics"] if plan.select_genes else []), "gene second moments", "k-means tables"]
+    )
     mechanism = (
-        f"{plan.n_releases} discrete Gaussian releases of sums over cells (gene statistics, gene second "
-        "moments, k-means tables; lattice-encoded), composed by the Opacus RDP accountant"
+        f"{plan.n_releases} discrete Gaussian releases of sums over cells ({sums}; lattice-encoded), "
+        "composed by the Opacus RDP accountant"
     )
     history = plan.history()
     return PrivacyRecord(

@@ -124,7 +124,9 @@ def cluster_federated(
         epsilon, delta, n_vars=adata.n_vars, n_clusters=int(n_clusters), random_state=random_state
     )
     noise = NoiseSource(noise_seed)
-    record = site_record(plan, mode, threshold if mode == "secure" else 1, n_sites, adata.n_obs, noise)
+    record = site_record(
+        plan, mode, threshold if mode == "secure" else 1, n_sites, adata.n_obs, noise, simulated=True
+    )
     with (
         spending(adata, record, key_added) as booking,
         tempfile.TemporaryDirectory(prefix="dpsc_fed_") as tmp,

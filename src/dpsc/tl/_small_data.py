@@ -58,5 +58,5 @@ def small_data_message(
         f"against {measured['pbmc']:.2f} (PBMC 4k) and {measured['bladder']:.2f} (mouse bladder) "
         "with all cells (benchmarks/results/small_data.md). "
         f"What helps: more cells (about {cells_needed} at this epsilon), a larger epsilon, or, "
-        "for a clustering without a deep model, dpsc.pp.pca + dpsc.tl.kmeans."
+        "for a clustering without a deep model, dpsc.tl.cluster."
     )

@@ -1,0 +1,185 @@
+"""The proven private clustering in one call (``dpsc.tl.cluster``) on every labelled count file.
+
+Rows per data set and ε: ``dpsc.tl.cluster`` (secret noise, final result, labels for scoring only),
+its no-noise limit (``epsilon=None``: the same design without noise, so that the cost of the design
+and the cost of the noise are separate lines), and the non-private reference: scanpy's
+``normalize_total`` + ``log1p`` + ``highly_variable_genes`` (2000, when there are more genes) +
+``pca`` (16) + scikit-learn k-means. k is the number of labelled types (public for a benchmark).
+
+    python benchmarks/cluster_benchmark.py --data ../shared/data \\
+        --out benchmarks/results/cluster.jsonl --runs 3
+    python benchmarks/cluster_benchmark.py --report benchmarks/results/cluster.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
+
+warnings.filterwarnings("ignore")
+FILES = {
+    "pbmc": "pbmc_10x_4k_top2000.h5",
+    "bladder": "mouse_bladder_top2000.h5",
+    "bladder_allgenes": "mouse_bladder_2100cells_allgenes.h5",
+    "paul15": "paul15_bone_marrow_counts.h5ad",
+    "pancreas": "pancreas_endocrinogenesis_counts.h5ad",
+}
+
+
+def load(data: Path, name: str):
+    import anndata as ad
+
+    import dpsc
+
+    path = data / FILES[name]
+    if path.suffix == ".h5":
+        adata = dpsc.datasets.read_h5(path)
+    else:
+        adata = ad.read_h5ad(path)
+        adata.obs["label"] = adata.obs["cell_type"]
+    adata.obs["label"] = adata.obs["label"].astype(str)
+    return adata
+
+
+def score(truth, pred) -> dict:
+    return {
+        "ari": adjusted_rand_score(truth, pred),
+        "nmi": normalized_mutual_info_score(truth, pred),
+        "clusters_used": len(np.unique(pred)),
+    }
+
+
+def scanpy_reference(adata, k: int, seed: int) -> np.ndarray:
+    import scanpy as sc
+    from sklearn.cluster import KMeans
+
+    cells = adata.copy()
+    sc.pp.normalize_total(cells, target_sum=1e4)
+    sc.pp.log1p(cells)
+    if cells.n_vars > 2000:
+        sc.pp.highly_variable_genes(cells, n_top_genes=2000, subset=True)
+    sc.pp.pca(cells, n_comps=16, random_state=seed)
+    return KMeans(k, n_init=10, random_state=seed).fit_predict(cells.obsm["X_pca"])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--data", type=Path)
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--datasets", nargs="+", default=list(FILES))
+    parser.add_argument("--epsilons", nargs="+", type=float, default=[1.0, 2.0, 4.0, 8.0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--report", type=Path)
+    parser.add_argument("--plot", type=Path, help="with --report: write ARI against ε per data set here")
+    args = parser.parse_args()
+    if args.report:
+        print(report(args.report))
+        if args.plot:
+            plot(args.report, args.plot)
+        return
+    import torch
+
+    import dpsc
+
+    torch.set_num_threads(2)
+    for name in args.datasets:
+        adata = load(args.data, name)
+        k = adata.obs["label"].nunique()
+        for run in range(args.runs):
+            rows = []
+            start = time.perf_counter()
+            pred = scanpy_reference(adata, k, run)
+            rows.append(
+                {
+                    "method": "scanpy PCA + k-means (no privacy)",
+                    "epsilon": "inf",
+                    **score(adata.obs["label"], pred),
+                    "wall_s": time.perf_counter() - start,
+                }
+            )
+            for eps in [*args.epsilons, None]:
+                cells = adata.copy()
+                start = time.perf_counter()
+                dpsc.tl.cluster(cells, k, epsilon=eps, random_state=run)
+                rows.append(
+                    {
+                        "method": "tl.cluster" if eps is not None else "tl.cluster, no noise (design limit)",
+                        "epsilon": "inf" if eps is None else eps,
+                        **score(cells.obs["label"], cells.obs["dp_kmeans"]),
+                        "wall_s": time.perf_counter() - start,
+                        "epsilon_spent": float(dpsc.privacy.spent(cells).epsilon),
+                    }
+                )
+            with args.out.open("a") as out:
+                for row in rows:
+                    row.update(dataset=name, run=run, k=k, n_obs=adata.n_obs, n_vars=adata.n_vars)
+                    out.write(json.dumps(row) + "\n")
+                    print(json.dumps(row), flush=True)
+
+
+def report(path: Path) -> str:
+    rows = pd.DataFrame([json.loads(line) for line in path.read_text().splitlines() if line.strip()])
+    rows["epsilon"] = rows["epsilon"].astype(str)
+    table = rows.groupby(["dataset", "method", "epsilon"]).agg(
+        ari=("ari", "mean"), sd=("ari", "std"), clusters=("clusters_used", "mean"), runs=("run", "count")
+    )
+    reference = rows[rows["method"].str.startswith("scanpy")].groupby("dataset")["ari"].mean()
+    lines = [
+        "| data | method | ε | ARI | ratio to scanpy | clusters used | runs |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for (data, method, eps), r in table.iterrows():
+        lines.append(
+            f"| {data} | {method} | {eps} | {r['ari']:.3f} ± {np.nan_to_num(r['sd']):.3f} | "
+            f"{r['ari'] / reference[data]:.2f} | {r['clusters']:.1f} | {int(r['runs'])} |"
+        )
+    ratios = table.reset_index()
+    ratios = ratios[ratios["method"] == "tl.cluster"].assign(
+        ratio=lambda t: t["ari"] / t["dataset"].map(reference)
+    )
+    mean = ratios.groupby("epsilon")["ratio"].agg(["mean", "min"])
+    lines.append("")
+    lines.append("Mean ratio of `tl.cluster` to scanpy over the data sets (and the lowest file):")
+    for eps, r in mean.iterrows():
+        lines.append(f"- ε = {eps}: {r['mean']:.2f} (lowest {r['min']:.2f})")
+    return "\n".join(lines)
+
+
+def plot(path: Path, out: Path) -> None:
+    """ARI of ``tl.cluster`` against ε per data set, with its no-noise limit and scanpy's ARI."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = pd.DataFrame([json.loads(line) for line in path.read_text().splitlines() if line.strip()])
+    names = sorted(rows["dataset"].unique())
+    fig, axes = plt.subplots(1, len(names), figsize=(3.0 * len(names), 2.8), sharey=True)
+    for ax, name in zip(np.atleast_1d(axes), names, strict=True):
+        data = rows[rows["dataset"] == name]
+        private = data[data["method"] == "tl.cluster"].groupby("epsilon")["ari"].agg(["mean", "std"])
+        eps = private.index.astype(float)
+        ax.errorbar(eps, private["mean"], yerr=private["std"], marker="o", capsize=3, label="tl.cluster")
+        limit = data[data["method"].str.contains("no noise")]["ari"].mean()
+        scanpy = data[data["method"].str.startswith("scanpy")]["ari"].mean()
+        ax.axhline(limit, color="tab:orange", ls="--", label="same design, no noise")
+        ax.axhline(scanpy, color="gray", ls=":", label="scanpy, no privacy")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sorted(eps), [f"{e:g}" for e in sorted(eps)])
+        ax.set_title(name)
+        ax.set_xlabel("ε (composed)")
+    np.atleast_1d(axes)[0].set_ylabel("ARI")
+    np.atleast_1d(axes)[-1].legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+
+
+if __name__ == "__main__":
+    main()

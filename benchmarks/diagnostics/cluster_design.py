@@ -1,0 +1,106 @@
+"""Design variants of ``dpsc.tl.cluster``: the gene block, the mean component and the k-means metric.
+
+Separates what the design costs (ε = ∞, ``epsilon=None``) from what the noise costs, for five
+variants of the loadings and the points k-means reads (secret noise, 3 runs, labels for scoring):
+
+- ``D0``: 500-gene block (largest noisy second moments), first component dropped, cosine points
+  (the shipped design);
+- ``D1``: all genes, first component kept, cosine points;
+- ``D2``: 500-gene block, first component kept, cosine points;
+- ``D3``: all genes, first component dropped, Euclidean points (the projections as they are);
+- ``D4``: all genes, first component kept, Euclidean points.
+
+    python benchmarks/diagnostics/cluster_design.py --data ../shared/data \\
+        --out benchmarks/results/cluster_design.jsonl --datasets pbmc paul15
+    python benchmarks/diagnostics/cluster_design.py --report benchmarks/results/cluster_design.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from sklearn.metrics import adjusted_rand_score
+
+warnings.filterwarnings("ignore")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+VARIANTS = {
+    "D0": (500, True, "cosine"),
+    "D1": (10**9, False, "cosine"),
+    "D2": (500, False, "cosine"),
+    "D3": (10**9, True, "euclidean"),
+    "D4": (10**9, False, "euclidean"),
+}
+
+
+def use_variant(block: int, drop: bool, metric: str) -> None:
+    """Patch the clustering's gene block, mean-component rule and k-means points (this process only)."""
+    from dpsc.privacy import _clustering, _pca
+
+    original_loadings = use_variant.__dict__.setdefault("loadings", _pca.loadings)
+    original_points = use_variant.__dict__.setdefault("points", _clustering.cell_points)
+    _clustering.GENE_BLOCK = block
+    _pca.loadings = lambda S, comps, genes, _drop: original_loadings(S, comps, genes, drop)
+    if metric == "cosine":
+        _clustering.cell_points = original_points
+    else:
+        _clustering.cell_points = lambda m, g, L: _pca.project(m, L, True, columns=g).astype(np.float64)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--data", type=Path)
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--datasets", nargs="+", default=["pbmc", "paul15"])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--report", type=Path)
+    args = parser.parse_args()
+    if args.report:
+        print(report(args.report))
+        return
+    from cluster_benchmark import load
+
+    import dpsc
+
+    for name in args.datasets:
+        adata = load(args.data, name)
+        k = adata.obs["label"].nunique()
+        for variant, spec in VARIANTS.items():
+            use_variant(*spec)
+            for eps in (8.0, 4.0, 1.0, None):
+                for run in range(args.runs):
+                    cells = adata.copy()
+                    dpsc.tl.cluster(cells, k, epsilon=eps, random_state=run)
+                    row = {
+                        "dataset": name,
+                        "variant": variant,
+                        "epsilon": "inf" if eps is None else eps,
+                        "run": run,
+                        "ari": adjusted_rand_score(adata.obs["label"], cells.obs["dp_kmeans"]),
+                    }
+                    with args.out.open("a") as out:
+                        out.write(json.dumps(row) + "\n")
+
+
+def report(path: Path) -> str:
+    rows = pd.DataFrame([json.loads(line) for line in path.read_text().splitlines() if line.strip()])
+    rows["epsilon"] = rows["epsilon"].astype(str)
+    table = rows.groupby(["dataset", "variant", "epsilon"])["ari"].agg(["mean", "std"]).unstack("epsilon")
+    columns = [c for c in ("1.0", "4.0", "8.0", "inf") if c in table["mean"].columns]
+    lines = [
+        "| data | variant | " + " | ".join(f"ε = {c}" for c in columns) + " |",
+        "|---|---|" + "---|" * len(columns),
+    ]
+    for (data, variant), r in table.iterrows():
+        cells = [f"{r[('mean', c)]:.3f} ± {np.nan_to_num(r[('std', c)]):.3f}" for c in columns]
+        lines.append(f"| {data} | {variant} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,75 @@
+"""One calibration per release and one Poisson DP-SGD loop, checked by counting calls."""
+
+import inspect
+
+import numpy as np
+import pytest
+import torch
+
+import dpsc
+from dpsc.privacy import _accounting
+from dpsc.privacy._engine import DPSGDEngine
+
+
+@pytest.fixture
+def calibrations(monkeypatch):
+    """Count every call of Opacus's σ search (the one calibration function, wrapped by dpsc)."""
+    calls = []
+    original = _accounting.get_noise_multiplier
+
+    def counted(**kwargs):
+        calls.append(kwargs)
+        return original(**kwargs)
+
+    monkeypatch.setattr(_accounting, "get_noise_multiplier", counted)
+    return calls
+
+
+@pytest.mark.parametrize(("scope", "releases"), [("encoder", 1), ("full", 2)])
+def test_a_fit_calibrates_each_release_once(small_adata, tiny_fit, calibrations, scope, releases):
+    """Default fit: one σ (DP-SGD). Proven fit: two (loadings, DP-SGD), then one common scale."""
+    dpsc.tl.fit(small_adata, epsilon=8, scope=scope, noise_seed=0, **tiny_fit)
+    assert len(calibrations) == releases
+    record = dpsc.privacy.get_record(small_adata, "X_dpdcan")
+    assert record["epsilon"] <= 8.0 + 1e-9
+
+
+def test_the_one_call_clustering_calibrates_each_release_once(small_adata, calibrations):
+    dpsc.tl.cluster(small_adata, 3, epsilon=8, noise_seed=0, random_state=0)
+    record = dpsc.privacy.get_record(small_adata, "dp_kmeans")
+    # 200 genes: no gene selection; one σ for the PCA release, one for the k-means releases
+    assert len(calibrations) == len(record["mechanisms"]) == 2
+    assert "gene statistics" not in record["statement"]
+
+
+@pytest.fixture
+def loop_callers(monkeypatch):
+    """The function that called ``DPSGDEngine.take_step``, once per step."""
+    callers = []
+    original = DPSGDEngine.take_step
+
+    def recorded(self, *args, **kwargs):
+        callers.append(inspect.stack()[1].function)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(DPSGDEngine, "take_step", recorded)
+    return callers
+
+
+def test_classifier_audit_and_federated_site_train_through_the_one_poisson_loop(small_adata, loop_callers):
+    from dpsc.audit import gradient_canary_run
+    from dpsc.federated._ssl import ClientDP, SSLConfig, SSLNet, local_train_private
+    from dpsc.fm import DPSGDClassifier
+
+    rng = np.random.default_rng(0)
+    X, y = rng.normal(size=(60, 3)).astype(np.float32), rng.integers(0, 2, 60)
+    DPSGDClassifier(epsilon=2.0, epochs=1, batch_size=20, noise_seed=1).fit(X, y)
+    classifier = len(loop_callers)
+    counts = torch.as_tensor(small_adata.X.toarray(), dtype=torch.float32)
+    gradient_canary_run(counts, epsilon=1.0, n_canaries=50, epochs=1, n_hidden=(8,), n_latent=4, noise_seed=1)
+    audit = len(loop_callers) - classifier
+    cells = np.log1p(rng.poisson(2.0, size=(100, 12)).astype(np.float32))
+    local_train_private(SSLNet(12, SSLConfig()), cells, 1, seed=0, dp=ClientDP(2.0), noise_seed=1)
+    site = len(loop_callers) - classifier - audit
+    assert classifier > 0 and audit > 0 and site > 0
+    assert set(loop_callers) == {"poisson_steps"}
