@@ -39,7 +39,9 @@ def _plan(settings: SiteSettings, n_vars: int = 200, epsilon: float = 8.0):
 
 
 # -- exact secure sums ---------------------------------------------------------------------------
+@pytest.mark.optional_extra
 def test_secagg_digits_carry_exact_int64_sums_through_flowers_quantizer():
+    pytest.importorskip("flwr")
     from flwr.common.secure_aggregation.quantization import dequantize, quantize
 
     from dpsc.federated._secagg import CLIP_RANGE, TARGET_RANGE
@@ -56,7 +58,9 @@ def test_secagg_digits_carry_exact_int64_sums_through_flowers_quantizer():
     assert np.array_equal(from_digit_means(means, k), np.sum(vectors, axis=0))
 
 
+@pytest.mark.optional_extra
 def test_secure_masks_replace_flowers_32_bit_seed():
+    pytest.importorskip("flwr")
     import importlib
 
     from flwr.common.secure_aggregation.secaggplus_utils import pseudo_rand_gen as flowers
@@ -114,7 +118,9 @@ def test_site_refuses_what_its_settings_do_not_allow(sites):
     assert site.ledger.entries() == []  # nothing was booked by a refusal
 
 
+@pytest.mark.optional_extra
 def test_site_handler_refuses_a_server_seed_and_a_secure_request_outside_secagg(sites):
+    pytest.importorskip("flwr")
     from flwr.app import Context, RecordDict
 
     from dpsc.federated._pipeline import SiteHandler
