@@ -14,8 +14,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -74,11 +76,28 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def _die_with_parent() -> None:
+    """Ask Linux to kill this child (SIGKILL) when the dpsc process that started it dies.
+
+    Runs in the child before ``exec`` (``prctl(PR_SET_PDEATHSIG)``), so that a killed site or server
+    leaves no SuperNode or SuperLink behind.
+    """
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+
+
 @contextlib.contextmanager
 def _process(command: list[str], log: Path, env: dict[str, str] | None = None) -> Iterator[subprocess.Popen]:
     with open(log, "w") as out:
         process = subprocess.Popen(
-            command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            command,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
         )
         try:
             yield process
