@@ -4,9 +4,9 @@ Each tool runs in its own process: first once on 2,000 in-memory cells (so that 
 model is warm), then, with the peak resident size reset (``/proc/self/clear_refs``), on a
 ``backed="r"`` file of 10⁵ cells × 2,000 genes (sparse, 1 % non-zero). One dense copy of that
 matrix takes 800 MB in float32 (1.6 GB in float64); the test allows 400 MB above the resident
-size before the call and prints each peak. The audit trains on Poisson batches of
-``batch_size`` cells, whose activations are in memory at once: it runs with 1,000-cell batches
-(its default is 10 % of the cells).
+size before the call and prints each peak. The audit runs with its default Poisson batches of
+10 % of the cells (10⁴ here), which the DP-SGD loop takes in chunks of
+``dpsc.privacy._engine.MAX_PHYSICAL_BATCH`` cells, so only one chunk's activations are in memory.
 """
 
 import json
@@ -43,7 +43,7 @@ SCRIPT = textwrap.dedent(
                 adata, "response", epsilon=8, genes=genes, y_center=0.0, y_scale=1.0
             )
         else:
-            dpsc.tl.audit(adata, method="one_run", epsilon=8, epochs=1, n_canaries=200, batch_size=1000)
+            dpsc.tl.audit(adata, method="one_run", epsilon=8, epochs=1, n_canaries=200)
 
     path, tool = sys.argv[1], sys.argv[2]
     run(ad.read_h5ad(path, backed="r")[:2000].to_memory(), tool)

@@ -189,3 +189,46 @@ def test_clipped_pass_starts_at_module_outputs(tiny_module, counts, stage, scope
     assert calls == [1]
     assert all(not kept for kept in plan._engine._outputs.outputs), "kept outputs are released"
     plan.detach_privacy()
+
+
+@pytest.mark.parametrize("sigma", [0.0, 1.0])
+def test_a_poisson_batch_split_into_chunks_is_the_same_noisy_accounted_step(sigma):
+    """``poisson_steps`` in chunks of 7 cells leaves the weights and the accountant of one batch."""
+    from dpsc.privacy import DPSGDEngine, poisson_steps
+
+    cells = torch.randn(40, 5)
+    targets = torch.randn(40)
+
+    def run(max_physical_batch):
+        torch.manual_seed(0)
+        layer = torch.nn.Linear(5, 1)
+        settings = DPSGDSettings(
+            noise_multiplier=sigma,
+            max_grad_norm=C,
+            sample_rate=1.0,  # every cell in every batch: both runs see the same 40 cells
+            expected_batch_size=40,
+            accountant=make_accountant("rdp"),
+            noise=NoiseSource(3),
+        )
+        engine = DPSGDEngine([layer], torch.optim.SGD(layer.parameters(), lr=1.0), settings)
+        sizes = []
+
+        def per_cell_loss(indices):
+            sizes.append(len(indices))
+            return (layer(cells[indices]).squeeze(1) - targets[indices]) ** 2
+
+        poisson_steps(engine, 40, 2, per_cell_loss, max_physical_batch=max_physical_batch)
+        engine.close()
+        return (
+            torch.cat([p.detach().flatten() for p in layer.parameters()]),
+            settings.accountant.history,
+            sizes,
+        )
+
+    whole, whole_history, whole_sizes = run(512)
+    chunked, chunked_history, chunked_sizes = run(7)
+    assert whole_sizes == [40, 40] and chunked_sizes == [7, 7, 7, 7, 7, 5] * 2
+    assert whole_history == chunked_history == [(sigma, 1.0, 2)]
+    torch.testing.assert_close(chunked, whole, rtol=0, atol=1e-6)
+    with pytest.raises(ValueError, match="max_physical_batch"):
+        run(0)

@@ -21,6 +21,12 @@ Alg. 1, with Opacus doing the clipping, the noise and the accounting:
    method of Opacus's optimizer that draws it (:class:`SecureNoiseOptimizer`). An empty Poisson
    batch still takes the noisy step (:meth:`DPSGDEngine.empty_step`), as the accountant assumes.
 
+A Poisson batch larger than the memory allows is split into physical chunks (Opacus's virtual
+steps): :meth:`DPSGDEngine.accumulate` adds each chunk's clipped sum and takes no noise and no
+accounting step, then :meth:`DPSGDEngine.take_step` adds the last chunk, the noise once and one
+accounting step. Clipped sums add over any partition of the batch, so the released step is the
+same mechanism whatever the chunking.
+
 :func:`poisson_steps` is the one Poisson DP-SGD loop (draw, then an empty noisy step or backward
 and step) for every user outside Lightning (the annotation classifier, the gradient audit, the
 federated sites); DP-DCAN's Lightning plan draws its batches with
@@ -55,6 +61,10 @@ from ._distributed import world
 from ._ghost import ModuleOutputs, ghost_clipped_backward, release_privacy_hooks
 from ._noise import NoiseSource
 from ._random import SecureRandom
+
+#: Most cells whose losses :func:`poisson_steps` holds in memory at once (larger Poisson batches
+#: are split into chunks of this size; the step is the same mechanism).
+MAX_PHYSICAL_BATCH = 512
 
 
 @dataclass
@@ -237,6 +247,18 @@ class DPSGDEngine:
             p.grad = torch.zeros_like(p)
         self.step(after_noise)
 
+    def accumulate(self, per_cell_loss: torch.Tensor) -> None:
+        r"""Add one physical chunk's :math:`\sum_i \mathrm{clip}_C(\nabla L_i)` to this step's sum.
+
+        Opacus's skipped step: the optimizer moves ``.grad`` into its running ``summed_grad``
+        without noise, scaling or accounting; the step's last chunk goes to :meth:`take_step`.
+        """
+        self.zero_grad()  # after a skipped step Opacus keeps the running summed_grad
+        self.backward(per_cell_loss)
+        self.optimizer.signal_skip_step(do_skip=True)
+        if self.optimizer.pre_step():
+            raise RuntimeError("Opacus took a noisy step on a chunk it was told to accumulate.")
+
     def take_step(
         self, per_cell_loss: torch.Tensor | None, after_noise: Callable[[], None] | None = None
     ) -> None:
@@ -262,17 +284,29 @@ def poisson_steps(
     steps: int,
     per_cell_loss: Callable[[torch.Tensor], torch.Tensor],
     after_step: Callable[[], None] | None = None,
+    max_physical_batch: int = MAX_PHYSICAL_BATCH,
 ) -> int:
     """Return the one Poisson DP-SGD loop: ``steps`` draws at rate q, each an (empty or not) noisy step.
 
     ``per_cell_loss(indices)`` returns the loss vector of the sampled cells (its entry ``i`` may
-    depend on cell ``indices[i]`` alone); ``after_step`` runs after every step (e.g. an EMA of
-    the already-private weights). Returns the number of steps taken.
+    depend on cell ``indices[i]`` alone); it is called on chunks of at most
+    ``max_physical_batch`` cells, so memory follows that bound rather than the Poisson batch
+    (module docstring: one noisy, accounted step per draw whatever the chunking).
+    ``after_step`` runs after every step (e.g. an EMA of the already-private weights). Returns
+    the number of steps taken.
     """
+    if max_physical_batch < 1:
+        raise ValueError(f"max_physical_batch must be a positive number of cells, got {max_physical_batch}.")
     draw = engine.settings.sampler()
     for _ in range(steps):
         indices = torch.nonzero(draw(n_obs)).reshape(-1)
-        engine.take_step(per_cell_loss(indices) if len(indices) else None)
+        if not len(indices):
+            engine.take_step(None)
+        else:
+            *first, last = torch.split(indices, max_physical_batch)
+            for chunk in first:
+                engine.accumulate(per_cell_loss(chunk))
+            engine.take_step(per_cell_loss(last))
         if after_step is not None:
             after_step()
     return steps
