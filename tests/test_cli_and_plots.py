@@ -86,6 +86,60 @@ def test_cli_filter_genes_drops_empty_genes_and_says_what_it_covers(small_adata,
     assert ad.read_h5ad(out).n_vars == adata.n_vars - 2
 
 
+def _dpsc(*args: str):
+    """Run the installed ``dpsc`` command (the console script beside this Python) in a new process."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(sys.executable).with_name("dpsc")
+    command = [str(script)] if script.exists() else [shutil.which("dpsc") or "dpsc"]
+    return subprocess.run([*command, *args], capture_output=True, text=True, timeout=120)
+
+
+def test_the_installed_command_answers_bad_input_fast_and_without_a_traceback(tmp_path):
+    import time
+
+    start = time.perf_counter()
+    missing = _dpsc("fit", str(tmp_path / "missing.h5ad"))
+    assert time.perf_counter() - start < 30  # answered before any model library loads
+    assert missing.returncode == 2 and missing.stdout == ""
+    assert missing.stderr.startswith("dpsc: error: No such file:") and "Traceback" not in missing.stderr
+    assert "--debug" in missing.stderr
+    # --debug shows the traceback, before or after the subcommand
+    for args in (
+        ("--debug", "fit", str(tmp_path / "missing.h5ad")),
+        ("fit", str(tmp_path / "missing.h5ad"), "--debug"),
+    ):
+        debug = _dpsc(*args)
+        assert debug.returncode == 1 and "Traceback" in debug.stderr and "FileNotFoundError" in debug.stderr
+    # an unknown option is answered with the usage of the subcommand it was given to
+    unknown = _dpsc("fit", str(tmp_path / "missing.h5ad"), "--epsilonn", "8")
+    assert unknown.returncode == 2 and "usage: dpsc fit" in unknown.stderr
+    assert "unrecognized arguments: --epsilonn 8" in unknown.stderr
+    site = _dpsc("federate", "site", "--superlink", "127.0.0.1:1")
+    assert site.returncode == 2 and "--settings site.toml" in site.stderr and "Traceback" not in site.stderr
+    import subprocess
+    import sys
+
+    without_flower = subprocess.run(  # as on a machine without the federated extra
+        [
+            sys.executable,
+            "-c",
+            "import sys; sys.modules['flwr'] = None; from dpsc.cli import main; "
+            f"sys.exit(main(['federate', 'server', '--sites', '2', '--out', {str(tmp_path / 'fed')!r}]))",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert without_flower.returncode == 2
+    assert "pip install 'dpsc[federated]'" in " ".join(without_flower.stderr.split())
+    version = _dpsc("--version")
+    assert version.returncode == 0 and version.stdout.startswith("dpsc ")
+
+
 def test_import_and_help_do_not_load_torch():
     import subprocess
     import sys

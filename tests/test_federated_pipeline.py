@@ -268,12 +268,12 @@ def test_loopback_deployment_in_separate_processes(sites, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.optional_extra
-@pytest.mark.xfail(
-    strict=True,
-    reason="known gap: the server waits for a killed site's reply until its own timeout instead of "
-    "releasing with the remaining sites (no per-release round timeout yet)",
-)
 def test_a_site_killed_mid_run_leaves_every_ledger_consistent(sites, tmp_path):
+    """A site killed after it booked its first release: the run ends with the two others.
+
+    The server leaves the killed site out once the SuperLink reports it: after Flower's heartbeat
+    patience (60 s) or, when it died while sending, the object-push session lifetime (180 s).
+    """
     pytest.importorskip("flwr")
     from dpsc.federated._deploy import free_port, write_site_settings
 
@@ -296,7 +296,7 @@ def test_a_site_killed_mid_run_leaves_every_ledger_consistent(sites, tmp_path):
             "--out",
             str(tmp_path / "fed"),
             "--timeout",
-            "150",
+            "320",
         ],
         tmp_path / "server.log",
     )
@@ -311,7 +311,7 @@ def test_a_site_killed_mid_run_leaves_every_ledger_consistent(sites, tmp_path):
                 "--superlink",
                 f"127.0.0.1:{port}",
                 "--timeout",
-                "150",
+                "320",
             ],
             tmp_path / f"site{k}.log",
         )
@@ -323,7 +323,7 @@ def test_a_site_killed_mid_run_leaves_every_ledger_consistent(sites, tmp_path):
         time.sleep(0.5)
     os.killpg(nodes[2].pid, signal.SIGKILL)  # the site and its SuperNode stop mid-run
     try:
-        codes = [p.wait(timeout=160) for p in [server, nodes[0], nodes[1]]]
+        codes = [p.wait(timeout=340) for p in [server, nodes[0], nodes[1]]]
     finally:
         for p in [server, *nodes]:
             if p.poll() is None:

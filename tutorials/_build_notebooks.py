@@ -15,7 +15,8 @@ HERE = Path(__file__).parent
 SETUP = '''import os
 import warnings
 
-warnings.filterwarnings("ignore")
+# Without ipywidgets, tqdm draws text progress bars and says so once; dpsc's own warnings stay on.
+warnings.filterwarnings("ignore", message="IProgress not found")
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -508,12 +509,11 @@ multiplier (the one that reaches ε = 0.5 after 10 epochs) spends more with ever
 where the next epoch would cross the budget.
 """),
     code("""
-from opacus.accountants.utils import get_noise_multiplier
+from dpsc.privacy import calibrate_noise_multiplier
 
 budget, batch = 0.5, 128
-steps = -(-reference.n_obs // batch)
-sigma = get_noise_multiplier(target_epsilon=budget, target_delta=1e-5, sample_rate=1 / steps, epochs=10,
-                             accountant="prv")
+steps = -(-reference.n_obs // batch)  # one epoch of Poisson batches
+sigma = calibrate_noise_multiplier(budget, 1e-5, sample_rate=1 / steps, steps=10 * steps, accountant="prv")
 curve = []
 for epochs_asked in ((1, 5, 20) if FAST else (1, 10, 50, 200)):
     dpsc.tl.annotate(reference, query, "cell_type", epsilon=budget, method="pcdbn", epochs=epochs_asked)

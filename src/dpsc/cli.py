@@ -385,7 +385,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         subparsers.get(name, parser).error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return COMMANDS[args.command](args)
-    except (ValueError, FileNotFoundError, KeyError, TypeError, RuntimeError, TimeoutError) as err:
+    except (
+        ValueError,
+        FileNotFoundError,
+        KeyError,
+        TypeError,
+        RuntimeError,
+        TimeoutError,
+        ImportError,
+    ) as err:
         if args.debug:
             raise
         message = err.args[0] if isinstance(err, KeyError) and err.args else str(err)

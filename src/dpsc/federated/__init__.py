@@ -15,7 +15,7 @@ _WHERE = {
     "DEFAULTS": "._flower",
     "make_apps": "._flower",
     "read_scaling": "._flower",
-    "require_flwr": "._flower",
+    "require_flwr": "._requires",
     "run_federation": "._flower",
     "write_client_data": "._flower",
     "apply_scaling": "._scaling",

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ._pipeline import SERVER_DEFAULTS
+from ._requires import require_flwr
 from ._site import SiteSettings
 
 APP_MODULE = """import dpsc.federated.pipeline_app as apps
@@ -133,6 +134,7 @@ def run_server(
     ``config`` takes the server's run configuration (:data:`~dpsc.federated._pipeline.SERVER_DEFAULTS`,
     underscores for dashes: ``mode``, ``threshold``, ``epsilon``, ``delta``, ``n_clusters``, …).
     """
+    require_flwr()
     out = Path(out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     settings = {**SERVER_DEFAULTS, **{k.replace("_", "-"): v for k, v in config.items()}}
@@ -154,14 +156,20 @@ def run_server(
     with _process(command, out / "superlink.log", env):
         wait_for_port("127.0.0.1" if host == "0.0.0.0" else host, port, 60)
         started = time.monotonic()
-        run = subprocess.run(
-            ["flwr", "run", str(project), "dpsc", "--stream"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
-        (out / "run.log").write_text(run.stdout + run.stderr)
+        with open(out / "run.log", "w") as run_log:
+            try:
+                subprocess.run(
+                    ["flwr", "run", str(project), "dpsc", "--stream"],
+                    env=env,
+                    stdout=run_log,
+                    stderr=subprocess.STDOUT,
+                    timeout=timeout,
+                )
+            except subprocess.TimeoutExpired:
+                raise TimeoutError(
+                    f"The federated run did not end within {timeout:.0f} s and was stopped; see "
+                    f"{out / 'run.log'} (raise --timeout for slow sites or large data)."
+                ) from None
     summary_file = out / "result" / "summary.json"
     if not summary_file.exists():
         raise RuntimeError(
@@ -190,6 +198,7 @@ def run_site(
     root_certificates: str | None = None,
 ) -> Path:
     """Start this site's SuperNode; stop once its results are written (return their path) or it refused."""
+    require_flwr()
     settings_file = Path(settings_file).resolve()
     settings = SiteSettings.from_file(settings_file)
     if not Path(settings.data).is_file():

@@ -22,7 +22,9 @@ from ..privacy._kmeans import Assignment, nearest_centroid, table_release
 from ._ema import calibrate_lambda, divergence, divergence_aware_update, ema_weight
 from ._fedsc_site import KMEANS_STEPS, FedSCGuard
 from ._pipeline import site_settings_from
+from ._requires import require_flwr
 from ._scaling import apply_scaling, pooled_scaling, site_sums
+from ._simulation import simulate
 from ._site import SiteRefusal
 from ._ssl import ClientDP, SSLConfig, SSLNet, dp_schedule, embed, local_train, local_train_private
 
@@ -52,16 +54,6 @@ DEFAULTS: dict[str, Any] = {
     "dp-optimizer": "sgd",
     "dp-lr": 0.032,
 }
-
-
-def require_flwr() -> None:
-    """Raise a clear error when Flower is not installed."""
-    try:
-        import flwr  # noqa: F401
-    except ImportError as err:
-        raise ImportError(
-            "Federated training runs on Flower, which is not installed: pip install 'dpsc[federated]'."
-        ) from err
 
 
 def _ssl_config(s: dict[str, Any]) -> SSLConfig:
@@ -310,26 +302,8 @@ def run_federation(
     Returns ``(global_state, history)`` where ``history`` maps round → aggregated client metrics.
     """
     require_flwr()
-    import logging
-
-    from flwr.simulation import run_simulation
-
     server_app, client_app = make_apps(settings, site_settings)
-    flwr_logger = logging.getLogger("flwr")
-    level = flwr_logger.level
-    flwr_logger.setLevel(logging.WARNING)  # Flower logs every round at INFO
-    try:
-        run_simulation(
-            server_app=server_app,
-            client_app=client_app,
-            num_supernodes=n_clients,
-            backend_config={
-                "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-                "init_args": {"num_cpus": n_cpus, "include_dashboard": False, "log_to_driver": False},
-            },
-        )
-    finally:
-        flwr_logger.setLevel(level)
+    simulate(server_app, client_app, n_clients, n_cpus)
     out = Path(settings["out-dir"])
     if not (out / "global.pt").exists():
         raise RuntimeError("The Flower run ended without a global model; see the Flower log above.")

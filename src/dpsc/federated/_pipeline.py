@@ -14,7 +14,6 @@ deployment (``dpsc federate server`` / ``dpsc federate site``, one SuperNode per
 from __future__ import annotations
 
 import json
-import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,9 @@ import numpy as np
 
 from ..privacy._clustering import ClusterPlan, ClusterResult, Request, plan_clustering, run_clustering
 from ..privacy._kmeans import Assignment
+from ._requires import require_flwr
 from ._secagg import LIMBS, from_digit_means, secagg_workflow, to_digits, use_secure_masks
+from ._simulation import simulate
 from ._site import MODES, Site, SiteRefusal, SiteSettings
 
 #: The server's run configuration (``flwr run --run-config`` or :func:`make_pipeline_apps`).
@@ -234,7 +235,8 @@ class _RoundStrategy:
             def configure_fit(self, server_round, parameters, client_manager):
                 from flwr.common import FitIns
 
-                client_manager.wait_for(self.n_sites, timeout=self.timeout)
+                if self.timeout > 0:
+                    client_manager.wait_for(self.n_sites, timeout=self.timeout)
                 clients = list(client_manager.all().values())
                 return [(client, FitIns(parameters, dict(self.config))) for client in clients]
 
@@ -259,19 +261,33 @@ class _RoundStrategy:
         return RoundStrategy(*args, **kwargs)
 
 
-def _round(
-    grid, context, config: dict[str, Any], payload: list[np.ndarray], n_sites: int, s: dict, secure: bool
-):
-    """Run one round (through SecAgg+ when ``secure``); return the strategy with the replies."""
-    from flwr.server import ServerConfig
-    from flwr.server.compat import LegacyContext
-    from flwr.server.workflow import DefaultWorkflow
+class Rounds:
+    """The run's Flower rounds, one per message to the sites (through SecAgg+ when ``secure``).
 
-    strategy = _RoundStrategy(config, payload, n_sites, float(s["timeout"]))
-    legacy = LegacyContext(context=context, config=ServerConfig(num_rounds=1), strategy=strategy)
-    fit_workflow = secagg_workflow(int(config["threshold"]), float(s["timeout"])) if secure else None
-    DefaultWorkflow(fit_workflow=fit_workflow)(grid, legacy)
-    return strategy
+    The first round waits up to the run's timeout for all ``n_sites`` to connect; later rounds go
+    to the sites still connected without waiting, so a site that dropped out (killed, or reported
+    unavailable by the SuperLink after its missed heartbeats) delays one round, not every round.
+    Whether the replies that remain are enough is the caller's rule (a secure release needs its
+    threshold; a plain one, whose every vector carries the full noise, one site).
+    """
+
+    def __init__(self, grid, context, n_sites: int, timeout: float) -> None:
+        self.grid, self.context, self.n_sites, self.timeout = grid, context, n_sites, timeout
+        self.joined = False
+
+    def __call__(self, config: dict[str, Any], payload: list[np.ndarray], secure: bool):
+        """Run one round; return the strategy with the replies and failures."""
+        from flwr.server import ServerConfig
+        from flwr.server.compat import LegacyContext
+        from flwr.server.workflow import DefaultWorkflow
+
+        wait = 0.0 if self.joined else self.timeout
+        strategy = _RoundStrategy(config, payload, self.n_sites, wait)
+        legacy = LegacyContext(context=self.context, config=ServerConfig(num_rounds=1), strategy=strategy)
+        fit_workflow = secagg_workflow(int(config["threshold"]), self.timeout) if secure else None
+        DefaultWorkflow(fit_workflow=fit_workflow)(self.grid, legacy)
+        self.joined = True
+        return strategy
 
 
 class ReleaseLog:
@@ -315,7 +331,8 @@ def make_server_app(settings: dict[str, Any] | None = None):
         out.mkdir(parents=True, exist_ok=True)
         start = time.perf_counter()
         epsilon = None if float(s["epsilon"]) < 0 else float(s["epsilon"])
-        plan = _plan(grid, context, s, epsilon, mode, threshold, n_sites)
+        rounds = Rounds(grid, context, n_sites, float(s["timeout"]))
+        plan = _plan(rounds, s, epsilon, mode, threshold, n_sites)
         common = {
             "task": "pipeline",
             "mode": mode,
@@ -329,7 +346,7 @@ def make_server_app(settings: dict[str, Any] | None = None):
             config = {**common, "kind": request.kind, "index": request.index, "sigma": request.sigma}
             if request.assignment is not None:
                 config["assignment"] = request.assignment.kind
-            strategy = _round(grid, context, config, _payload(request), n_sites, s, secure=mode == "secure")
+            strategy = rounds(config, _payload(request), secure=mode == "secure")
             replies = strategy.replies
             needed = threshold if mode == "secure" else 1
             if len(replies) < needed:
@@ -352,7 +369,7 @@ def make_server_app(settings: dict[str, Any] | None = None):
         result = run_clustering(plan, release_sum)
         finish = {**common, "kind": "finish"}
         arrays = [result.genes, result.loadings, result.block, result.eigenvalues, result.centroids]
-        _round(grid, context, finish, arrays, n_sites, s, secure=False)
+        rounds(finish, arrays, secure=False)
         np.savez(
             out / "result.npz",
             **{
@@ -375,7 +392,7 @@ def make_server_app(settings: dict[str, Any] | None = None):
     return app
 
 
-def _plan(grid, context, s: dict, epsilon, mode: str, threshold: int, n_sites: int) -> ClusterPlan:
+def _plan(rounds: Rounds, s: dict, epsilon, mode: str, threshold: int, n_sites: int) -> ClusterPlan:
     """Return the run's plan; the number of genes is asked from the sites when not given (a public fact)."""
     n_vars = int(s["n-vars"])
     if n_vars <= 0:
@@ -389,7 +406,7 @@ def _plan(grid, context, s: dict, epsilon, mode: str, threshold: int, n_sites: i
             **probe.to_config(),
             "n-vars": 0,
         }
-        replies = _round(grid, context, config, [], n_sites, s, secure=False)
+        replies = rounds(config, [], secure=False)
         answers = {int(r[0][0]) for r in replies.replies}
         if len(answers) != 1 or len(replies.replies) < n_sites:
             raise RuntimeError(
@@ -409,29 +426,14 @@ def run_pipeline_simulation(
     server_settings: dict[str, Any], site_settings: list[SiteSettings], n_cpus: int = 2
 ) -> tuple[ClusterResult, dict[str, Any]]:
     """Run the apps in Flower's simulation engine, one SuperNode per site; return the result and summary."""
-    from flwr.simulation import run_simulation
-
-    from ._flower import require_flwr
-
     require_flwr()
     out = Path(server_settings["out-dir"])
-    server_app = make_server_app(server_settings)
-    client_app = make_client_app(dict(enumerate(site_settings)))
-    flwr_logger = logging.getLogger("flwr")
-    level = flwr_logger.level
-    flwr_logger.setLevel(logging.WARNING)
-    try:
-        run_simulation(
-            server_app=server_app,
-            client_app=client_app,
-            num_supernodes=len(site_settings),
-            backend_config={
-                "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-                "init_args": {"num_cpus": n_cpus, "include_dashboard": False, "log_to_driver": False},
-            },
-        )
-    finally:
-        flwr_logger.setLevel(level)
+    simulate(
+        make_server_app(server_settings),
+        make_client_app(dict(enumerate(site_settings))),
+        len(site_settings),
+        n_cpus,
+    )
     if not (out / "summary.json").exists():
         raise RuntimeError("The federated clustering ended without a result; see the Flower log above.")
     return read_result(out), json.loads((out / "summary.json").read_text())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -160,13 +161,15 @@ def fit_federated(
     copy: bool = False,
     return_model: bool = False,
 ) -> Any:
-    """Train a self-supervised encoder across sites with Flower; cluster all cells with it.
+    """Train a self-supervised encoder across sites with Flower; cluster the cells across sites with it.
 
     Each site (``obs[client_key]``) is one Flower SuperNode in the simulation engine; only the
     online encoder and predictor travel. FedSC's sites pull the global model back with the
     divergence-aware EMA (:mod:`dpsc.federated._ema`); the baselines take it as is. Afterwards
-    the global encoder embeds every cell and k-means (scikit-learn, ``n_init=10``) clusters the
-    embeddings.
+    each site embeds its own cells with the global encoder and the sites run a federated k-means
+    (with ``epsilon``: DP k-means tables, each with the site's full noise); each site labels its
+    own cells with the released centroids. ``obsm[key_added]`` holds the global encoder's
+    embedding of every cell.
 
     Parameters
     ----------
@@ -234,10 +237,98 @@ def fit_federated(
     Writes ``obsm[key_added]``, ``obs[cluster_key]`` and the record
     ``uns["dpsc"][key_added]`` (method, rounds, clients, per-round loss, wall time, privacy).
     """
+    _check_fedsc_args(adata, client_key, epsilon, method, scale_genes, optimizer, rounds, local_epochs)
+    scale_genes = epsilon is None if scale_genes is None else scale_genes
+    n_clusters = DEFAULT_N_CLUSTERS if n_clusters is None else n_clusters
+    if not 2 <= n_clusters <= adata.n_obs:
+        raise ValueError(f"n_clusters must be in [2, n_obs={adata.n_obs}], got {n_clusters}.")
+    matrix = get_matrix(adata, layer)
+    check_matrix(matrix, likelihood)
+    names, sizes = _sites(adata, client_key)
+    delta = resolve_delta(delta, int(sizes.max()))
+    if epsilon is not None and not 0 < delta < 1 / sizes.max():
+        raise ValueError(
+            f"delta must be in (0, 1/n_k) for every site (largest n_k = {sizes.max()}), got {delta}."
+        )
+    require_flwr()
+
+    run = FedSCRun(
+        method=method,
+        n_clusters=int(n_clusters),
+        rounds=rounds,
+        local_epochs=local_epochs,
+        key_added=key_added,
+        cluster_key=cluster_key,
+        n_cpus=n_cpus,
+        scale_genes=bool(scale_genes),
+        names=names,
+        sizes=sizes,
+        settings={
+            "method": method,
+            "rounds": rounds,
+            "local-epochs": local_epochs,
+            "alpha": alpha,
+            "seed": random_state,
+            "scale-genes": bool(scale_genes),
+            "n-clusters": int(n_clusters),
+            "accountant": accountant,
+        },
+        dp_plan=None,
+        record_args={
+            "epsilon": epsilon,
+            "client_key": client_key,
+            "delta": delta,
+            "optimizer": optimizer,
+            "accountant": accountant,
+            "max_grad_norm": float(max_grad_norm),
+            "n_obs": adata.n_obs,
+            "noise": NoiseSource(noise_seed),
+            "scale_genes": bool(scale_genes),
+        },
+    )
+    if epsilon is not None:
+        _plan_site_noise(run, float(epsilon), private_lr)
+    X = represent(matrix, likelihood)
+    site_of_cell = adata.obs[client_key].astype(str)
+    parts = [X[(site_of_cell == name).to_numpy()] for name in names]
+    planned = federated_record(run.dp_plan, **run.record_args)
+    with spending(adata, planned, key_added) as booking:
+        return _run_fedsc(adata, X, parts, run, copy, return_model, booking)
+
+
+@dataclass
+class FedSCRun:
+    """What one ``fit_federated`` run is: its options, its sites, the Flower run config, its noise plan."""
+
+    method: str
+    n_clusters: int
+    rounds: int
+    local_epochs: int
+    key_added: str
+    cluster_key: str
+    n_cpus: int
+    scale_genes: bool
+    names: list[str]
+    sizes: pd.Series
+    settings: dict[str, Any]
+    #: per site: ((σ, q, steps) of DP-SGD, (σ, 1, steps) of its k-means tables); ``None``: no DP
+    dp_plan: dict[str, tuple[tuple[float, float, int], tuple[float, float, int]]] | None
+    record_args: dict[str, Any]
+
+
+def _check_fedsc_args(
+    adata: ad.AnnData,
+    client_key: str,
+    epsilon: float | None,
+    method: str,
+    scale_genes: bool | None,
+    optimizer: str,
+    rounds: int,
+    local_epochs: int,
+) -> None:
+    """Refuse options that do not fit together, before any cell is read."""
     if method not in METHODS:
         raise ValueError(f"Unknown method {method!r}; choose one of {METHODS}.")
-    if scale_genes is None:
-        scale_genes = epsilon is None
     if epsilon is not None:
         if scale_genes:
             raise ValueError(
@@ -259,11 +350,10 @@ def fit_federated(
         )
     if rounds < 1 or local_epochs < 1:
         raise ValueError("rounds and local_epochs must be at least 1.")
-    n_clusters = DEFAULT_N_CLUSTERS if n_clusters is None else n_clusters
-    if not 2 <= n_clusters <= adata.n_obs:
-        raise ValueError(f"n_clusters must be in [2, n_obs={adata.n_obs}], got {n_clusters}.")
-    matrix = get_matrix(adata, layer)
-    check_matrix(matrix, likelihood)
+
+
+def _sites(adata: ad.AnnData, client_key: str) -> tuple[list[str], pd.Series]:
+    """Return the sites' names (sorted) and numbers of cells; refuse fewer than 2 sites or tiny sites."""
     sites = adata.obs[client_key].astype(str)
     names = sorted(sites.unique())
     if len(names) < 2:
@@ -276,106 +366,49 @@ def fit_federated(
         raise ValueError(
             f"Site(s) {list(small.index)} have fewer than {MIN_CLIENT_CELLS} cells; merge or drop them."
         )
-    delta = resolve_delta(delta, int(sizes.max()))
-    if epsilon is not None and not 0 < delta < 1 / sizes.max():
-        raise ValueError(
-            f"delta must be in (0, 1/n_k) for every site (largest n_k = {sizes.max()}), got {delta}."
-        )
-    require_flwr()
+    return names, sizes
 
-    X = represent(matrix, likelihood)
-    parts = [X[(sites == name).to_numpy()] for name in names]
-    settings = {
-        "method": method,
-        "rounds": rounds,
-        "local-epochs": local_epochs,
-        "alpha": alpha,
-        "seed": random_state,
-        "scale-genes": bool(scale_genes),
-        "n-clusters": int(n_clusters),
-        "accountant": accountant,
-    }
-    dp_plan = None
-    if epsilon is not None:
-        batch = SSLConfig().batch_size
-        dp_plan = {}
-        for name in names:
-            q, per_epoch = dp_schedule(int(sizes[name]), batch)
-            steps = rounds * local_epochs * per_epoch
-            sigma, kmeans_sigma = fedsc_noise(float(epsilon), delta, q, steps, accountant)
-            dp_plan[name] = ((sigma, q, steps), (kmeans_sigma, 1.0, KMEANS_STEPS))
-        lr = DEFAULT_PRIVATE_LRS[optimizer]["federated"] if private_lr is None else float(private_lr)
-        settings.update(
-            {
-                "noise-multipliers": json.dumps([dp_plan[name][0][0] for name in names]),
-                "kmeans-noise-multipliers": json.dumps([dp_plan[name][1][0] for name in names]),
-                "max-grad-norm": float(max_grad_norm),
-                "dp-optimizer": optimizer,
-                "dp-lr": lr,
-            }
-        )
-    noise = NoiseSource(noise_seed)
-    record_args = {
-        "epsilon": epsilon,
-        "client_key": client_key,
-        "delta": delta,
-        "optimizer": optimizer,
-        "accountant": accountant,
-        "max_grad_norm": float(max_grad_norm),
-        "n_obs": adata.n_obs,
-        "noise": noise,
-        "scale_genes": bool(scale_genes),
-    }
-    planned = federated_record(dp_plan, **record_args)
-    with spending(adata, planned, key_added) as booking:
-        return _run_fedsc(
-            adata,
-            X,
-            parts,
-            names,
-            sizes,
-            settings,
-            dp_plan,
-            record_args,
-            method,
-            n_clusters,
-            random_state,
-            key_added,
-            cluster_key,
-            n_cpus,
-            rounds,
-            local_epochs,
-            scale_genes,
-            copy,
-            return_model,
-            booking,
-        )
+
+def _plan_site_noise(run: FedSCRun, epsilon: float, private_lr: float | None) -> None:
+    """Calibrate each site's DP-SGD and k-means noise for its own cells; put them in the run config.
+
+    Site k takes ``rounds × local_epochs × ⌈1/q_k⌉`` Poisson steps at ``q_k = min(1, 128/n_k)``
+    (:func:`~dpsc.federated.dp_schedule`) and its k-means tables, split so that together they
+    spend ``(epsilon, delta)`` on its cells (:func:`~dpsc.federated._fedsc_site.fedsc_noise`).
+    """
+    batch = SSLConfig().batch_size
+    delta, accountant = run.record_args["delta"], run.record_args["accountant"]
+    optimizer = run.record_args["optimizer"]
+    run.dp_plan = {}
+    for name in run.names:
+        q, per_epoch = dp_schedule(int(run.sizes[name]), batch)
+        steps = run.rounds * run.local_epochs * per_epoch
+        sigma, kmeans_sigma = fedsc_noise(epsilon, delta, q, steps, accountant)
+        run.dp_plan[name] = ((sigma, q, steps), (kmeans_sigma, 1.0, KMEANS_STEPS))
+    lr = DEFAULT_PRIVATE_LRS[optimizer]["federated"] if private_lr is None else float(private_lr)
+    run.settings.update(
+        {
+            "noise-multipliers": json.dumps([run.dp_plan[name][0][0] for name in run.names]),
+            "kmeans-noise-multipliers": json.dumps([run.dp_plan[name][1][0] for name in run.names]),
+            "max-grad-norm": run.record_args["max_grad_norm"],
+            "dp-optimizer": optimizer,
+            "dp-lr": lr,
+        }
+    )
 
 
 def _run_fedsc(
-    adata,
-    X,
-    parts,
-    names,
-    sizes,
-    settings,
-    dp_plan,
-    record_args,
-    method,
-    n_clusters,
-    random_state,
-    key_added,
-    cluster_key,
-    n_cpus,
-    rounds,
-    local_epochs,
-    scale_genes,
-    copy,
-    return_model,
-    booking,
-):
+    adata: ad.AnnData,
+    X: np.ndarray,
+    parts: list[np.ndarray],
+    run: FedSCRun,
+    copy: bool,
+    return_model: bool,
+    booking: Any,
+) -> Any:
     """Run the Flower simulation, embed and cluster, and write the results (inside the booking)."""
     start = time.perf_counter()
+    record_args, settings = run.record_args, run.settings
     with tempfile.TemporaryDirectory(prefix="dpsc_fed_") as tmp:
         data_dir = Path(tmp) / "data"
         write_client_data(data_dir, parts)
@@ -384,13 +417,13 @@ def _run_fedsc(
         site_settings = {
             k: SiteSettings(
                 data=str(data_dir / f"client_{k}.npy"),
-                epsilon=None if dp_plan is None else float(record_args["epsilon"]),
+                epsilon=None if run.dp_plan is None else float(record_args["epsilon"]),
                 delta=record_args["delta"],
                 noise_seed=record_args["noise"].noise_seed,
             )
             for k in range(len(parts))
         }
-        state, history = run_federation(settings, len(parts), n_cpus=n_cpus, site_settings=site_settings)
+        state, history = run_federation(settings, len(parts), n_cpus=run.n_cpus, site_settings=site_settings)
         scaling = read_scaling(settings["out-dir"])
         site_labels = [
             np.load(out / f"labels_{k}.npy") for k in range(len(parts))
@@ -400,41 +433,41 @@ def _run_fedsc(
     if scaling is not None:
         X = apply_scaling(X, *scaling)
 
-    net = SSLNet(X.shape[1], SSLConfig(method=method))
+    net = SSLNet(X.shape[1], SSLConfig(method=run.method))
     net.load_shared(state)
     Z = embed(net, X)
     labels = np.empty(adata.n_obs, dtype=np.int64)
     sites = adata.obs[record_args["client_key"]].astype(str).to_numpy()
-    for name, part_labels in zip(names, site_labels, strict=True):
+    for name, part_labels in zip(run.names, site_labels, strict=True):
         labels[sites == name] = part_labels
     target = adata.copy() if copy else adata
-    target.obsm[key_added] = Z
-    categories = [str(i) for i in range(n_clusters)]
-    target.obs[cluster_key] = pd.Categorical(labels.astype(str), categories=categories)
+    target.obsm[run.key_added] = Z
+    categories = [str(i) for i in range(run.n_clusters)]
+    target.obs[run.cluster_key] = pd.Categorical(labels.astype(str), categories=categories)
     rounds_done = sorted(history)
     result = {
-        "method": method,
-        "rounds": rounds,
-        "local_epochs": local_epochs,
-        "clients": {name: int(sizes[name]) for name in names},
+        "method": run.method,
+        "rounds": run.rounds,
+        "local_epochs": run.local_epochs,
+        "clients": {name: int(run.sizes[name]) for name in run.names},
         # under DP the sites send no loss (it would be an un-noised statistic of their cells)
         "loss": [history[r]["loss"] for r in rounds_done if "loss" in history[r]],
         "mu": [history[r].get("mu", 0.0) for r in rounds_done],
         "wall_s": wall,
-        "seconds_per_round": wall / rounds,
-        "scale_genes": bool(scale_genes),
+        "seconds_per_round": wall / run.rounds,
+        "scale_genes": run.scale_genes,
         # what the sites' messages carried besides the weights (aggregated by the server)
         "reported_metrics": sorted({k for r in rounds_done for k in history[r]}),
         "kmeans_releases": kmeans_releases,
     }
-    if dp_plan is not None:
+    if run.dp_plan is not None:
         steps_done = [history[r].get("dp-steps", 0) for r in rounds_done]
         result["mean_dp_steps_per_round_reported"] = float(np.mean(steps_done)) if steps_done else 0.0
-    record = federated_record(dp_plan, **record_args)
+    record = federated_record(run.dp_plan, **record_args)
     return store_result(
         adata,
         target,
-        key_added,
+        run.key_added,
         record,
         copy=copy,
         booking=booking,
