@@ -1,12 +1,16 @@
-"""Write the tutorial notebooks (sources only).
+"""Write the tutorial notebooks, and run them to fill in their outputs.
 
-The committed outputs come from executing each notebook top to bottom in ``tutorials/`` with
-nbclient (full data, ``DPSC_TUTORIAL_FAST`` unset); Lightning's stderr log lines were then
-stripped from the outputs. Rerunning this script erases the outputs.
+``python tutorials/_build_notebooks.py`` writes every notebook's sources (erasing its outputs);
+``--execute [NAME ...]`` writes and then runs the named notebooks (default: all) top to bottom in
+``tutorials/`` with nbclient, as the committed outputs were made (full data unless
+``DPSC_TUTORIAL_FAST=1``; set ``OMP_NUM_THREADS`` to time them), keeping readable outputs: one
+stderr block per cell, the last state of each progress line, no Lightning log lines.
 """
 
 from __future__ import annotations
 
+import argparse
+import re
 from pathlib import Path
 
 import nbformat as nbf
@@ -38,10 +42,56 @@ def code(text: str):
     return nbf.v4.new_code_cell(text.strip())
 
 
+NOTEBOOKS: dict[str, list] = {}
+#: Lightning's per-fit log lines (accelerator summary, model summary table) in a cell's stderr.
+LIGHTNING_LOG = re.compile(
+    r"^(GPU available|TPU available|HPU available|IPU available|LOCAL_RANK|`Trainer|You are using|Trainer |"
+    r"Missing logger folder|  \| Name|----|\d+ +\S+ +\| |.*Total params|.*Trainable params|"
+    r".*Non-trainable params|.*Total estimated|.*Modules in)"
+)
+
+
 def write(name: str, cells: list) -> None:
+    NOTEBOOKS[name] = cells
+
+
+def save_sources(name: str) -> None:
     nb = nbf.v4.new_notebook()
-    nb.cells = cells
+    nb.cells = NOTEBOOKS[name]
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbf.write(nb, HERE / name)
+
+
+def tidy_stderr(cell) -> None:
+    """Merge a cell's stderr chunks, keep each progress line's last state, drop Lightning's log."""
+    outputs = []
+    for out in cell.get("outputs", []):
+        if out.output_type == "stream" and out.name == "stderr" and outputs:
+            last = outputs[-1]
+            if last.output_type == "stream" and last.name == "stderr":
+                last.text += out.text
+                continue
+        outputs.append(out)
+    kept = []
+    for out in outputs:
+        if out.output_type == "stream" and out.name == "stderr":
+            lines = [line.split("\r")[-1] for line in out.text.split("\n")]
+            out.text = "\n".join(line for line in lines if not LIGHTNING_LOG.match(line))
+            if not out.text.strip():
+                continue
+        kept.append(out)
+    cell.outputs = kept
+
+
+def execute(name: str, timeout: int = 1800) -> None:
+    """Run a notebook top to bottom in this folder and save it with tidy outputs."""
+    from nbclient import NotebookClient
+
+    nb = nbf.read(HERE / name, as_version=4)
+    NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(HERE)}}).execute()
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            tidy_stderr(cell)
     nbf.write(nb, HERE / name)
 
 
@@ -145,7 +195,7 @@ write("02_privacy_utility.ipynb", [
 How much clustering quality does privacy cost? This notebook (1) plots the committed benchmark
 results (3 data sets, several ε, final models only) and (2) runs a small live sweep on a
 subsample of PBMC 4k: ε, the scope of the noise (`encoder` vs `full`) and the update rule of the
-private parameters (SGD vs the sign optimizers). Full run: about 5 minutes on a laptop CPU.
+private parameters (SGD vs the sign optimizers). Full run: about 4 minutes on a laptop CPU.
 """),
     code(SETUP),
     md("""
@@ -154,10 +204,11 @@ private parameters (SGD vs the sign optimizers). Full run: about 5 minutes on a 
 `benchmarks/results/dpdcan.jsonl` holds one row per fit (command in `benchmarks/results/dpdcan.md`).
 """),
     code("""
+import json
 from pathlib import Path
 
 rows = Path("../benchmarks/results/dpdcan.jsonl").read_text().splitlines()
-bench = pd.DataFrame([pd.read_json(r, typ="series") for r in rows if r.strip()])
+bench = pd.DataFrame([json.loads(r) for r in rows if r.strip()])
 bench = bench[bench.config.str.startswith(("DCAN", "DP-DCAN", "DPE-DCAN"))]
 bench = bench[~bench.config.str.contains(",")]  # current defaults only: a suffix marks a variant
 bench["method"] = np.where(bench.config.str.startswith("DPE"), "full, genes in", "DP-DCAN (encoder)")
@@ -277,7 +328,7 @@ them, and each site pulls the average back with a divergence-aware EMA. Before t
 sites send their per-gene sums once so that every site z-scores its genes with the pooled
 statistics (`scale_genes`, on by default without DP). The run uses Flower's simulation engine
 (one SuperNode per site) with the default 250 rounds × 1 local epoch. No DP here: the weights
-and sums the sites send are not DP releases (the record says so). Full run: about 10 minutes on
+and sums the sites send are not DP releases (the record says so). Full run: about 8 minutes on
 2 CPU cores (FedSC twice, then the private clustering federated and central).
 """),
     code(SETUP),
@@ -443,7 +494,7 @@ Two private learners:
 - **DP-SGD** (`method="dpsgd"`, Opacus): noise on every clipped gradient step; the privacy cost grows
   with every epoch.
 
-Full run: about a minute and a half on 2 CPU cores.
+Full run: about a minute on 2 CPU cores.
 """),
     code(SETUP),
     code("""
@@ -542,3 +593,18 @@ structural: you may train as long as you like, tune the epochs on public data, o
 without paying again — the released coefficients are all the model ever sees.
 """),
 ])
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--execute", nargs="*", metavar="NAME", help="run these notebooks (default: all)")
+    args = parser.parse_args()
+    chosen = args.execute or list(NOTEBOOKS)
+    unknown = sorted(set(chosen) - set(NOTEBOOKS))
+    if unknown:
+        parser.error(f"unknown notebooks {unknown}; choose from {list(NOTEBOOKS)}")
+    for name in chosen:
+        save_sources(name)
+        if args.execute is not None:
+            execute(name)
+            print(f"{name}: executed")
