@@ -118,6 +118,19 @@ def test_the_installed_command_answers_bad_input_fast_and_without_a_traceback(tm
     unknown = _dpsc("fit", str(tmp_path / "missing.h5ad"), "--epsilonn", "8")
     assert unknown.returncode == 2 and "usage: dpsc fit" in unknown.stderr
     assert "unrecognized arguments: --epsilonn 8" in unknown.stderr
+    # errors name the command line's flags, not the Python API's arguments
+    negative = _dpsc("fit", "--epsilon", "-1")
+    assert (
+        negative.returncode == 2
+        and "--non-private" in negative.stderr
+        and "epsilon=None" not in negative.stderr
+    )
+    layer = _dpsc("fit", "--layer", "counts", "--no-progress")
+    said = " ".join(layer.stderr.split())
+    assert (
+        layer.returncode == 2 and "Unknown layer 'counts'" in said and "Leave out --layer for adata.X" in said
+    )
+    assert "layer=None" not in said and "Traceback" not in said
     site = _dpsc("federate", "site", "--superlink", "127.0.0.1:1")
     assert site.returncode == 2 and "--settings site.toml" in site.stderr and "Traceback" not in site.stderr
     import subprocess

@@ -38,6 +38,8 @@ def speak_cli(message: str) -> str:
     """Rewrite a Python-API error message in the command line's words (flags, not arguments)."""
     names = "|".join(ARGUMENTS)
     message = message.replace("epsilon=None", "--non-private")
+    message = re.sub(rf"\bPass ({names})=None\b", lambda m: f"Leave out --{m[1].replace('_', '-')}", message)
+    message = re.sub(rf"\b({names})=None\b", lambda m: f"no --{m[1].replace('_', '-')}", message)
     message = re.sub(rf"\b({names})='([\w.-]+)'", lambda m: f"--{m[1].replace('_', '-')} {m[2]}", message)
     message = re.sub(rf"\b({names})=(\w+)", lambda m: f"--{m[1].replace('_', '-')} {m[2]}", message)
     return re.sub(rf"^({names}) ", lambda m: f"--{m[1].replace('_', '-')} ", message)
