@@ -6,6 +6,12 @@ labels are used for scoring only.
 
 Usage (from the repo root)::
 
+    # the main job on count matrices as they come (all genes, no filtering), secret noise
+    python benchmarks/dpdcan_benchmark.py --data ../shared/data --seeds 0 1 2 \
+        --datasets bladder_all bladder paul pancreas --configs "DP-DCAN eps=8" \
+        "DPE-DCAN eps=8 (full)" "DP-DCAN eps=4" "DPE-DCAN eps=4 (full)" "scanpy PCA+KMeans" \
+        --noise secret --out benchmarks/results/raw_matrix.jsonl
+
     python benchmarks/dpdcan_benchmark.py --data ../shared/data --seeds 0 1 2 \
         --datasets pbmc goolam biase yan bladder --out benchmarks/results/dpdcan.jsonl
     python benchmarks/dpdcan_benchmark.py --report benchmarks/results/dpdcan.jsonl \
@@ -23,6 +29,7 @@ import resource
 import subprocess
 import sys
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
@@ -35,7 +42,21 @@ DATASETS = {
     "goolam": ("goolam_hvg2000_lognorm.h5", "gaussian", "as given (log-normalised)"),
     "biase": ("biase_hvg2000_lognorm.h5", "gaussian", "as given (log-normalised)"),
     "yan": ("yan_rpkm.h5", "gaussian", "log1p(RPKM), top 2000 genes by variance"),
+    "bladder_all": ("mouse_bladder_2100cells_allgenes.h5", "zinb", "counts, all genes as they come"),
+    "paul": ("paul15_bone_marrow_counts.h5ad", "zinb", "counts, all genes as they come"),
+    "pancreas": ("pancreas_endocrinogenesis_counts.h5ad", "zinb", "counts as they come"),
+    "bladder_2100": (
+        "mouse_bladder_top2000.h5",
+        "zinb",
+        "counts, 2100 random cells (as many as bladder_all)",
+    ),
 }
+#: Data sets that are a random subset of another's cells (drawn once, fixed seed, labels unread):
+#: the top-2000 bladder file at the all-genes file's 2100 cells, so that the all-genes ratio
+#: compares gene sets at one n.
+SUBSAMPLED = {"bladder_2100": 2100}
+AS_THEY_COME = {"bladder_all", "paul", "pancreas", "bladder_2100"}  # no filter before the fit
+TOP_GENES_OF = {"bladder_all": ["bladder", "bladder_2100"]}  # all-genes file: its top-2000 versions
 # Settings that rows of the committed tables ran with, named by what they are. A row's label is
 # its configuration's name: no suffix = the package defaults; a suffix names what differs.
 PLAIN_KMEANS_START = {  # k centroids, no oversampling: 20 sketch + 4 x 10 Lloyd releases
@@ -103,7 +124,8 @@ SIGN_CONFIGS = {  # update rule of the private parameters (same sigma, q, steps 
     for eps in (8.0, 4.0, 2.0, 1.0)
     for opt in ("sgd", "adam", "dpsignsgd", "dpsignadam")
 }
-ALL_CONFIGS = {**CONFIGS, **DIAGNOSTIC_CONFIGS, **SIGN_CONFIGS}
+RAW_MATRIX_CONFIGS = {"DPE-DCAN eps=4 (full)": {"epsilon": 4.0, "scope": "full"}}
+ALL_CONFIGS = {**CONFIGS, **DIAGNOSTIC_CONFIGS, **SIGN_CONFIGS, **RAW_MATRIX_CONFIGS}
 PAPER = {  # DP-DCAN paper, Table 2/5 (PBMC), best-epoch selection against labels
     ("pbmc", "DP-DCAN eps=8"): "70.87 / 72.53",
     ("pbmc", "DP-DCAN eps=6"): "68.12 / 72.53",
@@ -137,14 +159,25 @@ def train_options(config: dict) -> dict:
 
 
 def load(name: str, data_dir: Path):
-    """AnnData for a benchmark data set (cells with no signal and all-zero genes removed)."""
+    """AnnData for a benchmark data set: labels in ``obs["label"]``; cells with no signal and
+    all-zero genes removed, except for the files of :data:`AS_THEY_COME`."""
+    import anndata as ad
     import scanpy as sc
     import scipy.sparse as sp
 
     import dpsc
 
     file, _, _ = DATASETS[name]
-    adata = dpsc.datasets.read_h5(data_dir / file)
+    if file.endswith(".h5ad"):
+        adata = ad.read_h5ad(data_dir / file)
+        adata.obs["label"] = adata.obs.pop("cell_type").astype(str)
+    else:
+        adata = dpsc.datasets.read_h5(data_dir / file)
+    if name in SUBSAMPLED:
+        keep = np.random.default_rng(0).choice(adata.n_obs, SUBSAMPLED[name], replace=False)
+        adata = adata[np.sort(keep)].copy()
+    if name in AS_THEY_COME:
+        return adata
     if name == "yan":
         x = np.log1p(adata.X.toarray())
         top = np.sort(np.argsort(-x.var(0))[:2000])
@@ -182,6 +215,8 @@ def run_one(args: argparse.Namespace) -> dict:
     if args.config.startswith("scanpy"):
         import scanpy as sc
 
+        sc.pp.filter_genes(adata, min_counts=1e-9)  # scanpy's usual first step (no-op when filtered)
+
         if DATASETS[args.dataset][1] == "zinb":
             sc.pp.normalize_total(adata, target_sum=1e4)
             sc.pp.log1p(adata)
@@ -195,21 +230,27 @@ def run_one(args: argparse.Namespace) -> dict:
         row.update(epsilon=None, wall_s=time.perf_counter() - start)
     else:
         cfg = ALL_CONFIGS[args.config]
-        dpsc.tl.fit(
-            adata,
-            epsilon=cfg["epsilon"],
-            scope=cfg["scope"],
-            optimizer=cfg.get("optimizer", "sgd"),
-            **train_options(
-                {key: value for key, value in cfg.items() if key not in ("epsilon", "scope", "optimizer")}
-            ),
-            n_clusters=k,
-            likelihood=DATASETS[args.dataset][1],
-            random_state=args.seed,
-            noise_seed=args.seed,  # repeatable tables: the guarantee does not hold against this seed
-            progress_bar=False,
-        )
+        noise = {"noise_seed": args.seed} if args.noise == "seeded" else {}
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            dpsc.tl.fit(
+                adata,
+                epsilon=cfg["epsilon"],
+                scope=cfg["scope"],
+                optimizer=cfg.get("optimizer", "sgd"),
+                **train_options(
+                    {key: value for key, value in cfg.items() if key not in ("epsilon", "scope", "optimizer")}
+                ),
+                n_clusters=k,
+                likelihood=DATASETS[args.dataset][1],
+                random_state=args.seed,
+                progress_bar=False,
+                **noise,  # seeded: repeatable tables, the guarantee does not hold against the seed
+            )
         row["wall_s"] = time.perf_counter() - start
+        row["noise"] = args.noise
+        row["genes_selected"] = adata.uns["dpsc"]["X_dpdcan"]["params"]["genes_selected"]
+        row["collapse_warning"] = any("clusters hold" in str(w.message) for w in caught)
         pred = adata.obs["dp_cluster"].astype(str).to_numpy()
         rec = adata.uns["dpsc"]["X_dpdcan"]["privacy"]
         row.update(
@@ -282,6 +323,7 @@ def report(path: Path) -> str:
             out.append(
                 f"| {cfg} | {ari} | {nmi} | {spent} | {len(g)} | {cost} | {PAPER.get((name, cfg), '')} |"
             )
+        out += _collapse_line(group)
         timed = group[group.apply(_place, axis=1) == "2 CPUs"]  # sequential runs, one machine
         base = timed[timed.config == "DCAN (non-private), uniform target"].set_index("seed").wall_s
         # the learning rate does not change the cost; the cluster-lr-0.1 rows ran beside DCAN's
@@ -296,7 +338,44 @@ def report(path: Path) -> str:
                 f"development machine, fits sharing it, so indicative only): {ratios}",
             ]
         out.append("")
+    out += _all_genes_ratios(df)
     return "\n".join(out)
+
+
+def _collapse_line(group) -> list[str]:
+    """Fits that used fewer than half of the asked clusters, and how many of them said so."""
+    if "collapse_warning" not in group:
+        return []
+    fits = group[group["collapse_warning"].notna()]
+    few = fits[fits["n_clusters_found"] < fits["k"] / 2]
+    warned = int(few["collapse_warning"].astype(bool).sum())
+    return [
+        "",
+        f"Fits using fewer than half of the asked clusters: {len(few)} of {len(fits)}; warned: {warned}.",
+    ]
+
+
+def _all_genes_ratios(df) -> list[str]:
+    """Mean ARI on an all-genes file over the same configuration's mean on its top-2000 version."""
+    lines = []
+    for all_genes, tops in TOP_GENES_OF.items():
+        for top in tops:
+            if not {all_genes, top} <= set(df["dataset"]):
+                continue
+            means = (
+                df[df["dataset"].isin([all_genes, top])]
+                .groupby(["config", "dataset"])["ari"]
+                .mean()
+                .unstack()
+            )
+            means = means.dropna()
+            lines += [f"## {all_genes} / {top}: mean ARI ratio per configuration", ""]
+            lines += [
+                f"- {cfg}: {row[all_genes]:.3f} / {row[top]:.3f} = {row[all_genes] / row[top]:.2f}"
+                for cfg, row in means.iterrows()
+            ]
+            lines.append("")
+    return lines
 
 
 def main() -> None:
@@ -306,6 +385,12 @@ def main() -> None:
     parser.add_argument("--configs", nargs="+", default=[*CONFIGS, "scanpy PCA+KMeans", "scanpy PCA+Leiden"])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--noise",
+        choices=["secret", "seeded"],
+        default="seeded",
+        help="DP noise from the secret source, or seeded by the fit's seed (repeatable tables)",
+    )
     parser.add_argument("--out", default="benchmarks/results/dpdcan.jsonl")
     parser.add_argument(
         "--jobs", type=int, default=1, help="fits run at the same time (wall times then share the CPU)"
@@ -358,7 +443,7 @@ def _run_subprocess(
 ) -> subprocess.CompletedProcess:
     """Run one fit in a fresh interpreter (so peak RSS and thread settings are its own)."""
     cmd = [sys.executable, __file__, "--one", "--data", args.data, "--dataset", dataset, "--config", config]
-    cmd += ["--seed", str(seed), "--threads", str(args.threads)]
+    cmd += ["--seed", str(seed), "--threads", str(args.threads), "--noise", args.noise]
     return subprocess.run(cmd, capture_output=True, text=True, check=False)
 
 

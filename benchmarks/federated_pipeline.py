@@ -10,6 +10,12 @@ cells at the same ε. Flower's simulation engine runs the sites on this machine.
         --out benchmarks/results/federated_pipeline.jsonl \\
         --datasets pbmc bladder --sites 2 4 8 --splits iid noniid --epsilons 8 --runs 3
     python benchmarks/federated_pipeline.py --report benchmarks/results/federated_pipeline.jsonl
+
+``--noise paired`` gives the federated and the central run of one row the same benchmark-only noise
+seed (``10000 + run``; no guarantee holds against a known seed): the two then draw the same noise,
+so their gap is what the federation itself changes (aggregation round-off), not the spread of
+independent noise. Each paired row records the largest centroid difference and the share of cells
+labelled differently.
 """
 
 from __future__ import annotations
@@ -26,20 +32,34 @@ import pandas as pd
 from cluster_benchmark import score
 
 warnings.filterwarnings("ignore")
-DATASETS = {"pbmc": "pbmc_10x_4k_top2000.h5", "bladder": "mouse_bladder_top2000.h5"}
+DATASETS = {
+    "pbmc": "pbmc_10x_4k_top2000.h5",
+    "bladder": "mouse_bladder_top2000.h5",
+    "paul": "paul15_bone_marrow_counts.h5ad",
+    "pancreas": "pancreas_endocrinogenesis_counts.h5ad",
+}
+PAIRED_SEED = 10_000  # + run: the benchmark-only noise seed of a paired row
 
 
 def load(data: Path, name: str):
+    import anndata as ad
+
     import dpsc
 
-    adata = dpsc.datasets.read_h5(data / DATASETS[name])
+    file = data / DATASETS[name]
+    if file.suffix == ".h5ad":
+        adata = ad.read_h5ad(file)
+        adata.obs["label"] = adata.obs.pop("cell_type")
+    else:
+        adata = dpsc.datasets.read_h5(file)
     adata.obs["label"] = adata.obs["label"].astype(str)
     return adata
 
 
-def run_one(adata, dataset, n_sites, split, mode, eps, run) -> list[dict]:
+def run_one(adata, dataset, n_sites, split, mode, eps, run, noise="secret") -> list[dict]:
     import dpsc
 
+    noise_seed = PAIRED_SEED + run if noise == "paired" else None
     cells = adata.copy()
     types = 2 if split == "noniid" else None
     n_types = cells.obs["label"].nunique()
@@ -48,10 +68,13 @@ def run_one(adata, dataset, n_sites, split, mode, eps, run) -> list[dict]:
     dpsc.pp.partition(cells, n_sites, label_key="label", types_per_client=types, random_state=run)
     k = cells.obs["label"].nunique()
     common = {"dataset": dataset, "sites": n_sites, "split": split, "epsilon": eps, "run": run, "k": k}
+    common["noise"] = noise
     rows = []
     start = time.perf_counter()
     fed = cells.copy()
-    dpsc.tl.cluster_federated(fed, "client", k, epsilon=eps, mode=mode, random_state=run)
+    dpsc.tl.cluster_federated(
+        fed, "client", k, epsilon=eps, mode=mode, random_state=run, noise_seed=noise_seed
+    )
     record = fed.uns["dpsc"]["dp_kmeans"]
     rows.append(
         {
@@ -67,7 +90,11 @@ def run_one(adata, dataset, n_sites, split, mode, eps, run) -> list[dict]:
     if mode == "secure":
         start = time.perf_counter()
         central = cells.copy()
-        dpsc.tl.cluster(central, k, epsilon=eps, random_state=run)
+        dpsc.tl.cluster(central, k, epsilon=eps, random_state=run, noise_seed=noise_seed)
+        if noise == "paired":
+            centroids = [np.asarray(a.uns["dpsc"]["dp_kmeans"]["centroids"]) for a in (fed, central)]
+            rows[0]["centroid_max_diff"] = float(np.abs(centroids[0] - centroids[1]).max())
+            rows[0]["labels_differ"] = float((fed.obs["dp_kmeans"] != central.obs["dp_kmeans"]).mean())
         rows.append(
             {
                 **common,
@@ -82,6 +109,11 @@ def run_one(adata, dataset, n_sites, split, mode, eps, run) -> list[dict]:
 
 def report(path: Path) -> str:
     rows = pd.DataFrame([json.loads(line) for line in path.read_text().splitlines() if line.strip()])
+    rows["noise"] = rows.get("noise", pd.Series(index=rows.index, dtype=object)).fillna("secret")
+    return "\n\n".join(_report_table(group, noise) for noise, group in rows.groupby("noise", sort=False))
+
+
+def _report_table(rows: pd.DataFrame, noise: str) -> str:
     keys = ["dataset", "split", "sites", "epsilon", "method"]
     table = rows.groupby(keys).agg(
         ari=("ari", "mean"),
@@ -93,6 +125,9 @@ def report(path: Path) -> str:
         runs=("run", "count"),
     )
     lines = [
+        "### "
+        + ("Paired noise (one benchmark seed per run for both)" if noise == "paired" else "Secret noise"),
+        "",
         "| data | split | sites | ε | method | ARI | NMI | clusters used | wall s | MB per site | runs |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -111,6 +146,12 @@ def report(path: Path) -> str:
         f"Secure federated minus central, mean ARI per configuration: mean {gap.mean():+.3f}, "
         f"largest |gap| {gap.abs().max():.3f} over {len(gap)} configurations."
     )
+    if noise == "paired":
+        fed = rows[rows["method"] == "federated pipeline (secure)"]
+        lines.append(
+            f"Paired runs ({len(fed)}): largest centroid difference {fed['centroid_max_diff'].max():.2g}, "
+            f"largest share of cells labelled differently {fed['labels_differ'].max():.4f}."
+        )
     return "\n".join(lines)
 
 
@@ -124,6 +165,7 @@ def main() -> None:
     parser.add_argument("--modes", nargs="+", default=["secure"])
     parser.add_argument("--epsilons", nargs="+", type=float, default=[8.0])
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--noise", choices=["secret", "paired"], default="secret")
     parser.add_argument("--report", type=Path)
     args = parser.parse_args()
     if args.report:
@@ -139,7 +181,8 @@ def main() -> None:
                 for eps in args.epsilons:
                     for mode in args.modes:
                         for run in range(args.runs):
-                            for row in run_one(adata, dataset, n_sites, split, mode, eps, run):
+                            rows = run_one(adata, dataset, n_sites, split, mode, eps, run, args.noise)
+                            for row in rows:
                                 row["machine"] = f"{platform.machine()}, 2 CPU threads"
                                 with args.out.open("a") as out:
                                     out.write(json.dumps(row) + "\n")

@@ -204,3 +204,35 @@ def test_encoder_scope_save_warns_and_keeps_no_losses(small_adata, tmp_path, cap
         model.save(tmp_path / "m", overwrite=True)
     assert "noise-free decoder" in caplog.text
     assert model.history_ is None
+
+
+@pytest.mark.parametrize("guarantee", ["proven", "heuristic", "none"])
+def test_a_stated_record_says_what_its_fields_hold(guarantee):
+    noise = NoiseSource(3)
+    eps = None if guarantee == "none" else 2.5
+    record = PrivacyRecord.stated(
+        "t",
+        guarantee=guarantee,
+        epsilon=eps,
+        delta=1e-5,
+        unit="adding or removing one of the 9 cells",
+        mechanism="one Gaussian release of a sum",
+        covered="the released sum",
+        not_covered="the cells' own labels",
+        noise=noise,
+        reason="the decoder is hidden state",
+        steps=4,
+    )
+    assert (record.covered, record.not_covered, record.steps) == (
+        "the released sum",
+        "the cells' own labels",
+        4,
+    )
+    assert record.noise == noise.to_dict()
+    assert "the released sum" in record.statement and "9 cells" in record.statement
+    assert record.guarantee_reason == ("the decoder is hidden state" if guarantee == "heuristic" else "")
+    if guarantee == "none":
+        assert "2.5" not in record.statement and noise.describe() not in record.statement
+    else:
+        assert "2.5" in record.statement and noise.describe() in record.statement
+        assert "the cells' own labels" in record.statement

@@ -51,7 +51,6 @@ from ..privacy import (
     FileLedger,
     NoiseSource,
     PrivacyRecord,
-    build_statement,
     no_guarantee_record,
 )
 from ..privacy._clustering import ClusterPlan, Request, contribution, plan_clustering
@@ -205,29 +204,21 @@ def site_record(
         "cells of each site (treated as public), and site-level privacy (whether "
         f"{'a' if simulated else 'this'} site took part)"
     )
-    return PrivacyRecord(
-        tool="federated clustering",
+    return PrivacyRecord.stated(
+        "federated clustering",
+        guarantee="proven",
         epsilon=spent,
         delta=plan.delta,
-        guarantee="proven",
-        statement=build_statement(
-            guarantee="proven",
-            epsilon=spent,
-            delta=plan.delta,
-            unit=unit,
-            mechanism=f"{plan.n_releases} discrete Gaussian releases of sums, {assumption}",
-            covered=covered,
-            not_covered=not_covered,
-            noise=noise.describe(),
-        ),
+        unit=unit,
+        mechanism=f"{plan.n_releases} discrete Gaussian releases of sums, {assumption}",
         covered=covered,
         not_covered=not_covered,
+        noise=noise,
         target_epsilon=float(plan.epsilon),
         accountant="rdp",
         history=plan.history(),
         steps=plan.n_releases,
         scope=f"site ({mode})",
-        noise=noise.to_dict(),
         details={"mode": mode, "threshold": threshold, "n_sites": n_sites},
     )
 

@@ -32,7 +32,6 @@ from ..privacy import (
     DPSGDSettings,
     NoiseSource,
     PrivacyRecord,
-    build_statement,
     epsilon_curve,
     history_epsilon,
     kmeans_release_steps,
@@ -373,26 +372,19 @@ def dcan_record(
     decoder = DECODER_WORDS[plan.likelihood]
     if plan.settings is None:
         covered = "this model (encoder, decoder, centroids)"
-        return PrivacyRecord(
-            tool="fit",
+        return PrivacyRecord.stated(
+            "fit",
+            guarantee="none",
             epsilon=None,
             delta=plan.delta,
-            guarantee="none",
-            statement=build_statement(
-                guarantee="none",
-                epsilon=None,
-                delta=plan.delta,
-                unit=unit,
-                mechanism="",
-                covered=covered,
-                not_covered="",
-            ),
+            unit=unit,
+            mechanism="",
             covered=covered,
+            noise=plan.noise,
             scope="none",
             accountant=plan.accountant,
             sample_rate=plan.sample_rate,
             max_grad_norm=float("inf"),
-            noise=plan.noise.to_dict(),
             details={"private_parameters": [], "kmeans_steps": 0, "frequency_steps": 0},
         )
     s = plan.settings
@@ -439,25 +431,17 @@ def dcan_record(
         mechanisms.insert(0, f"Gaussian, sigma={sigma_g:.4g}, sensitivity sqrt(3), q=1 (gene selection)")
         details["genes_noise_multiplier"] = sigma_g
         covered = covered.replace("the released ", f"the released {GENES}, ", 1)
-    return PrivacyRecord(
-        tool="fit",
+    return PrivacyRecord.stated(
+        "fit",
+        guarantee=guarantee,
         epsilon=spent,
         delta=plan.delta,
-        guarantee=guarantee,
-        statement=build_statement(
-            guarantee=guarantee,
-            epsilon=spent,
-            delta=plan.delta,
-            unit=unit,
-            mechanism=mechanism,
-            covered=covered,
-            not_covered=not_covered,
-            reason=HEURISTIC_REASON,
-            noise=plan.noise.describe(),
-        ),
+        unit=unit,
+        mechanism=mechanism,
         covered=covered,
         not_covered=not_covered,
-        guarantee_reason=HEURISTIC_REASON if guarantee == "heuristic" else "",
+        reason=HEURISTIC_REASON,
+        noise=plan.noise,
         target_epsilon=float(plan.epsilon),
         accountant=plan.accountant,
         mechanisms=mechanisms,
@@ -467,7 +451,6 @@ def dcan_record(
         steps=int(sum(h[2] for h in history)),
         max_grad_norm=s.max_grad_norm,
         scope=plan.scope,
-        noise=plan.noise.to_dict(),
         details=details,
     )
 

@@ -33,8 +33,6 @@ def hvg_record(sigma: float, epsilon: float, delta: float, n_obs: int, noise: No
     return gaussian_release_record(
         "pp.highly_variable_genes",
         sigma=sigma,
-        sample_rate=1.0,
-        steps=1,
         target_epsilon=epsilon,
         delta=delta,
         unit=f"adding or removing one of the {n_obs} cells",
@@ -43,8 +41,7 @@ def hvg_record(sigma: float, epsilon: float, delta: float, n_obs: int, noise: No
         covered="the selected genes, the released means and variances, and anything computed from "
         "them on other data",
         not_covered=COMMON_NOT_COVERED,
-        noise_dict=noise.to_dict(),
-        noise_sentence=noise.describe(),
+        noise=noise,
         scope="gene statistics",
         max_grad_norm=mechanism.SENSITIVITY,
     )

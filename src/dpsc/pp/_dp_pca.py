@@ -32,8 +32,6 @@ def pca_record(sigma: float, epsilon: float, delta: float, n_obs: int, noise: No
     return gaussian_release_record(
         "pp.pca",
         sigma=sigma,
-        sample_rate=1.0,
-        steps=1,
         target_epsilon=epsilon,
         delta=delta,
         unit=f"adding or removing one of the {n_obs} cells",
@@ -43,8 +41,7 @@ def pca_record(sigma: float, epsilon: float, delta: float, n_obs: int, noise: No
         "from them on other data",
         not_covered="the projections written to obsm for these cells (computed from each cell); "
         + COMMON_NOT_COVERED,
-        noise_dict=noise.to_dict(),
-        noise_sentence=noise.describe(),
+        noise=noise,
         scope="loadings",
         max_grad_norm=1.0,
     )

@@ -45,15 +45,19 @@ def _orders(name: str, sample_rates) -> dict:
 
 
 @contextlib.contextmanager
-def _prv_domain_quiet(name: str) -> Iterator[None]:
-    """Silence the RDP order notice of the RDP bound with which the PRV accountant sizes its domain.
+def _order_notices_quiet(name: str, *, searching: bool = False) -> Iterator[None]:
+    """Silence Opacus's notices about which RDP order was optimal where they say nothing of ε.
 
-    That bound only sets the width of the PRV's discretisation grid (Gopi et al. 2021, §5); the ε
-    the PRV accountant returns does not depend on which order was optimal there.
+    With the PRV accountant, an RDP bound only sizes the PRV's discretisation domain (Gopi et al.
+    2021, §5): the ε returned does not depend on which order was optimal there. While
+    ``searching`` for σ, Opacus's bracket tries very small σ first, whose optimal order is the
+    smallest one; the σ it returns is found at orders where the bound is tight.
     """
     with warnings.catch_warnings():
         if name == "prv":
             warnings.filterwarnings("ignore", message="Optimal order is the largest alpha")
+        if searching:
+            warnings.filterwarnings("ignore", message="Optimal order is the smallest alpha")
         yield
 
 
@@ -63,7 +67,7 @@ def spent_epsilon(accountant: IAccountant, delta: float) -> float:
         return 0.0
     name = accountant.mechanism()
     orders = _orders(name, [entry[1] for entry in accountant.history])
-    with _prv_domain_quiet(name):
+    with _order_notices_quiet(name):
         return float(accountant.get_epsilon(delta=delta, **orders))
 
 
@@ -84,10 +88,7 @@ def calibrate_noise_multiplier(
     found by :func:`opacus.accountants.utils.get_noise_multiplier` (bisection; the resulting
     ε is at most ``epsilon`` and within 0.01 of it).
     """
-    with warnings.catch_warnings(), _prv_domain_quiet(accountant):
-        # Opacus's bracket search tries very small σ first, whose optimal order is the smallest
-        # one; the σ it returns is found at orders where the bound is tight.
-        warnings.filterwarnings("ignore", message="Optimal order is the smallest alpha")
+    with _order_notices_quiet(accountant, searching=True):
         return float(
             get_noise_multiplier(
                 target_epsilon=epsilon,

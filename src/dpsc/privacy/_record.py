@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from ._noise import NoiseSource
 
 Guarantee = Literal["proven", "heuristic", "none"]
 GUARANTEES = ("proven", "heuristic", "none")
@@ -172,6 +175,52 @@ class PrivacyRecord:
         return float(self.epsilon)
 
     @classmethod
+    def stated(
+        cls,
+        tool: str,
+        *,
+        guarantee: Guarantee,
+        epsilon: float | None,
+        delta: float,
+        unit: str,
+        mechanism: str,
+        covered: str,
+        not_covered: str = "",
+        noise: NoiseSource | None = None,
+        reason: str = "",
+        **fields_: Any,
+    ) -> PrivacyRecord:
+        """Build a record whose statement comes (:func:`build_statement`) from the same words it stores.
+
+        ``noise`` is where the release's noise came from (its sentence and its dict); ``reason``
+        why a heuristic guarantee is not a proof (kept as ``guarantee_reason`` only then).
+        """
+        statement = build_statement(
+            guarantee=guarantee,
+            epsilon=epsilon,
+            delta=delta,
+            unit=unit,
+            mechanism=mechanism,
+            covered=covered,
+            not_covered=not_covered,
+            reason=reason,
+            noise=noise.describe() if noise is not None and guarantee != "none" else "",
+        )
+        if noise is not None:
+            fields_["noise"] = noise.to_dict()
+        return cls(
+            tool=tool,
+            epsilon=epsilon,
+            delta=delta,
+            guarantee=guarantee,
+            statement=statement,
+            covered=covered,
+            not_covered=not_covered,
+            guarantee_reason=reason if guarantee == "heuristic" else "",
+            **fields_,
+        )
+
+    @classmethod
     def from_dict(cls, record: dict[str, Any]) -> PrivacyRecord:
         """Rebuild a record from :meth:`to_dict`'s output (unknown keys go to ``details``)."""
         names = {f.name for f in fields(cls)} - {"details"}
@@ -257,51 +306,30 @@ def estimator_record(
     not_covered = ESTIMATOR_NOT_COVERED + (f"; {extra_not_covered}" if extra_not_covered else "")
     guarantee: Guarantee = "proven" if private else "none"
     history = list(history or [])
-    return PrivacyRecord(
-        tool=tool,
+    record = PrivacyRecord.stated(
+        tool,
         relation=REPLACE_ONE if neighbours == "replacing" else ADD_REMOVE,
         epsilon=float(epsilon) if private else None,
         delta=float(delta) if private else 0.0,
         guarantee=guarantee,
-        statement=build_statement(
-            guarantee=guarantee,
-            epsilon=epsilon,
-            delta=delta,
-            unit=unit,
-            mechanism=mechanism,
-            covered=f"{covered} and anything computed from them on other data" if private else covered,
-            not_covered=not_covered,
-            noise=noise.describe() if private else "",
-        ),
-        covered=covered,
+        unit=unit,
+        mechanism=mechanism,
+        covered=f"{covered} and anything computed from them on other data" if private else covered,
         not_covered=not_covered,
+        noise=noise,
         accountant=accountant,
         mechanisms=[mechanism] if mechanism else [],
         history=history,
         pure_epsilon=float(epsilon) if private and not history else 0.0,
-        noise=noise.to_dict(),
         details=details or {},
     )
+    return replace(record, covered=covered)
 
 
 def no_guarantee_record(tool: str, *, unit: str, covered: str, **fields_: Any) -> PrivacyRecord:
     """Record of a call that read the cells without any differential privacy (ε = ∞ in the ledger)."""
-    return PrivacyRecord(
-        tool=tool,
-        epsilon=None,
-        delta=0.0,
-        guarantee="none",
-        statement=build_statement(
-            guarantee="none",
-            epsilon=None,
-            delta=0.0,
-            unit=unit,
-            mechanism="",
-            covered=covered,
-            not_covered="",
-        ),
-        covered=covered,
-        **fields_,
+    return PrivacyRecord.stated(
+        tool, guarantee="none", epsilon=None, delta=0.0, unit=unit, mechanism="", covered=covered, **fields_
     )
 
 
@@ -322,17 +350,16 @@ def gaussian_release_record(
     tool: str,
     *,
     sigma: float,
-    sample_rate: float,
-    steps: int,
     target_epsilon: float | None,
     delta: float,
     unit: str,
     mechanism: str,
     covered: str,
     not_covered: str,
-    noise_dict: dict[str, Any],
-    noise_sentence: str,
+    noise: NoiseSource,
     scope: str,
+    sample_rate: float = 1.0,
+    steps: int = 1,
     max_grad_norm: float = 0.0,
     accountant_name: str = "rdp",
 ) -> PrivacyRecord:
@@ -340,23 +367,16 @@ def gaussian_release_record(
     from ._accounting import history_epsilon
 
     spent = history_epsilon([(sigma, sample_rate, steps)], delta, accountant_name)
-    return PrivacyRecord(
-        tool=tool,
+    return PrivacyRecord.stated(
+        tool,
+        guarantee="proven",
         epsilon=spent,
         delta=delta,
-        guarantee="proven",
-        statement=build_statement(
-            guarantee="proven",
-            epsilon=spent,
-            delta=delta,
-            unit=unit,
-            mechanism=mechanism,
-            covered=covered,
-            not_covered=not_covered,
-            noise=noise_sentence,
-        ),
+        unit=unit,
+        mechanism=mechanism,
         covered=covered,
         not_covered=not_covered,
+        noise=noise,
         target_epsilon=None if target_epsilon is None else float(target_epsilon),
         accountant=accountant_name,
         mechanisms=[f"Gaussian, sigma={sigma:.4g} x sensitivity, q={sample_rate:g}, {steps} release(s)"],
@@ -366,5 +386,4 @@ def gaussian_release_record(
         steps=steps,
         max_grad_norm=max_grad_norm,
         scope=scope,
-        noise=noise_dict,
     )

@@ -59,8 +59,7 @@ def one_run_record(
         mechanism="DP-SGD on the encoder (instance-stage loss; the decoder stays at its initialisation)",
         covered=covered,
         not_covered="nothing else is released",
-        noise_dict=noise.to_dict(),
-        noise_sentence=noise.describe(),
+        noise=noise,
         scope="encoder (fixed decoder)",
         accountant_name=accountant,
     )
@@ -116,20 +115,17 @@ def one_run_audit(
         raise ValueError(f"confidence must be in (0, 1), got {confidence}.")
     matrix = get_matrix(adata, layer)
     check_privacy_args(epsilon, delta, adata.n_obs)
+    request = {  # what both canary runs take
+        "epsilon": epsilon,
+        "delta": delta,
+        "n_canaries": n_canaries,
+        "guess_fraction": guess_fraction,
+        "confidence": confidence,
+        "seed": random_state,
+        "noise_seed": noise_seed,
+    }
     if canaries == "input":
-        return _input_audit(
-            adata,
-            fit,
-            epsilon,
-            delta,
-            n_canaries,
-            guess_fraction,
-            confidence,
-            layer,
-            random_state,
-            noise_seed,
-            run_kwargs,
-        )
+        return _input_audit(adata, fit, request, layer, run_kwargs)
     accountant = run_kwargs.get("accountant", "rdp")
     placement = run_kwargs.get("placement", "padding")
     _, q, steps = audit_schedule(adata.n_obs, run_kwargs.get("epochs", 5), run_kwargs.get("batch_size"))
@@ -137,18 +133,7 @@ def one_run_audit(
     noise = NoiseSource(noise_seed)
     record = one_run_record(sigma, q, steps, delta, accountant, placement, adata.n_obs, noise)
     with spending(adata, record, "audit") as booking:
-        run = gradient_canary_run(
-            matrix,
-            epsilon=epsilon,
-            delta=delta,
-            n_canaries=n_canaries,
-            guess_fraction=guess_fraction,
-            confidence=confidence,
-            seed=random_state,
-            noise_seed=noise_seed,
-            noise_multiplier=sigma,
-            **run_kwargs,
-        )
+        run = gradient_canary_run(matrix, **request, noise_multiplier=sigma, **run_kwargs)
         columns = ["epsilon_claimed", "epsilon_lower", "confidence", "n_canaries", "ceiling", "n_guesses"]
         columns += ["n_correct", "noise_multiplier", "sample_rate", "steps"]
         table = pd.DataFrame([{"method": "one_run", "canaries": canaries, **{c: run[c] for c in columns}}])
@@ -167,19 +152,14 @@ def one_run_audit(
 
 
 def _input_audit(
-    adata: ad.AnnData,
-    fit: Callable,
-    epsilon: float | None,
-    delta: float,
-    n_canaries: int,
-    guess_fraction: float,
-    confidence: float,
-    layer: str | None,
-    random_state: int,
-    noise_seed: int | None,
-    fit_kwargs: dict[str, Any],
+    adata: ad.AnnData, fit: Callable, request: dict[str, Any], layer: str | None, fit_kwargs: dict[str, Any]
 ) -> pd.DataFrame:
-    """Black-box one-run audit (:func:`dpsc.audit.input_canary_run`); booked before any work."""
+    """Black-box one-run audit (:func:`dpsc.audit.input_canary_run`); booked before any work.
+
+    ``request`` holds :func:`one_run_audit`'s ``epsilon``, ``delta``, ``n_canaries``,
+    ``guess_fraction``, ``confidence``, ``seed`` and ``noise_seed``.
+    """
+    epsilon, delta = request["epsilon"], request["delta"]
     planned = (
         no_guarantee_record("audit", unit=f"the {adata.n_obs} audited cells", covered="the audited fit")
         if epsilon is None
@@ -194,19 +174,7 @@ def _input_audit(
             statement="",
         )
     with spending(adata, planned, "audit") as booking:
-        run = input_canary_run(
-            adata,
-            fit=fit,
-            epsilon=epsilon,
-            delta=delta,
-            n_canaries=n_canaries,
-            guess_fraction=guess_fraction,
-            confidence=confidence,
-            seed=random_state,
-            noise_seed=noise_seed,
-            layer=layer,
-            **fit_kwargs,
-        )
+        run = input_canary_run(adata, fit=fit, layer=layer, **request, **fit_kwargs)
         common = {
             "method": "one_run",
             "canaries": "input",
@@ -219,12 +187,13 @@ def _input_audit(
             "table": {c: table[c].tolist() for c in table.columns},
             "statement": (
                 f"epsilon_lower is a lower bound on the ε of the whole DP-DCAN fit (scope={run['scope']!r}) "
-                f"with respect to one cell, from {n_canaries} inserted canary cells scored from the released "
-                "model after one run (Steinke, Nasr & Jagielski 2023); the two scores' bounds hold together "
-                f"at confidence {confidence:g}. Above epsilon_claimed it proves a leak; at or below it, it "
-                "proves nothing about the true ε, and ceiling is the most these canaries could ever show. "
-                "The 'reconstruction' score uses the decoder, which scope='encoder' never shares. Each "
-                "canary is a real cell with its counts permuted, so the ledger books the fit at group size 2."
+                f"with respect to one cell, from {request['n_canaries']} inserted canary cells scored "
+                "from the released model after one run (Steinke, Nasr & Jagielski 2023); the two scores' "
+                f"bounds hold together at confidence {request['confidence']:g}. Above epsilon_claimed it "
+                "proves a leak; at or below it, it proves nothing about the true ε, and ceiling is the most "
+                "these canaries could ever show. The 'reconstruction' score uses the decoder, which "
+                "scope='encoder' never shares. Each canary is a real cell with its counts permuted, so the "
+                "ledger books the fit at group size 2."
             ),
         }
         record = group_of_two(run["record"], adata.n_obs)

@@ -8,6 +8,8 @@ composed spend is the asked ε. The separate steps (:func:`dpsc.pp.highly_variab
 
 from __future__ import annotations
 
+from typing import Any
+
 import anndata as ad
 import numpy as np
 import pandas as pd
@@ -20,7 +22,7 @@ from ..privacy import (
     COMMON_NOT_COVERED,
     NoiseSource,
     PrivacyRecord,
-    build_statement,
+    Spending,
     no_guarantee_record,
     spending,
 )
@@ -55,30 +57,22 @@ def cluster_record(plan: ClusterPlan, n_obs: int, noise: NoiseSource, tool: str 
         "composed by the Opacus RDP accountant"
     )
     history = plan.history()
-    return PrivacyRecord(
-        tool=tool,
+    return PrivacyRecord.stated(
+        tool,
+        guarantee="proven",
         epsilon=spent,
         delta=plan.delta,
-        guarantee="proven",
-        statement=build_statement(
-            guarantee="proven",
-            epsilon=spent,
-            delta=plan.delta,
-            unit=unit,
-            mechanism=mechanism,
-            covered=covered,
-            not_covered=not_covered,
-            noise=noise.describe(),
-        ),
+        unit=unit,
+        mechanism=mechanism,
         covered=covered,
         not_covered=not_covered,
+        noise=noise,
         target_epsilon=float(plan.epsilon),
         accountant="rdp",
         mechanisms=[f"{name}: sigma={sigma:.4g}" for name, sigma in plan.sigmas.items() if sigma],
         history=history,
         steps=int(sum(h[2] for h in history)),
         scope="genes, loadings, centroids",
-        noise=noise.to_dict(),
         details={"noise_multipliers": dict(plan.sigmas)},
     )
 
@@ -104,6 +98,35 @@ def write_clustering(
         target.var["variances"] = result.gene_variances
     labels = result.labels(matrix).astype(str)
     target.obs[key_added] = pd.Categorical(labels, categories=[str(i) for i in range(n_clusters)])
+
+
+def store_clustering(
+    adata: ad.AnnData,
+    matrix,
+    result: ClusterResult,
+    key_added: str,
+    record: PrivacyRecord,
+    params: dict[str, Any],
+    *,
+    copy: bool,
+    booking: Spending,
+    **extra: Any,
+) -> ad.AnnData | None:
+    """Write a released clustering into ``adata`` (or its copy), record it, settle the booking."""
+    target = adata.copy() if copy else adata
+    write_clustering(target, matrix, result, key_added, params["n_clusters"])
+    return store_result(
+        adata,
+        target,
+        key_added,
+        record,
+        params,
+        copy=copy,
+        booking=booking,
+        centroids=result.centroids,
+        eigenvalues=result.eigenvalues,
+        **extra,
+    )
 
 
 @doc_params
@@ -174,8 +197,6 @@ def cluster(
     record = cluster_record(plan, adata.n_obs, noise)
     with spending(adata, record, key_added) as booking:
         result = run_clustering(plan, central_release_sum(matrix, noise))
-        target = adata.copy() if copy else adata
-        write_clustering(target, matrix, result, key_added, plan.n_clusters)
         params = {
             "n_clusters": plan.n_clusters,
             "layer": layer,
@@ -184,14 +205,4 @@ def cluster(
             "gene_block": -1 if plan.gene_block is None else plan.gene_block,
             "random_state": random_state,
         }
-        return store_result(
-            adata,
-            target,
-            key_added,
-            record,
-            params,
-            copy=copy,
-            booking=booking,
-            centroids=result.centroids,
-            eigenvalues=result.eigenvalues,
-        )
+        return store_clustering(adata, matrix, result, key_added, record, params, copy=copy, booking=booking)

@@ -18,11 +18,11 @@ import numpy as np
 
 from dpsc._docs import doc_params
 
-from .._api import DEFAULT_EPSILON, store_result
+from .._api import DEFAULT_EPSILON
 from .._validation import check_privacy_args, check_public_counts, get_matrix, resolve_delta
 from ..privacy import NoiseSource, spending
 from ..privacy._clustering import plan_clustering
-from ._cluster import write_clustering
+from ._cluster import store_clustering
 
 MIN_SITE_CELLS = 2
 
@@ -157,19 +157,16 @@ def cluster_federated(
             "out-dir": str(Path(tmp) / "server"),
         }
         result, summary = run_pipeline_simulation(server, settings, n_cpus=n_cpus)
-        target = adata.copy() if copy else adata
-        write_clustering(target, matrix, result, key_added, plan.n_clusters)
         params = {"n_clusters": int(n_clusters), "mode": mode, "threshold": threshold, "n_sites": n_sites}
-        return store_result(
+        return store_clustering(
             adata,
-            target,
+            matrix,
+            result,
             key_added,
             record,
             params,
             copy=copy,
             booking=booking,
-            centroids=result.centroids,
-            eigenvalues=result.eigenvalues,
             sites={name: int((sites == name).sum()) for name in names},
             releases=[{k: v for k, v in row.items() if k != "failures"} for row in summary["releases"]],
             wall_s=float(summary["wall_s"]),

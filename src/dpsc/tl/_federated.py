@@ -39,7 +39,6 @@ from ..optim import DEFAULT_PRIVATE_LRS, OPTIMIZERS
 from ..privacy import (
     NoiseSource,
     PrivacyRecord,
-    build_statement,
     history_epsilon,
     no_guarantee_record,
     spending,
@@ -55,23 +54,30 @@ FEDERATED_NOT_COVERED = (
 )
 
 
+@dataclass(frozen=True)
+class FedSCPrivacy:
+    """The privacy options of one ``fit_federated`` run, as the user gave them (ε of each site)."""
+
+    epsilon: float | None
+    delta: float
+    optimizer: str
+    accountant: str
+    max_grad_norm: float
+    n_obs: int
+    noise: NoiseSource
+    scale_genes: bool
+
+
 def federated_record(
-    plan: dict[str, tuple[tuple[float, float, int], tuple[float, float, int]]] | None,
-    *,
-    delta: float,
-    optimizer: str,
-    accountant: str,
-    max_grad_norm: float,
-    n_obs: int,
-    noise: NoiseSource,
-    scale_genes: bool,
-    **_: Any,
+    plan: dict[str, tuple[tuple[float, float, int], tuple[float, float, int]]] | None, options: FedSCPrivacy
 ) -> PrivacyRecord:
     """Record of a federated fit: per-site DP-SGD and DP k-means (parallel composition), or none.
 
     A cell belongs to one site, so it is protected by its own site's (ε_k, δ): the ledger entry
     carries the worst site's history, max_k ε_k (parallel composition, McSherry 2009).
     """
+    delta, accountant, optimizer = options.delta, options.accountant, options.optimizer
+    n_obs, noise, scale_genes = options.n_obs, options.noise, options.scale_genes
     unit = f"adding or removing one cell of its site ({n_obs} cells in all)"
     if plan is None:
         covered = "the global model, the final clustering and every message a site sent" + (
@@ -86,25 +92,18 @@ def federated_record(
         "(post-processing); each cell by its own site's ε (per site in 'epsilon_per_site')"
     )
     training, kmeans = plan[worst]
-    return PrivacyRecord(
-        tool="fit_federated",
+    return PrivacyRecord.stated(
+        "fit_federated",
+        guarantee="proven",
         epsilon=per_site[worst],
         delta=delta,
-        guarantee="proven",
-        statement=build_statement(
-            guarantee="proven",
-            epsilon=per_site[worst],
-            delta=delta,
-            unit=unit,
-            mechanism=f"DP-SGD at every site ({optimizer} update on the noisy gradient, Poisson sampling) "
-            f"and DP k-means tables with each site's full noise, composed by the Opacus {accountant.upper()} "
-            "accountant; each site calibrates its own noise, drawn by each site, never by the server",
-            covered=covered,
-            not_covered=FEDERATED_NOT_COVERED,
-            noise=noise.describe(),
-        ),
+        unit=unit,
+        mechanism=f"DP-SGD at every site ({optimizer} update on the noisy gradient, Poisson sampling) "
+        f"and DP k-means tables with each site's full noise, composed by the Opacus {accountant.upper()} "
+        "accountant; each site calibrates its own noise, drawn by each site, never by the server",
         covered=covered,
         not_covered=FEDERATED_NOT_COVERED,
+        noise=noise,
         accountant=accountant,
         mechanisms=[
             f"site {k}: DP-SGD sigma={v[0][0]:.4g}, q={v[0][1]:.4g}; k-means sigma={v[1][0]:.4g}"
@@ -114,9 +113,8 @@ def federated_record(
         noise_multiplier=training[0],
         sample_rate=training[1],
         steps=training[2] + kmeans[2],
-        max_grad_norm=max_grad_norm,
+        max_grad_norm=options.max_grad_norm,
         scope="site",
-        noise=noise.to_dict(),
         details={
             "epsilon_per_site": per_site,
             "noise_multiplier_per_site": {k: v[0][0] for k, v in plan.items()},
@@ -274,24 +272,24 @@ def fit_federated(
             "accountant": accountant,
         },
         dp_plan=None,
-        record_args={
-            "epsilon": epsilon,
-            "client_key": client_key,
-            "delta": delta,
-            "optimizer": optimizer,
-            "accountant": accountant,
-            "max_grad_norm": float(max_grad_norm),
-            "n_obs": adata.n_obs,
-            "noise": NoiseSource(noise_seed),
-            "scale_genes": bool(scale_genes),
-        },
+        client_key=client_key,
+        privacy=FedSCPrivacy(
+            epsilon=epsilon,
+            delta=delta,
+            optimizer=optimizer,
+            accountant=accountant,
+            max_grad_norm=float(max_grad_norm),
+            n_obs=adata.n_obs,
+            noise=NoiseSource(noise_seed),
+            scale_genes=bool(scale_genes),
+        ),
     )
     if epsilon is not None:
         _plan_site_noise(run, float(epsilon), private_lr)
     X = represent(matrix, likelihood)
     site_of_cell = adata.obs[client_key].astype(str)
     parts = [X[(site_of_cell == name).to_numpy()] for name in names]
-    planned = federated_record(run.dp_plan, **run.record_args)
+    planned = federated_record(run.dp_plan, run.privacy)
     with spending(adata, planned, key_added) as booking:
         return _run_fedsc(adata, X, parts, run, copy, return_model, booking)
 
@@ -313,7 +311,8 @@ class FedSCRun:
     settings: dict[str, Any]
     #: per site: ((σ, q, steps) of DP-SGD, (σ, 1, steps) of its k-means tables); ``None``: no DP
     dp_plan: dict[str, tuple[tuple[float, float, int], tuple[float, float, int]]] | None
-    record_args: dict[str, Any]
+    client_key: str
+    privacy: FedSCPrivacy
 
 
 def _check_fedsc_args(
@@ -377,8 +376,7 @@ def _plan_site_noise(run: FedSCRun, epsilon: float, private_lr: float | None) ->
     spend ``(epsilon, delta)`` on its cells (:func:`~dpsc.federated._fedsc_site.fedsc_noise`).
     """
     batch = SSLConfig().batch_size
-    delta, accountant = run.record_args["delta"], run.record_args["accountant"]
-    optimizer = run.record_args["optimizer"]
+    delta, accountant, optimizer = run.privacy.delta, run.privacy.accountant, run.privacy.optimizer
     run.dp_plan = {}
     for name in run.names:
         q, per_epoch = dp_schedule(int(run.sizes[name]), batch)
@@ -390,7 +388,7 @@ def _plan_site_noise(run: FedSCRun, epsilon: float, private_lr: float | None) ->
         {
             "noise-multipliers": json.dumps([run.dp_plan[name][0][0] for name in run.names]),
             "kmeans-noise-multipliers": json.dumps([run.dp_plan[name][1][0] for name in run.names]),
-            "max-grad-norm": run.record_args["max_grad_norm"],
+            "max-grad-norm": run.privacy.max_grad_norm,
             "dp-optimizer": optimizer,
             "dp-lr": lr,
         }
@@ -408,7 +406,7 @@ def _run_fedsc(
 ) -> Any:
     """Run the Flower simulation, embed and cluster, and write the results (inside the booking)."""
     start = time.perf_counter()
-    record_args, settings = run.record_args, run.settings
+    privacy, settings = run.privacy, run.settings
     with tempfile.TemporaryDirectory(prefix="dpsc_fed_") as tmp:
         data_dir = Path(tmp) / "data"
         write_client_data(data_dir, parts)
@@ -417,9 +415,9 @@ def _run_fedsc(
         site_settings = {
             k: SiteSettings(
                 data=str(data_dir / f"client_{k}.npy"),
-                epsilon=None if run.dp_plan is None else float(record_args["epsilon"]),
-                delta=record_args["delta"],
-                noise_seed=record_args["noise"].noise_seed,
+                epsilon=None if run.dp_plan is None else float(privacy.epsilon),
+                delta=privacy.delta,
+                noise_seed=privacy.noise.noise_seed,
             )
             for k in range(len(parts))
         }
@@ -437,7 +435,7 @@ def _run_fedsc(
     net.load_shared(state)
     Z = embed(net, X)
     labels = np.empty(adata.n_obs, dtype=np.int64)
-    sites = adata.obs[record_args["client_key"]].astype(str).to_numpy()
+    sites = adata.obs[run.client_key].astype(str).to_numpy()
     for name, part_labels in zip(run.names, site_labels, strict=True):
         labels[sites == name] = part_labels
     target = adata.copy() if copy else adata
@@ -463,7 +461,7 @@ def _run_fedsc(
     if run.dp_plan is not None:
         steps_done = [history[r].get("dp-steps", 0) for r in rounds_done]
         result["mean_dp_steps_per_round_reported"] = float(np.mean(steps_done)) if steps_done else 0.0
-    record = federated_record(run.dp_plan, **record_args)
+    record = federated_record(run.dp_plan, privacy)
     return store_result(
         adata,
         target,

@@ -10,7 +10,7 @@ the DP gene selection inside the same ε; the model trains with the plan as it i
 from __future__ import annotations
 
 import warnings
-from typing import Literal
+from typing import Any, Literal
 
 import anndata as ad
 import numpy as np
@@ -170,16 +170,16 @@ def fit(
     run = {k: train_kwargs.pop(k) for k in RUN_OPTIONS if k in train_kwargs}
     settings = _settings(
         train_kwargs,
-        epsilon,
-        delta,
-        scope,
-        max_epochs,
-        batch_size,
-        accountant,
-        optimizer,
-        random_state,
-        noise_seed,
         full_scope_default=scope == "full" and input_pcs == "auto",
+        epsilon=epsilon,
+        delta=delta,
+        scope=scope,
+        max_epochs=max_epochs,
+        batch_size=batch_size,
+        accountant=accountant,
+        private_optimizer=optimizer,
+        random_state=random_state,
+        noise_seed=noise_seed,
     )
     select_genes = adata.n_vars > MODEL_GENES
     plan = plan_fit(
@@ -252,21 +252,11 @@ def fit(
         )
 
 
-def _settings(
-    train_kwargs,
-    epsilon,
-    delta,
-    scope,
-    max_epochs,
-    batch_size,
-    accountant,
-    optimizer,
-    random_state,
-    noise_seed,
-    *,
-    full_scope_default: bool,
-) -> TrainSettings:
-    """One :class:`TrainSettings` from ``tl.fit``'s arguments; unknown keywords are refused."""
+def _settings(train_kwargs: dict[str, Any], *, full_scope_default: bool, **named: Any) -> TrainSettings:
+    """One :class:`TrainSettings` from ``tl.fit``'s named arguments and extra plan keywords.
+
+    ``train_kwargs`` may hold plan options only; an unknown keyword is refused.
+    """
     unknown = sorted(set(train_kwargs) - set(PLAN_OPTIONS))
     if unknown:
         raise TypeError(
@@ -274,21 +264,10 @@ def _settings(
             f"{sorted(PLAN_OPTIONS + RUN_OPTIONS)} "
             "besides its named parameters."
         )
-    if full_scope_default and max_epochs is None:
+    if full_scope_default and named["max_epochs"] is None:
         for name, epochs in FULL_SCOPE_EPOCHS.items():
             train_kwargs.setdefault(name, epochs)
-    return TrainSettings(
-        epsilon=epsilon,
-        delta=delta,
-        scope=scope,
-        max_epochs=max_epochs,
-        batch_size=batch_size,
-        accountant=accountant,
-        private_optimizer=optimizer,
-        random_state=random_state,
-        noise_seed=noise_seed,
-        **train_kwargs,
-    )
+    return TrainSettings(**named, **train_kwargs)
 
 
 def _dp_gene_selection(adata: ad.AnnData, layer: str | None, likelihood: str, plan: FitPlan) -> np.ndarray:

@@ -37,19 +37,11 @@ from ..privacy import (
     kmeans_release_steps,
     spending,
 )
+from ..privacy._clustering import KMEANS_PLAN
 from ..privacy._kmeans import Metric, _nearest, kmeans_points
 
-#: Release plan and sketch of :func:`kmeans` (chosen with PBMC 4k labels together with the cosine
-#: metric; the mouse bladder files confirm them except bladder top-2000 at ε = 4:
-#: ``benchmarks/results/dp_pipeline.md``).
-KMEANS_DEFAULTS = {
-    "n_sketch_steps": 1,
-    "n_lloyd_rounds": 2,
-    "steps_per_round": 1,
-    "n_bits": 10,
-    "oversampling": 4,
-    "count_scale": 0.3,
-}
+#: Release plan and sketch of :func:`kmeans`: the private pipeline's (:data:`KMEANS_PLAN`).
+KMEANS_DEFAULTS = KMEANS_PLAN
 
 
 def kmeans_record(sigma: float, steps: int, epsilon: float, delta: float, n_obs: int, noise: NoiseSource):
@@ -57,7 +49,6 @@ def kmeans_record(sigma: float, steps: int, epsilon: float, delta: float, n_obs:
     return gaussian_release_record(
         "tl.kmeans",
         sigma=sigma,
-        sample_rate=1.0,
         steps=steps,
         target_epsilon=epsilon,
         delta=delta,
@@ -67,8 +58,7 @@ def kmeans_record(sigma: float, steps: int, epsilon: float, delta: float, n_obs:
         not_covered="the labels written for these cells (each is computed from its own cell); the "
         "representation in obsm, unless it was itself released privately (see its own record); "
         + COMMON_NOT_COVERED,
-        noise_dict=noise.to_dict(),
-        noise_sentence=noise.describe(),
+        noise=noise,
         scope="centroids",
     )
 
