@@ -214,16 +214,20 @@ def make_client_app(site_settings: dict[int, SiteSettings] | None = None):
 
 
 class _RoundStrategy:
-    """One Flower round that sends ``config`` and ``payload`` to every site and keeps the replies."""
+    """One Flower round that sends ``config`` and ``payload`` to every site and keeps the replies.
+
+    It first waits (up to ``timeout`` seconds) until at least ``n_wait`` sites are connected, then
+    sends to all connected sites.
+    """
 
     def __new__(cls, *args, **kwargs):
         from flwr.server.strategy import Strategy
 
         class RoundStrategy(Strategy):
             def __init__(
-                self, config: dict[str, Any], payload: list[np.ndarray], n_sites: int, timeout: float
+                self, config: dict[str, Any], payload: list[np.ndarray], n_wait: int, timeout: float
             ):
-                self.config, self.payload, self.n_sites, self.timeout = config, payload, n_sites, timeout
+                self.config, self.payload, self.n_wait, self.timeout = config, payload, n_wait, timeout
                 self.replies: list[list[np.ndarray]] = []
                 self.failures: list[str] = []
 
@@ -235,8 +239,7 @@ class _RoundStrategy:
             def configure_fit(self, server_round, parameters, client_manager):
                 from flwr.common import FitIns
 
-                if self.timeout > 0:
-                    client_manager.wait_for(self.n_sites, timeout=self.timeout)
+                client_manager.wait_for(self.n_wait, timeout=self.timeout)
                 clients = list(client_manager.all().values())
                 return [(client, FitIns(parameters, dict(self.config))) for client in clients]
 
@@ -264,15 +267,17 @@ class _RoundStrategy:
 class Rounds:
     """The run's Flower rounds, one per message to the sites (through SecAgg+ when ``secure``).
 
-    The first round waits up to the run's timeout for all ``n_sites`` to connect; later rounds go
-    to the sites still connected without waiting, so a site that dropped out (killed, or reported
-    unavailable by the SuperLink after its missed heartbeats) delays one round, not every round.
-    Whether the replies that remain are enough is the caller's rule (a secure release needs its
-    threshold; a plain one, whose every vector carries the full noise, one site).
+    The first round waits up to the run's timeout for all ``n_sites`` to connect; later rounds
+    wait only until ``needed`` sites are connected (a secure release's threshold; one site for a
+    plain release, whose every vector carries the full noise) and go to every site connected then,
+    so a site that dropped out (killed, or reported unavailable by the SuperLink after its missed
+    heartbeats) delays one round, not every round, and a site list that is briefly short (a busy
+    machine) is waited for. Whether the replies are enough is still the caller's rule.
     """
 
-    def __init__(self, grid, context, n_sites: int, timeout: float) -> None:
+    def __init__(self, grid, context, n_sites: int, timeout: float, needed: int) -> None:
         self.grid, self.context, self.n_sites, self.timeout = grid, context, n_sites, timeout
+        self.needed = needed
         self.joined = False
 
     def __call__(self, config: dict[str, Any], payload: list[np.ndarray], secure: bool):
@@ -281,8 +286,8 @@ class Rounds:
         from flwr.server.compat import LegacyContext
         from flwr.server.workflow import DefaultWorkflow
 
-        wait = 0.0 if self.joined else self.timeout
-        strategy = _RoundStrategy(config, payload, self.n_sites, wait)
+        n_wait = self.needed if self.joined else self.n_sites
+        strategy = _RoundStrategy(config, payload, n_wait, self.timeout)
         legacy = LegacyContext(context=self.context, config=ServerConfig(num_rounds=1), strategy=strategy)
         fit_workflow = secagg_workflow(int(config["threshold"]), self.timeout) if secure else None
         DefaultWorkflow(fit_workflow=fit_workflow)(self.grid, legacy)
@@ -331,7 +336,8 @@ def make_server_app(settings: dict[str, Any] | None = None):
         out.mkdir(parents=True, exist_ok=True)
         start = time.perf_counter()
         epsilon = None if float(s["epsilon"]) < 0 else float(s["epsilon"])
-        rounds = Rounds(grid, context, n_sites, float(s["timeout"]))
+        needed = threshold if mode == "secure" else 1
+        rounds = Rounds(grid, context, n_sites, float(s["timeout"]), needed)
         plan = _plan(rounds, s, epsilon, mode, threshold, n_sites)
         common = {
             "task": "pipeline",
@@ -348,7 +354,6 @@ def make_server_app(settings: dict[str, Any] | None = None):
                 config["assignment"] = request.assignment.kind
             strategy = rounds(config, _payload(request), secure=mode == "secure")
             replies = strategy.replies
-            needed = threshold if mode == "secure" else 1
             if len(replies) < needed:
                 raise RuntimeError(
                     f"Release {request.index} ({request.kind}): {len(replies)} site(s) contributed, "
