@@ -125,7 +125,7 @@ def _report_table(rows: pd.DataFrame, noise: str) -> str:
         runs=("run", "count"),
     )
     lines = [
-        "### "
+        "## "
         + ("Paired noise (one benchmark seed per run for both)" if noise == "paired" else "Secret noise"),
         "",
         "| data | split | sites | ε | method | ARI | NMI | clusters used | wall s | MB per site | runs |",
