@@ -1,0 +1,113 @@
+"""Where `tl.fit` loses accuracy on an all-genes matrix, and why its collapse note stays silent.
+
+Three questions, each printed one line per fit (labels only score; results in
+``benchmarks/results/raw_matrix_diagnostics.md``)::
+
+    # the same full-scope fit without noise: is exact gene selection as good as the file's list?
+    python benchmarks/diagnostics/raw_matrix_levers.py no-noise bladder_all bladder
+    # the gene selection's share of the fit's ε (full scope, ε = 8, seeds 0-2)
+    python benchmarks/diagnostics/raw_matrix_levers.py share bladder_all 0.1,0.2,0.3
+    python benchmarks/diagnostics/raw_matrix_levers.py share paul 0.1,0.2,0.3
+    # released DEC frequencies against the labels the fit writes (full scope, ε = 8, seeds 0-2)
+    python benchmarks/diagnostics/raw_matrix_levers.py frequencies bladder bladder_all pbmc
+
+Run from the repository root with ``OMP_NUM_THREADS=1``; the data sets are those of
+``benchmarks/dpdcan_benchmark.py`` (``--data`` defaults to ``../shared/data``).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import dpdcan_benchmark as bench
+
+DATA = Path("../shared/data")
+
+
+def _ari(adata) -> float:
+    from sklearn.metrics import adjusted_rand_score
+
+    return round(float(adjusted_rand_score(adata.obs["label"], adata.obs["dp_cluster"])), 3)
+
+
+def no_noise(names: list[str]) -> None:
+    """Full-scope fits without noise (exact gene selection on an all-genes file)."""
+    import dpsc
+
+    for name in names:
+        for seed in (0, 1):
+            adata = bench.load(name, DATA)
+            k = adata.obs["label"].nunique()
+            dpsc.tl.fit(
+                adata, epsilon=None, scope="full", n_clusters=k, random_state=seed, progress_bar=False
+            )
+            print(name, seed, "non-private full", _ari(adata), flush=True)
+
+
+def share(name: str, shares: str) -> None:
+    """Full-scope fits at ε = 8 with the gene selection taking each share of the ε split."""
+    import dpsc
+    import dpsc.model._dcan_privacy as plan_module
+
+    for value in map(float, shares.split(",")):
+        plan_module.GENE_SELECTION_SHARE = value
+        for seed in (0, 1, 2):
+            adata = bench.load(name, DATA)
+            k = adata.obs["label"].nunique()
+            dpsc.tl.fit(adata, epsilon=8, scope="full", n_clusters=k, random_state=seed, progress_bar=False)
+            sigma = adata.uns["dpsc"]["X_dpdcan"]["privacy"].get("genes_noise_multiplier", np.nan)
+            print(name, value, seed, _ari(adata), "sigma_g", round(float(sigma), 2), flush=True)
+
+
+def frequencies(names: list[str]) -> None:
+    """Released DEC frequencies and their noise beside the count of cells each cluster labels."""
+    import dpsc
+
+    for name in names:
+        for seed in (0, 1, 2):
+            adata = bench.load(name, DATA)
+            k = adata.obs["label"].nunique()
+            model = dpsc.tl.fit(
+                adata,
+                epsilon=8,
+                scope="full",
+                n_clusters=k,
+                random_state=seed,
+                progress_bar=False,
+                return_model=True,
+            )
+            released = np.asarray(model.released_frequencies())
+            counts = np.bincount(adata.obs["dp_cluster"].astype(int), minlength=k)
+            row = {
+                "data": name,
+                "seed": seed,
+                "n": adata.n_obs,
+                "k": k,
+                "noise_sd": float(model.frequency_noise_),
+            }
+            print(json.dumps({**row, "f": released.round(1).tolist(), "hard": counts.tolist()}), flush=True)
+
+
+def main() -> None:
+    warnings.filterwarnings("ignore")
+    torch.set_num_threads(1)
+    question, *rest = sys.argv[1:]
+    if question == "no-noise":
+        no_noise(rest)
+    elif question == "share":
+        share(rest[0], rest[1])
+    elif question == "frequencies":
+        frequencies(rest)
+    else:
+        raise SystemExit(f"unknown question {question!r}: no-noise, share or frequencies")
+
+
+if __name__ == "__main__":
+    main()
