@@ -61,15 +61,16 @@ def test_released_frequencies_are_accounted_steps(small_adata, fast_train):
     dpsc.tl.fit(small_adata, epsilon=8.0, **fit)  # "released" is the default
     rec = small_adata.uns["dpsc"]["X_dpdcan"]["privacy"]
     params = small_adata.uns["dpsc"]["X_dpdcan"]["params"]
-    # (2 + 2) epochs × 10 Poisson draws + 200 k-means releases + 1 frequency release per cluster epoch
-    assert rec["frequency_steps"] == 2
-    assert rec["steps"] == 4 * 10 + 200 + 2 == params["planned_steps"]
+    # (2 + 2) epochs × 10 Poisson draws + 200 k-means releases + 1 frequency release per cluster
+    # epoch + 1 label-count release
+    assert rec["frequency_steps"] == 2 and rec["label_steps"] == 1
+    assert rec["steps"] == 4 * 10 + 200 + 2 + 1 == params["planned_steps"]
     assert params["target_frequency"] == "released"
     assert 0 < rec["epsilon"] <= 8.0
 
     dpsc.tl.fit(uniform, epsilon=8.0, plan_kwargs={"target_frequency": "uniform"}, **fit)
     assert uniform.uns["dpsc"]["X_dpdcan"]["privacy"]["frequency_steps"] == 0
-    assert uniform.uns["dpsc"]["X_dpdcan"]["privacy"]["steps"] == 4 * 10 + 200
+    assert uniform.uns["dpsc"]["X_dpdcan"]["privacy"]["steps"] == 4 * 10 + 200 + 1
     assert not np.allclose(uniform.obsm["X_dpdcan"], small_adata.obsm["X_dpdcan"])
 
 
@@ -94,3 +95,34 @@ def test_unknown_target_frequency_is_refused_and_adata_untouched(small_adata, fa
             small_adata, epsilon=8.0, plan_kwargs={"target_frequency": "batch"}, n_clusters=3, **fast_train
         )
     assert set(small_adata.obsm) == set(before.obsm) and set(small_adata.uns) == set(before.uns)
+
+
+def test_non_private_label_counts_are_the_written_labels(small_adata, tiny_fit):
+    model = dpsc.tl.fit(small_adata, epsilon=None, return_model=True, **tiny_fit)
+    written = np.bincount(small_adata.obs["dp_cluster"].cat.codes, minlength=3)
+    np.testing.assert_array_equal(model.released_label_counts(), written)
+    entry = small_adata.uns["dpsc"]["X_dpdcan"]
+    np.testing.assert_array_equal(entry["label_counts"], written)
+    assert entry["clusters_in_use"] == int((written > 0).sum())
+    assert entry["privacy"]["label_steps"] == 0
+
+
+@pytest.mark.slow
+def test_private_label_counts_are_one_accounted_poisson_release(small_adata, tiny_fit):
+    model = dpsc.tl.fit(small_adata, epsilon=8.0, noise_seed=0, return_model=True, **tiny_fit)
+    rec = small_adata.uns["dpsc"]["X_dpdcan"]["privacy"]
+    counts = model.released_label_counts()
+    assert rec["label_steps"] == 1 and counts.shape == (3,)
+    assert model.label_count_noise_ == pytest.approx(rec["noise_multiplier"])
+    # one Poisson sample at q = 0.1 of the 300 cells (about 30), not the written labels of all cells
+    assert 0 < counts.sum() < small_adata.n_obs / 2
+    in_use = int((counts > max(2 * rec["noise_multiplier"], 0.5)).sum())
+    assert small_adata.uns["dpsc"]["X_dpdcan"]["clusters_in_use"] == in_use
+
+
+def test_collapse_note_reads_the_released_label_counts(small_adata, tiny_fit, monkeypatch):
+    # soft frequencies may stay near uniform while the labels collapse: the note reads the counts
+    monkeypatch.setattr(dpsc.model.DPDCAN, "released_label_counts", lambda self: np.array([40.0, 0.0, 0.0]))
+    with pytest.warns(UserWarning, match="Only 1 of the 3 clusters hold"):
+        dpsc.tl.fit(small_adata, epsilon=None, **tiny_fit)
+    assert small_adata.uns["dpsc"]["X_dpdcan"]["clusters_in_use"] == 1

@@ -32,9 +32,11 @@ def test_fit_writes_documented_keys(small_adata, tiny_fit):
     assert 0 < rec["epsilon"] <= 4.0
     assert rec["scope"] == "encoder" and "decoder" in rec["statement"] and "Not covered" in rec["statement"]
     # steps actually run: 3 epochs x 10 Poisson draws + 200 k-means releases (40 + 4 x 40)
-    # + 1 cluster-frequency release per cluster epoch
-    assert rec["steps"] == 3 * 10 + 200 + 1 == small_adata.uns["dpsc"]["X_dpdcan"]["params"]["planned_steps"]
-    assert rec["kmeans_steps"] == 200 and rec["frequency_steps"] == 1
+    # + 1 cluster-frequency release per cluster epoch + 1 label-count release
+    assert (
+        rec["steps"] == 3 * 10 + 200 + 1 + 1 == small_adata.uns["dpsc"]["X_dpdcan"]["params"]["planned_steps"]
+    )
+    assert rec["kmeans_steps"] == 200 and rec["frequency_steps"] == 1 and rec["label_steps"] == 1
     assert rec["curve_steps"][-1] == rec["steps"]
     assert rec["curve_epsilon"][-1] == pytest.approx(rec["epsilon"])
 

@@ -1,6 +1,6 @@
 """Where `tl.fit` loses accuracy on an all-genes matrix, and why its collapse note stays silent.
 
-Three questions, each printed one line per fit (labels only score; results in
+Four questions, each printed one line per fit (labels only score; results in
 ``benchmarks/results/raw_matrix_diagnostics.md``)::
 
     # the same full-scope fit without noise: is exact gene selection as good as the file's list?
@@ -10,6 +10,9 @@ Three questions, each printed one line per fit (labels only score; results in
     python benchmarks/diagnostics/raw_matrix_levers.py share paul 0.1,0.2,0.3
     # released DEC frequencies against the labels the fit writes (full scope, ε = 8, seeds 0-2)
     python benchmarks/diagnostics/raw_matrix_levers.py frequencies bladder bladder_all pbmc
+    # the collapse note on the released label counts (ε = 8, seeds 0-2, secret noise)
+    python benchmarks/diagnostics/raw_matrix_levers.py note encoder paul bladder_all
+    python benchmarks/diagnostics/raw_matrix_levers.py note full paul bladder_all
 
 Run from the repository root with ``OMP_NUM_THREADS=1``; the data sets are those of
 ``benchmarks/dpdcan_benchmark.py`` (``--data`` defaults to ``../shared/data``).
@@ -95,6 +98,43 @@ def frequencies(names: list[str]) -> None:
             print(json.dumps({**row, "f": released.round(1).tolist(), "hard": counts.tolist()}), flush=True)
 
 
+def note(scope: str, names: list[str]) -> None:
+    """Whether the collapse note fires: released label counts beside the labels the fit writes."""
+    import dpsc
+
+    for name in names:
+        for seed in (0, 1, 2):
+            adata = bench.load(name, DATA)
+            k = adata.obs["label"].nunique()
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                model = dpsc.tl.fit(
+                    adata,
+                    epsilon=8,
+                    scope=scope,
+                    n_clusters=k,
+                    random_state=seed,
+                    progress_bar=False,
+                    return_model=True,
+                )
+            hard = np.bincount(adata.obs["dp_cluster"].astype(int), minlength=k)
+            row = {
+                "data": name,
+                "scope": scope,
+                "seed": seed,
+                "n": adata.n_obs,
+                "k": k,
+                "noise_sd": round(float(model.label_count_noise_), 3),
+                "released": np.asarray(model.released_label_counts()).round(1).tolist(),
+                "in_use": int(adata.uns["dpsc"]["X_dpdcan"]["clusters_in_use"]),
+                "note": any("clusters hold" in str(w.message) for w in caught),
+                "hard": hard.tolist(),
+                "hard_2pct": int((hard >= 0.02 * adata.n_obs).sum()),
+                "ari": _ari(adata),
+            }
+            print(json.dumps(row), flush=True)
+
+
 def main() -> None:
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
@@ -105,8 +145,10 @@ def main() -> None:
         share(rest[0], rest[1])
     elif question == "frequencies":
         frequencies(rest)
+    elif question == "note":
+        note(rest[0], rest[1:])
     else:
-        raise SystemExit(f"unknown question {question!r}: no-noise, share or frequencies")
+        raise SystemExit(f"unknown question {question!r}: no-noise, share, frequencies or note")
 
 
 if __name__ == "__main__":

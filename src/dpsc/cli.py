@@ -202,7 +202,8 @@ def _wrap(text: str) -> str:
 
 def _print_spend(record: dict) -> None:
     """Print the record's numbers and what the count of accounted releases is made of."""
-    details = {k: int(record.get(k, 0)) for k in ("dpsgd_steps", "kmeans_steps", "frequency_steps")}
+    kinds = ("dpsgd_steps", "kmeans_steps", "frequency_steps", "label_steps")
+    details = {k: int(record.get(k, 0)) for k in kinds}
     one_off = int(record["steps"]) - sum(details.values())
     print(
         f"Privacy spent: epsilon = {record['epsilon']:.3f} (target {record['target_epsilon']:g}), "
@@ -213,7 +214,8 @@ def _print_spend(record: dict) -> None:
     print(
         f"  {record['steps']} accounted releases: {details['dpsgd_steps']} DP-SGD steps, "
         f"{details['kmeans_steps']} DP k-means releases, "
-        f"{details['frequency_steps']} cluster-frequency releases"
+        f"{details['frequency_steps']} cluster-frequency releases, "
+        f"{details['label_steps']} label-count release"
         + (f", {one_off} release(s) of gene statistics or input loadings" if one_off else "")
     )
 
@@ -265,8 +267,8 @@ def _fit(args: argparse.Namespace) -> int:
     asked, in_use = model.n_clusters, int(result["clusters_in_use"])
     if in_use >= 0:
         print(
-            f"Clusters: {in_use} of {asked} used (clusters whose released frequency is above twice its "
-            "noise; read from released values only)"
+            f"Clusters: {in_use} of {asked} used (clusters whose released label count is above twice "
+            "its noise; read from released values only)"
         )
         if in_use < asked / 2:
             print(_wrap(collapse_message(in_use, asked, epsilon)))

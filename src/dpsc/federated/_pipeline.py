@@ -216,8 +216,8 @@ def make_client_app(site_settings: dict[int, SiteSettings] | None = None):
 class _RoundStrategy:
     """One Flower round that sends ``config`` and ``payload`` to every site and keeps the replies.
 
-    It first waits (up to ``timeout`` seconds) until at least ``n_wait`` sites are connected, then
-    sends to all connected sites.
+    It first waits (up to ``timeout`` seconds, polling every 0.2 s) until at least ``n_wait`` sites
+    are connected, then sends to all connected sites.
     """
 
     def __new__(cls, *args, **kwargs):
@@ -239,7 +239,11 @@ class _RoundStrategy:
             def configure_fit(self, server_round, parameters, client_manager):
                 from flwr.common import FitIns
 
-                client_manager.wait_for(self.n_wait, timeout=self.timeout)
+                # ``num_available`` asks the SuperLink for its node list (Flower's compat layer
+                # refreshes it on that call, otherwise only every 5 s): poll it, not ``wait_for``.
+                deadline = time.monotonic() + self.timeout
+                while client_manager.num_available() < self.n_wait and time.monotonic() < deadline:
+                    time.sleep(0.2)
                 clients = list(client_manager.all().values())
                 return [(client, FitIns(parameters, dict(self.config))) for client in clients]
 

@@ -181,11 +181,12 @@ def planned_step_counts(
 
     An epoch is :math:`E = \max(1, \mathrm{round}(1/q))` batches, so the fit plans
 
-    .. math:: T = (e_{inst} + e_{clu})\,E + (s_{sketch} + r \cdot s_{round}) + f,
+    .. math:: T = (e_{inst} + e_{clu})\,E + (s_{sketch} + r \cdot s_{round}) + f + 1,
 
-    with :math:`f = e_{clu}` frequency releases when ``target_frequency="released"`` (else 0).
-    Returns ``steps_per_epoch`` (E), ``instance``, ``cluster``, ``kmeans``, ``frequency`` and
-    ``total`` (T).
+    with :math:`f = e_{clu}` frequency releases when ``target_frequency="released"`` (else 0) and
+    one release of the trained model's label counts (the cells each cluster labels in one
+    Poisson sample, read by the collapse note). Returns ``steps_per_epoch`` (E), ``instance``,
+    ``cluster``, ``kmeans``, ``frequency``, ``labels`` and ``total`` (T).
     """
     steps_per_epoch = max(1, round(1.0 / sample_rate))
     counts = {
@@ -194,8 +195,9 @@ def planned_step_counts(
         "cluster": cluster_epochs * steps_per_epoch,
         "kmeans": kmeans_release_steps(n_sketch_steps, n_lloyd_rounds, steps_per_round),
         "frequency": cluster_epochs if target_frequency == "released" else 0,
+        "labels": 1,
     }
-    counts["total"] = counts["instance"] + counts["cluster"] + counts["kmeans"] + counts["frequency"]
+    counts["total"] = sum(counts[k] for k in ("instance", "cluster", "kmeans", "frequency", "labels"))
     return counts
 
 
@@ -385,7 +387,7 @@ def dcan_record(
             accountant=plan.accountant,
             sample_rate=plan.sample_rate,
             max_grad_norm=float("inf"),
-            details={"private_parameters": [], "kmeans_steps": 0, "frequency_steps": 0},
+            details={"private_parameters": [], "kmeans_steps": 0, "frequency_steps": 0, "label_steps": 0},
         )
     s = plan.settings
     history = list(s.accountant.history) if history is None else history
@@ -394,7 +396,7 @@ def dcan_record(
         private.insert(0, LOADINGS)
     covered = (
         f"the released {', '.join(private)}, including the DP k-means start of the centroids and the "
-        "cluster-frequency releases, and anything computed from them on other data"
+        "cluster-frequency and label-count releases, and anything computed from them on other data"
     )
     not_covered = COMMON_NOT_COVERED
     if plan.scope == "encoder":
@@ -404,11 +406,12 @@ def dcan_record(
     guarantee = "heuristic" if plan.scope == "encoder" else "proven"
     mechanism = (
         "DP-SGD (ghost-clipped per-cell gradients, Gaussian noise, Poisson sampling) plus Gaussian "
-        f"k-means and frequency releases, composed by the Opacus {plan.accountant.upper()} accountant"
+        f"k-means, frequency and label-count releases, composed by the Opacus {plan.accountant.upper()} "
+        "accountant"
     )
     mechanisms = [
         f"sampled Gaussian, sigma={s.noise_multiplier:.4g}, q={s.sample_rate:.4g}, "
-        f"C={s.max_grad_norm:g} (DP-SGD) and sensitivity-scaled releases (k-means, frequencies)"
+        f"C={s.max_grad_norm:g} (DP-SGD) and sensitivity-scaled releases (k-means, frequencies, label counts)"
     ]
     curve_steps, curve_eps = epsilon_curve(history, plan.delta, plan.accountant)
     details = {
@@ -416,6 +419,7 @@ def dcan_record(
         "dpsgd_steps": plan.counts["instance"] + plan.counts["cluster"],
         "kmeans_steps": plan.counts["kmeans"],
         "frequency_steps": plan.counts["frequency"],
+        "label_steps": plan.counts["labels"],
         "curve_steps": curve_steps,
         "curve_epsilon": curve_eps,
     }

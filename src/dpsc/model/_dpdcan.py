@@ -122,6 +122,9 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
         self._frequencies: np.ndarray | None = None
         #: Standard deviation of the noise on the last released cluster frequencies (0: exact).
         self.frequency_noise_ = 0.0
+        self._label_counts: np.ndarray | None = None
+        #: Standard deviation of the noise on the released label counts (0: exact).
+        self.label_count_noise_ = 0.0
         self.privacy_: dict = {}
         self._record: PrivacyRecord | None = None
         self._model_summary_string = (
@@ -182,7 +185,8 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
         sampled-Gaussian steps of the fit: ``(instance_epochs + cluster_epochs) × round(1/q)``
         DP-SGD steps plus ``n_sketch_steps + n_lloyd_rounds × steps_per_round`` DP k-means
         releases (plus ``cluster_epochs`` frequency releases with
-        ``target_frequency="released"``), all with Poisson rate ``q = batch_size / n_obs``
+        ``target_frequency="released"``) plus one release of the trained model's label counts
+        (:meth:`released_label_counts`), all with Poisson rate ``q = batch_size / n_obs``
         (:func:`~dpsc.model._dcan_privacy.plan_fit`). The ε recorded is the accountant's value
         after the steps that actually ran. No epoch, learning rate or checkpoint is chosen from the
         data: the final model is the result. The spend is booked in the AnnData's ledger
@@ -383,6 +387,7 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
             self._run_stage(cluster, splitter, plan.cluster_epochs, "cluster stage", **run)
         progress.close()
         self.module.eval()
+        self._release_label_counts(splitter, plan)
         self.is_trained_ = True
         spent = None if dp is None else spent_epsilon(dp.accountant, plan.delta)
         self._record = dcan_record(plan, self.adata.n_obs, spent=spent)
@@ -403,6 +408,15 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
         A released value: reading it costs no privacy (``frequency_noise_`` is its noise's std).
         """
         return None if self._frequencies is None else self._frequencies.copy()
+
+    def released_label_counts(self) -> np.ndarray | None:
+        """Cells each cluster labels, as released after training (noisy under DP), or ``None``.
+
+        Under DP: the counts in one Poisson sample of the training cells (rate q); exact over all
+        cells otherwise. A released value: reading it costs no privacy (``label_count_noise_`` is
+        its noise's std).
+        """
+        return None if self._label_counts is None else self._label_counts.copy()
 
     def _run_stage(
         self, plan, splitter, epochs, name, accelerator, devices, strategy, progress: FitProgress
@@ -507,6 +521,37 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
             return frequency
 
         return release
+
+    @torch.no_grad()
+    def _release_label_counts(self, splitter, plan: FitPlan) -> None:
+        r"""Release how many cells the trained model puts in each cluster (one accounted step).
+
+        Under DP, :math:`\sum_{i \in B} e_{c(i)} + \mathcal{N}(0, \sigma^2 I)` over one Poisson
+        sample :math:`B` (rate q) of the training cells, :math:`e_{c(i)}` the one-hot row of cell
+        i's hard label (the centroid with the largest soft assignment). Adding or removing a cell
+        changes the sum by one one-hot row, L2 norm 1, so with the fit's σ and q this is one more
+        sampled-Gaussian step of the plan (:func:`~dpsc.model._dcan_privacy.planned_step_counts`),
+        released by :func:`~dpsc.privacy.dp_cluster_frequency` and told to the accountant.
+        Without DP the counts are exact over all cells.
+        """
+        dp = plan.settings
+        if dp is None:
+            self._label_counts = np.bincount(self.predict(), minlength=self.n_clusters).astype(np.float64)
+            self.label_count_noise_ = 0.0
+            return
+        soft = self.module.soft_assignment(self._encode_poisson_batch(splitter)).cpu()
+        labels = torch.nn.functional.one_hot(soft.argmax(1), self.n_clusters).double()
+        counts = dp_cluster_frequency(
+            labels,
+            noise_multiplier=dp.noise_multiplier,
+            rng=dp.noise.stream("dpdcan.labels"),
+            sample_rate=dp.sample_rate,
+            floor=0.0,
+        )
+        dp.record_release()
+        counts = broadcast_from_rank_zero(counts.float().to(soft.device))
+        self._label_counts = counts.cpu().numpy().astype(np.float64)
+        self.label_count_noise_ = dp.noise_multiplier
 
     @torch.no_grad()
     def _init_centroids(self, splitter, plan: FitPlan) -> None:

@@ -143,7 +143,8 @@ def fit(
     {doc_returns}
     Writes ``obsm[key_added]``, ``obs[cluster_key]`` (categorical, categories ``"0"`` …
     ``str(n_clusters - 1)``), the privacy record ``uns["dpsc"][key_added]["privacy"]``
-    (:func:`dpsc.privacy.get_record`), the parameters and the released cluster frequencies in
+    (:func:`dpsc.privacy.get_record`), the parameters, the released cluster frequencies, the
+    released label counts and the clusters in use (:func:`clusters_in_use`) in
     ``uns["dpsc"][key_added]``, ``var["dp_fit_gene"]`` when genes were selected, and one entry of
     the AnnData's privacy ledger (:func:`dpsc.privacy.spent`). With a budget set
     (:func:`dpsc.privacy.set_budget`), a fit that would exceed it is refused before any work.
@@ -218,8 +219,8 @@ def fit(
         target.obs[cluster_key] = pd.Categorical(labels, categories=[str(i) for i in range(n_clusters)])
         if genes is not None:
             target.var["dp_fit_gene"] = genes
-        frequencies = model.released_frequencies()
-        in_use = clusters_in_use(frequencies, model.frequency_noise_)
+        label_counts = model.released_label_counts()
+        in_use = clusters_in_use(label_counts, model.label_count_noise_)
         if 0 <= in_use < n_clusters / 2:
             warnings.warn(collapse_message(in_use, n_clusters, epsilon), UserWarning, stacklevel=2)
         params = {
@@ -247,7 +248,8 @@ def fit(
             booking=booking,
             model=model,
             return_model=return_model,
-            cluster_frequencies=frequencies,
+            cluster_frequencies=model.released_frequencies(),
+            label_counts=label_counts,
             clusters_in_use=in_use,
         )
 
@@ -285,24 +287,29 @@ def _dp_gene_selection(adata: ad.AnnData, layer: str | None, likelihood: str, pl
     return selected
 
 
-def clusters_in_use(frequencies: np.ndarray | None, noise_std: float) -> int:
-    """Clusters whose *released* frequency is above twice its noise (all, when nothing was released)."""
-    if frequencies is None:
+def clusters_in_use(label_counts: np.ndarray | None, noise_std: float) -> int:
+    r"""Clusters whose *released* label count is above twice its noise (-1 when nothing was released).
+
+    The counts are :meth:`~dpsc.model.DPDCAN.released_label_counts` (the cells each cluster labels
+    in one Poisson sample under DP, exact without DP); a cluster is in use when its count exceeds
+    :math:`\max(2\sigma, 0.5)`. Post-processing of released values: it costs no privacy.
+    """
+    if label_counts is None:
         return -1
-    return int((np.asarray(frequencies) > max(2.0 * noise_std, 0.5)).sum())
+    return int((np.asarray(label_counts) > max(2.0 * noise_std, 0.5)).sum())
 
 
 def collapse_message(in_use: int, n_clusters: int, epsilon: float | None) -> str:
-    """Say that the released cluster frequencies leave few clusters in use, why, and what helps."""
+    """Say that the released label counts leave few clusters in use, why, and what helps."""
     cause = (
-        f"under DP (epsilon={epsilon:g}) the centroids and frequencies are released with noise, so cell "
+        f"under DP (epsilon={epsilon:g}) the centroids and embedding are trained with noise, so cell "
         "types with few cells, or close to a larger one, are absorbed by their neighbours"
         if epsilon is not None
         else "without noise this means the cells support fewer separate groups in the embedding"
     )
     return (
         f"Only {in_use} of the {n_clusters} clusters hold a share of the cells above the noise of the "
-        f"last released cluster frequencies: {cause}. What helps: a larger epsilon, more cells, "
+        f"released label counts: {cause}. What helps: a larger epsilon, more cells, "
         "scope='full', or dpsc.tl.cluster (the proven private pipeline). This note reads only released "
         "values, so it costs no privacy."
     )
