@@ -251,6 +251,7 @@ def run_one(args: argparse.Namespace) -> dict:
         row["noise"] = args.noise
         row["genes_selected"] = adata.uns["dpsc"]["X_dpdcan"]["params"]["genes_selected"]
         row["collapse_warning"] = any("clusters hold" in str(w.message) for w in caught)
+        row["clusters_in_use"] = int(adata.uns["dpsc"]["X_dpdcan"]["clusters_in_use"])  # released
         pred = adata.obs["dp_cluster"].astype(str).to_numpy()
         rec = adata.uns["dpsc"]["X_dpdcan"]["privacy"]
         row.update(

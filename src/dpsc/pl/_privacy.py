@@ -37,7 +37,7 @@ def privacy(
     target = get_ax(ax)
     target.plot(steps, eps, color="C0", label=f"spent ({record['accountant'].upper()})")
     target.axhline(record["target_epsilon"], color="C3", ls="--", lw=1, label="target ε")
-    target.set_xlabel("sampled-Gaussian steps (DP-SGD, k-means and frequency releases)")
+    target.set_xlabel("sampled-Gaussian steps (DP-SGD, k-means, frequency and label-count releases)")
     target.set_ylabel(f"ε at δ = {record['delta']:.0e}")
     target.set_title(
         f"{record['guarantee']}, scope = {record['scope']}, "
