@@ -344,16 +344,25 @@ def report(path: Path) -> str:
 
 
 def _collapse_line(group) -> list[str]:
-    """Fits that used fewer than half of the asked clusters, and how many of them said so."""
+    """Fits that used fewer than half of the asked clusters, and how many of them said so.
+
+    Rows with ``clusters_in_use`` had the note that reads the released label counts; rows without
+    it, the note that read the soft cluster frequencies.
+    """
     if "collapse_warning" not in group:
         return []
     fits = group[group["collapse_warning"].notna()]
-    few = fits[fits["n_clusters_found"] < fits["k"] / 2]
-    warned = int(few["collapse_warning"].astype(bool).sum())
-    return [
-        "",
-        f"Fits using fewer than half of the asked clusters: {len(few)} of {len(fits)}; warned: {warned}.",
-    ]
+    counted = fits["clusters_in_use"].notna() if "clusters_in_use" in fits else fits["k"].isna()
+    lines = [""]
+    for note, rows in (("released label counts", fits[counted]), ("soft frequencies", fits[~counted])):
+        if len(rows):
+            few = rows[rows["n_clusters_found"] < rows["k"] / 2]
+            warned = rows["collapse_warning"].astype(bool)
+            lines.append(
+                f"Note on the {note}: fits using fewer than half of the asked clusters {len(few)} of "
+                f"{len(rows)}, warned {int(warned[few.index].sum())}; warned in all {int(warned.sum())}."
+            )
+    return lines
 
 
 def _all_genes_ratios(df) -> list[str]:
