@@ -100,7 +100,7 @@ def test_unknown_target_frequency_is_refused_and_adata_untouched(small_adata, fa
 def test_non_private_label_counts_are_the_written_labels(small_adata, tiny_fit):
     model = dpsc.tl.fit(small_adata, epsilon=None, return_model=True, **tiny_fit)
     written = np.bincount(small_adata.obs["dp_cluster"].cat.codes, minlength=3)
-    np.testing.assert_array_equal(model.released_label_counts(), written)
+    assert model.released_label_counts() is None  # nothing released: the counts are exact
     entry = small_adata.uns["dpsc"]["X_dpdcan"]
     np.testing.assert_array_equal(entry["label_counts"], written)
     assert entry["clusters_in_use"] == int((written > 0).sum())

@@ -202,8 +202,9 @@ def _wrap(text: str) -> str:
 
 def _print_spend(record: dict) -> None:
     """Print the record's numbers and what the count of accounted releases is made of."""
-    kinds = ("dpsgd_steps", "kmeans_steps", "frequency_steps", "label_steps")
-    details = {k: int(record.get(k, 0)) for k in kinds}
+    from .model import RELEASE_KINDS
+
+    details = {detail: int(record.get(detail, 0)) for detail in RELEASE_KINDS}
     one_off = int(record["steps"]) - sum(details.values())
     print(
         f"Privacy spent: epsilon = {record['epsilon']:.3f} (target {record['target_epsilon']:g}), "
@@ -211,13 +212,10 @@ def _print_spend(record: dict) -> None:
         f"q = {record['sample_rate']:.4f}, C = {record['max_grad_norm']:g}, "
         f"accountant = {record['accountant']}, guarantee = {record['guarantee']}"
     )
-    print(
-        f"  {record['steps']} accounted releases: {details['dpsgd_steps']} DP-SGD steps, "
-        f"{details['kmeans_steps']} DP k-means releases, "
-        f"{details['frequency_steps']} cluster-frequency releases, "
-        f"{details['label_steps']} label-count release"
-        + (f", {one_off} release(s) of gene statistics or input loadings" if one_off else "")
-    )
+    parts = [f"{details[detail]} {words}" for detail, (_, words) in RELEASE_KINDS.items()]
+    if one_off:
+        parts.append(f"{one_off} release(s) of gene statistics or input loadings")
+    print(f"  {record['steps']} accounted releases: " + ", ".join(parts))
 
 
 def _fit(args: argparse.Namespace) -> int:
@@ -265,13 +263,12 @@ def _fit(args: argparse.Namespace) -> int:
     print(f"Wall time: {wall:.1f} s")
     result = adata.uns["dpsc"]["X_dpdcan"]
     asked, in_use = model.n_clusters, int(result["clusters_in_use"])
-    if in_use >= 0:
-        print(
-            f"Clusters: {in_use} of {asked} used (clusters whose released label count is above twice "
-            "its noise; read from released values only)"
-        )
-        if in_use < asked / 2:
-            print(_wrap(collapse_message(in_use, asked, epsilon)))
+    print(
+        f"Clusters: {in_use} of {asked} used (clusters whose released label count is above twice "
+        "its noise; read from released values only)"
+    )
+    if in_use < asked / 2:
+        print(_wrap(collapse_message(in_use, asked, epsilon)))
     if key is None:
         print("No known labels (obs 'cell_type' or 'label'), so no ARI/NMI; pass --label-key to score.")
     else:

@@ -167,6 +167,24 @@ def check_options(
     return plan, kmeans
 
 
+#: The accounted releases a DP-DCAN fit plans, by the record detail that counts them: the
+#: :func:`planned_step_counts` keys each detail sums, and the words the CLI prints for it.
+RELEASE_KINDS: dict[str, tuple[tuple[str, ...], str]] = {
+    "dpsgd_steps": (("instance", "cluster"), "DP-SGD steps"),
+    "kmeans_steps": (("kmeans",), "DP k-means releases"),
+    "frequency_steps": (("frequency",), "cluster-frequency releases"),
+    "label_steps": (("labels",), "label-count release"),
+}
+
+
+def release_details(counts: dict[str, int] | None) -> dict[str, int]:
+    """Return the record's per-kind release counts (:data:`RELEASE_KINDS`); all 0 for ``None``."""
+    return {
+        detail: 0 if counts is None else sum(counts[key] for key in keys)
+        for detail, (keys, _) in RELEASE_KINDS.items()
+    }
+
+
 def planned_step_counts(
     sample_rate: float,
     *,
@@ -197,7 +215,7 @@ def planned_step_counts(
         "frequency": cluster_epochs if target_frequency == "released" else 0,
         "labels": 1,
     }
-    counts["total"] = sum(counts[k] for k in ("instance", "cluster", "kmeans", "frequency", "labels"))
+    counts["total"] = sum(release_details(counts).values())
     return counts
 
 
@@ -387,7 +405,7 @@ def dcan_record(
             accountant=plan.accountant,
             sample_rate=plan.sample_rate,
             max_grad_norm=float("inf"),
-            details={"private_parameters": [], "kmeans_steps": 0, "frequency_steps": 0, "label_steps": 0},
+            details={"private_parameters": [], **release_details(None)},
         )
     s = plan.settings
     history = list(s.accountant.history) if history is None else history
@@ -416,10 +434,7 @@ def dcan_record(
     curve_steps, curve_eps = epsilon_curve(history, plan.delta, plan.accountant)
     details = {
         "private_parameters": private,
-        "dpsgd_steps": plan.counts["instance"] + plan.counts["cluster"],
-        "kmeans_steps": plan.counts["kmeans"],
-        "frequency_steps": plan.counts["frequency"],
-        "label_steps": plan.counts["labels"],
+        **release_details(plan.counts),
         "curve_steps": curve_steps,
         "curve_epsilon": curve_eps,
     }
@@ -459,4 +474,12 @@ def dcan_record(
     )
 
 
-__all__ = ["FitPlan", "TrainSettings", "dcan_record", "plan_fit", "planned_step_counts"]
+__all__ = [
+    "RELEASE_KINDS",
+    "FitPlan",
+    "TrainSettings",
+    "dcan_record",
+    "plan_fit",
+    "planned_step_counts",
+    "release_details",
+]

@@ -410,11 +410,10 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
         return None if self._frequencies is None else self._frequencies.copy()
 
     def released_label_counts(self) -> np.ndarray | None:
-        """Cells each cluster labels, as released after training (noisy under DP), or ``None``.
+        """Cells each cluster labels in one Poisson sample (rate q), as released after a DP fit.
 
-        Under DP: the counts in one Poisson sample of the training cells (rate q); exact over all
-        cells otherwise. A released value: reading it costs no privacy (``label_count_noise_`` is
-        its noise's std).
+        ``None`` after a non-private fit, which releases nothing (count :meth:`predict`'s labels).
+        A released value: reading it costs no privacy (``label_count_noise_`` is its noise's std).
         """
         return None if self._label_counts is None else self._label_counts.copy()
 
@@ -490,8 +489,36 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
         x = splitter.sample_batch()[REGISTRY_KEYS.X_KEY].to(device)
         return self.module.encode(self.module.represent(clean_input(x, self.module.likelihood)))
 
+    @torch.no_grad()
+    def _release_cluster_sum(self, splitter, dp, rows_of, stream: str, floor: float) -> torch.Tensor:
+        r"""One sampled-Gaussian release of a per-cluster sum over a fresh Poisson sample.
+
+        Releases :math:`\sum_{i \in B} r(p_i) + \mathcal{N}(0, \sigma^2 I)`, :math:`B` a Poisson
+        sample of the training cells at the fit's rate q, :math:`p_i` cell i's Student-t soft
+        assignment and :math:`r` = ``rows_of`` a map onto rows of L2 norm at most 1 (the soft row
+        itself, or the one-hot row of its hard label). Adding or removing a cell changes the sum by
+        one such row, so the L2 sensitivity is 1 and, at the fit's σ and q, this is one more step of
+        the plan's sampled Gaussian mechanism: released by
+        :func:`~dpsc.privacy.dp_cluster_frequency` on the secure stream ``stream``, told to the
+        accountant (``dp.record_release()``), and sent from rank 0 to every process.
+        """
+        soft = self.module.soft_assignment(self._encode_poisson_batch(splitter)).cpu()
+        released = dp_cluster_frequency(
+            rows_of(soft),
+            noise_multiplier=dp.noise_multiplier,
+            rng=dp.noise.stream(stream),
+            sample_rate=dp.sample_rate,
+            floor=floor,
+        )
+        dp.record_release()
+        device = next(self.module.parameters()).device
+        return broadcast_from_rank_zero(released.float().to(device))
+
     def _frequency_source(self, splitter, plan: FitPlan):
-        """Callable releasing DEC's cluster frequencies (noisy under DP, exact otherwise)."""
+        """Callable releasing DEC's cluster frequencies (noisy under DP, exact otherwise).
+
+        Under DP each call is one :meth:`_release_cluster_sum` of the soft assignments (floor 1).
+        """
         device = next(self.module.parameters()).device
         dp = plan.settings
         if dp is None:
@@ -505,51 +532,30 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
             return exact
 
         def release() -> torch.Tensor:
-            q = self.module.soft_assignment(self._encode_poisson_batch(splitter)).cpu()
-            frequency = dp_cluster_frequency(
-                q,
-                noise_multiplier=dp.noise_multiplier,
-                rng=dp.noise.stream("dpdcan.frequency"),
-                sample_rate=dp.sample_rate,
-            )
-            dp.record_release()
-            frequency = broadcast_from_rank_zero(frequency.float().to(device))
-            self._frequencies, self.frequency_noise_ = (
-                frequency.cpu().numpy().astype(np.float64),
-                dp.noise_multiplier,
-            )
+            frequency = self._release_cluster_sum(splitter, dp, lambda soft: soft, "dpdcan.frequency", 1.0)
+            self._frequencies = frequency.cpu().numpy().astype(np.float64)
+            self.frequency_noise_ = dp.noise_multiplier
             return frequency
 
         return release
 
-    @torch.no_grad()
     def _release_label_counts(self, splitter, plan: FitPlan) -> None:
-        r"""Release how many cells the trained model puts in each cluster (one accounted step).
+        """Under DP, release how many cells the trained model labels with each cluster (one step).
 
-        Under DP, :math:`\sum_{i \in B} e_{c(i)} + \mathcal{N}(0, \sigma^2 I)` over one Poisson
-        sample :math:`B` (rate q) of the training cells, :math:`e_{c(i)}` the one-hot row of cell
-        i's hard label (the centroid with the largest soft assignment). Adding or removing a cell
-        changes the sum by one one-hot row, L2 norm 1, so with the fit's σ and q this is one more
-        sampled-Gaussian step of the plan (:func:`~dpsc.model._dcan_privacy.planned_step_counts`),
-        released by :func:`~dpsc.privacy.dp_cluster_frequency` and told to the accountant.
-        Without DP the counts are exact over all cells.
+        One :meth:`_release_cluster_sum` of the one-hot rows of the hard labels (the centroid with
+        the largest soft assignment), floor 0, counted in the plan by
+        :func:`~dpsc.model._dcan_privacy.planned_step_counts`. A non-private fit releases nothing:
+        its exact counts are those of :meth:`predict`.
         """
         dp = plan.settings
+        self._label_counts, self.label_count_noise_ = None, 0.0
         if dp is None:
-            self._label_counts = np.bincount(self.predict(), minlength=self.n_clusters).astype(np.float64)
-            self.label_count_noise_ = 0.0
             return
-        soft = self.module.soft_assignment(self._encode_poisson_batch(splitter)).cpu()
-        labels = torch.nn.functional.one_hot(soft.argmax(1), self.n_clusters).double()
-        counts = dp_cluster_frequency(
-            labels,
-            noise_multiplier=dp.noise_multiplier,
-            rng=dp.noise.stream("dpdcan.labels"),
-            sample_rate=dp.sample_rate,
-            floor=0.0,
-        )
-        dp.record_release()
-        counts = broadcast_from_rank_zero(counts.float().to(soft.device))
+
+        def one_hot(soft: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.one_hot(soft.argmax(1), self.n_clusters).double()
+
+        counts = self._release_cluster_sum(splitter, dp, one_hot, "dpdcan.labels", 0.0)
         self._label_counts = counts.cpu().numpy().astype(np.float64)
         self.label_count_noise_ = dp.noise_multiplier
 
@@ -629,6 +635,13 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
     def predict(self, adata: ad.AnnData | None = None, batch_size: int = 1024) -> np.ndarray:
         """Hard cluster labels: the centroid with the largest soft assignment."""
         return self.predict_proba(adata, batch_size).argmax(1)
+
+    def latent_and_labels(
+        self, adata: ad.AnnData | None = None, batch_size: int = 1024
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`get_latent_representation` and :meth:`predict` from one pass over the cells."""
+        out = self._inference(adata, batch_size)
+        return out["z"], out["q"].argmax(1)
 
     # -- sharing ---------------------------------------------------------------------------
     def save(self, dir_path: str, **kwargs) -> None:

@@ -214,14 +214,17 @@ def fit(
         torch.manual_seed(random_state)  # the module's weights are drawn when the model is built
         model = DPDCAN(train_on, n_clusters=n_clusters, likelihood=likelihood, **model_kwargs)
         model.train(plan=plan, booking=booking, progress_bar=progress_bar, **run)
-        target.obsm[key_added] = model.get_latent_representation()
-        labels = model.predict().astype(str)
-        target.obs[cluster_key] = pd.Categorical(labels, categories=[str(i) for i in range(n_clusters)])
+        target.obsm[key_added], labels = model.latent_and_labels()
+        target.obs[cluster_key] = pd.Categorical(
+            labels.astype(str), categories=[str(i) for i in range(n_clusters)]
+        )
         if genes is not None:
             target.var["dp_fit_gene"] = genes
         label_counts = model.released_label_counts()
+        if label_counts is None:  # a non-private fit: the written labels, counted exactly
+            label_counts = np.bincount(labels, minlength=n_clusters).astype(np.float64)
         in_use = clusters_in_use(label_counts, model.label_count_noise_)
-        if 0 <= in_use < n_clusters / 2:
+        if in_use < n_clusters / 2:
             warnings.warn(collapse_message(in_use, n_clusters, epsilon), UserWarning, stacklevel=2)
         params = {
             "method": "dpdcan",
@@ -287,15 +290,14 @@ def _dp_gene_selection(adata: ad.AnnData, layer: str | None, likelihood: str, pl
     return selected
 
 
-def clusters_in_use(label_counts: np.ndarray | None, noise_std: float) -> int:
-    r"""Clusters whose *released* label count is above twice its noise (-1 when nothing was released).
+def clusters_in_use(label_counts: np.ndarray, noise_std: float) -> int:
+    r"""Clusters whose label count is above twice its noise.
 
-    The counts are :meth:`~dpsc.model.DPDCAN.released_label_counts` (the cells each cluster labels
-    in one Poisson sample under DP, exact without DP); a cluster is in use when its count exceeds
-    :math:`\max(2\sigma, 0.5)`. Post-processing of released values: it costs no privacy.
+    The counts are :meth:`~dpsc.model.DPDCAN.released_label_counts` under DP (the cells each
+    cluster labels in one Poisson sample) and the exact counts of the written labels without DP;
+    a cluster is in use when its count exceeds :math:`\max(2\sigma, 0.5)`. Post-processing of
+    released values: it costs no privacy.
     """
-    if label_counts is None:
-        return -1
     return int((np.asarray(label_counts) > max(2.0 * noise_std, 0.5)).sum())
 
 
