@@ -306,7 +306,7 @@ def estimator_record(
     not_covered = ESTIMATOR_NOT_COVERED + (f"; {extra_not_covered}" if extra_not_covered else "")
     guarantee: Guarantee = "proven" if private else "none"
     history = list(history or [])
-    record = PrivacyRecord.stated(
+    return PrivacyRecord.stated(
         tool,
         relation=REPLACE_ONE if neighbours == "replacing" else ADD_REMOVE,
         epsilon=float(epsilon) if private else None,
@@ -323,7 +323,6 @@ def estimator_record(
         pure_epsilon=float(epsilon) if private and not history else 0.0,
         details=details or {},
     )
-    return replace(record, covered=covered)
 
 
 def no_guarantee_record(tool: str, *, unit: str, covered: str, **fields_: Any) -> PrivacyRecord:
