@@ -19,6 +19,12 @@ equivalent in one process with the package's own pieces:
    learning rate, expected batch ``--batch`` cells, ``--epochs`` passes;
 3. ``dpsc.tl.kmeans`` (the pipeline's DP k-means) on the learnt embedding.
 
+The ``-genes`` variants feed the network each cell's unit-norm log1p(CP10k) genes instead (a
+function of the cell alone, no gene scaling) and cluster the embedding's own DP principal
+components (one Gaussian release of the embedding's unit-row second moment, the mean-like first
+component dropped, as ``dpsc.pp.pca`` does for genes), since the DP k-means cannot split the raw
+embedding (see the results).
+
 The three Gaussian parts share one (ε, δ) by ``dpsc.privacy.split_budget`` (RDP composition)
 in shares fixed before any run (PCA 0.3, DP-SGD 0.5, k-means 0.2). Every setting here is fixed in
 advance (no label was read to choose it); labels only score. Beside it, on the same cells: the
@@ -31,6 +37,13 @@ Usage (from the repo root)::
 
     python benchmarks/diagnostics/fedsc_secure_equivalent.py --data ../shared/data \
         --datasets pbmc bladder --epsilons 8 4 1 --seeds 0 1 2 \
+        --out benchmarks/results/fedsc_secure_equivalent.jsonl
+    python benchmarks/diagnostics/fedsc_secure_equivalent.py --data ../shared/data \
+        --datasets pbmc bladder --epsilons 8 4 1 --seeds 0 1 2 --latent 16 \
+        --variants fedsc-secure fedsc-nonprivate --out benchmarks/results/fedsc_secure_equivalent.jsonl
+    python benchmarks/diagnostics/fedsc_secure_equivalent.py --data ../shared/data \
+        --datasets pbmc bladder --epsilons 8 4 1 --seeds 0 1 2 \
+        --variants fedsc-secure-genes fedsc-nonprivate-genes \
         --out benchmarks/results/fedsc_secure_equivalent.jsonl
 """
 
@@ -46,6 +59,7 @@ FILES = {"pbmc": "pbmc_10x_4k_top2000.h5", "bladder": "mouse_bladder_top2000.h5"
 SHARES = {"pca": 0.3, "sgd": 0.5, "kmeans": 0.2}
 PIPELINE_SHARES = {"pca": 0.6, "kmeans": 0.4}
 DELTA = 1e-5
+VARIANTS = ("fedsc-secure", "pipeline", "fedsc-nonprivate", "fedsc-secure-genes", "fedsc-nonprivate-genes")
 NO_NOISE = 1e6  # the ε of the non-private reference's PCA and k-means: noise negligible
 
 
@@ -75,6 +89,28 @@ def budget(epsilon: float, shares: dict[str, float], q: float, steps: int) -> di
     return split_budget(epsilon, DELTA, parts, tolerance=1e-4)
 
 
+def embedding_pcs(embedding, sigma: float, n_comps: int = 16):
+    r"""Projections of the unit-norm embedding rows on its top DP principal components (mean dropped).
+
+    One Gaussian release of :math:`\sum_i u_i u_i^\top` over the unit rows :math:`u_i` of the
+    embedding (sensitivity 1, σ = ``sigma``; 0: exact), then the same post-processing as
+    ``dpsc.pp.pca`` (eigenvectors, the first, mean-like one dropped).
+    """
+    from dpsc.privacy import NoiseSource, _pca
+
+    d = embedding.shape[1]
+    S = _pca.second_moment(embedding, log_normalize=False)
+    if sigma > 0:
+        S = _pca.from_upper(
+            _pca.second_moment_release(d, sigma).release(
+                _pca.upper(S), NoiseSource().stream("embedding-pca")
+            ),
+            d,
+        )
+    V, _, _ = _pca.loadings(S, n_comps, None, True)
+    return _pca.project(embedding, V, log_normalize=False)
+
+
 def composed(parts: dict[str, tuple[float, float]], q: float, steps: int) -> float:
     """ε at DELTA of all parts in one RDP accountant (what the split promises)."""
     from dpsc.privacy import history_epsilon
@@ -101,6 +137,7 @@ def run_one(adata, epsilon: float | None, seed: int, variant: str, args) -> dict
         local_train_private,
     )
     from dpsc.optim._factory import DEFAULT_PRIVATE_LRS
+    from dpsc.privacy._pca import unit_rows
 
     cells = adata.copy()
     k = cells.obs["label"].nunique()
@@ -110,22 +147,29 @@ def run_one(adata, epsilon: float | None, seed: int, variant: str, args) -> dict
     shares = PIPELINE_SHARES if variant == "pipeline" else SHARES
     parts = budget(epsilon, shares, q, steps) if private else None
     delta = DELTA / len(shares)
+    on_genes = variant.endswith("-genes")
     start = time.perf_counter()
-    dpsc.pp.pca(cells, epsilon=parts["pca"][0] if private else NO_NOISE, delta=delta)
+    if not on_genes:
+        dpsc.pp.pca(cells, epsilon=parts["pca"][0] if private else NO_NOISE, delta=delta)
     rep = "X_pca"
     if variant != "pipeline":
         torch.manual_seed(seed)
         config = SSLConfig(batch_size=args.batch, n_latent=args.latent)
-        pcs = np.asarray(cells.obsm["X_pca"], dtype=np.float32)
-        net = SSLNet(pcs.shape[1], config)
+        inputs = unit_rows(cells.X, True) if on_genes else cells.obsm["X_pca"]
+        inputs = np.asarray(inputs.toarray() if hasattr(inputs, "toarray") else inputs, dtype=np.float32)
+        net = SSLNet(inputs.shape[1], config)
         if private:
             lr = DEFAULT_PRIVATE_LRS["adam"]["federated"]
             dp = ClientDP(noise_multiplier=parts["sgd"][1], optimizer="adam", lr=lr)
-            local_train_private(net, pcs, args.epochs, seed, dp)
+            local_train_private(net, inputs, args.epochs, seed, dp)
         else:
-            local_train(net, pcs, args.epochs, seed)
-        cells.obsm["X_fedsc"] = embed(net, pcs)
+            local_train(net, inputs, args.epochs, seed)
+        cells.obsm["X_fedsc"] = embed(net, inputs)
         rep = "X_fedsc"
+        if on_genes:  # the embedding's own DP principal components, mean direction dropped
+            sigma = parts["pca"][1] if private else 0.0
+            cells.obsm["X_fedsc_pca"] = embedding_pcs(cells.obsm["X_fedsc"], sigma)
+            rep = "X_fedsc_pca"
     eps_kmeans = parts["kmeans"][0] if private else NO_NOISE
     dpsc.tl.kmeans(cells, k, epsilon=eps_kmeans, delta=delta, use_rep=rep, random_state=seed)
     wall = time.perf_counter() - start
@@ -193,7 +237,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=512, help="expected cells per DP-SGD step")
     parser.add_argument("--epochs", type=int, default=30)
     parser.add_argument("--latent", type=int, default=60, help="embedding width (FedSC's is 60)")
-    parser.add_argument("--variants", nargs="+", default=["fedsc-secure", "pipeline", "fedsc-nonprivate"])
+    parser.add_argument(
+        "--variants", nargs="+", default=["fedsc-secure", "pipeline", "fedsc-nonprivate"], choices=VARIANTS
+    )
     parser.add_argument("--out", type=Path)
     parser.add_argument("--report", type=Path, help="print the markdown table of this JSON lines file")
     args = parser.parse_args()
@@ -208,7 +254,7 @@ def main() -> None:
     for name in args.datasets:
         adata = load(name, Path(args.data))
         for variant in args.variants:
-            epsilons = [None] if variant == "fedsc-nonprivate" else args.epsilons
+            epsilons = [None] if variant.startswith("fedsc-nonprivate") else args.epsilons
             for epsilon in epsilons:
                 for seed in args.seeds:
                     row = {"dataset": name, **run_one(adata, epsilon, seed, variant, args)}
