@@ -73,19 +73,21 @@ def load(name: str, data_dir: Path):
     return load_benchmark(name, data_dir)
 
 
-def kmeans_steps() -> int:
-    """Gaussian releases of one ``dpsc.tl.kmeans`` call at its defaults."""
+def rates(q: float, steps: int) -> dict[str, tuple[float, int]]:
+    """``name -> (sample rate, steps)`` of each Gaussian part (k-means: ``dpsc.tl.kmeans``'s plan)."""
+    from dpsc.privacy._kmeans import kmeans_release_steps
     from dpsc.tl._kmeans import KMEANS_DEFAULTS as K
 
-    return K["n_sketch_steps"] + K["n_lloyd_rounds"] * K["steps_per_round"]
+    kmeans = kmeans_release_steps(K["n_sketch_steps"], K["n_lloyd_rounds"], K["steps_per_round"])
+    return {"pca": (1.0, 1), "sgd": (q, steps), "kmeans": (1.0, kmeans)}
 
 
 def budget(epsilon: float, shares: dict[str, float], q: float, steps: int) -> dict[str, tuple[float, float]]:
     """``name -> (ε_k, σ_k)`` of the parts, composed to (ε, DELTA) by RDP."""
     from dpsc.privacy import split_budget
 
-    rates = {"pca": (1.0, 1), "sgd": (q, steps), "kmeans": (1.0, kmeans_steps())}
-    parts = {name: (share, *rates[name]) for name, share in shares.items()}  # (share, q, steps)
+    of = rates(q, steps)
+    parts = {name: (share, *of[name]) for name, share in shares.items()}  # (share, q, steps)
     return split_budget(epsilon, DELTA, parts, tolerance=1e-4)
 
 
@@ -115,12 +117,12 @@ def composed(parts: dict[str, tuple[float, float]], q: float, steps: int) -> flo
     """ε at DELTA of all parts in one RDP accountant (what the split promises)."""
     from dpsc.privacy import history_epsilon
 
-    rates = {"pca": (1.0, 1), "sgd": (q, steps), "kmeans": (1.0, kmeans_steps())}
-    return history_epsilon([(sigma, *rates[name]) for name, (_, sigma) in parts.items()], DELTA)
+    of = rates(q, steps)
+    return history_epsilon([(sigma, *of[name]) for name, (_, sigma) in parts.items()], DELTA)
 
 
 def run_one(adata, epsilon: float | None, seed: int, variant: str, args) -> dict:
-    """One fit of ``variant`` ("fedsc-secure", "pipeline" or "fedsc-nonprivate"); returns its row."""
+    """One fit of ``variant`` (one of :data:`VARIANTS`); returns its row."""
     import numpy as np
     import torch
     from sklearn.cluster import KMeans
