@@ -467,13 +467,14 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
             module = self.module
             cells = self.adata_manager.get_from_registry(REGISTRY_KEYS.X_KEY)
             sigma = plan.loadings_noise_multiplier
-            n_genes = cells.shape[1]
-            S = _pca.second_moment(cells, log_normalize=module.likelihood == "zinb")
-            noisy = _pca.second_moment_release(n_genes, sigma).release(
-                _pca.upper(S), plan.noise.stream("dpdcan.loadings")
-            )
-            loadings, _, _ = _pca.loadings(
-                _pca.from_upper(noisy, n_genes), module.input_pcs, _pca.DEFAULT_GENE_BLOCK, True
+            loadings, _, _ = _pca.released_loadings(
+                cells,
+                sigma,
+                plan.noise.stream("dpdcan.loadings"),
+                module.input_pcs,
+                _pca.DEFAULT_GENE_BLOCK,
+                drop_mean_component=True,
+                log_normalize=module.likelihood == "zinb",
             )
             device = module.input_loadings.device
             loadings = torch.as_tensor(loadings, dtype=module.input_loadings.dtype, device=device)

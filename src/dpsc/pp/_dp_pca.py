@@ -143,11 +143,8 @@ def pca(
     noise = NoiseSource(noise_seed)
     record = pca_record(sigma, epsilon, delta, adata.n_obs, noise)
     with spending(adata, record, record_key) as booking:
-        S = mechanism.second_moment(matrix, log_normalize)
-        release = mechanism.second_moment_release(adata.n_vars, sigma)
-        noisy = release.release(mechanism.upper(S), noise.stream("pp.pca"))
-        pcs, keep, eigval = mechanism.loadings(
-            mechanism.from_upper(noisy, adata.n_vars), n_comps, n_genes, drop_mean_component
+        pcs, keep, eigval = mechanism.released_loadings(
+            matrix, sigma, noise.stream("pp.pca"), n_comps, n_genes, drop_mean_component, log_normalize
         )
         target = adata.copy() if copy else adata
         target.obsm[obsm_key] = mechanism.project(matrix, pcs, log_normalize)

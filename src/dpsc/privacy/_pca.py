@@ -12,7 +12,9 @@ site's cells.
 
 **Noise.** :func:`second_moment_release` is the :class:`~dpsc.privacy.GaussianSum` of the
 :math:`d(d+1)/2` upper-triangle entries; the released matrix is mirrored
-(:func:`from_upper`).
+(:func:`from_upper`). :func:`released_loadings` is the whole central release (:func:`dpsc.pp.pca`
+and DP-DCAN's input loadings); the private clustering asks for the same sum, over all cells or
+summed over sites, through :mod:`dpsc.privacy._clustering`.
 
 **Post-processing** (:func:`loadings`): keep the ``n_genes`` genes with the largest noisy second
 moments :math:`\tilde S_{gg}` (the noise's spectral norm grows as :math:`\sigma\sqrt d`, so a
@@ -30,6 +32,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from .. import _blocks
+from ._random import SecureRandom
 from ._release import GaussianSum
 
 MAX_GENES = 5000  # S is a dense genes × genes matrix
@@ -117,6 +120,44 @@ def loadings(
     out = np.zeros((d, n_comps))
     out[keep] = V
     return out, keep, eigval[order]
+
+
+def released_loadings(
+    matrix: Any,
+    noise_multiplier: float,
+    stream: SecureRandom,
+    n_comps: int,
+    n_genes: int | None,
+    drop_mean_component: bool,
+    log_normalize: bool = True,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    r"""Release the second moment of ``matrix``'s cells with Gaussian noise and return its loadings.
+
+    The whole central release: :math:`\tilde S = S + \mathcal N(0, \sigma^2)` on the upper
+    triangle of :math:`S = \sum_i z_i z_i^\top` (sensitivity 1; the caller's accountant records
+    one history entry :math:`(\sigma, q = 1)`), then post-processing only (:func:`loadings`).
+
+    Parameters
+    ----------
+    matrix
+        Cells × genes (in memory or backed), read in row blocks.
+    noise_multiplier
+        σ of the release.
+    stream
+        The secret (or benchmark-seeded) noise stream of this one release.
+    n_comps, n_genes, drop_mean_component
+        Passed to :func:`loadings`.
+    log_normalize
+        Whether the rows are counts (log1p(CP10k) before the unit norm) or values as given.
+
+    Returns
+    -------
+    What :func:`loadings` returns: ``(loadings, kept gene indices, eigenvalues)``.
+    """
+    d = matrix.shape[1]
+    S = second_moment(matrix, log_normalize)
+    noisy = second_moment_release(d, noise_multiplier).release(upper(S), stream)
+    return loadings(from_upper(noisy, d), n_comps, n_genes, drop_mean_component)
 
 
 def project(
