@@ -1,4 +1,4 @@
-"""The proven private clustering in one call (``dpsc.tl.cluster``) on every labelled count file.
+r"""The proven private clustering in one call (``dpsc.tl.cluster``) on every labelled count file.
 
 Rows per data set and ε: ``dpsc.tl.cluster`` (secret noise, final result, labels for scoring only),
 its no-noise limit (``epsilon=None``: the same design without noise, so that the cost of the design
@@ -6,9 +6,20 @@ and the cost of the noise are separate lines), and the non-private reference: sc
 ``normalize_total`` + ``log1p`` + ``highly_variable_genes`` (2000, when there are more genes) +
 ``pca`` (16) + scikit-learn k-means. k is the number of labelled types (public for a benchmark).
 
-    python benchmarks/cluster_benchmark.py --data ../shared/data \\
+    python benchmarks/cluster_benchmark.py --data ../shared/data \
         --out benchmarks/results/cluster.jsonl --runs 3
+    python benchmarks/cluster_benchmark.py --data ../shared/data \
+        --out benchmarks/results/cluster.jsonl --runs 3 --baselines
     python benchmarks/cluster_benchmark.py --report benchmarks/results/cluster.jsonl
+
+``--baselines`` runs the two DP peers instead, on the files with at most 5,000 genes (both read a
+dense genes × genes matrix and have no gene selection): Analyze Gauss (Dwork, Talwar, Thakurta &
+Zhang 2014; one Gaussian release of :math:`\sum_i z_i z_i^\top` over the unit-norm log1p(CP10k)
+cells, all genes, the top 16 eigenvectors with the first kept) followed by (a) the package's DP
+k-means with the plan of ``shared/tools/dp_baseline.py`` (the *quick baseline*: k-means noise
+multiplier 20, 4 sketch releases, 4 Lloyd rounds of 2, oversampling 3; the PCA σ the smallest that
+keeps the composition in one RDP accountant within ε) or (b) diffprivlib's k-means (pure ε/2 on the
+projections, bounds ±1; the PCA at ε/2 and δ; basic composition).
 """
 
 from __future__ import annotations
@@ -69,6 +80,94 @@ def scanpy_reference(adata, k: int, seed: int) -> np.ndarray:
     return KMeans(k, n_init=10, random_state=seed).fit_predict(cells.obsm["X_pca"])
 
 
+QUICK_KMEANS = {"n_sketch_steps": 4, "n_lloyd_rounds": 4, "steps_per_round": 2, "oversampling": 3}
+QUICK_KMEANS_SIGMA = 20.0
+BASELINE_COMPONENTS = 16
+DELTA = 1e-5
+MAX_BASELINE_GENES = 5000
+
+
+def analyze_gauss(adata, sigma: float) -> np.ndarray:
+    """Projections of the unit-norm cells on the top eigenvectors of one Gaussian release (all genes)."""
+    from dpsc.privacy import NoiseSource, _pca
+
+    loadings, _, _ = _pca.released_loadings(
+        adata.X, sigma, NoiseSource().stream("baseline.pca"), BASELINE_COMPONENTS, None, False
+    )
+    return _pca.project(adata.X, loadings).astype(np.float64)
+
+
+def quick_baseline(adata, k: int, epsilon: float, seed: int) -> np.ndarray:
+    """Analyze Gauss + the package's DP k-means at ``shared/tools/dp_baseline.py``'s plan."""
+    import torch
+
+    from dpsc.privacy import NoiseSource, history_epsilon
+    from dpsc.privacy._kmeans import central_table_release, dp_kmeans_centroids, kmeans_release_steps
+
+    plan = QUICK_KMEANS
+    steps = kmeans_release_steps(plan["n_sketch_steps"], plan["n_lloyd_rounds"], plan["steps_per_round"])
+    kmeans_part = (QUICK_KMEANS_SIGMA, 1.0, steps)
+    low, high = 0.2, 200.0  # the smallest PCA sigma that keeps the composition within epsilon
+    for _ in range(40):
+        mid = (low + high) / 2
+        low, high = (
+            (mid, high) if history_epsilon([(mid, 1.0, 1), kmeans_part], DELTA) > epsilon else (low, mid)
+        )
+    points = torch.as_tensor(analyze_gauss(adata, high))
+    noise = NoiseSource()
+    centroids = dp_kmeans_centroids(
+        central_table_release(
+            points,
+            clip_norm=1.0,
+            count_scale=1.0,
+            noise_multiplier=QUICK_KMEANS_SIGMA,
+            draw_stream=lambda: noise.stream("baseline.kmeans"),
+        ),
+        k,
+        points.shape[1],
+        noise_multiplier=QUICK_KMEANS_SIGMA,
+        clip_norm=1.0,
+        random_state=seed,
+        **plan,
+    )
+    return torch.cdist(points.float(), torch.as_tensor(centroids)).argmin(1).numpy()
+
+
+def diffprivlib_baseline(adata, k: int, epsilon: float, seed: int) -> np.ndarray:
+    """Analyze Gauss at (ε/2, δ) + diffprivlib's k-means at pure ε/2 (basic composition)."""
+    from diffprivlib.models import KMeans as DPKMeans
+
+    from dpsc.privacy import calibrate_noise_multiplier
+
+    points = analyze_gauss(adata, calibrate_noise_multiplier(epsilon / 2, DELTA, 1.0, 1))
+    model = DPKMeans(n_clusters=k, epsilon=epsilon / 2, bounds=(-1.0, 1.0), random_state=seed)
+    return model.fit(points).predict(points)
+
+
+BASELINES = {
+    "quick DP baseline (Analyze Gauss + DP k-means)": quick_baseline,
+    "Analyze Gauss + diffprivlib k-means": diffprivlib_baseline,
+}
+
+
+def baseline_rows(adata, k: int, epsilons: list[float], run: int) -> list[dict]:
+    """One row per baseline and ε (secret noise; labels only score)."""
+    rows = []
+    for eps in epsilons:
+        for method, fit in BASELINES.items():
+            start = time.perf_counter()
+            pred = fit(adata, k, eps, run)
+            rows.append(
+                {
+                    "method": method,
+                    "epsilon": eps,
+                    **score(adata.obs["label"], pred),
+                    "wall_s": time.perf_counter() - start,
+                }
+            )
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--data", type=Path)
@@ -76,6 +175,7 @@ def main() -> None:
     parser.add_argument("--datasets", nargs="+", default=list(FILES))
     parser.add_argument("--epsilons", nargs="+", type=float, default=[1.0, 2.0, 4.0, 8.0])
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--baselines", action="store_true", help="run the two DP peers instead")
     parser.add_argument("--report", type=Path)
     parser.add_argument("--plot", type=Path, help="with --report: write ARI against ε per data set here")
     args = parser.parse_args()
@@ -93,6 +193,12 @@ def main() -> None:
         adata = load(args.data, name)
         k = adata.obs["label"].nunique()
         for run in range(args.runs):
+            if args.baselines:
+                if adata.n_vars > MAX_BASELINE_GENES:
+                    print(f"{name}: {adata.n_vars} genes; the baselines read a dense genes x genes matrix")
+                    break
+                write_rows(args.out, baseline_rows(adata, k, args.epsilons, run), name, run, k, adata)
+                continue
             rows = []
             start = time.perf_counter()
             pred = scanpy_reference(adata, k, run)
@@ -117,11 +223,16 @@ def main() -> None:
                         "epsilon_spent": float(dpsc.privacy.spent(cells).epsilon),
                     }
                 )
-            with args.out.open("a") as out:
-                for row in rows:
-                    row.update(dataset=name, run=run, k=k, n_obs=adata.n_obs, n_vars=adata.n_vars)
-                    out.write(json.dumps(row) + "\n")
-                    print(json.dumps(row), flush=True)
+            write_rows(args.out, rows, name, run, k, adata)
+
+
+def write_rows(out_path: Path, rows: list[dict], name: str, run: int, k: int, adata) -> None:
+    """Append ``rows`` (one fit each) to the JSON lines file, with the data set's keys."""
+    with out_path.open("a") as out:
+        for row in rows:
+            row.update(dataset=name, run=run, k=k, n_obs=adata.n_obs, n_vars=adata.n_vars)
+            out.write(json.dumps(row) + "\n")
+            print(json.dumps(row), flush=True)
 
 
 def report(path: Path) -> str:
