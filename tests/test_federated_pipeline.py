@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -262,6 +263,8 @@ def test_loopback_deployment_in_separate_processes(sites, tmp_path):
         )
         claimed = out.uns["dpsc"]["dp_kmeans"]["privacy"]["epsilon"]
         assert 0 < claimed <= 8.0 and dpsc.privacy.spent(out).epsilon == pytest.approx(claimed, rel=0.05)
+    for node in nodes:  # a completed site removes its SuperNode's temporary log
+        assert not list(Path(tempfile.gettempdir()).glob(f"dpsc-site-{node.pid}-*.log"))
     print(f"loopback deployment: {wall:.0f} s")
     assert wall < 180
 

@@ -197,7 +197,11 @@ def run_site(
     timeout: float = 600.0,
     root_certificates: str | None = None,
 ) -> Path:
-    """Start this site's SuperNode; stop once its results are written (return their path) or it refused."""
+    """Start this site's SuperNode; stop once its results are written (return their path) or it refused.
+
+    The SuperNode's log is a temporary file, removed after a completed run and named in the error
+    of a refused, failed or timed-out one.
+    """
     require_flwr()
     settings_file = Path(settings_file).resolve()
     settings = SiteSettings.from_file(settings_file)
@@ -223,7 +227,7 @@ def run_site(
         while time.monotonic() < deadline:
             if output.exists() and output.stat().st_mtime > before:
                 time.sleep(2.0)  # let the last reply leave
-                return output
+                break
             text = log.read_text() if log.exists() else ""
             if any(mark in text for mark in REFUSED):
                 reason = next((line for line in text.splitlines() if "SiteRefusal" in line), "see the log")
@@ -233,4 +237,7 @@ def run_site(
             if node.poll() is not None:
                 raise RuntimeError(f"The SuperNode stopped before the run ended; see {log}.")
             time.sleep(0.5)
+    if output.exists() and output.stat().st_mtime > before:
+        log.unlink(missing_ok=True)
+        return output
     raise TimeoutError(f"No run completed within {timeout:.0f} s; the SuperNode was stopped (log: {log}).")

@@ -33,6 +33,7 @@ from ..privacy._clustering import (
     plan_clustering,
     run_clustering,
 )
+from ._kmeans import warn_if_few_clusters
 
 
 def cluster_record(plan: ClusterPlan, n_obs: int, noise: NoiseSource, tool: str = "cluster") -> PrivacyRecord:
@@ -115,6 +116,7 @@ def store_clustering(
     """Write a released clustering into ``adata`` (or its copy), record it, settle the booking."""
     target = adata.copy() if copy else adata
     write_clustering(target, matrix, result, key_added, params["n_clusters"])
+    warn_if_few_clusters(target.obs[key_added].to_numpy(), params["n_clusters"], stacklevel=4)
     return store_result(
         adata,
         target,

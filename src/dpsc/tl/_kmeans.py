@@ -19,6 +19,8 @@ of one release each with the :math:`4k` centroids, reduced to :math:`k` by weigh
 
 from __future__ import annotations
 
+import warnings
+
 import anndata as ad
 import numpy as np
 import pandas as pd
@@ -165,6 +167,7 @@ def kmeans(
         if len(released) != steps:
             raise RuntimeError("The release plan and the accounted releases disagree; nothing is written.")
         labels = _nearest(points, centroids)
+        warn_if_few_clusters(labels, n_clusters)
         target = adata.copy() if copy else adata
         categories = [str(i) for i in range(n_clusters)]
         target.obs[key_added] = pd.Categorical(labels.astype(str), categories=categories)
@@ -177,4 +180,25 @@ def kmeans(
         }
         return store_result(
             adata, target, key_added, record, params, copy=copy, booking=booking, centroids=centroids
+        )
+
+
+def warn_if_few_clusters(labels: np.ndarray, n_clusters: int, stacklevel: int = 3) -> None:
+    """Warn when fewer than half of the ``n_clusters`` released centroids are nearest to any cell.
+
+    Reads the labels just written for the caller's own cells (each cell's nearest released
+    centroid); the note is shown to the caller only, neither stored nor released. ``stacklevel``
+    points the warning at the user's call.
+    """
+    in_use = len(np.unique(np.asarray(labels)))
+    if in_use < n_clusters / 2:
+        warnings.warn(
+            f"Only {in_use} of the {n_clusters} released centroids are nearest to any cell. Likely "
+            "causes: noise too large for the number of cells per cluster at this epsilon, or rows "
+            "that share one dominant direction (a representation whose first component is the mean "
+            "cell), which k-means on the sphere cannot split. What helps: a larger epsilon, more "
+            "cells, fewer clusters, or components with the mean direction dropped "
+            "(dpsc.pp.pca(drop_mean_component=True), the default).",
+            UserWarning,
+            stacklevel=stacklevel,
         )
