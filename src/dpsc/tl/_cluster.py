@@ -181,6 +181,13 @@ def cluster(
     ``var["highly_variable"]``, ``var["means"]`` and ``var["variances"]`` (noisy), and
     ``uns["dpsc"][key_added]`` with the record, the parameters, the ``centroids`` and the noisy
     ``eigenvalues``.
+
+    Warns
+    -----
+    UserWarning
+        When fewer than half of the ``n_clusters`` released centroids are nearest to any cell
+        (a note on the labels just written, neither stored nor released), with the likely causes
+        and what helps.
     """
     matrix = get_matrix(adata, layer)
     delta = resolve_delta(delta, adata.n_obs)

@@ -122,6 +122,13 @@ def kmeans(
     nearest released centroid of each cell, categories ``"0"`` … ``str(n_clusters - 1)``, all of
     them whether or not a cell is nearest), and ``uns["dpsc"][key_added]`` with the record, the
     parameters and the released ``centroids`` (``n_clusters × d``).
+
+    Warns
+    -----
+    UserWarning
+        When fewer than half of the ``n_clusters`` released centroids are nearest to any cell
+        (a note on the labels just written, neither stored nor released), with the likely causes
+        and what helps.
     """
     if use_rep not in adata.obsm:
         raise ValueError(
