@@ -352,7 +352,11 @@ def _collapse_line(group) -> list[str]:
     if "collapse_warning" not in group:
         return []
     fits = group[group["collapse_warning"].notna()]
-    counted = fits["clusters_in_use"].notna() if "clusters_in_use" in fits else fits["k"].isna()
+    counted = (
+        fits["clusters_in_use"].notna()
+        if "clusters_in_use" in fits
+        else fits["collapse_warning"].map(lambda _: False)  # no row read the released counts
+    )
     lines = [""]
     for note, rows in (("released label counts", fits[counted]), ("soft frequencies", fits[~counted])):
         if len(rows):
