@@ -260,7 +260,21 @@ def report(path: Path) -> str:
     lines.append("Mean ratio of `tl.cluster` to scanpy over the data sets (and the lowest file):")
     for eps, r in mean.iterrows():
         lines.append(f"- ε = {eps}: {r['mean']:.2f} (lowest {r['min']:.2f})")
+    lines += ["", *_against_baselines(table)]
     return "\n".join(lines)
+
+
+def _against_baselines(table: pd.DataFrame) -> list[str]:
+    """Per data set and ε where the baselines ran: ``tl.cluster``'s mean ARI minus each baseline's."""
+    ari = table["ari"].unstack("method")
+    ours = ari["tl.cluster"]
+    lines = ["`tl.cluster` mean ARI minus each DP peer's, per data set and ε (where the peers ran):"]
+    for method in (m for m in BASELINES if m in ari):
+        gap = (ours - ari[method]).dropna()
+        behind = ", ".join(f"{d} ε = {e} ({g:+.3f})" for (d, e), g in gap[gap < 0].items()) or "none"
+        ahead = int((gap > 0).sum())
+        lines.append(f"- {method}: ahead in {ahead} of {len(gap)} (mean {gap.mean():+.3f}); behind: {behind}")
+    return lines
 
 
 def plot(path: Path, out: Path) -> None:
