@@ -29,6 +29,11 @@ Show one progress bar for the whole training, with the ε spent so far.""",
     "doc_delta": """\
 δ of the guarantee; ``None`` (default): 10⁻⁵, or :math:`1/(10\\,n)` above 10⁴ cells, so
 that δ stays well below :math:`1/n`; it reads only the number of cells.""",
+    "doc_warns_few_clusters": """\
+UserWarning
+    When fewer than half of the ``n_clusters`` released centroids are nearest to any cell
+    (a note on the labels just written, neither stored nor released), with the likely causes
+    and what helps.""",
     "doc_returns": """\
 ``None`` (results written into ``adata``); with ``copy=True`` the annotated copy; with
 ``return_model=True`` also the trained model (see ``return_model``).""",

@@ -184,10 +184,7 @@ def cluster(
 
     Warns
     -----
-    UserWarning
-        When fewer than half of the ``n_clusters`` released centroids are nearest to any cell
-        (a note on the labels just written, neither stored nor released), with the likely causes
-        and what helps.
+    {doc_warns_few_clusters}
     """
     matrix = get_matrix(adata, layer)
     delta = resolve_delta(delta, adata.n_obs)

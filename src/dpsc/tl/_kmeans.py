@@ -125,10 +125,7 @@ def kmeans(
 
     Warns
     -----
-    UserWarning
-        When fewer than half of the ``n_clusters`` released centroids are nearest to any cell
-        (a note on the labels just written, neither stored nor released), with the likely causes
-        and what helps.
+    {doc_warns_few_clusters}
     """
     if use_rep not in adata.obsm:
         raise ValueError(
