@@ -104,6 +104,10 @@ def cluster_federated(
     ``None``, or the new AnnData with ``copy=True``. Writes what :func:`dpsc.tl.cluster` writes, each
     cell labelled by its own site from the released centroids, and ``uns["dpsc"][key_added]`` with the
     sites' record, the plan and what the server saw of each release (contributors, bytes per site).
+
+    Warns
+    -----
+    {doc_warns_few_clusters}
     """
     from ..federated._pipeline import run_pipeline_simulation
     from ..federated._site import SiteSettings, site_record
