@@ -121,16 +121,17 @@ def test_pipeline_recovers_separated_types_and_composes_in_the_ledger():
     assert entries.max() < eps < entries.sum() and delta == pytest.approx(2e-5)
 
 
-def test_kmeans_warns_when_few_centroids_label_any_cell():
+def test_kmeans_warns_when_few_released_centroids_hold_cells():
     adata = blobs()
     dpsc.pp.pca(adata, n_comps=4, epsilon=4.0, n_genes=None, noise_seed=1)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # separated types: every centroid labels cells, no note
         dpsc.tl.kmeans(adata, 4, epsilon=4.0, noise_seed=1)
+    assert adata.uns["dpsc"]["dp_kmeans"]["clusters_in_use"] == 4
     adata.obsm["one_direction"] = np.tile([[0.3, 0.1, 0.0, 0.2]], (adata.n_obs, 1))
-    with pytest.warns(UserWarning, match="Only 1 of the 4 released centroids"):
+    with pytest.warns(UserWarning, match="Only 1 of the 4 released centroids hold a share"):
         dpsc.tl.kmeans(adata, 4, epsilon=4.0, use_rep="one_direction", key_added="flat")
-    assert adata.obs["flat"].nunique() == 1
+    assert adata.obs["flat"].nunique() == 1 and adata.uns["dpsc"]["flat"]["clusters_in_use"] == 1
 
 
 def test_budget_and_bad_input_leave_adata_unchanged():

@@ -179,6 +179,8 @@ def test_secure_federated_clustering_reproduces_the_central_one(small_adata):
         fed.uns["dpsc"]["dp_kmeans"]["centroids"], central.uns["dpsc"]["dp_kmeans"]["centroids"], atol=1e-4
     )
     assert (fed.obs["dp_kmeans"] == central.obs["dp_kmeans"]).mean() > 0.99
+    in_use = fed.uns["dpsc"]["dp_kmeans"]["clusters_in_use"]
+    assert 1 <= in_use <= 3 and in_use == central.uns["dpsc"]["dp_kmeans"]["clusters_in_use"]
     record = dpsc.privacy.get_record(fed, "dp_kmeans")
     assert record["guarantee"] == "proven" and "SecAgg+" in record["statement"]
     assert dpsc.privacy.spent(fed).epsilon == pytest.approx(dpsc.privacy.spent(central).epsilon)

@@ -31,9 +31,9 @@ Show one progress bar for the whole training, with the ε spent so far.""",
 that δ stays well below :math:`1/n`; it reads only the number of cells.""",
     "doc_warns_few_clusters": """\
 UserWarning
-    When fewer than half of the ``n_clusters`` released centroids are nearest to any cell
-    (a note on the labels just written, neither stored nor released), with the likely causes
-    and what helps.""",
+    When fewer than half of the ``n_clusters`` released centroids hold a share of the cells
+    above the noise of the released counts (``clusters_in_use``; it reads only released values),
+    with the likely causes and what helps.""",
     "doc_returns": """\
 ``None`` (results written into ``adata``); with ``copy=True`` the annotated copy; with
 ``return_model=True`` also the trained model (see ``return_model``).""",

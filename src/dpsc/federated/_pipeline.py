@@ -387,6 +387,7 @@ def make_server_app(settings: dict[str, Any] | None = None):
                     ("genes", "loadings", "block", "eigenvalues", "centroids"), arrays, strict=True
                 )
             },
+            clusters_in_use=np.array(result.clusters_in_use),
         )
         summary = {
             "plan": plan.to_config(),
@@ -457,4 +458,5 @@ def read_result(out: str | Path) -> ClusterResult:
             saved["block"].astype(np.int64),
             saved["eigenvalues"],
             saved["centroids"],
+            clusters_in_use=int(saved["clusters_in_use"]) if "clusters_in_use" in saved else None,
         )

@@ -220,6 +220,7 @@ class ClusterResult:
     gene_means: np.ndarray | None = None  # noisy statistics of the gene selection (all genes)
     gene_variances: np.ndarray | None = None
     releases: int = 0
+    clusters_in_use: int | None = None  # centroids above the noise of their released counts
 
     def labels(self, matrix: Any) -> np.ndarray:
         """Each cell's nearest released centroid (post-processing; computed from each cell)."""
@@ -261,20 +262,21 @@ def run_clustering(plan: ClusterPlan, release_sum: ReleaseSum) -> ClusterResult:
             noisy, assignment.n_rows, plan.n_comps, CLIP_NORM, plan.kmeans["count_scale"]
         )
 
-    centroids = _kmeans.dp_kmeans_centroids(
+    centroids, in_use = _kmeans.dp_kmeans_centroids(
         release_table,
         plan.n_clusters,
         plan.n_comps,
         noise_multiplier=plan.sigmas["kmeans"],
         clip_norm=CLIP_NORM,
         random_state=plan.random_state,
+        return_in_use=True,
         **plan.kmeans,
     )
     if index != plan.n_releases:
         raise RuntimeError(
             f"The clustering made {index} releases, its plan {plan.n_releases}; nothing is released."
         )
-    return ClusterResult(genes, loadings, block, eigenvalues, centroids, means, variances, index)
+    return ClusterResult(genes, loadings, block, eigenvalues, centroids, means, variances, index, in_use)
 
 
 def central_release_sum(matrix: Any, noise, prefix: str = "tl.cluster") -> ReleaseSum:

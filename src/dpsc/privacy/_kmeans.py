@@ -186,7 +186,8 @@ def dp_kmeans_centroids(
     count_scale: float = 1.0,
     sphere_radius: float | None = None,
     random_state: int = 0,
-) -> np.ndarray:
+    return_in_use: bool = False,
+) -> np.ndarray | tuple[np.ndarray, int]:
     r"""Return ``(n_clusters, d)`` centroids computed from noisy releases only (module docstring).
 
     Parameters
@@ -213,6 +214,11 @@ def dp_kmeans_centroids(
         Project every noisy mean onto the sphere of this radius (``None``: no projection).
     random_state
         Seed of the projections and of the post-processing k-means runs (public).
+    return_in_use
+        Also return how many centroids are in use: those whose released count in the last Lloyd
+        round (summed over the Lloyd centroids merged into it, with its noise sd
+        :math:`s\sqrt{m_j}`) exceeds twice that sd. Post-processing of released counts: no cell is
+        read. Without Lloyd rounds every centroid counts as in use.
     """
     import torch
     from sklearn.cluster import KMeans
@@ -264,11 +270,20 @@ def dp_kmeans_centroids(
             spread = 0.1 * (largest.norm() + 1e-3)
             jitter = torch.as_tensor(rng.normal(size=(len(dead), d)), dtype=torch.float64)
             centroids[dead] = to_sphere(largest + spread * jitter / np.sqrt(d))
+    merged = np.arange(len(centroids))  # which final centroid each Lloyd centroid became
     if len(centroids) > n_clusters:
         reduce = KMeans(n_clusters=n_clusters, n_init=20, random_state=random_state)
         reduce.fit(centroids.numpy(), sample_weight=counts.clamp(min=1e-3).numpy())
         centroids = to_sphere(torch.as_tensor(reduce.cluster_centers_, dtype=torch.float64))
-    return centroids.float().numpy()
+        merged = reduce.labels_
+    if not return_in_use:
+        return centroids.float().numpy()
+    in_use = len(centroids)
+    if n_lloyd_rounds > 0:
+        held = np.bincount(merged, weights=counts.numpy(), minlength=len(centroids))
+        noise_sd = count_noise * np.sqrt(np.bincount(merged, minlength=len(centroids)))
+        in_use = int((held > 2.0 * noise_sd).sum())
+    return centroids.float().numpy(), in_use
 
 
 def central_table_release(

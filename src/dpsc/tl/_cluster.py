@@ -116,7 +116,9 @@ def store_clustering(
     """Write a released clustering into ``adata`` (or its copy), record it, settle the booking."""
     target = adata.copy() if copy else adata
     write_clustering(target, matrix, result, key_added, params["n_clusters"])
-    warn_if_few_clusters(target.obs[key_added].to_numpy(), params["n_clusters"], stacklevel=4)
+    if result.clusters_in_use is not None:
+        warn_if_few_clusters(result.clusters_in_use, params["n_clusters"], stacklevel=4)
+        extra["clusters_in_use"] = result.clusters_in_use
     return store_result(
         adata,
         target,
@@ -179,8 +181,8 @@ def cluster(
     cell's nearest released centroid), ``obsm["X_pca"]`` (cells × 16), ``varm["PCs"]`` (zero rows
     for the genes the PCA did not read), ``var["dp_pca_gene"]``, with gene selection also
     ``var["highly_variable"]``, ``var["means"]`` and ``var["variances"]`` (noisy), and
-    ``uns["dpsc"][key_added]`` with the record, the parameters, the ``centroids`` and the noisy
-    ``eigenvalues``.
+    ``uns["dpsc"][key_added]`` with the record, the parameters, the ``centroids``, the noisy
+    ``eigenvalues`` and ``clusters_in_use`` (as :func:`dpsc.tl.kmeans`).
 
     Warns
     -----

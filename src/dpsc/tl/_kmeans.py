@@ -121,7 +121,8 @@ def kmeans(
     ``None``, or the new AnnData with ``copy=True``. Writes ``obs[key_added]`` (categorical: the
     nearest released centroid of each cell, categories ``"0"`` … ``str(n_clusters - 1)``, all of
     them whether or not a cell is nearest), and ``uns["dpsc"][key_added]`` with the record, the
-    parameters and the released ``centroids`` (``n_clusters × d``).
+    parameters, the released ``centroids`` (``n_clusters × d``) and ``clusters_in_use`` (the
+    centroids whose released count in the last Lloyd round is above twice its noise).
 
     Warns
     -----
@@ -152,7 +153,7 @@ def kmeans(
     record = kmeans_record(sigma, steps, epsilon, delta, adata.n_obs, noise)
     with spending(adata, record, key_added) as booking:
         released = []
-        centroids = dp_kmeans_centroids(
+        centroids, in_use = dp_kmeans_centroids(
             central_table_release(
                 points,
                 clip_norm=clip_norm,
@@ -166,12 +167,13 @@ def kmeans(
             noise_multiplier=sigma,
             clip_norm=clip_norm,
             random_state=random_state,
+            return_in_use=True,
             **KMEANS_DEFAULTS,
         )
         if len(released) != steps:
             raise RuntimeError("The release plan and the accounted releases disagree; nothing is written.")
         labels = _nearest(points, centroids)
-        warn_if_few_clusters(labels, n_clusters)
+        warn_if_few_clusters(in_use, n_clusters)
         target = adata.copy() if copy else adata
         categories = [str(i) for i in range(n_clusters)]
         target.obs[key_added] = pd.Categorical(labels.astype(str), categories=categories)
@@ -183,26 +185,35 @@ def kmeans(
             **KMEANS_DEFAULTS,
         }
         return store_result(
-            adata, target, key_added, record, params, copy=copy, booking=booking, centroids=centroids
+            adata,
+            target,
+            key_added,
+            record,
+            params,
+            copy=copy,
+            booking=booking,
+            centroids=centroids,
+            clusters_in_use=in_use,
         )
 
 
-def warn_if_few_clusters(labels: np.ndarray, n_clusters: int, stacklevel: int = 3) -> None:
-    """Warn when fewer than half of the ``n_clusters`` released centroids are nearest to any cell.
+def warn_if_few_clusters(in_use: int, n_clusters: int, stacklevel: int = 3) -> None:
+    """Warn when fewer than half of the ``n_clusters`` released centroids are in use.
 
-    Reads the labels just written for the caller's own cells (each cell's nearest released
-    centroid); the note is shown to the caller only, neither stored nor released. ``stacklevel``
-    points the warning at the user's call.
+    ``in_use`` counts the centroids whose released count in the last Lloyd round is above twice
+    its noise (:func:`dpsc.privacy.dp_kmeans_centroids` with ``return_in_use=True``): a statement
+    about released values, so the note costs no privacy. ``stacklevel`` points the warning at the
+    user's call.
     """
-    in_use = len(np.unique(np.asarray(labels)))
     if in_use < n_clusters / 2:
         warnings.warn(
-            f"Only {in_use} of the {n_clusters} released centroids are nearest to any cell. Likely "
-            "causes: noise too large for the number of cells per cluster at this epsilon, or rows "
-            "that share one dominant direction (a representation whose first component is the mean "
-            "cell), which k-means on the sphere cannot split. What helps: a larger epsilon, more "
-            "cells, fewer clusters, or components with the mean direction dropped "
-            "(dpsc.pp.pca(drop_mean_component=True), the default).",
+            f"Only {in_use} of the {n_clusters} released centroids hold a share of the cells above the "
+            "noise of the released counts. Likely causes: noise too large for the number of cells "
+            "per cluster at this epsilon, or rows that share one dominant direction (a "
+            "representation whose first component is the mean cell), which k-means on the sphere "
+            "cannot split. What helps: a larger epsilon, more cells, fewer clusters, or components "
+            "with the mean direction dropped (dpsc.pp.pca(drop_mean_component=True), the default). "
+            "This note reads only released values, so it costs no privacy.",
             UserWarning,
             stacklevel=stacklevel,
         )
