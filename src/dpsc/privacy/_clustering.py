@@ -276,7 +276,9 @@ def run_clustering(plan: ClusterPlan, release_sum: ReleaseSum) -> ClusterResult:
         raise RuntimeError(
             f"The clustering made {index} releases, its plan {plan.n_releases}; nothing is released."
         )
-    return ClusterResult(genes, loadings, block, eigenvalues, centroids, means, variances, index, in_use)
+    return ClusterResult(
+        genes, loadings, block, eigenvalues, centroids, means, variances, index, clusters_in_use=in_use
+    )
 
 
 def central_release_sum(matrix: Any, noise, prefix: str = "tl.cluster") -> ReleaseSum:

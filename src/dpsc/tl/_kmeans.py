@@ -184,16 +184,9 @@ def kmeans(
             "clip_norm": clip_norm,
             **KMEANS_DEFAULTS,
         }
+        released_values = {"centroids": centroids, "clusters_in_use": in_use}
         return store_result(
-            adata,
-            target,
-            key_added,
-            record,
-            params,
-            copy=copy,
-            booking=booking,
-            centroids=centroids,
-            clusters_in_use=in_use,
+            adata, target, key_added, record, params, copy=copy, booking=booking, **released_values
         )
 
 
