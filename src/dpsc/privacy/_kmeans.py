@@ -217,8 +217,9 @@ def dp_kmeans_centroids(
     return_in_use
         Also return how many centroids are in use: those whose released count in the last Lloyd
         round (summed over the Lloyd centroids merged into it, with its noise sd
-        :math:`s\sqrt{m_j}`) exceeds twice that sd. Post-processing of released counts: no cell is
-        read. Without Lloyd rounds every centroid counts as in use.
+        :math:`s\sqrt{m_j}`) exceeds twice that sd (an empty cluster passes by chance with
+        probability about 2.3 %). Post-processing of released counts: no cell is read. Without
+        Lloyd rounds every centroid counts as in use.
     """
     import torch
     from sklearn.cluster import KMeans
