@@ -306,7 +306,9 @@ def _load(path: str | None) -> tuple[ad.AnnData, str]:
 
 def _federate(args: argparse.Namespace) -> int:
     from .federated._deploy import run_server, run_site, write_site_settings
+    from .federated._pipeline import read_result
     from .federated._site import SiteSettings
+    from .tl._kmeans import few_clusters_message
 
     if args.role == "server":
         if not args.ssl_certfile and args.host not in ("127.0.0.1", "localhost"):
@@ -341,6 +343,10 @@ def _federate(args: argparse.Namespace) -> int:
                 f"  release {row['index']} ({row['kind']}): {row['contributors']} sites, "
                 f"{row['bytes_per_site']} bytes per site"
             )
+        in_use = read_result(Path(args.out) / "result").clusters_in_use
+        print(f"{in_use} of the {args.n_clusters} released centroids hold cells above their counts' noise.")
+        if in_use < args.n_clusters / 2:
+            print(_wrap(few_clusters_message(in_use, args.n_clusters)))
         return 0
     if args.settings:
         settings_file = Path(args.settings)

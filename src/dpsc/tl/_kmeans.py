@@ -190,8 +190,21 @@ def kmeans(
         )
 
 
+def few_clusters_message(in_use: int, n_clusters: int) -> str:
+    """Say that few released centroids are in use, the likely causes and what helps."""
+    return (
+        f"Only {in_use} of the {n_clusters} released centroids hold a share of the cells above the "
+        "noise of the released counts. Likely causes: noise too large for the number of cells per "
+        "cluster at this epsilon, or rows that share one dominant direction (a representation whose "
+        "first component is the mean cell), which k-means on the sphere cannot split. What helps: a "
+        "larger epsilon, more cells, fewer clusters, or components with the mean direction dropped "
+        "(dpsc.pp.pca(drop_mean_component=True), the default). This note reads only released "
+        "values, so it costs no privacy."
+    )
+
+
 def warn_if_few_clusters(in_use: int, n_clusters: int, stacklevel: int = 3) -> None:
-    """Warn when fewer than half of the ``n_clusters`` released centroids are in use.
+    """Warn (:func:`few_clusters_message`) when fewer than half of the ``n_clusters`` centroids are in use.
 
     ``in_use`` counts the centroids whose released count in the last Lloyd round is above twice
     its noise (:func:`dpsc.privacy.dp_kmeans_centroids` with ``return_in_use=True``): a statement
@@ -199,14 +212,4 @@ def warn_if_few_clusters(in_use: int, n_clusters: int, stacklevel: int = 3) -> N
     user's call.
     """
     if in_use < n_clusters / 2:
-        warnings.warn(
-            f"Only {in_use} of the {n_clusters} released centroids hold a share of the cells above the "
-            "noise of the released counts. Likely causes: noise too large for the number of cells "
-            "per cluster at this epsilon, or rows that share one dominant direction (a "
-            "representation whose first component is the mean cell), which k-means on the sphere "
-            "cannot split. What helps: a larger epsilon, more cells, fewer clusters, or components "
-            "with the mean direction dropped (dpsc.pp.pca(drop_mean_component=True), the default). "
-            "This note reads only released values, so it costs no privacy.",
-            UserWarning,
-            stacklevel=stacklevel,
-        )
+        warnings.warn(few_clusters_message(in_use, n_clusters), UserWarning, stacklevel=stacklevel)
