@@ -352,10 +352,9 @@ def _collapse_line(group) -> list[str]:
     if "collapse_warning" not in group:
         return []
     fits = group[group["collapse_warning"].notna()]
+    # rows whose note read the released counts (none before that note existed)
     counted = (
-        fits["clusters_in_use"].notna()
-        if "clusters_in_use" in fits
-        else fits["collapse_warning"].map(lambda _: False)  # no row read the released counts
+        fits["clusters_in_use"].notna().to_numpy() if "clusters_in_use" in fits else np.zeros(len(fits), bool)
     )
     lines = [""]
     for note, rows in (("released label counts", fits[counted]), ("soft frequencies", fits[~counted])):

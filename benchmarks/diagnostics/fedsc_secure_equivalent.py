@@ -81,9 +81,8 @@ VARIANTS = (
     "fedsc-nonprivate-scaled",
 )
 MAX_Z = 10.0  # scanpy's usual sc.pp.scale(max_value=10)
-MIN_MEAN_SD = (
-    3.0  # a gene enters the input when its noisy mean is 3 noise sds above 0 (pp.highly_variable_genes' rule)
-)
+# a gene enters the input when its noisy mean is 3 noise sds above 0 (pp.highly_variable_genes' rule)
+MIN_MEAN_SD = 3.0
 NO_NOISE = 1e6  # the ε of the non-private reference's PCA and k-means: noise negligible
 
 
@@ -119,21 +118,14 @@ def embedding_pcs(embedding, sigma: float, n_comps: int = 16):
     r"""Projections of the unit-norm embedding rows on its top DP principal components (mean dropped).
 
     One Gaussian release of :math:`\sum_i u_i u_i^\top` over the unit rows :math:`u_i` of the
-    embedding (sensitivity 1, σ = ``sigma``; 0: exact), then the same post-processing as
-    ``dpsc.pp.pca`` (eigenvectors, the first, mean-like one dropped).
+    embedding (sensitivity 1, σ = ``sigma``; 0: exact up to the lattice), the release
+    ``dpsc.pp.pca`` makes (``dpsc.privacy._pca.released_loadings``), then its post-processing
+    (eigenvectors, the first, mean-like one dropped).
     """
     from dpsc.privacy import NoiseSource, _pca
 
-    d = embedding.shape[1]
-    S = _pca.second_moment(embedding, log_normalize=False)
-    if sigma > 0:
-        S = _pca.from_upper(
-            _pca.second_moment_release(d, sigma).release(
-                _pca.upper(S), NoiseSource().stream("embedding-pca")
-            ),
-            d,
-        )
-    V, _, _ = _pca.loadings(S, n_comps, None, True)
+    stream = NoiseSource().stream("embedding-pca")
+    V, _, _ = _pca.released_loadings(embedding, sigma, stream, n_comps, None, True, log_normalize=False)
     return _pca.project(embedding, V, log_normalize=False)
 
 

@@ -217,9 +217,9 @@ def dp_kmeans_centroids(
     return_in_use
         Also return how many centroids are in use: those whose released count in the last Lloyd
         round (summed over the Lloyd centroids merged into it, with its noise sd
-        :math:`s\sqrt{m_j}`) exceeds twice that sd (an empty cluster passes by chance with
-        probability about 2.3 %). Post-processing of released counts: no cell is read. Without
-        Lloyd rounds every centroid counts as in use.
+        :math:`s\sqrt{m_j}`) exceeds twice that sd (:func:`clusters_above_noise`; an empty
+        cluster passes by chance with probability about 2.3 %). Post-processing of released
+        counts: no cell is read. Without Lloyd rounds every centroid counts as in use.
     """
     import torch
     from sklearn.cluster import KMeans
@@ -282,9 +282,20 @@ def dp_kmeans_centroids(
     in_use = len(centroids)
     if n_lloyd_rounds > 0:
         held = np.bincount(merged, weights=counts.numpy(), minlength=len(centroids))
-        noise_sd = count_noise * np.sqrt(np.bincount(merged, minlength=len(centroids)))
-        in_use = int((held > 2.0 * noise_sd).sum())
+        in_use = clusters_above_noise(
+            held, count_noise * np.sqrt(np.bincount(merged, minlength=len(centroids)))
+        )
     return centroids.float().numpy(), in_use
+
+
+def clusters_above_noise(counts: np.ndarray, noise_sd: float | np.ndarray) -> int:
+    r"""Clusters whose released count exceeds :math:`\max(2 s_j, 0.5)`, :math:`s_j` its noise sd.
+
+    The rule of every ``clusters_in_use`` in dpsc (DP-DCAN's released label counts, the DP
+    k-means' last Lloyd counts): post-processing of released values; without noise (s = 0) it
+    counts the clusters with any cell.
+    """
+    return int((np.asarray(counts) > np.maximum(2.0 * np.asarray(noise_sd), 0.5)).sum())
 
 
 def central_table_release(

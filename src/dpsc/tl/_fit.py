@@ -32,6 +32,7 @@ from ..model import DPDCAN
 from ..model._dcan_privacy import MODEL_GENES, FitPlan, TrainSettings, plan_fit
 from ..module import DEFAULT_LATENT_SCALE
 from ..privacy import _hvg, spending
+from ..privacy._kmeans import clusters_above_noise
 from ._small_data import small_data_message
 
 DEFAULT_N_CLUSTERS = 8
@@ -144,7 +145,7 @@ def fit(
     Writes ``obsm[key_added]``, ``obs[cluster_key]`` (categorical, categories ``"0"`` …
     ``str(n_clusters - 1)``), the privacy record ``uns["dpsc"][key_added]["privacy"]``
     (:func:`dpsc.privacy.get_record`), the parameters, the released cluster frequencies, the
-    released label counts and the clusters in use (:func:`clusters_in_use`) in
+    released label counts and the clusters in use (counts above twice their noise) in
     ``uns["dpsc"][key_added]``, ``var["dp_fit_gene"]`` when genes were selected, and one entry of
     the AnnData's privacy ledger (:func:`dpsc.privacy.spent`). With a budget set
     (:func:`dpsc.privacy.set_budget`), a fit that would exceed it is refused before any work.
@@ -223,7 +224,7 @@ def fit(
         label_counts = model.released_label_counts()
         if label_counts is None:  # a non-private fit: the written labels, counted exactly
             label_counts = np.bincount(labels, minlength=n_clusters).astype(np.float64)
-        in_use = clusters_in_use(label_counts, model.label_count_noise_)
+        in_use = clusters_above_noise(label_counts, model.label_count_noise_)
         if in_use < n_clusters / 2:
             warnings.warn(collapse_message(in_use, n_clusters, epsilon), UserWarning, stacklevel=2)
         params = {
@@ -288,17 +289,6 @@ def _dp_gene_selection(adata: ad.AnnData, layer: str | None, likelihood: str, pl
     selected = np.zeros(adata.n_vars, dtype=bool)
     selected[order[:MODEL_GENES]] = True
     return selected
-
-
-def clusters_in_use(label_counts: np.ndarray, noise_std: float) -> int:
-    r"""Clusters whose label count is above twice its noise.
-
-    The counts are :meth:`~dpsc.model.DPDCAN.released_label_counts` under DP (the cells each
-    cluster labels in one Poisson sample) and the exact counts of the written labels without DP;
-    a cluster is in use when its count exceeds :math:`\max(2\sigma, 0.5)`. Post-processing of
-    released values: it costs no privacy.
-    """
-    return int((np.asarray(label_counts) > max(2.0 * noise_std, 0.5)).sum())
 
 
 def collapse_message(in_use: int, n_clusters: int, epsilon: float | None) -> str:
