@@ -1,6 +1,6 @@
 """Where `tl.fit` loses accuracy on an all-genes matrix, and why its collapse note stays silent.
 
-Four questions, each printed one line per fit (labels only score; results in
+Five questions, each printed one line per fit (labels only score; results in
 ``benchmarks/results/raw_matrix_diagnostics.md``)::
 
     # the same full-scope fit without noise: is exact gene selection as good as the file's list?
@@ -8,6 +8,9 @@ Four questions, each printed one line per fit (labels only score; results in
     # the gene selection's share of the fit's ε (full scope, ε = 8, seeds 0-2)
     python benchmarks/diagnostics/raw_matrix_levers.py share bladder_all 0.1,0.2,0.3
     python benchmarks/diagnostics/raw_matrix_levers.py share paul 0.1,0.2,0.3
+    # the statistic the gene selection ranks by, released and exact (full scope, ε = 8, seeds 0-4)
+    python benchmarks/diagnostics/raw_matrix_levers.py statistic bladder_all paul
+    python benchmarks/diagnostics/raw_matrix_levers.py statistic bladder_all paul dp_mean_alone
     # released DEC frequencies against the labels the fit writes (full scope, ε = 8, seeds 0-2)
     python benchmarks/diagnostics/raw_matrix_levers.py frequencies bladder bladder_all pbmc
     # the collapse note on the released label counts (ε = 8, seeds 0-2, secret noise)
@@ -67,6 +70,57 @@ def share(name: str, shares: str) -> None:
             dpsc.tl.fit(adata, epsilon=8, scope="full", n_clusters=k, random_state=seed, progress_bar=False)
             sigma = adata.uns["dpsc"]["X_dpdcan"]["privacy"].get("genes_noise_multiplier", np.nan)
             print(name, value, seed, _ari(adata), "sigma_g", round(float(sigma), 2), flush=True)
+
+
+STATISTICS = ("second_moment", "mean", "variance", "dispersion")
+#: ``mean_alone``: rank by the mean from a release of the sums of z alone (sensitivity 1, n public),
+#: which is all a mean ranking reads; emulated by the release at sensitivity 1 (noise sd σ on S1).
+
+
+def _ranking(statistic: str):
+    """``_hvg.rank_genes`` ordering the eligible genes by ``statistic`` (dispersion: variance / mean)."""
+    from dpsc.privacy import _hvg
+
+    rank = _hvg.rank_genes
+
+    def ranked(released, release, square_clip, min_mean_sd, flavor):
+        if statistic != "dispersion":
+            return rank(released, release, square_clip, min_mean_sd, statistic)
+        means, variances, eligible, _ = rank(released, release, square_clip, min_mean_sd, flavor)
+        score = np.where(eligible, variances / np.maximum(means, 1e-12), -np.inf)
+        return means, variances, eligible, np.lexsort((-score, ~eligible))
+
+    return ranked
+
+
+def statistic(names: list[str], only: tuple[str, ...] = ()) -> None:
+    """Full-scope fits at ε = 8 whose gene selection ranks by each statistic, from the released
+    gene statistics (``dp``) and from the exact ones (``exact``: the selection alone without noise,
+    the rest of the fit private as usual; ``dp_mean_alone``: see :data:`STATISTICS`). Source
+    names among ``names`` restrict the run to those sources."""
+    import dpsc
+    from dpsc.privacy import _hvg
+
+    release, rank = _hvg.gene_statistics_release, _hvg.rank_genes
+    sources = {
+        "dp": release,
+        "exact": lambda n_genes, sigma: release(n_genes, 0.0),
+        "dp_mean_alone": lambda n_genes, sigma: _hvg.GaussianSum("gene means", 2 * n_genes + 1, 1.0, sigma),
+    }
+    chosen = {"dp": STATISTICS, "exact": ("second_moment", "dispersion"), "dp_mean_alone": ("mean",)}
+    for name in names:
+        for source in sources if not only else only:
+            for stat in chosen[source]:
+                _hvg.rank_genes = _ranking(stat)
+                _hvg.gene_statistics_release = sources[source]
+                for seed in range(5):
+                    adata = bench.load(name, DATA)
+                    k = adata.obs["label"].nunique()
+                    dpsc.tl.fit(
+                        adata, epsilon=8, scope="full", n_clusters=k, random_state=seed, progress_bar=False
+                    )
+                    print(name, source, stat, seed, _ari(adata), flush=True)
+    _hvg.gene_statistics_release, _hvg.rank_genes = release, rank
 
 
 def frequencies(names: list[str]) -> None:
@@ -143,12 +197,15 @@ def main() -> None:
         no_noise(rest)
     elif question == "share":
         share(rest[0], rest[1])
+    elif question == "statistic":
+        sources = tuple(name for name in rest if name.startswith(("dp", "exact")))
+        statistic([name for name in rest if name not in sources], sources)
     elif question == "frequencies":
         frequencies(rest)
     elif question == "note":
         note(rest[0], rest[1:])
     else:
-        raise SystemExit(f"unknown question {question!r}: no-noise, share, frequencies or note")
+        raise SystemExit(f"unknown question {question!r}: no-noise, share, statistic, frequencies or note")
 
 
 if __name__ == "__main__":
