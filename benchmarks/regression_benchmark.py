@@ -122,7 +122,15 @@ def report(path: Path) -> str:
     # correlation; it carries no information, so it counts as 0 rather than being dropped.
     df["spearman"] = df.spearman.fillna(0.0)
     out = ["# Robust private linear regression benchmark", "", f"Command: `{payload['command']}`", ""]
-    out += [f"Wall time: {payload['seconds']:.0f} s on {payload['machine']}.", ""]
+    out += [
+        f"Wall time: {payload['seconds']:.0f} s on {payload['machine']}{payload.get('wall_note', '')}.",
+        "",
+    ]
+    out += [
+        "Noise: `noise_seed` = the repeat's seed (repeatable, a benchmark, not a release); each "
+        "release of a fit draws from its own stream of that seed.",
+        "",
+    ]
     out += [f"{n_const} fits gave constant predictions; their Spearman counts as 0.", ""]
     syn = df[df.part == "synthetic"]
     if len(syn):
