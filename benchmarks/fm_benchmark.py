@@ -217,7 +217,9 @@ def report(path: str) -> str:
         "",
         "Command: `python benchmarks/fm_benchmark.py --data ../shared/data --parts annotation noiseless "
         "epochs digits --out benchmarks/results/fm.jsonl`, then `--report`. Mean ± sd over seeds "
-        f"{sorted(rows['seed'].unique().tolist())}; 2 CPU cores.",
+        f"{sorted(rows['seed'].unique().tolist())}; 2 CPU cores. Noise: `noise_seed` = the seed "
+        "(repeatable, a benchmark, not a release); each release of a fit draws from its own stream "
+        "of that seed.",
         "",
         "pCDBN: one private RBM layer (16 hidden units on 8 query-fitted PCs; for digits 8 convolutional "
         "3×3 filters + 3×3 max pooling), Chebyshev degree 7 on [−4, 4], 200 epochs (digits: 100), ε split "
