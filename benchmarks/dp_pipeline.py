@@ -7,10 +7,12 @@ releases, scaled so that the composition equals the target. On a data set with a
 (``bladder_allgenes``) a DP gene selection (2000 genes) comes first and takes 0.2 of the ε
 (fixed before any run; the PCA and k-means keep their 0.6 : 0.4 of the rest). Release utility:
 a second fit on 70 % of the cells; the other 30 % are projected with the released genes and
-loadings and labelled by the nearest released centroid. Noise is seeded (``noise_seed=seed``)
-so the table repeats: a benchmark, not a release.
+loadings and labelled by the nearest released centroid. Noise is secret (every release draws
+its own stream, as a user's call does); ``--noise seeded`` passes ``noise_seed=seed`` instead, so a
+table repeats (each release still gets its own stream of that seed). The quick baseline
+(``--baselines``) is ``cluster_benchmark.quick_baseline``: Analyze Gauss + the package's DP k-means.
 
-    python benchmarks/dp_pipeline.py --data ../shared/data --baseline ../shared/tools/dp_baseline.py \\
+    python benchmarks/dp_pipeline.py --data ../shared/data --baselines \\
         --out benchmarks/results/dp_pipeline.jsonl
     python benchmarks/dp_pipeline.py --report benchmarks/results/dp_pipeline.jsonl
 """
@@ -18,10 +20,10 @@ so the table repeats: a benchmark, not a release.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import platform
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -33,6 +35,8 @@ from sklearn.cluster import KMeans
 from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
 
 warnings.filterwarnings("ignore")
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/, for cluster_benchmark
+SEEDED_NOISE = {"on": False}  # ``--noise seeded``: noise_seed=seed in every call (a repeatable table)
 DATASETS = {  # name: (file, DP gene selection first)
     "pbmc": ("pbmc_10x_4k_top2000.h5", False),
     "bladder": ("mouse_bladder_top2000.h5", False),
@@ -60,6 +64,11 @@ def score(truth, pred) -> dict:
     }
 
 
+def noise_seed(seed: int) -> int | None:
+    """The ``noise_seed`` of a benchmark call: ``None`` (secret noise) unless ``--noise seeded``."""
+    return seed if SEEDED_NOISE["on"] else None
+
+
 def fit_pipeline(adata, eps: float, seed: int, hvg: bool = False) -> dict[str, float]:
     """Run [pp.highly_variable_genes +] pp.pca + tl.kmeans on ``adata`` (in place, genes subset
     when ``hvg``) for a composed total of (eps, DELTA)."""
@@ -72,11 +81,13 @@ def fit_pipeline(adata, eps: float, seed: int, hvg: bool = False) -> dict[str, f
     delta = DELTA / len(eps_of)
     if hvg:
         dpsc.pp.highly_variable_genes(
-            adata, HVG_GENES, epsilon=eps_of["hvg"], delta=delta, subset=True, noise_seed=seed
+            adata, HVG_GENES, epsilon=eps_of["hvg"], delta=delta, subset=True, noise_seed=noise_seed(seed)
         )
-    dpsc.pp.pca(adata, epsilon=eps_of["pca"], delta=delta, noise_seed=seed)
+    dpsc.pp.pca(adata, epsilon=eps_of["pca"], delta=delta, noise_seed=noise_seed(seed))
     k = adata.obs["label"].nunique()
-    dpsc.tl.kmeans(adata, k, epsilon=eps_of["kmeans"], delta=delta, random_state=seed, noise_seed=seed)
+    dpsc.tl.kmeans(
+        adata, k, epsilon=eps_of["kmeans"], delta=delta, random_state=seed, noise_seed=noise_seed(seed)
+    )
     return eps_of
 
 
@@ -134,7 +145,7 @@ def run_dpdcan(adata, eps: float, seed: int, scope: str) -> dict:
     import dpsc
 
     k = adata.obs["label"].nunique()
-    options = {"n_clusters": k, "scope": scope, "random_state": seed, "noise_seed": seed}
+    options = {"n_clusters": k, "scope": scope, "random_state": seed, "noise_seed": noise_seed(seed)}
     options["progress_bar"] = False
     cells = adata.copy()
     start = time.perf_counter()
@@ -161,17 +172,15 @@ def run_dpdcan(adata, eps: float, seed: int, scope: str) -> dict:
     }
 
 
-def run_baseline(path: Path, baseline: Path, eps: float, seed: int) -> dict:
-    spec = importlib.util.spec_from_file_location("dp_baseline", baseline)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+def run_baseline(adata, eps: float, seed: int) -> dict:
+    """The quick DP baseline of ``cluster_benchmark.py`` (Analyze Gauss + DP k-means, secret noise)."""
+    from cluster_benchmark import quick_baseline
+
     start = time.perf_counter()
-    ari, _, spent, clusters = module.run(str(path), eps, seed)
+    pred = quick_baseline(adata, adata.obs["label"].nunique(), eps, seed)
     return {
-        "method": "quick DP baseline (shared/tools/dp_baseline.py)",
-        "ari": ari,
-        "clusters_used": clusters,
-        "epsilon_spent": spent,
+        "method": "quick DP baseline (Analyze Gauss + DP k-means)",
+        **score(adata.obs["label"], pred.astype(str)),
         "delta": DELTA,
         "wall_s": time.perf_counter() - start,
     }
@@ -196,8 +205,7 @@ def run(args) -> None:
     torch.set_num_threads(args.threads)
     for name in args.datasets:
         file, hvg = DATASETS[name]
-        path = Path(args.data) / file
-        adata = dpsc.datasets.read_h5(path)
+        adata = dpsc.datasets.read_h5(Path(args.data) / file)
         for seed in args.seeds:
             rows = [] if args.dpdcan_only else [{**run_scanpy(adata, seed, hvg), "epsilon": None}]
             for eps in args.epsilons:
@@ -206,12 +214,13 @@ def run(args) -> None:
                 if args.dpdcan_only:
                     continue
                 rows.append({**run_pipeline(adata, eps, seed, hvg), "epsilon": eps})
-                if args.baseline and not hvg:  # the baseline densifies a genes × genes matrix
-                    rows.append({**run_baseline(path, Path(args.baseline), eps, seed), "epsilon": eps})
+                if args.baselines and not hvg:  # the baseline densifies a genes × genes matrix
+                    rows.append({**run_baseline(adata, eps, seed), "epsilon": eps})
             with open(args.out, "a") as fh:
                 for row in rows:
                     meta = {"dataset": name, "seed": seed, "cpu": platform.processor() or platform.machine()}
                     meta["threads"] = args.threads
+                    meta["noise"] = args.noise
                     fh.write(json.dumps({**meta, **row}) + "\n")
             print(
                 name,
@@ -221,17 +230,26 @@ def run(args) -> None:
             )
 
 
+def noise_words(df: pd.DataFrame) -> str:
+    """How the rows drew their noise (rows written before the ``noise`` field say so)."""
+    kinds = df.get("noise", pd.Series(["seeded (one generator for every release)"] * len(df)))
+    counts = kinds.fillna("seeded (one generator for every release)").value_counts()
+    return "noise: " + ", ".join(f"{kind} ({n} rows)" for kind, n in counts.items())
+
+
 def report(path: str) -> str:
     df = pd.read_json(path, lines=True)
     df["epsilon"] = df["epsilon"].fillna(np.inf)
     lines = [
         "# Private clustering: DP pipeline vs the quick DP baseline",
         "",
-        f"Command: `python benchmarks/dp_pipeline.py --data ../shared/data --baseline "
-        f"../shared/tools/dp_baseline.py --out {path}`, then `--report {path}`. Final results, "
-        "labels for scoring only, mean ± sd (ddof 0) over seeds; `noise_seed=seed` (repeatable, "
-        "a benchmark, not a release). The pipeline's ε is the ledger's composition of its two "
-        "releases at δ = 1e-5 in total; the baseline composes its two in one accountant too. "
+        f"Command: `python benchmarks/dp_pipeline.py --data ../shared/data --baselines "
+        f"--out {path}`, then `--report {path}`. Final results, "
+        f"labels for scoring only, mean ± sd (ddof 0) over seeds; {noise_words(df)}. "
+        "The pipeline's ε is the ledger's composition of its two "
+        "releases at δ = 1e-5 in total; the baseline (Analyze Gauss over all genes + the "
+        "package's DP k-means, `cluster_benchmark.quick_baseline`) composes its two in one "
+        "accountant too. "
         "PBMC rows are tuned-on (the PCA share, gene block, sketch and Lloyd plan, the dropped "
         "mean component of `pp.pca` and the cosine metric of `tl.kmeans` were chosen with its "
         "labels); the mouse bladder files confirm them except bladder (top 2000) at ε = 4, where "
@@ -293,7 +311,8 @@ def report(path: str) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", default="../shared/data")
-    parser.add_argument("--baseline", help="path to shared/tools/dp_baseline.py (rows skipped without it)")
+    parser.add_argument("--baselines", action="store_true", help="also the quick DP baseline's rows")
+    parser.add_argument("--noise", choices=["secret", "seeded"], default="secret")
     parser.add_argument("--datasets", nargs="+", default=list(DATASETS))
     parser.add_argument("--epsilons", nargs="+", type=float, default=[8.0, 4.0, 1.0])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
@@ -311,6 +330,7 @@ def main() -> None:
         print(text)
         return
     os.makedirs(Path(args.out).parent, exist_ok=True)
+    SEEDED_NOISE["on"] = args.noise == "seeded"
     run(args)
 
 

@@ -25,7 +25,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parents[1]))  # benchmarks/
-from dp_pipeline import fit_pipeline
+import dp_pipeline
+from dp_pipeline import fit_pipeline, noise_seed
 from dpdcan_benchmark import load
 
 
@@ -58,7 +59,7 @@ def one(
                 n_clusters=k,
                 scope=scope,
                 random_state=seed,
-                noise_seed=seed,
+                noise_seed=noise_seed(seed),
                 progress_bar=False,
             )
         name = "DP-DCAN (default)" if scope == "encoder" else "DP-DCAN scope=full (default)"
@@ -82,6 +83,7 @@ def one(
             "clusters_used": int(pred.nunique()),
             "k": k,
             "wall_s": wall,
+            "noise": "seeded" if dp_pipeline.SEEDED_NOISE["on"] else "secret",
             **plan,
         }
         for method, pred, wall, plan in rows
@@ -117,7 +119,9 @@ def main() -> None:
     methods = ["dpdcan", "full", "pipeline"]
     parser.add_argument("--methods", nargs="+", default=["dpdcan", "pipeline"], choices=methods)
     parser.add_argument("--report")
+    parser.add_argument("--noise", choices=["secret", "seeded"], default="secret")
     args = parser.parse_args()
+    dp_pipeline.SEEDED_NOISE["on"] = args.noise == "seeded"
     if args.report:
         print(report(Path(args.report)))
         return
