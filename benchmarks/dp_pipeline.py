@@ -97,14 +97,14 @@ def release_ari(adata, eps: float, seed: int, hvg: bool = False) -> tuple[float,
     Returns the ARI on the held-out 30 % and that fit's ARI on its own 70 %: the gap between the
     two is what sharing costs, apart from the smaller training set.
     """
-    from dpsc.pp._dp_pca import unit_rows
-    from dpsc.tl._kmeans import nearest_centroid
+    from dpsc.privacy._kmeans import nearest_centroid
+    from dpsc.privacy._pca import project
 
     order = np.random.default_rng(seed).permutation(adata.n_obs)
     cut = int(0.7 * adata.n_obs)
     train, held = adata[np.sort(order[:cut])].copy(), adata[np.sort(order[cut:])]
     fit_pipeline(train, eps, seed, hvg)
-    z = np.asarray(unit_rows(held[:, train.var_names].X) @ train.varm["PCs"])
+    z = project(held[:, train.var_names].X, train.varm["PCs"])  # as pp.pca projects (log1p CP10k, unit rows)
     pred = nearest_centroid(z, train.uns["dpsc"]["dp_kmeans"]["centroids"]).astype(str)
     own = adjusted_rand_score(train.obs["label"], train.obs["dp_kmeans"])
     return adjusted_rand_score(held.obs["label"], pred), own
