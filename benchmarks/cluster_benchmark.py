@@ -246,6 +246,7 @@ def report(path: Path) -> str:
         "| data | method | ε | ARI | ratio to scanpy | clusters used | runs |",
         "|---|---|---|---|---|---|---|",
     ]
+    table = table.sort_index(key=lambda level: level.map(float) if level.name == "epsilon" else level)
     for (data, method, eps), r in table.iterrows():
         lines.append(
             f"| {data} | {method} | {eps} | {r['ari']:.3f} ± {np.nan_to_num(r['sd']):.3f} | "
@@ -258,7 +259,7 @@ def report(path: Path) -> str:
     mean = ratios.groupby("epsilon")["ratio"].agg(["mean", "min"])
     lines.append("")
     lines.append("Mean ratio of `tl.cluster` to scanpy over the data sets (and the lowest file):")
-    for eps, r in mean.iterrows():
+    for eps, r in mean.sort_index(key=lambda level: level.map(float)).iterrows():
         lines.append(f"- ε = {eps}: {r['mean']:.2f} (lowest {r['min']:.2f})")
     lines += ["", *_against_baselines(table)]
     return "\n".join(lines)

@@ -150,3 +150,24 @@ def test_budget_and_bad_input_leave_adata_unchanged():
     bad.X = -bad.X
     dpsc.pp.pca(bad, n_comps=3, epsilon=0.5)
     assert np.all(bad.obsm["X_pca"] == 0)
+
+
+def test_the_one_call_reads_all_genes_without_noise_and_the_block_under_heavy_noise():
+    """``reads_all_genes``: 2σ√G ≤ τ·tr(S̃) → every gene, mean component kept; else the block."""
+    from dpsc.privacy._clustering import ALL_GENES_NOISE_SHARE, GENE_BLOCK, reads_all_genes
+
+    adata = blobs(n_per=60, k=4, genes=600)
+    exact = adata.copy()
+    dpsc.tl.cluster(exact, 4, epsilon=None)
+    assert exact.var["dp_pca_gene"].all()
+    top = np.linalg.eigh(second_moment(adata.X))[1][:, -1]
+    assert abs(exact.varm["PCs"][:, 0] @ top) > 0.999  # the mean component is kept
+    noisy = adata.copy()
+    dpsc.tl.cluster(noisy, 4, epsilon=1.0, noise_seed=0)  # 2σ√600 is about 40 % of n = 240
+    assert noisy.var["dp_pca_gene"].sum() == GENE_BLOCK
+    assert abs(noisy.varm["PCs"][:, 0] @ top) < 0.5  # past the mean component
+    genes, n = 400, 1000.0
+    S = np.eye(genes) * n / genes
+    sigma = ALL_GENES_NOISE_SHARE * n / (2 * np.sqrt(genes))
+    assert reads_all_genes(S, 0.0) and reads_all_genes(S, sigma)
+    assert not reads_all_genes(S, 1.01 * sigma)

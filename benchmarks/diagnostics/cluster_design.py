@@ -8,7 +8,8 @@ variants of the loadings and the points k-means reads (secret noise, 3 runs, lab
 - ``D1``: all genes, first component kept, cosine points;
 - ``D2``: 500-gene block, first component kept, cosine points;
 - ``D3``: all genes, first component dropped, Euclidean points (the projections as they are);
-- ``D4``: all genes, first component kept, Euclidean points.
+- ``D4``: all genes, first component kept, Euclidean points;
+- ``D5``: all genes, first component dropped, cosine points.
 
     python benchmarks/diagnostics/cluster_design.py --data ../shared/data \\
         --out benchmarks/results/cluster_design.jsonl --datasets pbmc paul15
@@ -35,6 +36,7 @@ VARIANTS = {
     "D2": (500, False, "cosine"),
     "D3": (10**9, True, "euclidean"),
     "D4": (10**9, False, "euclidean"),
+    "D5": (10**9, True, "cosine"),
 }
 
 
@@ -45,6 +47,7 @@ def use_variant(block: int, drop: bool, metric: str) -> None:
     original_loadings = use_variant.__dict__.setdefault("loadings", _pca.loadings)
     original_points = use_variant.__dict__.setdefault("points", _clustering.cell_points)
     _clustering.GENE_BLOCK = block
+    _clustering.reads_all_genes = lambda S, sigma: False  # the variant fixes the genes, not the rule
     _pca.loadings = lambda S, comps, genes, _drop: original_loadings(S, comps, genes, drop)
     if metric == "cosine":
         _clustering.cell_points = original_points
@@ -58,6 +61,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     parser.add_argument("--datasets", nargs="+", default=["pbmc", "paul15"])
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    parser.add_argument("--epsilons", nargs="+", default=["8", "4", "1", "inf"], help="'inf': no noise")
     parser.add_argument("--report", type=Path)
     args = parser.parse_args()
     if args.report:
@@ -70,9 +75,9 @@ def main() -> None:
     for name in args.datasets:
         adata = load(args.data, name)
         k = adata.obs["label"].nunique()
-        for variant, spec in VARIANTS.items():
-            use_variant(*spec)
-            for eps in (8.0, 4.0, 1.0, None):
+        for variant in args.variants:
+            use_variant(*VARIANTS[variant])
+            for eps in [None if e == "inf" else float(e) for e in args.epsilons]:
                 for run in range(args.runs):
                     cells = adata.copy()
                     dpsc.tl.cluster(cells, k, epsilon=eps, random_state=run)
@@ -91,13 +96,16 @@ def report(path: Path) -> str:
     rows = pd.DataFrame([json.loads(line) for line in path.read_text().splitlines() if line.strip()])
     rows["epsilon"] = rows["epsilon"].astype(str)
     table = rows.groupby(["dataset", "variant", "epsilon"])["ari"].agg(["mean", "std"]).unstack("epsilon")
-    columns = [c for c in ("1.0", "4.0", "8.0", "inf") if c in table["mean"].columns]
+    columns = sorted(table["mean"].columns, key=float)
     lines = [
         "| data | variant | " + " | ".join(f"ε = {c}" for c in columns) + " |",
         "|---|---|" + "---|" * len(columns),
     ]
     for (data, variant), r in table.iterrows():
-        cells = [f"{r[('mean', c)]:.3f} ± {np.nan_to_num(r[('std', c)]):.3f}" for c in columns]
+        cells = [
+            "–" if np.isnan(r[("mean", c)]) else f"{r[('mean', c)]:.3f} ± {np.nan_to_num(r[('std', c)]):.3f}"
+            for c in columns
+        ]
         lines.append(f"| {data} | {variant} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

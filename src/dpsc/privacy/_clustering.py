@@ -6,7 +6,9 @@ Every step reads the cells only through a release of a sum over cells (:mod:`._r
    :mod:`._hvg` (one release), and the :data:`PIPELINE_GENES` genes with the largest noisy second
    moments are kept;
 2. the second-moment matrix of :mod:`._pca` on the kept genes (one release), whose top eigenvectors
-   past the mean component, in a block of :data:`GENE_BLOCK` genes, are the loadings;
+   are the loadings: of all kept genes, mean component kept, when the release's noise is small
+   against the cells' signal (:func:`reads_all_genes`); else past the mean component, in a block of
+   :data:`GENE_BLOCK` genes;
 3. DP k-means (:mod:`._kmeans`) on each cell's projection scaled to unit norm (cosine): one sketch
    release and :data:`KMEANS_PLAN` Lloyd releases.
 
@@ -20,7 +22,8 @@ federation each site computes :func:`contribution` over its own cells and secure
 them with the sites' noise shares, so the federated clustering runs this very code.
 
 The design rule (genes kept, block, components, shares, k-means plan) reads only the number of
-genes, the number of clusters and the asked ε: no cell and no label.
+genes, the number of clusters and the asked ε, and the choice between all genes and the block reads
+only the released second-moment matrix: no cell and no label.
 """
 
 from __future__ import annotations
@@ -37,6 +40,11 @@ from ._release import GaussianSum
 PIPELINE_GENES = 2000  # genes kept by the DP gene selection (when the matrix has more)
 GENE_BLOCK = _pca.DEFAULT_GENE_BLOCK  # genes kept (by noisy second moment) for the eigenvectors
 N_COMPS = 16  # principal components the cells are projected on
+#: τ of :func:`reads_all_genes`: all genes when the noise's spectral norm is at most this share of
+#: the released trace (≈ n). Chosen with the PBMC 4k and Paul 2015 labels: between Paul at ε = 16
+#: (ratio 0.0155, all genes ahead) and PBMC at ε = 8 (0.0163, the block ahead or level); checked on
+#: bladder, Bastidas-Ponce 2019 and bladder with all genes (``benchmarks/results/cluster.md``).
+ALL_GENES_NOISE_SHARE = 0.016
 #: ε shares of the releases: gene selection (when it runs), PCA, k-means (composed to the total).
 SHARES = {"genes": 0.2, "pca": 0.48, "kmeans": 0.32}
 #: DP k-means plan: one sketch release (2^10 buckets), two Lloyd releases with 4k centroids reduced
@@ -250,7 +258,10 @@ def run_clustering(plan: ClusterPlan, release_sum: ReleaseSum) -> ClusterResult:
         index += 1
     request = Request("pca", index, plan.sigmas["pca"], genes=genes)
     S = _pca.from_upper(release_sum(request), len(genes))
-    loadings, block, eigenvalues = _pca.loadings(S, plan.n_comps, plan.gene_block, True)
+    all_genes = reads_all_genes(S, plan.sigmas["pca"])
+    loadings, block, eigenvalues = _pca.loadings(
+        S, plan.n_comps, None if all_genes else plan.gene_block, not all_genes
+    )
     index += 1
 
     def release_table(assignment: _kmeans.Assignment) -> tuple:
@@ -279,6 +290,27 @@ def run_clustering(plan: ClusterPlan, release_sum: ReleaseSum) -> ClusterResult:
     return ClusterResult(
         genes, loadings, block, eigenvalues, centroids, means, variances, index, clusters_in_use=in_use
     )
+
+
+def reads_all_genes(S_noisy: np.ndarray, noise_multiplier: float) -> bool:
+    r"""Whether the loadings come from all kept genes (mean component kept) or from the block.
+
+    The release adds to :math:`S = \sum_i z_i z_i^\top` (G × G, sensitivity 1) a symmetric Gaussian
+    matrix with entry sd σ, whose spectral norm is about :math:`2\sigma\sqrt{G}` (the semicircle
+    edge; Bai & Yin 1988), while the cells' signal eigenvalues grow with n, read here from the
+    released trace :math:`\operatorname{tr}\tilde S \approx n` (unit-norm cells). When
+
+    .. math:: 2\sigma\sqrt{G} \le \tau\,\operatorname{tr}\tilde S
+       \qquad (\tau = \text{ALL\_GENES\_NOISE\_SHARE})
+
+    the eigenvectors of all G genes are accurate enough and the mean component is kept (the design
+    whose noise-free limit is scanpy's); otherwise the :data:`GENE_BLOCK` genes with the largest
+    noisy second moments cut the noise's norm by :math:`\sqrt{G / 500}` and the mean component is
+    dropped. Post-processing of the released matrix (no privacy cost, the same on every site of a
+    federation); without noise (σ = 0) always all genes.
+    """
+    trace = max(float(np.trace(S_noisy)), 0.0)
+    return 2.0 * noise_multiplier * np.sqrt(S_noisy.shape[0]) <= ALL_GENES_NOISE_SHARE * trace
 
 
 def central_release_sum(matrix: Any, noise, prefix: str = "tl.cluster") -> ReleaseSum:

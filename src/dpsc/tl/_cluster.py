@@ -179,7 +179,9 @@ def cluster(
     -------
     ``None``, or the new AnnData with ``copy=True``. Writes ``obs[key_added]`` (categorical: each
     cell's nearest released centroid), ``obsm["X_pca"]`` (cells × 16), ``varm["PCs"]`` (zero rows
-    for the genes the PCA did not read), ``var["dp_pca_gene"]``, with gene selection also
+    for the genes the PCA did not read), ``var["dp_pca_gene"]`` (the genes the eigenvectors came
+    from: all kept genes when the PCA release's noise is small against n, else a 500-gene block;
+    :func:`dpsc.privacy._clustering.reads_all_genes`), with gene selection also
     ``var["highly_variable"]``, ``var["means"]`` and ``var["variances"]`` (noisy), and
     ``uns["dpsc"][key_added]`` with the record, the parameters, the ``centroids``, the noisy
     ``eigenvalues`` and ``clusters_in_use`` (as :func:`dpsc.tl.kmeans`).
