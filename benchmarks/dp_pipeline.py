@@ -303,7 +303,8 @@ def report(path: str) -> str:
             )
         lines.append("")
     lines.append(
-        f"Ran on: {', '.join(sorted(df['cpu'].astype(str).unique()))}, {int(df['threads'].iloc[0])} threads."
+        f"Ran on: {', '.join(sorted(df['cpu'].astype(str).unique()))}, "
+        f"{int(df['threads'].iloc[0])} thread(s) per process (two single-thread benchmarks at a time)."
     )
     return "\n".join(lines) + "\n"
 
