@@ -70,7 +70,9 @@ def exact_gene_scaling(counts: np.ndarray):
         _dcan.input_representation = original
 
 
-def run_fit(dataset: str, data: Path, scaling: str, epsilon: float, seed: int, threads: int) -> dict:
+def run_fit(
+    dataset: str, data: Path, scaling: str, epsilon: float, seed: int, threads: int, noise: str = "secret"
+) -> dict:
     """One default DP-DCAN fit (:func:`dpdcan_benchmark.run_one`) with the given input scaling."""
     config = f"DP-DCAN eps={epsilon:g}"
     if config not in ALL_CONFIGS:
@@ -79,7 +81,9 @@ def run_fit(dataset: str, data: Path, scaling: str, epsilon: float, seed: int, t
     context = (
         exact_gene_scaling(load(dataset, data).X.toarray().astype(np.float64)) if exact else nullcontext()
     )
-    args = argparse.Namespace(dataset=dataset, data=str(data), config=config, seed=seed, threads=threads)
+    args = argparse.Namespace(
+        dataset=dataset, data=str(data), config=config, seed=seed, threads=threads, noise=noise
+    )
     with context:
         row = run_one(args)
     return {**row, "scaling": scaling, "covers": COVERS[scaling]}
@@ -104,6 +108,7 @@ def main() -> None:
     common_arguments(parser)
     parser.add_argument("--scaling", nargs="+", choices=SCALINGS, default=list(SCALINGS))
     parser.add_argument("--epsilon", nargs="+", type=float, default=[8.0])
+    parser.add_argument("--noise", choices=["secret", "seeded"], default="secret")
     args = parser.parse_args()
     if args.report:
         print(report(args.report))
@@ -111,7 +116,8 @@ def main() -> None:
     for epsilon in args.epsilon:
         for scaling in args.scaling:
             for seed in args.seeds:
-                emit(run_fit(args.dataset, Path(args.data), scaling, epsilon, seed, args.threads), args.out)
+                row = run_fit(args.dataset, Path(args.data), scaling, epsilon, seed, args.threads, args.noise)
+                emit(row, args.out)
 
 
 if __name__ == "__main__":
