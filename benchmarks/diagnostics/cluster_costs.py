@@ -26,16 +26,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 import warnings
 from pathlib import Path
 
-import pandas as pd
-from sklearn.metrics import adjusted_rand_score
-
 warnings.filterwarnings("ignore")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/diagnostics/
+from cluster_design import append_fit, read_rows  # noqa: E402
+
 RELEASES = {"all": ("genes", "pca", "kmeans"), "genes": ("genes",), "pca": ("pca",), "kmeans": ("kmeans",)}
 BLOCKS = {"250": 250, "500": 500, "1000": 1000}
 SHARES = {"S0": (0.2, 0.48, 0.32), "S1": (0.15, 0.6, 0.25), "S2": (0.1, 0.7, 0.2), "S3": (0.2, 0.6, 0.2)}
@@ -76,33 +75,20 @@ def main() -> None:
         return
     from cluster_benchmark import load
 
-    import dpsc
-
     variants = {"release": RELEASES, "block": BLOCKS, "shares": SHARES}[args.question]
     for name in args.datasets:
         adata = load(args.data, name)
-        k = adata.obs["label"].nunique()
         for eps in args.epsilons:
             for variant in variants:
                 use_variant(args.question, variant)
                 for run in range(args.runs):
-                    cells = adata.copy()
-                    dpsc.tl.cluster(cells, k, epsilon=eps, random_state=run)
-                    row = {
-                        "question": args.question,
-                        "variant": variant,
-                        "dataset": name,
-                        "epsilon": eps,
-                        "run": run,
-                        "ari": adjusted_rand_score(adata.obs["label"], cells.obs["dp_kmeans"]),
-                    }
-                    with args.out.open("a") as out:
-                        out.write(json.dumps(row) + "\n")
+                    fields = {"question": args.question, "variant": variant, "dataset": name, "epsilon": eps}
+                    append_fit(adata, eps, run, args.out, fields)
 
 
 def report(path: Path) -> str:
     """One table per question: mean ± sd (ddof 0) ARI per data set, ε and variant."""
-    rows = pd.DataFrame([json.loads(line) for line in path.read_text().splitlines() if line.strip()])
+    rows = read_rows(path)
     out = []
     for question, group in rows.groupby("question", sort=False):
         table = group.groupby(["dataset", "epsilon", "variant"], sort=False)["ari"].agg(

@@ -70,30 +70,37 @@ def main() -> None:
         return
     from cluster_benchmark import load
 
-    import dpsc
-
     for name in args.datasets:
         adata = load(args.data, name)
-        k = adata.obs["label"].nunique()
         for variant in args.variants:
             use_variant(*VARIANTS[variant])
             for eps in [None if e == "inf" else float(e) for e in args.epsilons]:
                 for run in range(args.runs):
-                    cells = adata.copy()
-                    dpsc.tl.cluster(cells, k, epsilon=eps, random_state=run)
-                    row = {
-                        "dataset": name,
-                        "variant": variant,
-                        "epsilon": "inf" if eps is None else eps,
-                        "run": run,
-                        "ari": adjusted_rand_score(adata.obs["label"], cells.obs["dp_kmeans"]),
-                    }
-                    with args.out.open("a") as out:
-                        out.write(json.dumps(row) + "\n")
+                    fields = {"dataset": name, "variant": variant, "epsilon": "inf" if eps is None else eps}
+                    append_fit(adata, eps, run, args.out, fields)
+
+
+def append_fit(adata, epsilon: float | None, run: int, out: Path, fields: dict) -> None:
+    """Append one ``dpsc.tl.cluster`` call's ARI to ``out`` (a JSON line with ``fields`` and the run).
+
+    The call runs on a copy of ``adata`` with k = its number of labelled types.
+    """
+    import dpsc
+
+    cells = adata.copy()
+    dpsc.tl.cluster(cells, adata.obs["label"].nunique(), epsilon=epsilon, random_state=run)
+    row = {**fields, "run": run, "ari": adjusted_rand_score(adata.obs["label"], cells.obs["dp_kmeans"])}
+    with out.open("a") as handle:
+        handle.write(json.dumps(row) + "\n")
+
+
+def read_rows(path: Path) -> pd.DataFrame:
+    """Return the rows of a JSON lines results file."""
+    return pd.DataFrame([json.loads(line) for line in path.read_text().splitlines() if line.strip()])
 
 
 def report(path: Path) -> str:
-    rows = pd.DataFrame([json.loads(line) for line in path.read_text().splitlines() if line.strip()])
+    rows = read_rows(path)
     rows["epsilon"] = rows["epsilon"].astype(str)
     table = rows.groupby(["dataset", "variant", "epsilon"])["ari"].agg(["mean", "std"]).unstack("epsilon")
     columns = sorted(table["mean"].columns, key=float)
