@@ -232,8 +232,9 @@ def run(args) -> None:
 
 def noise_words(df: pd.DataFrame) -> str:
     """How the rows drew their noise (rows written before the ``noise`` field say so)."""
-    kinds = df.get("noise", pd.Series(["seeded (one generator for every release)"] * len(df)))
-    counts = kinds.fillna("seeded (one generator for every release)").value_counts()
+    before_field = "seeded (one generator for every release)"
+    kinds = df["noise"].fillna(before_field) if "noise" in df else pd.Series([before_field] * len(df))
+    counts = kinds.value_counts()
     return "noise: " + ", ".join(f"{kind} ({n} rows)" for kind, n in counts.items())
 
 
@@ -304,7 +305,7 @@ def report(path: str) -> str:
         lines.append("")
     lines.append(
         f"Ran on: {', '.join(sorted(df['cpu'].astype(str).unique()))}, "
-        f"{int(df['threads'].iloc[0])} thread(s) per process (two single-thread benchmarks at a time)."
+        f"{int(df['threads'].iloc[0])} thread(s) per process."
     )
     return "\n".join(lines) + "\n"
 
