@@ -18,7 +18,7 @@ from dpsc.privacy import (
     set_budget,
     spent,
 )
-from dpsc.privacy._pca import second_moment, unit_rows
+from dpsc.privacy._pca import residual_rows, second_moment, unit_rows
 from dpsc.tl._kmeans import KMEANS_DEFAULTS
 
 
@@ -152,22 +152,35 @@ def test_budget_and_bad_input_leave_adata_unchanged():
     assert np.all(bad.obsm["X_pca"] == 0)
 
 
-def test_the_one_call_reads_all_genes_without_noise_and_the_block_under_heavy_noise():
-    """``reads_all_genes``: 2σ√G ≤ τ·tr(S̃) → every gene, mean component kept; else the block."""
-    from dpsc.privacy._clustering import ALL_GENES_NOISE_SHARE, GENE_BLOCK, reads_all_genes
+def test_a_unit_residual_moves_the_release_by_at_most_one_whatever_directions_the_server_sends():
+    """Each cell's residual contribution has norm ≤ 1 for any released columns, even malformed ones."""
+    rng = np.random.default_rng(1)
+    iu = np.triu_indices(30)
+    for _ in range(200):
+        z = unit_rows(rng.poisson(3.0, size=(1, 30)) + 1.0)
+        released = rng.normal(size=(30, rng.integers(1, 4))) * rng.choice([1e-3, 1.0, 1e3])
+        r = residual_rows(z, released)[0]
+        assert np.linalg.norm(np.outer(r, r)[iu]) <= 1.0 + 1e-12
+    u = np.ones((30, 1)) / np.sqrt(30)
+    assert np.all(residual_rows(u.T, u) == 0)  # a cell along the direction contributes nothing
 
-    adata = blobs(n_per=60, k=4, genes=600)
+
+def test_the_one_call_loads_the_mean_direction_then_the_residual_components():
+    """Without noise: loadings = [mean direction, top eigenvectors of the unit residuals], orthonormal."""
+    adata = blobs(n_per=60, k=4, genes=80)
     exact = adata.copy()
     dpsc.tl.cluster(exact, 4, epsilon=None)
+    loadings = exact.varm["PCs"]
+    np.testing.assert_allclose(loadings.T @ loadings, np.eye(loadings.shape[1]), atol=1e-10)
+    Z = unit_rows(adata.X).toarray()
+    u = Z.sum(0) / np.linalg.norm(Z.sum(0))
+    np.testing.assert_allclose(loadings[:, 0], u, atol=1e-5)  # the sums are lattice-encoded
+    R = residual_rows(Z, u[:, None])
+    top = np.linalg.eigh(R.T @ R)[1][:, ::-1][:, :3]  # the types' directions: 3 clear components
+    np.testing.assert_allclose(np.linalg.svd(top.T @ loadings[:, 1:4])[1], 1.0, atol=1e-6)
     assert exact.var["dp_pca_gene"].all()
-    top = np.linalg.eigh(second_moment(adata.X))[1][:, -1]
-    assert abs(exact.varm["PCs"][:, 0] @ top) > 0.999  # the mean component is kept
+    assert adjusted_rand_score(adata.obs["truth"], exact.obs["dp_kmeans"]) == 1.0
     noisy = adata.copy()
-    dpsc.tl.cluster(noisy, 4, epsilon=1.0, noise_seed=0)  # 2σ√600 is about 40 % of n = 240
-    assert noisy.var["dp_pca_gene"].sum() == GENE_BLOCK
-    assert abs(noisy.varm["PCs"][:, 0] @ top) < 0.5  # past the mean component
-    genes, n = 400, 1000.0
-    S = np.eye(genes) * n / genes
-    sigma = ALL_GENES_NOISE_SHARE * n / (2 * np.sqrt(genes))
-    assert reads_all_genes(S, 0.0) and reads_all_genes(S, sigma)
-    assert not reads_all_genes(S, 1.01 * sigma)
+    dpsc.tl.cluster(noisy, 4, epsilon=8.0, noise_seed=0)
+    assert noisy.varm["PCs"][:, 0] @ u > 0.95  # the released sum's direction, off by its noise
+    np.testing.assert_allclose(noisy.varm["PCs"].T @ noisy.varm["PCs"], np.eye(16), atol=1e-10)

@@ -94,9 +94,13 @@ def test_noise_shares_sum_to_the_central_noise():
 
 def test_a_sum_over_sites_equals_the_sum_over_cells(sites):
     matrix = sp.vstack([ad.read_h5ad(s.data).X for s in sites])
-    request = Request("pca", 1, 0.0, genes=np.arange(200))
-    parts = [contribution(request, ad.read_h5ad(s.data).X) for s in sites]
-    np.testing.assert_allclose(np.sum(parts, axis=0), contribution(request, matrix), atol=1e-9)
+    direction = np.random.default_rng(0).normal(size=(200, 1))
+    for request in (
+        Request("sum", 1, 0.0, genes=np.arange(200)),
+        Request("pca", 2, 0.0, genes=np.arange(200), loadings=direction / np.linalg.norm(direction)),
+    ):
+        parts = [contribution(request, ad.read_h5ad(s.data).X) for s in sites]
+        np.testing.assert_allclose(np.sum(parts, axis=0), contribution(request, matrix), atol=1e-9)
 
 
 # -- site-enforced privacy -----------------------------------------------------------------------
@@ -131,7 +135,9 @@ def test_site_handler_refuses_a_server_seed_and_a_secure_request_outside_secagg(
     plan = _plan(sites[0])
     config = {"task": "pipeline", "mode": "secure", "threshold": 3, "n-sites": 3, **plan.to_config()}
     config |= {"kind": "pca", "index": 0, "sigma": plan.sigmas["pca"]}
-    payload = [np.arange(200), np.zeros((0, 0)), np.zeros((0, 0))]
+    payload = [np.arange(200), np.full((200, 1), 200**-0.5), np.zeros((0, 0))]  # genes, mean direction
+    with pytest.raises(SiteRefusal, match="Malformed"):
+        handler.fit([np.arange(200), np.zeros((0, 0)), np.zeros((0, 0))], {**config, "mode": "plain"})
     with pytest.raises(SiteRefusal, match="noise seed"):
         handler.fit(payload, {**config, "noise-seed": 7})
     with pytest.raises(SiteRefusal, match="outside SecAgg"):

@@ -37,8 +37,8 @@ def test_a_fit_calibrates_each_release_once(small_adata, tiny_fit, calibrations,
 def test_the_one_call_clustering_calibrates_each_release_once(small_adata, calibrations):
     dpsc.tl.cluster(small_adata, 3, epsilon=8, noise_seed=0, random_state=0)
     record = dpsc.privacy.get_record(small_adata, "dp_kmeans")
-    # 200 genes: no gene selection; one σ for the PCA release, one for the k-means releases
-    assert len(calibrations) == len(record["mechanisms"]) == 2
+    # 200 genes: no gene selection; one σ each for the cell sum, the PCA and the k-means releases
+    assert len(calibrations) == len(record["mechanisms"]) == 3
     assert "gene statistics" not in record["statement"]
 
 

@@ -110,6 +110,8 @@ def _request(config: dict[str, Any], arrays: list[np.ndarray]) -> Request:
         kind, index, sigma = str(config["kind"]), int(config["index"]), float(config["sigma"])
         genes, loadings, matrix = arrays
         assignment = None
+        if kind in ("pca", "kmeans") and (np.ndim(loadings) != 2 or np.shape(loadings)[0] != len(genes)):
+            raise ValueError(f"loadings of shape {np.shape(loadings)} for {len(genes)} genes")
         if kind == "kmeans":
             assignment = Assignment(str(config["assignment"]), np.asarray(matrix, dtype=np.float64))
         return Request(
@@ -117,7 +119,7 @@ def _request(config: dict[str, Any], arrays: list[np.ndarray]) -> Request:
             index,
             sigma,
             genes=np.asarray(genes, dtype=np.int64) if kind != "genes" else None,
-            loadings=np.asarray(loadings, dtype=np.float64) if kind == "kmeans" else None,
+            loadings=np.asarray(loadings, dtype=np.float64) if kind in ("pca", "kmeans") else None,
             assignment=assignment,
         )
     except (KeyError, ValueError, TypeError) as err:
@@ -164,10 +166,8 @@ class SiteHandler:
         if plan.n_vars <= 0:
             raise SiteRefusal("Malformed request from the server: the plan has no genes; nothing was sent.")
         if kind == "finish":
-            genes, loadings, block, eigenvalues, centroids = parameters
-            result = ClusterResult(
-                genes.astype(np.int64), loadings, block.astype(np.int64), eigenvalues, centroids
-            )
+            genes, loadings, eigenvalues, centroids = parameters
+            result = ClusterResult(genes.astype(np.int64), loadings, eigenvalues, centroids)
             site.write_results(result, plan, mode, threshold, n_sites)
             return [], 1, {}
         if mode == "secure":
@@ -377,16 +377,11 @@ def make_server_app(settings: dict[str, Any] | None = None):
 
         result = run_clustering(plan, release_sum)
         finish = {**common, "kind": "finish"}
-        arrays = [result.genes, result.loadings, result.block, result.eigenvalues, result.centroids]
+        arrays = [result.genes, result.loadings, result.eigenvalues, result.centroids]
         rounds(finish, arrays, secure=False)
         np.savez(
             out / "result.npz",
-            **{
-                k: v
-                for k, v in zip(
-                    ("genes", "loadings", "block", "eigenvalues", "centroids"), arrays, strict=True
-                )
-            },
+            **{k: v for k, v in zip(("genes", "loadings", "eigenvalues", "centroids"), arrays, strict=True)},
             clusters_in_use=np.array(result.clusters_in_use),
         )
         summary = {
@@ -455,7 +450,6 @@ def read_result(out: str | Path) -> ClusterResult:
         return ClusterResult(
             saved["genes"].astype(np.int64),
             saved["loadings"],
-            saved["block"].astype(np.int64),
             saved["eigenvalues"],
             saved["centroids"],
             clusters_in_use=int(saved["clusters_in_use"]) if "clusters_in_use" in saved else None,

@@ -5,12 +5,22 @@ Every step reads the cells only through a release of a sum over cells (:mod:`._r
 1. when the matrix has more than :data:`PIPELINE_GENES` genes, the gene statistics of
    :mod:`._hvg` (one release), and the :data:`PIPELINE_GENES` genes with the largest noisy second
    moments are kept;
-2. the second-moment matrix of :mod:`._pca` on the kept genes (one release), whose top eigenvectors
-   are the loadings: of all kept genes, mean component kept, when the release's noise is small
-   against the cells' signal (:func:`reads_all_genes`); else past the mean component, in a block of
-   :data:`GENE_BLOCK` genes;
-3. DP k-means (:mod:`._kmeans`) on each cell's projection scaled to unit norm (cosine): one sketch
+2. the sum of the unit-norm cells :math:`s = \sum_i z_i` on the kept genes (one release,
+   sensitivity 1), whose direction :math:`u = \tilde s / \lVert\tilde s\rVert` is the first
+   loading;
+3. the second-moment matrix of each cell's unit residual :math:`r_i = P z_i / \lVert P z_i\rVert`,
+   :math:`P = I - u u^\top` (one release, sensitivity 1; :func:`~._pca.residual_rows`), whose top
+   :data:`N_COMPS` − 1 eigenvectors are the other loadings (:func:`~._pca.residual_loadings`);
+4. DP k-means (:mod:`._kmeans`) on each cell's projection scaled to unit norm (cosine): one sketch
    release and :data:`KMEANS_PLAN` Lloyd releases.
+
+Why the residual (step 3) rather than one release of :math:`\sum_i z_i z_i^\top`: the mean
+direction holds about half of every cell's squared norm (48–55 % on the labelled files), and a
+release of sensitivity 1 pays for that half although it carries no cluster signal. The unit
+residuals spend the whole unit norm on what separates the cells, so the signal eigenvalues that
+k-means needs grow about 2× against the same noise (spectral norm :math:`\approx 2\sigma\sqrt G`,
+the semicircle edge) — as if the PCA had a larger ε. Without noise the loadings span the mean
+direction and the top components of the residuals: scanpy's centred PCA plus the mean component.
 
 :func:`plan_clustering` splits the asked (ε, δ) over the releases (:func:`~._accounting.split_budget`,
 shares :data:`SHARES`) and calibrates each σ once. :func:`run_clustering` is the post-processing
@@ -21,9 +31,8 @@ one machine ``release_sum`` adds the noise to :func:`contribution` over all cell
 federation each site computes :func:`contribution` over its own cells and secure aggregation adds
 them with the sites' noise shares, so the federated clustering runs this very code.
 
-The design rule (genes kept, block, components, shares, k-means plan) reads only the number of
-genes, the number of clusters and the asked ε, and the choice between all genes and the block reads
-only the released second-moment matrix: no cell and no label.
+The design (genes kept, components, shares, k-means plan) reads only the number of genes, the
+number of clusters and the asked ε: no cell and no label.
 """
 
 from __future__ import annotations
@@ -38,15 +47,15 @@ from . import _hvg, _kmeans, _pca
 from ._release import GaussianSum
 
 PIPELINE_GENES = 2000  # genes kept by the DP gene selection (when the matrix has more)
-GENE_BLOCK = _pca.DEFAULT_GENE_BLOCK  # genes kept (by noisy second moment) for the eigenvectors
-N_COMPS = 16  # principal components the cells are projected on
-#: τ of :func:`reads_all_genes`: all genes when the noise's spectral norm is at most this share of
-#: the released trace (≈ n). Chosen with the PBMC 4k and Paul 2015 labels: between Paul at ε = 16
-#: (ratio 0.0155, all genes ahead) and PBMC at ε = 8 (0.0163, the block ahead or level); checked on
-#: bladder, Bastidas-Ponce 2019 and bladder with all genes (``benchmarks/results/cluster.md``).
-ALL_GENES_NOISE_SHARE = 0.016
-#: ε shares of the releases: gene selection (when it runs), PCA, k-means (composed to the total).
-SHARES = {"genes": 0.2, "pca": 0.48, "kmeans": 0.32}
+N_COMPS = 16  # loadings the cells are projected on: the mean direction and 15 residual components
+#: ε shares of the releases: gene selection (when it runs), cell sum, residual PCA, k-means
+#: (composed to the total). The cell sum's share keeps the mean direction's error small against the
+#: PCA noise: a direction off by an angle θ leaves :math:`\approx n\lVert\bar z\rVert^2\theta^2` of
+#: the mean in the residuals, θ ≈ σ_sum √G / (n‖z̄‖); at 0.1 (σ_sum ≈ 3.6 σ_pca) that leak stays below
+#: the noise edge 2σ_pca√G for n ≥ 2,000 at ε ≥ 1. 0.05 and 0.1 were compared on all five labelled
+#: files (``benchmarks/results/cluster_residual.md``): level within 1 sd on most rows.
+SHARES = {"genes": 0.2, "sum": 0.1, "pca": 0.38, "kmeans": 0.32}
+KINDS = ("genes", "sum", "pca", "kmeans")  # the releases, in order
 #: DP k-means plan: one sketch release (2^10 buckets), two Lloyd releases with 4k centroids reduced
 #: to k, the count column weighted 0.3·R; points on the unit sphere (R = 1). Chosen with PBMC 4k
 #: labels together with the cosine metric; the mouse bladder files confirm it except bladder
@@ -72,7 +81,6 @@ class ClusterPlan:
     n_clusters: int
     select_genes: bool
     n_comps: int
-    gene_block: int | None
     sigmas: dict[str, float]
     random_state: int = 0
     kmeans: dict[str, Any] = field(default_factory=lambda: dict(KMEANS_PLAN))
@@ -93,12 +101,13 @@ class ClusterPlan:
     @property
     def n_releases(self) -> int:
         """Every release of the plan, in order."""
-        return int(self.select_genes) + 1 + self.kmeans_steps
+        return int(self.select_genes) + 2 + self.kmeans_steps
 
     def history(self) -> list[tuple[float, float, int]]:
         """Return the Opacus history of the whole clustering (every release reads all cells: q = 1)."""
         history = [(self.sigmas["genes"], 1.0, 1)] if self.select_genes else []
-        return [*history, (self.sigmas["pca"], 1.0, 1), (self.sigmas["kmeans"], 1.0, self.kmeans_steps)]
+        history += [(self.sigmas["sum"], 1.0, 1), (self.sigmas["pca"], 1.0, 1)]
+        return [*history, (self.sigmas["kmeans"], 1.0, self.kmeans_steps)]
 
     def spent(self, accountant: str = "rdp") -> float | None:
         """ε of the whole plan at δ (``None`` without privacy)."""
@@ -115,7 +124,6 @@ class ClusterPlan:
             "n-clusters": int(self.n_clusters),
             "select-genes": bool(self.select_genes),
             "n-comps": int(self.n_comps),
-            "gene-block": -1 if self.gene_block is None else int(self.gene_block),
             "random-state": int(self.random_state),
             **{f"sigma-{k}": float(v) for k, v in self.sigmas.items()},
         }
@@ -124,7 +132,6 @@ class ClusterPlan:
     def from_config(cls, config: dict[str, Any]) -> ClusterPlan:
         """Inverse of :meth:`to_config`."""
         epsilon = float(config["epsilon"])
-        block = int(config["gene-block"])
         return cls(
             epsilon=None if epsilon < 0 else epsilon,
             delta=float(config["delta"]),
@@ -132,8 +139,7 @@ class ClusterPlan:
             n_clusters=int(config["n-clusters"]),
             select_genes=bool(config["select-genes"]),
             n_comps=int(config["n-comps"]),
-            gene_block=None if block < 0 else block,
-            sigmas={k: float(config[f"sigma-{k}"]) for k in ("genes", "pca", "kmeans")},
+            sigmas={k: float(config[f"sigma-{k}"]) for k in KINDS},
             random_state=int(config["random-state"]),
         )
 
@@ -150,32 +156,33 @@ def plan_clustering(
     """Split (ε, δ) over the releases by :data:`SHARES` and calibrate each σ once (reads no cell)."""
     select = n_vars > PIPELINE_GENES
     n_genes = PIPELINE_GENES if select else n_vars
-    n_comps = min(N_COMPS, n_genes - 2)
-    if n_comps < 1:
+    n_comps = min(N_COMPS, n_genes - 1)
+    if n_comps < 2:
         raise ValueError(f"A clustering needs at least 3 genes, got {n_vars}.")
     steps = _kmeans.kmeans_release_steps(
         KMEANS_PLAN["n_sketch_steps"], KMEANS_PLAN["n_lloyd_rounds"], KMEANS_PLAN["steps_per_round"]
     )
-    sigmas = {"genes": 0.0, "pca": 0.0, "kmeans": 0.0}
+    sigmas = dict.fromkeys(KINDS, 0.0)
     if epsilon is not None:
         from ._accounting import split_budget
 
-        parts = {"pca": (SHARES["pca"], 1.0, 1), "kmeans": (SHARES["kmeans"], 1.0, steps)}
+        parts = {name: (SHARES[name], 1.0, 1) for name in ("sum", "pca")}
+        parts["kmeans"] = (SHARES["kmeans"], 1.0, steps)
         if select:
             parts["genes"] = (SHARES["genes"], 1.0, 1)
         split = split_budget(float(epsilon), delta, parts, accountant)
         sigmas.update({name: sigma for name, (_, sigma) in split.items()})
-    block = GENE_BLOCK if n_genes > GENE_BLOCK else None
-    return ClusterPlan(epsilon, delta, n_vars, n_clusters, select, n_comps, block, sigmas, random_state)
+    return ClusterPlan(epsilon, delta, n_vars, n_clusters, select, n_comps, sigmas, random_state)
 
 
 @dataclass(frozen=True)
 class Request:
     """Which sum a release asks for, with what was released before it (all public).
 
-    ``kind`` is ``"genes"``, ``"pca"`` or ``"kmeans"``; ``index`` counts the plan's releases;
-    ``genes`` (indices of the genes the PCA reads), ``loadings`` (those genes × components) and
-    ``assignment`` (the k-means rows) are set for the steps that need them.
+    ``kind`` is one of :data:`KINDS`; ``index`` counts the plan's releases; ``genes`` (indices of the
+    genes the PCA reads), ``loadings`` (those genes × the loadings released so far: the mean
+    direction for ``"pca"``, all of them for ``"kmeans"``) and ``assignment`` (the k-means rows) are
+    set for the steps that need them.
     """
 
     kind: str
@@ -189,12 +196,14 @@ class Request:
         """Return the :class:`GaussianSum` this request's sum is released with."""
         if self.kind == "genes":
             return _hvg.gene_statistics_release(n_vars, self.sigma)
+        if self.kind == "sum":
+            return _pca.cell_sum_release(len(self.genes), self.sigma)
         if self.kind == "pca":
             return _pca.second_moment_release(len(self.genes), self.sigma)
         if self.kind == "kmeans":
             d = self.loadings.shape[1]
             return _kmeans.table_release(self.assignment.n_rows, d, CLIP_NORM, count_scale, self.sigma)
-        raise ValueError(f"Unknown release {self.kind!r}; the clustering has 'genes', 'pca' and 'kmeans'.")
+        raise ValueError(f"Unknown release {self.kind!r}; the clustering has {KINDS}.")
 
 
 def contribution(
@@ -203,12 +212,14 @@ def contribution(
     """Return the exact sum over the cells of ``matrix`` that ``request`` asks for (read in row blocks)."""
     if request.kind == "genes":
         return _hvg.gene_sums(matrix, True, _hvg.DEFAULT_SQUARE_CLIP)
+    if request.kind == "sum":
+        return _pca.cell_sum(matrix, True, columns=request.genes)
     if request.kind == "pca":
-        return _pca.upper(_pca.second_moment(matrix, True, columns=request.genes))
+        return _pca.upper(_pca.second_moment(matrix, True, request.genes, request.loadings))
     if request.kind == "kmeans":
         points = cell_points(matrix, request.genes, request.loadings)
         return _kmeans.kmeans_table(points, request.assignment, CLIP_NORM, count_scale)
-    raise ValueError(f"Unknown release {request.kind!r}; the clustering has 'genes', 'pca' and 'kmeans'.")
+    raise ValueError(f"Unknown release {request.kind!r}; the clustering has {KINDS}.")
 
 
 def cell_points(matrix: Any, genes: np.ndarray, loadings: np.ndarray) -> np.ndarray:
@@ -221,9 +232,8 @@ class ClusterResult:
     """What a private clustering released (and post-processed): genes, loadings, centroids."""
 
     genes: np.ndarray  # indices of the genes the PCA read
-    loadings: np.ndarray  # len(genes) × n_comps, zero rows outside the block
-    block: np.ndarray  # indices (into genes) of the block the eigenvectors came from
-    eigenvalues: np.ndarray
+    loadings: np.ndarray  # len(genes) × n_comps: the mean direction, then the residual components
+    eigenvalues: np.ndarray  # noisy eigenvalues of the residual components
     centroids: np.ndarray  # n_clusters × n_comps
     gene_means: np.ndarray | None = None  # noisy statistics of the gene selection (all genes)
     gene_variances: np.ndarray | None = None
@@ -256,12 +266,11 @@ def run_clustering(plan: ClusterPlan, release_sum: ReleaseSum) -> ClusterResult:
         )
         genes = np.sort(order[:PIPELINE_GENES])
         index += 1
-    request = Request("pca", index, plan.sigmas["pca"], genes=genes)
+    direction = _pca.mean_direction(release_sum(Request("sum", index, plan.sigmas["sum"], genes=genes)))
+    index += 1
+    request = Request("pca", index, plan.sigmas["pca"], genes=genes, loadings=direction[:, None])
     S = _pca.from_upper(release_sum(request), len(genes))
-    all_genes = reads_all_genes(S, plan.sigmas["pca"])
-    loadings, block, eigenvalues = _pca.loadings(
-        S, plan.n_comps, None if all_genes else plan.gene_block, not all_genes
-    )
+    loadings, eigenvalues = _pca.residual_loadings(S, direction, plan.n_comps)
     index += 1
 
     def release_table(assignment: _kmeans.Assignment) -> tuple:
@@ -288,29 +297,8 @@ def run_clustering(plan: ClusterPlan, release_sum: ReleaseSum) -> ClusterResult:
             f"The clustering made {index} releases, its plan {plan.n_releases}; nothing is released."
         )
     return ClusterResult(
-        genes, loadings, block, eigenvalues, centroids, means, variances, index, clusters_in_use=in_use
+        genes, loadings, eigenvalues, centroids, means, variances, index, clusters_in_use=in_use
     )
-
-
-def reads_all_genes(S_noisy: np.ndarray, noise_multiplier: float) -> bool:
-    r"""Whether the loadings come from all kept genes (mean component kept) or from the block.
-
-    The release adds to :math:`S = \sum_i z_i z_i^\top` (G × G, sensitivity 1) a symmetric Gaussian
-    matrix with entry sd σ, whose spectral norm is about :math:`2\sigma\sqrt{G}` (the semicircle
-    edge; Bai & Yin 1988), while the cells' signal eigenvalues grow with n, read here from the
-    released trace :math:`\operatorname{tr}\tilde S \approx n` (unit-norm cells). When
-
-    .. math:: 2\sigma\sqrt{G} \le \tau\,\operatorname{tr}\tilde S
-       \qquad (\tau = \text{ALL\_GENES\_NOISE\_SHARE})
-
-    the eigenvectors of all G genes are accurate enough and the mean component is kept (the design
-    whose noise-free limit is scanpy's); otherwise the :data:`GENE_BLOCK` genes with the largest
-    noisy second moments cut the noise's norm by :math:`\sqrt{G / 500}` and the mean component is
-    dropped. Post-processing of the released matrix (no privacy cost, the same on every site of a
-    federation); without noise (σ = 0) always all genes.
-    """
-    trace = max(float(np.trace(S_noisy)), 0.0)
-    return 2.0 * noise_multiplier * np.sqrt(S_noisy.shape[0]) <= ALL_GENES_NOISE_SHARE * trace
 
 
 def central_release_sum(matrix: Any, noise, prefix: str = "tl.cluster") -> ReleaseSum:

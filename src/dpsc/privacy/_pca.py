@@ -65,14 +65,21 @@ def unit_rows(matrix: Any, log_normalize: bool = True) -> np.ndarray | sp.csr_ma
     return sp.diags(scale) @ X if sp.issparse(X) else X * scale[:, None]
 
 
-def second_moment(matrix: Any, log_normalize: bool = True, columns: np.ndarray | None = None) -> np.ndarray:
+def second_moment(
+    matrix: Any,
+    log_normalize: bool = True,
+    columns: np.ndarray | None = None,
+    released: np.ndarray | None = None,
+) -> np.ndarray:
     r""":math:`S = \sum_i z_i z_i^\top` over the unit-norm cells :math:`z_i` (:func:`unit_rows`).
 
     Read in row blocks of an in-memory or backed matrix; each block's rows are densified
     :data:`dpsc._blocks.DENSE_ROWS` at a time and summed with a dense float64 BLAS product
     :math:`Z_b^\top Z_b` (exact, and on 2 threads about 3× faster than a sparse product whose
     output is nearly dense). Genes × genes, float64. ``columns``: only these genes (each cell is
-    then normalised over them, as in an AnnData subset to them).
+    then normalised over them, as in an AnnData subset to them). ``released``: orthonormal columns
+    (genes × m) released before; each :math:`z_i` is then replaced by its unit residual
+    (:func:`residual_rows`), still of norm at most 1.
     """
     d = matrix.shape[1] if columns is None else len(columns)
     S = np.zeros((d, d))
@@ -81,8 +88,39 @@ def second_moment(matrix: Any, log_normalize: bool = True, columns: np.ndarray |
             block = block[:, columns]
         for rows in _blocks.row_blocks(unit_rows(block, log_normalize), _blocks.DENSE_ROWS):
             Z = rows.toarray() if sp.issparse(rows) else rows
+            if released is not None:
+                Z = residual_rows(Z, released)
             S += Z.T @ Z
     return S
+
+
+def residual_rows(Z: np.ndarray, released: np.ndarray) -> np.ndarray:
+    r"""Each row's part orthogonal to the released directions, scaled to norm 1 (a zero part stays 0).
+
+    :math:`r_i = P z_i / \lVert P z_i\rVert_2` with :math:`P = I - U U^\top` and :math:`U` the
+    orthonormal ``released`` columns: a map of the cell and public values only, of norm at most 1
+    whatever the columns are. A part below 10⁻⁹ (rounding of a cell along the directions) is 0.
+    """
+    R = Z - (Z @ released) @ released.T
+    norms = np.linalg.norm(R, axis=1)
+    scale = np.divide(1.0, norms, out=np.zeros_like(norms), where=norms > 1e-9)
+    return R * scale[:, None]
+
+
+def cell_sum(matrix: Any, log_normalize: bool = True, columns: np.ndarray | None = None) -> np.ndarray:
+    r""":math:`s = \sum_i z_i` over the unit-norm cells (:func:`unit_rows`; sensitivity 1), in row blocks."""
+    d = matrix.shape[1] if columns is None else len(columns)
+    total = np.zeros(d)
+    for block in _blocks.row_blocks(matrix):
+        if columns is not None:
+            block = block[:, columns]
+        total += np.asarray(unit_rows(block, log_normalize).sum(0)).ravel()
+    return total
+
+
+def cell_sum_release(n_genes: int, noise_multiplier: float) -> GaussianSum:
+    """Return the Gaussian release of :math:`s = \sum_i z_i` (sensitivity 1)."""
+    return GaussianSum("cell sum", n_genes, 1.0, noise_multiplier)
 
 
 def second_moment_release(n_genes: int, noise_multiplier: float) -> GaussianSum:
@@ -120,6 +158,33 @@ def loadings(
     out = np.zeros((d, n_comps))
     out[keep] = V
     return out, keep, eigval[order]
+
+
+def mean_direction(noisy_sum: np.ndarray) -> np.ndarray:
+    """The released sum of the cells scaled to norm 1 (post-processing); a zero sum gives all genes equal."""
+    norm = float(np.linalg.norm(noisy_sum))
+    if norm > 0 and np.isfinite(norm):
+        return noisy_sum / norm
+    return np.full(noisy_sum.shape, 1.0 / np.sqrt(noisy_sum.size))
+
+
+def residual_loadings(
+    S_noisy: np.ndarray, direction: np.ndarray, n_comps: int
+) -> tuple[np.ndarray, np.ndarray]:
+    r"""Loadings ``[u, v_1, …, v_{m-1}]`` and the eigenvalues of the :math:`v_j` (post-processing).
+
+    :math:`u` is the released mean direction; :math:`v_j` are the top eigenvectors of the released
+    second moment of the unit residuals (:func:`residual_rows`), made orthogonal to :math:`u`
+    (the noise leaves them slightly off it) and signed so that each one's largest entry is
+    positive. Genes × ``n_comps``, orthonormal columns.
+    """
+    eigval, eigvec = np.linalg.eigh(S_noisy)
+    order = np.argsort(eigval)[::-1][: n_comps - 1]
+    V = eigvec[:, order]
+    V = V - np.outer(direction, direction @ V)
+    V, _ = np.linalg.qr(V)
+    V *= np.sign(V[np.abs(V).argmax(0), np.arange(V.shape[1])])
+    return np.column_stack([direction, V]), eigval[order]
 
 
 def released_loadings(

@@ -51,7 +51,12 @@ def cluster_record(plan: ClusterPlan, n_obs: int, noise: NoiseSource, tool: str 
         return no_guarantee_record(tool, unit=unit, covered=covered)
     spent = plan.spent()
     sums = ", ".join(
-        [*(["gene statistics"] if plan.select_genes else []), "gene second moments", "k-means tables"]
+        [
+            *(["gene statistics"] if plan.select_genes else []),
+            "cell sum",
+            "second moments of the cells' residuals",
+            "k-means tables",
+        ]
     )
     mechanism = (
         f"{plan.n_releases} discrete Gaussian releases of sums over cells ({sums}; lattice-encoded), "
@@ -88,9 +93,9 @@ def write_clustering(
     target.obsm["X_pca"] = result.projections(matrix)
     target.varm["PCs"] = pcs
     target.uns.pop("pca", None)  # scanpy's variance ratios of an earlier PCA would be stale
-    in_block = np.zeros(n_vars, dtype=bool)
-    in_block[result.genes[result.block]] = True
-    target.var["dp_pca_gene"] = in_block
+    read = np.zeros(n_vars, dtype=bool)
+    read[result.genes] = True
+    target.var["dp_pca_gene"] = read
     if result.gene_means is not None:
         selected = np.zeros(n_vars, dtype=bool)
         selected[result.genes] = True
@@ -179,9 +184,9 @@ def cluster(
     -------
     ``None``, or the new AnnData with ``copy=True``. Writes ``obs[key_added]`` (categorical: each
     cell's nearest released centroid), ``obsm["X_pca"]`` (cells × 16), ``varm["PCs"]`` (zero rows
-    for the genes the PCA did not read), ``var["dp_pca_gene"]`` (the genes the eigenvectors came
-    from: all kept genes when the PCA release's noise is small against n, else a 500-gene block;
-    :func:`dpsc.privacy._clustering.reads_all_genes`), with gene selection also
+    for the genes the PCA did not read; the first column is the released mean direction, the
+    others the top components of the cells' residuals), ``var["dp_pca_gene"]`` (the genes the PCA
+    read: all, or the 2000 selected), with gene selection also
     ``var["highly_variable"]``, ``var["means"]`` and ``var["variances"]`` (noisy), and
     ``uns["dpsc"][key_added]`` with the record, the parameters, the ``centroids``, the noisy
     ``eigenvalues`` and ``clusters_in_use`` (as :func:`dpsc.tl.kmeans`).
@@ -212,7 +217,6 @@ def cluster(
             "layer": layer,
             "genes_selected": int(plan.select_genes) * len(result.genes),
             "n_comps": plan.n_comps,
-            "gene_block": -1 if plan.gene_block is None else plan.gene_block,
             "random_state": random_state,
         }
         return store_clustering(adata, matrix, result, key_added, record, params, copy=copy, booking=booking)
