@@ -119,7 +119,7 @@ def cell_sum(matrix: Any, log_normalize: bool = True, columns: np.ndarray | None
 
 
 def cell_sum_release(n_genes: int, noise_multiplier: float) -> GaussianSum:
-    """Return the Gaussian release of :math:`s = \sum_i z_i` (sensitivity 1)."""
+    r"""Return the Gaussian release of :math:`s = \sum_i z_i` (sensitivity 1)."""
     return GaussianSum("cell sum", n_genes, 1.0, noise_multiplier)
 
 
@@ -161,7 +161,7 @@ def loadings(
 
 
 def mean_direction(noisy_sum: np.ndarray) -> np.ndarray:
-    """The released sum of the cells scaled to norm 1 (post-processing); a zero sum gives all genes equal."""
+    """Return the released sum of the cells scaled to norm 1 (post-processing; a zero sum: all genes equal)."""
     norm = float(np.linalg.norm(noisy_sum))
     if norm > 0 and np.isfinite(norm):
         return noisy_sum / norm
@@ -171,7 +171,7 @@ def mean_direction(noisy_sum: np.ndarray) -> np.ndarray:
 def residual_loadings(
     S_noisy: np.ndarray, direction: np.ndarray, n_comps: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    r"""Loadings ``[u, v_1, …, v_{m-1}]`` and the eigenvalues of the :math:`v_j` (post-processing).
+    r"""Return the loadings ``[u, v_1, …, v_{m-1}]`` and the eigenvalues of the :math:`v_j` (post-processing).
 
     :math:`u` is the released mean direction; :math:`v_j` are the top eigenvectors of the released
     second moment of the unit residuals (:func:`residual_rows`), made orthogonal to :math:`u`
