@@ -161,7 +161,7 @@ def loadings(
 
 
 def mean_direction(noisy_sum: np.ndarray) -> np.ndarray:
-    """Return the released sum of the cells scaled to norm 1 (post-processing; a zero sum: all genes equal)."""
+    """Return the released cell sum scaled to norm 1 (post-processing; a zero sum: all genes equal)."""
     norm = float(np.linalg.norm(noisy_sum))
     if norm > 0 and np.isfinite(norm):
         return noisy_sum / norm
