@@ -15,11 +15,12 @@ Every step reads the cells only through a release of a sum over cells (:mod:`._r
    release and :data:`KMEANS_PLAN` Lloyd releases.
 
 Why the residual (step 3) rather than one release of :math:`\sum_i z_i z_i^\top`: the mean
-direction holds about half of every cell's squared norm (48–55 % on the labelled files), and a
-release of sensitivity 1 pays for that half although it carries no cluster signal. The unit
+direction holds a large share of the cells' squared norm (24–70 % on the labelled files), and a
+release of sensitivity 1 pays for that share although it carries no cluster signal. The unit
 residuals spend the whole unit norm on what separates the cells, so the signal eigenvalues that
-k-means needs grow about 2× against the same noise (spectral norm :math:`\approx 2\sigma\sqrt G`,
-the semicircle edge) — as if the PCA had a larger ε. Without noise the loadings span the mean
+k-means needs grow by about :math:`1 / (1 - \lVert\bar z\rVert^2)` (1.3–3.3× on these files)
+against the same noise (spectral norm :math:`\approx 2\sigma\sqrt G`, the semicircle edge) — as
+if the PCA had a larger ε. Without noise the loadings span the mean
 direction and the top components of the residuals: scanpy's centred PCA plus the mean component.
 
 :func:`plan_clustering` splits the asked (ε, δ) over the releases (:func:`~._accounting.split_budget`,
@@ -57,8 +58,8 @@ N_COMPS = 16  # loadings the cells are projected on: the mean direction and 15 r
 SHARES = {"genes": 0.2, "sum": 0.1, "pca": 0.38, "kmeans": 0.32}
 KINDS = ("genes", "sum", "pca", "kmeans")  # the releases, in order
 #: Weight of the mean direction's coordinate in the k-means points. Every cell lies near the mean
-#: direction (:math:`z_i^\top u \approx 0.5`–0.85 on the labelled files), so with weight 1 the unit-norm
-#: points crowd in a cap around it and the clusters' spread is small against the DP k-means noise
+#: direction (median :math:`z_i^\top u` 0.50–0.84 on the labelled files), so with weight 1 the
+#: unit-norm points crowd in a cap around it and the clusters' spread is small against the DP k-means noise
 #: (calibrated to the whole unit sphere); 0.5 widens the cap and keeps the coordinate that tells
 #: cells near the mean from cells far from it (weight 0 loses that: PBMC 4k without noise 0.63
 #: against 0.77). Chosen between 1 and 0.5 with the Paul 2015 and PBMC 4k labels; the other three
