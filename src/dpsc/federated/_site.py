@@ -53,7 +53,7 @@ from ..privacy import (
     PrivacyRecord,
     no_guarantee_record,
 )
-from ..privacy._clustering import ClusterPlan, Request, contribution, plan_clustering
+from ..privacy._clustering import MEAN_WEIGHT, ClusterPlan, Request, contribution, plan_clustering
 from ..privacy._ledger import _check, ledger_entry
 
 MODES = ("secure", "plain")
@@ -411,7 +411,7 @@ class Site:
             out,
             "dp_kmeans",
             record,
-            {"mode": mode, "threshold": threshold, "n_sites": n_sites},
+            {"mode": mode, "threshold": threshold, "n_sites": n_sites, "mean_weight": MEAN_WEIGHT},
             centroids=result.centroids,
         )
         attach_ledger(out, self.settings.ledger)

@@ -27,6 +27,7 @@ from ..privacy import (
     spending,
 )
 from ..privacy._clustering import (
+    MEAN_WEIGHT,
     ClusterPlan,
     ClusterResult,
     central_release_sum,
@@ -120,6 +121,7 @@ def store_clustering(
 ) -> ad.AnnData | None:
     """Write a released clustering into ``adata`` (or its copy), record it, settle the booking."""
     target = adata.copy() if copy else adata
+    params = {**params, "mean_weight": MEAN_WEIGHT}  # how the k-means points weight the first loading
     write_clustering(target, matrix, result, key_added, params["n_clusters"])
     if result.clusters_in_use is not None:
         warn_if_few_clusters(result.clusters_in_use, params["n_clusters"], stacklevel=4)
