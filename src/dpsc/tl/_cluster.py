@@ -155,6 +155,9 @@ def cluster(
 ) -> ad.AnnData | None:
     """Cluster cells with the proven private pipeline (gene selection, PCA, k-means) in one budget.
 
+    The PCA is two releases: the sum of the unit-norm cells (its direction is the first loading),
+    then the second moment of each cell's unit residual orthogonal to it (the other loadings).
+
     Every step reads the cells only through a Gaussian release of a sum over cells
     (:mod:`dpsc.privacy._clustering` states the plan and the argument); the asked (ε, δ) is split
     among the releases and composed by the Opacus RDP accountant, so that
@@ -190,7 +193,8 @@ def cluster(
     others the top components of the cells' residuals), ``var["dp_pca_gene"]`` (the genes the PCA
     read: all, or the 2000 selected), with gene selection also
     ``var["highly_variable"]``, ``var["means"]`` and ``var["variances"]`` (noisy), and
-    ``uns["dpsc"][key_added]`` with the record, the parameters, the ``centroids``, the noisy
+    ``uns["dpsc"][key_added]`` with the record, the parameters (``mean_weight``: the weight of
+    the first loading's coordinate in the k-means points), the ``centroids``, the noisy
     ``eigenvalues`` and ``clusters_in_use`` (as :func:`dpsc.tl.kmeans`).
 
     Warns
