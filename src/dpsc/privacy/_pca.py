@@ -22,6 +22,12 @@ smaller block keeps more signal); the top eigenvectors of that block, skipping t
 ``drop_mean_component`` (the rows are non-negative, so by Perron–Frobenius the top eigenvector is a
 non-negative direction close to the mean cell: skipping it is scanpy's centring done on the
 release), are the loadings.
+
+**Residual release** (the private clustering, :mod:`dpsc.privacy._clustering`): the cells' sum
+:math:`s = \sum_i z_i` (:func:`cell_sum`, sensitivity 1) gives the mean direction
+:math:`u = \tilde s / \lVert\tilde s\rVert` (:func:`mean_direction`); the second moment of the unit
+residuals :math:`r_i = P z_i / \lVert P z_i\rVert`, :math:`P = I - u u^\top` (:func:`residual_rows`;
+still of norm at most 1, so sensitivity 1) gives the other loadings (:func:`residual_loadings`).
 """
 
 from __future__ import annotations
