@@ -11,7 +11,8 @@ Every step reads the cells only through a release of a sum over cells (:mod:`._r
 3. the second-moment matrix of each cell's unit residual :math:`r_i = P z_i / \lVert P z_i\rVert`,
    :math:`P = I - u u^\top` (one release, sensitivity 1; :func:`~._pca.residual_rows`), whose top
    :data:`N_COMPS` − 1 eigenvectors are the other loadings (:func:`~._pca.residual_loadings`);
-4. DP k-means (:mod:`._kmeans`) on each cell's projection scaled to unit norm (cosine): one sketch
+4. DP k-means (:mod:`._kmeans`) on each cell's projection, the mean direction's coordinate
+   weighted :data:`MEAN_WEIGHT`, scaled to unit norm (cosine; :func:`cell_points`): one sketch
    release and :data:`KMEANS_PLAN` Lloyd releases.
 
 Why the residual (step 3) rather than one release of :math:`\sum_i z_i z_i^\top`: the mean
@@ -20,8 +21,8 @@ release of sensitivity 1 pays for that share although it carries no cluster sign
 residuals spend the whole unit norm on what separates the cells, so the signal eigenvalues that
 k-means needs grow by about :math:`1 / (1 - \lVert\bar z\rVert^2)` (1.3–3.3× on these files)
 against the same noise (spectral norm :math:`\approx 2\sigma\sqrt G`, the semicircle edge) — as
-if the PCA had a larger ε. Without noise the loadings span the mean
-direction and the top components of the residuals: scanpy's centred PCA plus the mean component.
+if the PCA had a larger ε. Without noise the loadings span the mean direction and the top
+components of the residuals (close to scanpy's centred PCA, plus the mean direction).
 
 :func:`plan_clustering` splits the asked (ε, δ) over the releases (:func:`~._accounting.split_budget`,
 shares :data:`SHARES`) and calibrates each σ once. :func:`run_clustering` is the post-processing
