@@ -71,6 +71,15 @@ def unit_rows(matrix: Any, log_normalize: bool = True) -> np.ndarray | sp.csr_ma
     return sp.diags(scale) @ X if sp.issparse(X) else X * scale[:, None]
 
 
+def unit_row_blocks(matrix: Any, log_normalize: bool = True, columns: np.ndarray | None = None):
+    """Yield the unit-norm cells (:func:`unit_rows`) of ``matrix``, one row block at a time.
+
+    ``columns``: only these genes, each cell normalised over them (as in an AnnData subset).
+    """
+    for block in _blocks.row_blocks(matrix):
+        yield unit_rows(block if columns is None else block[:, columns], log_normalize)
+
+
 def second_moment(
     matrix: Any,
     log_normalize: bool = True,
@@ -89,10 +98,8 @@ def second_moment(
     """
     d = matrix.shape[1] if columns is None else len(columns)
     S = np.zeros((d, d))
-    for block in _blocks.row_blocks(matrix):
-        if columns is not None:
-            block = block[:, columns]
-        for rows in _blocks.row_blocks(unit_rows(block, log_normalize), _blocks.DENSE_ROWS):
+    for block in unit_row_blocks(matrix, log_normalize, columns):
+        for rows in _blocks.row_blocks(block, _blocks.DENSE_ROWS):
             Z = rows.toarray() if sp.issparse(rows) else rows
             if released is not None:
                 Z = residual_rows(Z, released)
@@ -117,10 +124,8 @@ def cell_sum(matrix: Any, log_normalize: bool = True, columns: np.ndarray | None
     r""":math:`s = \sum_i z_i` over the unit-norm cells (:func:`unit_rows`; sensitivity 1), in row blocks."""
     d = matrix.shape[1] if columns is None else len(columns)
     total = np.zeros(d)
-    for block in _blocks.row_blocks(matrix):
-        if columns is not None:
-            block = block[:, columns]
-        total += np.asarray(unit_rows(block, log_normalize).sum(0)).ravel()
+    for block in unit_row_blocks(matrix, log_normalize, columns):
+        total += np.asarray(block.sum(0)).ravel()
     return total
 
 
@@ -237,10 +242,8 @@ def project(
     r"""Each cell's projection :math:`z_i^\top V` (a function of that cell and the loadings), float32."""
     out = np.empty((matrix.shape[0], pcs.shape[1]), dtype=np.float32)
     start = 0
-    for block in _blocks.row_blocks(matrix):
-        if columns is not None:
-            block = block[:, columns]
-        rows = np.asarray(unit_rows(block, log_normalize) @ pcs, dtype=np.float32)
+    for block in unit_row_blocks(matrix, log_normalize, columns):
+        rows = np.asarray(block @ pcs, dtype=np.float32)
         out[start : start + len(rows)] = rows
         start += len(rows)
     return out
