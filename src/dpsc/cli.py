@@ -136,7 +136,10 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     server.add_argument("--delta", type=float, default=1e-5, help="δ of the run (default 1e-5).")
     server.add_argument("--n-clusters", type=int, default=8, help="Number of clusters (default 8).")
     server.add_argument(
-        "--n-vars", type=int, default=0, help="Genes every site holds (default: the sites are asked)."
+        "--n-vars",
+        type=int,
+        default=0,
+        help="Genes every site holds (the sites are asked in any case, for their numbers of cells).",
     )
     server.add_argument(
         "--host", default="127.0.0.1", help="Address the SuperLink listens on (default loopback)."

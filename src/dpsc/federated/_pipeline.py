@@ -37,6 +37,7 @@ SERVER_DEFAULTS: dict[str, Any] = {
     "delta": 1e-5,
     "n-clusters": 8,
     "n-vars": 0,  # 0: asked from the sites
+    "n-obs": 0,  # the sites' cells in all (public; chooses the genes the PCA reads); 0: asked from the sites
     "random-state": 0,
     "out-dir": "",
     "timeout": 300.0,
@@ -161,8 +162,8 @@ class SiteHandler:
             raise SiteRefusal(f"Malformed request from the server ({err!r}); nothing was sent.") from None
         if mode not in MODES:
             raise SiteRefusal(f"Unknown aggregation mode {mode!r}; a site serves {MODES}.")
-        if kind == "describe":  # a public fact the plan needs: the number of genes
-            return [np.array([site.adata.n_vars], dtype=np.int64)], 1, {}
+        if kind == "describe":  # public facts the plan needs: the numbers of genes and of cells
+            return [np.array([site.adata.n_vars, site.adata.n_obs], dtype=np.int64)], 1, {}
         if plan.n_vars <= 0:
             raise SiteRefusal("Malformed request from the server: the plan has no genes; nothing was sent.")
         if kind == "finish":
@@ -398,9 +399,13 @@ def make_server_app(settings: dict[str, Any] | None = None):
 
 
 def _plan(rounds: Rounds, s: dict, epsilon, mode: str, threshold: int, n_sites: int) -> ClusterPlan:
-    """Return the run's plan; the number of genes is asked from the sites when not given (a public fact)."""
-    n_vars = int(s["n-vars"])
-    if n_vars <= 0:
+    """Return the run's plan; the numbers of genes and cells are asked from the sites when not given.
+
+    Both are public facts (every site's record treats its number of cells as public): the sites
+    must agree on the genes, and their cells add up to the n that chooses the genes the PCA reads.
+    """
+    n_vars, n_obs = int(s["n-vars"]), int(s.get("n-obs", 0))
+    if n_vars <= 0 or n_obs <= 0:
         probe = plan_clustering(epsilon, float(s["delta"]), n_vars=3, n_clusters=int(s["n-clusters"]))
         config = {
             "task": "pipeline",
@@ -417,12 +422,16 @@ def _plan(rounds: Rounds, s: dict, epsilon, mode: str, threshold: int, n_sites: 
             raise RuntimeError(
                 f"The sites disagree on the number of genes or did not answer: {answers}, {replies.failures}"
             )
+        if n_vars > 0 and answers != {n_vars}:
+            raise RuntimeError(f"The run is set for {n_vars} genes; the sites hold {answers.pop()}.")
         n_vars = answers.pop()
+        n_obs = sum(int(r[0][1]) for r in replies.replies)
     return plan_clustering(
         epsilon,
         float(s["delta"]),
         n_vars=n_vars,
         n_clusters=int(s["n-clusters"]),
+        n_obs=n_obs,
         random_state=int(s["random-state"]),
     )
 

@@ -274,7 +274,12 @@ class Site:
             return
         if s.epsilon is None:
             raise SiteRefusal("This site is configured for non-private runs only (epsilon = 'none').")
-        own = plan_clustering(s.epsilon, self.delta, n_vars=plan.n_vars, n_clusters=plan.n_clusters)
+        try:  # this site's own calibration of the same releases (the plan's genes)
+            own = plan_clustering(
+                s.epsilon, self.delta, n_vars=plan.n_vars, n_clusters=plan.n_clusters, n_genes=plan.n_genes
+            )
+        except ValueError as err:
+            raise SiteRefusal(f"Malformed plan from the server ({err}); nothing was sent.") from None
         for name, sigma in own.sigmas.items():
             if plan.sigmas[name] < sigma * (1 - 1e-9):
                 raise SiteRefusal(

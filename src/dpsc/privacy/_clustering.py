@@ -2,9 +2,8 @@ r"""The proven private clustering as one plan: DP gene selection, DP PCA and DP 
 
 Every step reads the cells only through a release of a sum over cells (:mod:`._release`):
 
-1. when the matrix has more than :data:`PIPELINE_GENES` genes, the gene statistics of
-   :mod:`._hvg` (one release), and the :data:`PIPELINE_GENES` genes with the largest noisy second
-   moments are kept;
+1. when the plan reads fewer genes than the matrix has (:func:`genes_for`), the gene statistics
+   of :mod:`._hvg` (one release), and the genes with the largest noisy second moments are kept;
 2. the sum of the unit-norm cells :math:`s = \sum_i z_i` on the kept genes (one release,
    sensitivity 1), whose direction :math:`u = \tilde s / \lVert\tilde s\rVert` is the first
    loading;
@@ -33,8 +32,8 @@ one machine ``release_sum`` adds the noise to :func:`contribution` over all cell
 federation each site computes :func:`contribution` over its own cells and secure aggregation adds
 them with the sites' noise shares, so the federated clustering runs this very code.
 
-The design (genes kept, components, shares, k-means plan) reads only the number of genes, the
-number of clusters and the asked ε: no cell and no label.
+The design (genes kept, components, shares, k-means plan) reads only the number of cells, the
+number of genes, the number of clusters and the asked (ε, δ): no cell and no label.
 """
 
 from __future__ import annotations
@@ -48,7 +47,14 @@ import numpy as np
 from . import _hvg, _kmeans, _pca
 from ._release import GaussianSum
 
-PIPELINE_GENES = 2000  # genes kept by the DP gene selection (when the matrix has more)
+MAX_GENES = 2000  # genes the PCA reads without noise (scanpy's usual number of variable genes)
+MIN_GENES = 250  # the fewest genes the rule of :func:`genes_for` keeps
+#: The residual PCA recovers a component when its eigenvalue exceeds the noise's threshold
+#: :math:`\sigma\sqrt{G}` (the BBP transition of a spiked Wigner matrix; the noise's spectrum ends
+#: at :math:`2\sigma\sqrt G`). The released matrix has trace n (n unit residuals), so a component
+#: holding a share s of the cells' squared norm has eigenvalue s·n, and the plan keeps the G genes
+#: that let components of share :data:`EDGE_SHARE` through: :math:`G = (0.02\,n/\sigma)^2`.
+EDGE_SHARE = 0.02
 N_COMPS = 16  # loadings the cells are projected on: the mean direction and 15 residual components
 #: ε shares of the releases: gene selection (when it runs), cell sum, residual PCA, k-means
 #: (composed to the total). The cell sum's share keeps the mean direction's error small against the
@@ -90,16 +96,16 @@ class ClusterPlan:
     delta: float
     n_vars: int
     n_clusters: int
-    select_genes: bool
+    n_genes: int  # genes the PCA reads: selected when fewer than n_vars
     n_comps: int
     sigmas: dict[str, float]
     random_state: int = 0
     kmeans: dict[str, Any] = field(default_factory=lambda: dict(KMEANS_PLAN))
 
     @property
-    def n_genes(self) -> int:
-        """Genes the PCA reads: the selected ones, or all."""
-        return PIPELINE_GENES if self.select_genes else self.n_vars
+    def select_genes(self) -> bool:
+        """Whether the plan starts with the DP gene selection (it reads fewer genes than there are)."""
+        return self.n_genes < self.n_vars
 
     @property
     def kmeans_steps(self) -> int:
@@ -133,7 +139,7 @@ class ClusterPlan:
             "delta": float(self.delta),
             "n-vars": int(self.n_vars),
             "n-clusters": int(self.n_clusters),
-            "select-genes": bool(self.select_genes),
+            "n-genes": int(self.n_genes),
             "n-comps": int(self.n_comps),
             "random-state": int(self.random_state),
             **{f"sigma-{k}": float(v) for k, v in self.sigmas.items()},
@@ -148,11 +154,32 @@ class ClusterPlan:
             delta=float(config["delta"]),
             n_vars=int(config["n-vars"]),
             n_clusters=int(config["n-clusters"]),
-            select_genes=bool(config["select-genes"]),
+            n_genes=int(config["n-genes"]),
             n_comps=int(config["n-comps"]),
             sigmas={k: float(config[f"sigma-{k}"]) for k in KINDS},
             random_state=int(config["random-state"]),
         )
+
+
+def genes_for(n_obs: int, sigma_pca: float, n_vars: int) -> int:
+    r"""Genes the residual PCA reads: :math:`\min(n_{vars}, \mathrm{clip}((0.02\,n/\sigma)^2, 250, 2000))`.
+
+    :math:`(s n / \sigma)^2` is the number of genes G at which the noise threshold
+    :math:`\sigma\sqrt G` equals the eigenvalue s·n of a component holding the share
+    s = :data:`EDGE_SHARE` of the released matrix's trace (module constants). Fewer genes lower the
+    threshold and concentrate each cell's unit norm on the genes of largest second moment; without
+    noise (σ = 0) the plan reads :data:`MAX_GENES`. Reads n, σ and the number of genes only.
+    """
+    wanted = MAX_GENES if sigma_pca <= 0 else int((EDGE_SHARE * n_obs / sigma_pca) ** 2)
+    return min(n_vars, max(MIN_GENES, min(MAX_GENES, wanted)))
+
+
+def _split(epsilon: float, delta: float, kinds: tuple[str, ...], steps: int, accountant: str) -> dict:
+    """σ of each release kind, the shares of :data:`SHARES` composed to (ε, δ)."""
+    from ._accounting import split_budget
+
+    parts = {name: (SHARES[name], 1.0, steps if name == "kmeans" else 1) for name in kinds}
+    return {name: sigma for name, (_, sigma) in split_budget(epsilon, delta, parts, accountant).items()}
 
 
 def plan_clustering(
@@ -161,29 +188,38 @@ def plan_clustering(
     *,
     n_vars: int,
     n_clusters: int,
+    n_obs: int | None = None,
+    n_genes: int | None = None,
     random_state: int = 0,
     accountant: str = "rdp",
 ) -> ClusterPlan:
-    """Split (ε, δ) over the releases by :data:`SHARES` and calibrate each σ once (reads no cell)."""
-    select = n_vars > PIPELINE_GENES
-    n_genes = PIPELINE_GENES if select else n_vars
-    n_comps = min(N_COMPS, n_genes - 1)
-    if n_comps < 2:
+    """Split (ε, δ) over the releases by :data:`SHARES`, calibrate each σ once, choose the genes.
+
+    The number of genes the PCA reads is ``n_genes`` when given (a plan received from a server),
+    else :func:`genes_for` at the PCA's σ of a plan with gene selection; when that keeps every
+    gene, the selection is dropped and the σ recalibrated without it. Reads no cell: ``n_obs`` (the
+    number of cells, public) is needed when the matrix has more than :data:`MIN_GENES` genes.
+    """
+    if n_vars < 3:
         raise ValueError(f"A clustering needs at least 3 genes, got {n_vars}.")
     steps = _kmeans.kmeans_release_steps(
         KMEANS_PLAN["n_sketch_steps"], KMEANS_PLAN["n_lloyd_rounds"], KMEANS_PLAN["steps_per_round"]
     )
     sigmas = dict.fromkeys(KINDS, 0.0)
-    if epsilon is not None:
-        from ._accounting import split_budget
-
-        parts = {name: (SHARES[name], 1.0, 1) for name in ("sum", "pca")}
-        parts["kmeans"] = (SHARES["kmeans"], 1.0, steps)
-        if select:
-            parts["genes"] = (SHARES["genes"], 1.0, 1)
-        split = split_budget(float(epsilon), delta, parts, accountant)
-        sigmas.update({name: sigma for name, (_, sigma) in split.items()})
-    return ClusterPlan(epsilon, delta, n_vars, n_clusters, select, n_comps, sigmas, random_state)
+    with_selection = epsilon is not None and n_vars > MIN_GENES
+    if with_selection:
+        sigmas.update(_split(float(epsilon), delta, KINDS, steps, accountant))
+    if n_genes is None:
+        if with_selection and n_obs is None:
+            raise ValueError("plan_clustering needs n_obs (the number of cells) to choose the genes.")
+        n_genes = genes_for(n_obs or 0, sigmas["pca"], n_vars)
+    if not 3 <= n_genes <= n_vars:
+        raise ValueError(f"A clustering reads between 3 and {n_vars} genes, got {n_genes}.")
+    if epsilon is not None and n_genes == n_vars:
+        sigmas = dict.fromkeys(KINDS, 0.0)
+        sigmas.update(_split(float(epsilon), delta, KINDS[1:], steps, accountant))
+    n_comps = min(N_COMPS, n_genes - 1)
+    return ClusterPlan(epsilon, delta, n_vars, n_clusters, n_genes, n_comps, sigmas, random_state)
 
 
 @dataclass(frozen=True)
@@ -281,7 +317,7 @@ def run_clustering(plan: ClusterPlan, release_sum: ReleaseSum) -> ClusterResult:
         means, variances, _, order = _hvg.rank_genes(
             released, spec, _hvg.DEFAULT_SQUARE_CLIP, 3.0, "second_moment"
         )
-        genes = np.sort(order[:PIPELINE_GENES])
+        genes = np.sort(order[: plan.n_genes])
         index += 1
     direction = _pca.mean_direction(release_sum(Request("sum", index, plan.sigmas["sum"], genes=genes)))
     index += 1

@@ -212,7 +212,12 @@ def cluster(
     ):
         raise ValueError(f"n_clusters must be an integer in [2, n_obs={adata.n_obs}], got {n_clusters!r}.")
     plan = plan_clustering(
-        epsilon, delta, n_vars=adata.n_vars, n_clusters=int(n_clusters), random_state=random_state
+        epsilon,
+        delta,
+        n_vars=adata.n_vars,
+        n_clusters=int(n_clusters),
+        n_obs=adata.n_obs,
+        random_state=random_state,
     )
     noise = NoiseSource(noise_seed)
     record = cluster_record(plan, adata.n_obs, noise)

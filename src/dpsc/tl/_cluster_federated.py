@@ -125,7 +125,12 @@ def cluster_federated(
     if mode == "secure" and not 2 <= threshold <= n_sites:
         raise ValueError(f"threshold must be in [2, {n_sites}] (the number of sites), got {threshold}.")
     plan = plan_clustering(
-        epsilon, delta, n_vars=adata.n_vars, n_clusters=int(n_clusters), random_state=random_state
+        epsilon,
+        delta,
+        n_vars=adata.n_vars,
+        n_clusters=int(n_clusters),
+        n_obs=adata.n_obs,
+        random_state=random_state,
     )
     noise = NoiseSource(noise_seed)
     record = site_record(
@@ -157,6 +162,7 @@ def cluster_federated(
             "delta": delta,
             "n-clusters": int(n_clusters),
             "n-vars": adata.n_vars,
+            "n-obs": adata.n_obs,
             "random-state": random_state,
             "out-dir": str(Path(tmp) / "server"),
         }
