@@ -184,3 +184,42 @@ def test_the_one_call_loads_the_mean_direction_then_the_residual_components():
     dpsc.tl.cluster(noisy, 4, epsilon=8.0, noise_seed=0)
     assert noisy.varm["PCs"][:, 0] @ u > 0.95  # the released sum's direction, off by its noise
     np.testing.assert_allclose(noisy.varm["PCs"].T @ noisy.varm["PCs"], np.eye(16), atol=1e-10)
+
+
+def test_the_plan_reads_fewer_genes_when_the_noise_would_drown_them():
+    """G = clip((0.02 n / σ)², 250, 2000) from n, ε and δ only; the composed ε stays the asked one."""
+    from dpsc.privacy._clustering import MAX_GENES, MIN_GENES, genes_for, plan_clustering
+
+    plans = {eps: plan_clustering(eps, 1e-5, n_vars=3000, n_clusters=8, n_obs=8000) for eps in (1, 4, 8)}
+    counts = [plans[eps].n_genes for eps in (1, 4, 8)]
+    assert MIN_GENES < counts[0] < counts[1] <= counts[2] == MAX_GENES
+    assert plan_clustering(1, 1e-5, n_vars=3000, n_clusters=8, n_obs=2000).n_genes == MIN_GENES  # the floor
+    one = plans[1]
+    assert (
+        one.n_genes == genes_for(8000, one.sigmas["pca"], 3000) == int((0.02 * 8000 / one.sigmas["pca"]) ** 2)
+    )
+    assert one.select_genes and one.sigmas["genes"] > 0 and one.n_comps == 16
+    for eps, plan in plans.items():
+        assert plan.spent() == pytest.approx(eps, rel=0.01)
+    exact = plan_clustering(None, 1e-5, n_vars=3000, n_clusters=8, n_obs=4000)
+    assert exact.n_genes == MAX_GENES  # the no-noise design reads 2000 genes
+    small = plan_clustering(8, 1e-5, n_vars=2000, n_clusters=8, n_obs=10**6)
+    assert not small.select_genes and small.sigmas["genes"] == 0  # all 2000 genes: nothing to select
+    assert plan_clustering(1, 1e-5, n_vars=200, n_clusters=3).n_genes == 200  # below the floor: no n needed
+    with pytest.raises(ValueError, match="n_obs"):
+        plan_clustering(1, 1e-5, n_vars=3000, n_clusters=8)
+    received = plan_clustering(1, 1e-5, n_vars=3000, n_clusters=8, n_genes=one.n_genes)
+    assert received.sigmas == one.sigmas  # a site calibrates the plan's genes without knowing n
+
+
+def test_the_one_call_selects_the_genes_of_its_plan_at_small_epsilon():
+    adata = blobs(n_per=150, k=4, genes=400)  # 600 cells: at ε = 1 the plan reads 250 of 400 genes
+    dpsc.tl.cluster(adata, 4, epsilon=1.0, noise_seed=0)
+    record = dpsc.privacy.get_record(adata, "dp_kmeans")
+    assert (
+        int(adata.var["dp_pca_gene"].sum())
+        == 250
+        == adata.uns["dpsc"]["dp_kmeans"]["params"]["genes_selected"]
+    )
+    assert "gene statistics" in record["statement"]
+    assert spent(adata).epsilon == pytest.approx(1.0, rel=0.01)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -118,6 +119,12 @@ def test_site_refuses_what_its_settings_do_not_allow(sites):
         cautious.check_run(plan, "secure", 3, 3)
     with pytest.raises(SiteRefusal, match="genes"):
         site.check_run(_plan(sites[0], n_vars=150), "secure", 3, 3)
+    with pytest.raises(SiteRefusal, match="Malformed plan"):  # more genes to read than there are
+        site.check_run(dataclasses.replace(plan, n_genes=201), "secure", 3, 3)
+    fewer = plan_clustering(8.0, 1e-5, n_vars=200, n_clusters=3, n_genes=100)  # the server chose 100 genes
+    site.check_run(fewer, "secure", 3, 3)  # calibrated by the site for a plan with gene selection
+    with pytest.raises(SiteRefusal, match="below this site's own calibration"):
+        site.check_run(dataclasses.replace(fewer, sigmas=plan.sigmas), "secure", 3, 3)  # σ without selection
     with pytest.raises(SiteRefusal, match="not in the run's plan"):
         site.contribute(plan, Request("kmeans", 99, plan.sigmas["kmeans"]), "secure", 3, 3)
     assert site.ledger.entries() == []  # nothing was booked by a refusal

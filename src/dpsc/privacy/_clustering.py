@@ -195,29 +195,34 @@ def plan_clustering(
 ) -> ClusterPlan:
     """Split (ε, δ) over the releases by :data:`SHARES`, calibrate each σ once, choose the genes.
 
-    The number of genes the PCA reads is ``n_genes`` when given (a plan received from a server),
-    else :func:`genes_for` at the PCA's σ of a plan with gene selection; when that keeps every
-    gene, the selection is dropped and the σ recalibrated without it. Reads no cell: ``n_obs`` (the
-    number of cells, public) is needed when the matrix has more than :data:`MIN_GENES` genes.
+    The number of genes the PCA reads is ``n_genes`` when given (a site checking a server's plan),
+    else :func:`genes_for` at the PCA's σ of a plan with gene selection; the σ are those of the
+    releases the plan makes (the gene selection only when it reads fewer genes than there are).
+    Reads no cell: ``n_obs`` (the number of cells, public) is needed when the matrix has more than
+    :data:`MIN_GENES` genes and there is noise.
     """
     if n_vars < 3:
         raise ValueError(f"A clustering needs at least 3 genes, got {n_vars}.")
     steps = _kmeans.kmeans_release_steps(
         KMEANS_PLAN["n_sketch_steps"], KMEANS_PLAN["n_lloyd_rounds"], KMEANS_PLAN["steps_per_round"]
     )
-    sigmas = dict.fromkeys(KINDS, 0.0)
-    with_selection = epsilon is not None and n_vars > MIN_GENES
-    if with_selection:
-        sigmas.update(_split(float(epsilon), delta, KINDS, steps, accountant))
+    with_selection: dict[str, float] = {}  # σ of a plan with gene selection, when the rule needs it
     if n_genes is None:
-        if with_selection and n_obs is None:
-            raise ValueError("plan_clustering needs n_obs (the number of cells) to choose the genes.")
-        n_genes = genes_for(n_obs or 0, sigmas["pca"], n_vars)
+        if epsilon is not None and n_vars > MIN_GENES:
+            if n_obs is None:
+                raise ValueError("plan_clustering needs n_obs (the number of cells) to choose the genes.")
+            with_selection = _split(float(epsilon), delta, KINDS, steps, accountant)
+        n_genes = genes_for(n_obs or 0, with_selection.get("pca", 0.0), n_vars)
     if not 3 <= n_genes <= n_vars:
         raise ValueError(f"A clustering reads between 3 and {n_vars} genes, got {n_genes}.")
-    if epsilon is not None and n_genes == n_vars:
-        sigmas = dict.fromkeys(KINDS, 0.0)
-        sigmas.update(_split(float(epsilon), delta, KINDS[1:], steps, accountant))
+    sigmas = dict.fromkeys(KINDS, 0.0)
+    if epsilon is not None:  # the releases this plan makes: with the gene selection when G < n_vars
+        kinds = KINDS if n_genes < n_vars else KINDS[1:]
+        sigmas.update(
+            with_selection
+            if with_selection and n_genes < n_vars
+            else _split(float(epsilon), delta, kinds, steps, accountant)
+        )
     n_comps = min(N_COMPS, n_genes - 1)
     return ClusterPlan(epsilon, delta, n_vars, n_clusters, n_genes, n_comps, sigmas, random_state)
 

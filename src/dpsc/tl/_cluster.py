@@ -1,8 +1,8 @@
 """``dpsc.tl.cluster``: a whole proven private clustering in one call and one budget.
 
-Gene selection (for matrices with more than 2000 genes), PCA and k-means, each a release of a sum
-over cells (:mod:`dpsc.privacy._clustering`), with the asked ε split among them so that the
-composed spend is the asked ε. The separate steps (:func:`dpsc.pp.highly_variable_genes`,
+Gene selection (when the plan reads fewer genes than the matrix has), PCA and k-means, each a
+release of a sum over cells (:mod:`dpsc.privacy._clustering`), with the asked ε split among them
+so that the composed spend is the asked ε. The separate steps (:func:`dpsc.pp.highly_variable_genes`,
 :func:`dpsc.pp.pca`, :func:`dpsc.tl.kmeans`) remain for users who want them.
 """
 
@@ -167,8 +167,10 @@ def cluster(
     Parameters
     ----------
     adata
-        Cells × genes, raw counts, all genes as they come (more than 2000 are reduced to 2000 by
-        the DP gene selection inside ε). No check reads the cells.
+        Cells × genes, raw counts, all genes as they come: the PCA reads
+        clip((0.02 n / σ)², 250, 2000) of them (n cells, σ the PCA's noise
+        multiplier; :func:`dpsc.privacy._clustering.genes_for`), chosen by the DP gene selection
+        inside ε when the matrix has more. No check reads the cells.
     n_clusters
         k (fixed in advance from prior knowledge; estimating it would spend privacy).
     epsilon, delta
@@ -191,7 +193,7 @@ def cluster(
     cell's nearest released centroid), ``obsm["X_pca"]`` (cells × 16), ``varm["PCs"]`` (zero rows
     for the genes the PCA did not read; the first column is the released mean direction, the
     others the top components of the cells' residuals), ``var["dp_pca_gene"]`` (the genes the PCA
-    read: all, or the 2000 selected), with gene selection also
+    read: all, or the selected ones), with gene selection also
     ``var["highly_variable"]``, ``var["means"]`` and ``var["variances"]`` (noisy), and
     ``uns["dpsc"][key_added]`` with the record, the parameters (``mean_weight``: the weight of
     the first loading's coordinate in the k-means points), the ``centroids``, the noisy
