@@ -91,7 +91,10 @@ def report(path: Path) -> str:
         "settings (50 + 40 epochs), δ = 1e-5. `encoder` features are what a receiver of the shared "
         "model can compute; `encoder+decoder` adds the decoder's per-cell reconstruction loss (the "
         "decoder is not shared under scope='encoder'). Accuracy is balanced (chance = 0.5). The ε "
-        "lower bound uses 95 % Clopper–Pearson bounds at a threshold chosen on the shadow model.",
+        "lower bound uses 95 % Clopper–Pearson bounds at a threshold chosen on the shadow model. "
+        "Noise: secret (the operating system's source) for the current defaults; the dpsc 0.1.0 rows "
+        "drew their DP noise from torch's generator seeded with the fit's seed. The audits ran one at "
+        "a time on one thread beside another benchmark: the wall times are indicative.",
     ]
     groups = df.groupby(["start_and_target", "cluster_private_lr"], sort=False)
     for (settings, lr), group in sorted(groups, key=lambda item: item[0][0] == current, reverse=True):
