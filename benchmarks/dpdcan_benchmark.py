@@ -138,8 +138,10 @@ def train_defaults() -> dict:
     import inspect
 
     from dpsc.model import DEFAULT_KMEANS_OPTIONS, DEFAULT_PLAN_OPTIONS, DPDCAN
+    from dpsc.model._dcan_privacy import TrainSettings
 
     arguments = {name: p.default for name, p in inspect.signature(DPDCAN.train).parameters.items()}
+    arguments["instance_epochs"], arguments["cluster_epochs"] = TrainSettings().epochs()  # 50 + 40
     return {**arguments, **DEFAULT_PLAN_OPTIONS, **DEFAULT_KMEANS_OPTIONS}
 
 
