@@ -37,6 +37,20 @@ from ..privacy._clustering import (
 from ._kmeans import warn_if_few_clusters
 
 
+def plan_for_cells(
+    adata: ad.AnnData, n_clusters: int, epsilon: float | None, delta: float, random_state: int
+) -> ClusterPlan:
+    """Return the plan for these cells from their numbers of cells and genes, k and (ε, δ) (reads no cell)."""
+    return plan_clustering(
+        epsilon,
+        delta,
+        n_vars=adata.n_vars,
+        n_clusters=n_clusters,
+        n_obs=adata.n_obs,
+        random_state=random_state,
+    )
+
+
 def cluster_record(plan: ClusterPlan, n_obs: int, noise: NoiseSource, tool: str = "cluster") -> PrivacyRecord:
     """Proven record of the whole clustering: every release in one Opacus history."""
     unit = f"adding or removing one of the {n_obs} cells"
@@ -213,14 +227,7 @@ def cluster(
         or not 2 <= n_clusters <= adata.n_obs
     ):
         raise ValueError(f"n_clusters must be an integer in [2, n_obs={adata.n_obs}], got {n_clusters!r}.")
-    plan = plan_clustering(
-        epsilon,
-        delta,
-        n_vars=adata.n_vars,
-        n_clusters=int(n_clusters),
-        n_obs=adata.n_obs,
-        random_state=random_state,
-    )
+    plan = plan_for_cells(adata, int(n_clusters), epsilon, delta, random_state)
     noise = NoiseSource(noise_seed)
     record = cluster_record(plan, adata.n_obs, noise)
     with spending(adata, record, key_added) as booking:

@@ -21,8 +21,7 @@ from dpsc._docs import doc_params
 from .._api import DEFAULT_EPSILON
 from .._validation import check_privacy_args, check_public_counts, get_matrix, resolve_delta
 from ..privacy import NoiseSource, spending
-from ..privacy._clustering import plan_clustering
-from ._cluster import store_clustering
+from ._cluster import plan_for_cells, store_clustering
 
 MIN_SITE_CELLS = 2
 
@@ -124,14 +123,7 @@ def cluster_federated(
     threshold = n_sites if threshold is None else int(threshold)
     if mode == "secure" and not 2 <= threshold <= n_sites:
         raise ValueError(f"threshold must be in [2, {n_sites}] (the number of sites), got {threshold}.")
-    plan = plan_clustering(
-        epsilon,
-        delta,
-        n_vars=adata.n_vars,
-        n_clusters=int(n_clusters),
-        n_obs=adata.n_obs,
-        random_state=random_state,
-    )
+    plan = plan_for_cells(adata, int(n_clusters), epsilon, delta, random_state)
     noise = NoiseSource(noise_seed)
     record = site_record(
         plan, mode, threshold if mode == "secure" else 1, n_sites, adata.n_obs, noise, simulated=True
