@@ -80,10 +80,11 @@ def view_pairs(n_pairs: int):
     from dpsc.module._losses import instance_loss_per_cell
 
     def multiplied(self, x, *, rho, mask_rate, generator=None):
+        x = _dcan.clean_input(x, self.likelihood)
         rep = self.represent(x)
         masked = _dcan.mask_views(rep, 2 * n_pairs, mask_rate, generator)
         z_all = self.encode(torch.cat([rep.unsqueeze(1), masked], dim=1))
-        recon = self.reconstruction_per_cell(x, z_all[:, 0])
+        recon = self.reconstruction_per_cell(x, rep, z_all[:, 0])
         pairs = [instance_loss_per_cell(z_all[:, 1 + 2 * k : 3 + 2 * k]) for k in range(n_pairs)]
         inst = torch.stack(pairs).mean(0)
         return rho * recon + (1.0 - rho) * inst, {"reconstruction": recon.detach(), "instance": inst.detach()}
