@@ -120,7 +120,8 @@ def test_full_batch_audit_claims_with_the_named_accountant_and_still_flags_a_bro
 
 @pytest.mark.slow
 def test_one_run_gradient_audit_never_exceeds_a_correct_claim(small_adata):
-    table = dpsc.tl.audit(small_adata, epsilon=2.0, method="one_run", **RUN)
+    # seeded noise: a repeatable bound for the "> 0.1" check (with secret noise it varies run to run)
+    table = dpsc.tl.audit(small_adata, epsilon=2.0, method="one_run", noise_seed=0, **RUN)
     for seed in range(1, 5):
         row = dpsc.tl.audit(small_adata, epsilon=2.0, method="one_run", random_state=seed, **RUN).iloc[0]
         assert 0.0 <= row["epsilon_lower"] <= row["epsilon_claimed"] <= 2.0
