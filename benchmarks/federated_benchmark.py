@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> None:
                     )
                     plain = SCALED_METHODS.get(method, method)
                     base_method, eps, opt = DP_METHODS.get(method, (plain, None, "sgd"))
-                    rec = dpsc.tl.fit_federated(
+                    dpsc.tl.fit_federated(
                         adata,
                         method=base_method,
                         n_clusters=k,
@@ -108,11 +108,15 @@ def run(args: argparse.Namespace) -> None:
                         optimizer=opt,
                         scale_genes=method in SCALED_METHODS,
                     )
+                    rec = adata.uns["dpsc"]["X_fedsc"]  # the record and the run's figures (in place)
                     if eps is not None:
                         row["epsilon_spent_max_site"] = rec["privacy"]["epsilon"]
                     Z = adata.obsm["X_fedsc"]
                     pred = adata.obs["fed_cluster"].astype(int).to_numpy()
-                    row.update(seconds_per_round=rec["seconds_per_round"], final_loss=rec["loss"][-1])
+                    loss = list(rec["loss"])  # empty under DP: the sites send no loss
+                    row.update(
+                        seconds_per_round=rec["seconds_per_round"], final_loss=loss[-1] if loss else None
+                    )
                 row.update(
                     wall_s=time.perf_counter() - start,
                     ari=float(adjusted_rand_score(truth, pred)),

@@ -223,3 +223,21 @@ def test_the_one_call_selects_the_genes_of_its_plan_at_small_epsilon():
     )
     assert "gene statistics" in record["statement"]
     assert spent(adata).epsilon == pytest.approx(1.0, rel=0.01)
+
+
+def test_the_one_call_reduces_its_lloyd_centroids_with_the_plans_starts(monkeypatch):
+    """The 4k noisy Lloyd centroids are reduced to k by a weighted k-means of the plan's starts."""
+    import sklearn.cluster
+
+    starts = []
+    original = sklearn.cluster.KMeans
+
+    class Recording(original):
+        def fit(self, X, y=None, sample_weight=None):
+            starts.append((self.n_clusters, self.n_init, len(X)))
+            return super().fit(X, y, sample_weight=sample_weight)
+
+    monkeypatch.setattr(sklearn.cluster, "KMeans", Recording)
+    dpsc.tl.cluster(blobs(), 4, epsilon=8.0, noise_seed=0)
+    lloyd = KMEANS_DEFAULTS["oversampling"] * 4
+    assert starts[-1] == (4, KMEANS_DEFAULTS["reduction_starts"], lloyd) and starts[-1][1] == 100

@@ -145,6 +145,12 @@ def test_site_handler_refuses_a_server_seed_and_a_secure_request_outside_secagg(
     payload = [np.arange(200), np.full((200, 1), 200**-0.5), np.zeros((0, 0))]  # genes, mean direction
     with pytest.raises(SiteRefusal, match="Malformed"):
         handler.fit([np.arange(200), np.zeros((0, 0)), np.zeros((0, 0))], {**config, "mode": "plain"})
+    short = [np.arange(150), np.full((150, 1), 150**-0.5), np.zeros((0, 0))]  # not the plan's 200 genes
+    with pytest.raises(SiteRefusal, match="plan reads 200 distinct genes"):
+        handler.fit(short, {**config, "mode": "plain"})
+    repeated = [np.zeros(200, dtype=np.int64), payload[1], payload[2]]
+    with pytest.raises(SiteRefusal, match="distinct genes"):
+        handler.fit(repeated, {**config, "mode": "plain"})
     with pytest.raises(SiteRefusal, match="noise seed"):
         handler.fit(payload, {**config, "noise-seed": 7})
     with pytest.raises(SiteRefusal, match="outside SecAgg"):

@@ -22,7 +22,8 @@ cell, only what ``release_table`` returns):
    ``steps_per_round`` releases (the noise of a mean shrinks as 1/sqrt(releases)); a centroid
    whose noisy count is below twice its noise is re-seeded next to the most populated one;
 3. when :math:`m > k`, weighted k-means of the :math:`m` noisy centroids (weights: their last
-   noisy counts) reduces them to :math:`k`.
+   noisy counts; ``reduction_starts`` starts, the lowest weighted objective kept) reduces them
+   to :math:`k`.
 
 With ``sphere_radius`` every noisy mean is projected back onto that sphere (spherical k-means:
 noise shrinks means toward the origin). The centroids are (ε, δ)-DP under the accountant that
@@ -185,6 +186,7 @@ def dp_kmeans_centroids(
     oversampling: int = 1,
     count_scale: float = 1.0,
     sphere_radius: float | None = None,
+    reduction_starts: int = 20,
     random_state: int = 0,
     return_in_use: bool = False,
 ) -> np.ndarray | tuple[np.ndarray, int]:
@@ -212,6 +214,9 @@ def dp_kmeans_centroids(
         The Lloyd phase runs with :math:`m` = ``oversampling × n_clusters`` centroids.
     sphere_radius
         Project every noisy mean onto the sphere of this radius (``None``: no projection).
+    reduction_starts
+        Starts of the weighted k-means that reduces the :math:`m` Lloyd centroids to :math:`k`
+        (post-processing: more starts cost time, not privacy).
     random_state
         Seed of the projections and of the post-processing k-means runs (public).
     return_in_use
@@ -273,7 +278,7 @@ def dp_kmeans_centroids(
             centroids[dead] = to_sphere(largest + spread * jitter / np.sqrt(d))
     merged = np.arange(len(centroids))  # which final centroid each Lloyd centroid became
     if len(centroids) > n_clusters:
-        reduce = KMeans(n_clusters=n_clusters, n_init=20, random_state=random_state)
+        reduce = KMeans(n_clusters=n_clusters, n_init=reduction_starts, random_state=random_state)
         reduce.fit(centroids.numpy(), sample_weight=counts.clamp(min=1e-3).numpy())
         centroids = to_sphere(torch.as_tensor(reduce.cluster_centers_, dtype=torch.float64))
         merged = reduce.labels_

@@ -75,7 +75,9 @@ def cluster_record(plan: ClusterPlan, n_obs: int, noise: NoiseSource, tool: str 
     )
     mechanism = (
         f"{plan.n_releases} discrete Gaussian releases of sums over cells ({sums}; lattice-encoded), "
-        "composed by the Opacus RDP accountant"
+        "composed by the Opacus RDP accountant; the PCA reads "
+        f"{plan.n_genes} of the {plan.n_vars} genes, a number chosen from the public n, ε, δ and "
+        "number of genes, never from the cells"
     )
     history = plan.history()
     return PrivacyRecord.stated(
