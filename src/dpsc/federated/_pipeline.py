@@ -120,7 +120,10 @@ def _request(config: dict[str, Any], arrays: list[np.ndarray], plan: ClusterPlan
             or len(np.unique(genes)) != len(genes)
             or (len(genes) and not 0 <= int(np.min(genes)) <= int(np.max(genes)) < plan.n_vars)
         ):
-            raise ValueError(f"{len(genes)} gene indices where the plan reads {plan.n_genes} distinct genes")
+            raise ValueError(
+                f"{len(genes)} gene indices ({len(np.unique(genes))} distinct) where the plan reads "
+                f"{plan.n_genes} distinct genes of {plan.n_vars}"
+            )
         if kind in ("pca", "kmeans") and (np.ndim(loadings) != 2 or np.shape(loadings)[0] != len(genes)):
             raise ValueError(f"loadings of shape {np.shape(loadings)} for {len(genes)} genes")
         if kind == "kmeans":
