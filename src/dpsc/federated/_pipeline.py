@@ -105,25 +105,12 @@ def _payload(request: Request) -> list[np.ndarray]:
     return [genes, loadings, np.asarray(assignment, dtype=np.float64)]
 
 
-def _request(config: dict[str, Any], arrays: list[np.ndarray], plan: ClusterPlan) -> Request:
-    """Return the request a site received (refused with a message when malformed).
-
-    A request past the gene selection must name ``plan.n_genes`` distinct genes of the site's
-    matrix (a consistency check: the sensitivity of every release holds for any gene list).
-    """
+def _request(config: dict[str, Any], arrays: list[np.ndarray]) -> Request:
+    """Return the request a site received (refused with a message when malformed)."""
     try:
         kind, index, sigma = str(config["kind"]), int(config["index"]), float(config["sigma"])
         genes, loadings, matrix = arrays
         assignment = None
-        if kind != "genes" and (
-            len(genes) != plan.n_genes
-            or len(np.unique(genes)) != len(genes)
-            or (len(genes) and not 0 <= int(np.min(genes)) <= int(np.max(genes)) < plan.n_vars)
-        ):
-            raise ValueError(
-                f"{len(genes)} gene indices ({len(np.unique(genes))} distinct) where the plan reads "
-                f"{plan.n_genes} distinct genes of {plan.n_vars}"
-            )
         if kind in ("pca", "kmeans") and (np.ndim(loadings) != 2 or np.shape(loadings)[0] != len(genes)):
             raise ValueError(f"loadings of shape {np.shape(loadings)} for {len(genes)} genes")
         if kind == "kmeans":
@@ -189,7 +176,7 @@ class SiteHandler:
         records = self.context.state.config_records
         run_state = json.loads(records[RUN_STATE]["json"]) if RUN_STATE in records else {}
         vector = site.contribute(
-            plan, _request(dict(config), parameters, plan), mode, threshold, n_sites, run_state
+            plan, _request(dict(config), parameters), mode, threshold, n_sites, run_state
         )
         records[RUN_STATE] = ConfigRecord({"json": json.dumps(run_state)})
         return (to_digits(vector) if mode == "secure" else [vector]), 1, {}

@@ -339,6 +339,7 @@ class Site:
             raise SiteRefusal(
                 f"The request's noise multiplier {request.sigma} differs from the plan's {expected}."
             )
+        _check_genes(plan, request)
         signature = json.dumps(plan.to_config(), sort_keys=True)
         if run_state.get("plan") != signature:
             if run_state.get("plan") is not None:
@@ -424,3 +425,20 @@ class Site:
         path = Path(self.settings.output)
         out.write_h5ad(path)
         return path
+
+
+def _check_genes(plan: ClusterPlan, request: Request) -> None:
+    """Refuse a request past the gene selection that does not name the plan's ``n_genes`` genes.
+
+    A consistency check, not a privacy one: the sensitivity of every release holds for any gene list.
+    """
+    if request.kind == "genes":
+        return
+    genes = np.asarray(request.genes if request.genes is not None else [], dtype=np.int64)
+    distinct = len(np.unique(genes))
+    in_range = len(genes) == 0 or 0 <= int(genes.min()) <= int(genes.max()) < plan.n_vars
+    if len(genes) != plan.n_genes or distinct != len(genes) or not in_range:
+        raise SiteRefusal(
+            f"Malformed request from the server: {len(genes)} gene indices ({distinct} distinct) where "
+            f"the plan reads {plan.n_genes} distinct genes of {plan.n_vars}; nothing was sent."
+        )
