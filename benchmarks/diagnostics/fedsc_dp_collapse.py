@@ -22,6 +22,7 @@ the global embedding Z (label-free unless said):
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 import time
@@ -61,7 +62,7 @@ def central_dp_kmeans(points: np.ndarray, k: int, sigma: float, seed: int) -> np
     from dpsc.privacy._kmeans import central_table_release, dp_kmeans_centroids, nearest_centroid
 
     noise = NoiseSource()
-    draws = iter(range(10**6))
+    draws = itertools.count()
     release = central_table_release(
         torch.as_tensor(points),
         clip_norm=CLIP_NORM,
