@@ -1,8 +1,9 @@
 """DP-DCAN benchmark: clustering quality, privacy spent, wall time and memory.
 
 Every fit runs in its own subprocess (peak RSS is that fit's). Results are appended to a JSON
-lines file as they finish; ``--report`` turns them into markdown. The final model is scored;
-labels are used for scoring only.
+lines file as they finish; ``--report`` turns them into markdown (``compare_runs.py`` sets two
+results files side by side). Each row records the git commit its code came from. The final
+model is scored; labels are used for scoring only.
 
 Usage (from the repo root)::
 
@@ -190,6 +191,20 @@ def load(name: str, data_dir: Path):
     return adata
 
 
+def source_commit(package: Path) -> str:
+    """The git commit a fit's dpsc package and this script came from (``+modified`` when either
+    differs from it), or ``unknown`` outside a git checkout; rows of several commits stay apart."""
+    git = ["git", "-C", str(package)]
+    head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False)
+    if head.returncode != 0:
+        return "unknown"
+    paths = [str(package), str(Path(__file__).resolve())]
+    changed = subprocess.run(
+        [*git, "status", "--porcelain", "--", *paths], capture_output=True, text=True, check=False
+    )
+    return head.stdout.strip() + ("+modified" if changed.stdout.strip() else "")
+
+
 def run_one(args: argparse.Namespace) -> dict:
     """One fit, in this process; returns the result row."""
     import torch
@@ -212,6 +227,7 @@ def run_one(args: argparse.Namespace) -> dict:
         "host": f"{platform.node()} ({os.cpu_count()} CPUs), torch {torch.__version__}",
         "threads": args.threads,
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+        "source": source_commit(Path(dpsc.__file__).parent),
     }
     start = time.perf_counter()
     if args.config.startswith("scanpy"):
