@@ -6,6 +6,7 @@ import torch
 
 import dpsc
 from dpsc.module import DCANModule
+from dpsc.privacy import PrivacyRecord
 
 torch.set_num_threads(2)
 
@@ -51,3 +52,25 @@ def fast_train():
 def tiny_fit(fast_train):
     """``fast_train`` with 3 clusters (the small AnnData has few cell types)."""
     return {"n_clusters": 3, **fast_train}
+
+
+@pytest.fixture
+def gaussian_record():
+    """Builder of a proven add/remove record of ``steps`` sampled-Gaussian releases (σ, q), as the
+    engine writes it: ε from Opacus' RDP accountant at ``delta``, the history for the ledger."""
+
+    def build(sigma: float, q: float, steps: int, delta: float = 1e-5) -> PrivacyRecord:
+        from dpsc.privacy import make_accountant, spent_epsilon
+
+        accountant = make_accountant("rdp")
+        accountant.history = [(sigma, q, steps)]
+        return PrivacyRecord(
+            tool="fit",
+            epsilon=spent_epsilon(accountant, delta),
+            delta=delta,
+            guarantee="proven",
+            statement="",
+            history=[(sigma, q, steps)],
+        )
+
+    return build

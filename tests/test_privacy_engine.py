@@ -19,22 +19,7 @@ from dpsc.privacy import (
 )
 
 
-def gaussian_record(sigma: float, q: float, steps: int, delta: float = 1e-5) -> PrivacyRecord:
-    from dpsc.privacy import make_accountant, spent_epsilon
-
-    acc = make_accountant("rdp")
-    acc.history = [(sigma, q, steps)]
-    return PrivacyRecord(
-        tool="fit",
-        epsilon=spent_epsilon(acc, delta),
-        delta=delta,
-        guarantee="proven",
-        statement="",
-        history=[(sigma, q, steps)],
-    )
-
-
-def test_ledger_composes_gaussian_fits_like_dp_accounting():
+def test_ledger_composes_gaussian_fits_like_dp_accounting(gaussian_record):
     dp_accounting = pytest.importorskip("dp_accounting")
     adata = ad.AnnData(np.zeros((5, 2)))
     runs = [(1.1, 0.1, 900), (2.0, 0.05, 500)]
@@ -53,7 +38,7 @@ def test_ledger_composes_gaussian_fits_like_dp_accounting():
     assert ledger_frame(adata)["cumulative_epsilon"].iloc[-1] == pytest.approx(eps)
 
 
-def test_ledger_adds_pure_epsilon_and_a_release_without_guarantee_makes_it_infinite():
+def test_ledger_adds_pure_epsilon_and_a_release_without_guarantee_makes_it_infinite(gaussian_record):
     adata = ad.AnnData(np.zeros((5, 2)))
     write_result(adata, "a", gaussian_record(1.0, 0.1, 100))
     gauss = spent(adata)[0]
@@ -64,7 +49,7 @@ def test_ledger_adds_pure_epsilon_and_a_release_without_guarantee_makes_it_infin
     assert spent(adata)[0] == np.inf
 
 
-def test_ledger_survives_h5ad_subset_and_copy(tmp_path):
+def test_ledger_survives_h5ad_subset_and_copy(tmp_path, gaussian_record):
     adata = ad.AnnData(np.ones((6, 3)))
     write_result(adata, "a", gaussian_record(1.0, 0.1, 100))
     write_result(adata, "b", gaussian_record(1.5, 0.2, 50))
