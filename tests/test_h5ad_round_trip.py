@@ -46,3 +46,16 @@ def test_regression_and_annotation_write_and_read_back(small_adata, tmp_path):
     dpsc.tl.annotate(ref, query, "cell_type", epsilon=2.0, epochs=2)
     _round_trip(ref, tmp_path)
     _round_trip(query, tmp_path)
+
+
+def test_audit_reports_write_and_read_back(small_adata, tmp_path):
+    quick_fit = {"n_clusters": 3, "accelerator": "cpu", "progress_bar": False}
+    for options in (
+        {"method": "one_run", "epochs": 1, "n_canaries": 100},
+        {"method": "one_run", "canaries": "input", "n_canaries": 50, "max_epochs": 3, **quick_fit},
+        {"method": "shadow", "instance_epochs": 1, "cluster_epochs": 1, **quick_fit},
+    ):
+        adata = small_adata.copy()
+        table = dpsc.tl.audit(adata, epsilon=2.0, **options)
+        back = _round_trip(adata, tmp_path)
+        assert set(back.uns["dpsc"]["audit"]["table"]) == set(table.columns)
