@@ -8,6 +8,7 @@ relations, a ledger that copies and ``anndata.concat`` lost, the weakest guarant
 
 import math
 import multiprocessing
+from dataclasses import replace
 
 import anndata as ad
 import numpy as np
@@ -18,29 +19,17 @@ import dpsc
 from dpsc.privacy import (
     BudgetExceededError,
     NoiseSource,
-    PrivacyRecord,
     attach_ledger,
     concat,
     get_record,
     ledger_frame,
+    planned_pure_record,
     set_budget,
     spent,
     write_result,
 )
 from dpsc.privacy._ledger import FileLedger, ledger_entry
 from dpsc.privacy._record import ADD_REMOVE, REPLACE_ONE
-
-
-def pure_record(epsilon: float, relation: str, guarantee: str = "proven") -> PrivacyRecord:
-    return PrivacyRecord(
-        tool="regression",
-        epsilon=epsilon,
-        delta=0.0,
-        guarantee=guarantee,
-        statement="",
-        pure_epsilon=epsilon,
-        relation=relation,
-    )
 
 
 def assert_refused_and_untouched(adata: ad.AnnData, call) -> None:
@@ -99,7 +88,7 @@ def test_mixed_relations_convert_add_remove_to_replace_one(gaussian_record):
     write_result(adata, "pca", gaussian)
     alone = spent(adata)
     assert alone.relation == ADD_REMOVE
-    write_result(adata, "regression", pure_record(2.0, REPLACE_ONE))
+    write_result(adata, "regression", planned_pure_record("regression", 2.0, REPLACE_ONE))
     total = spent(adata)
     # an add/remove (ε, δ) is (2ε, (1 + e^ε) δ) under replace-one (group privacy over two steps)
     assert total.relation == REPLACE_ONE
@@ -111,16 +100,16 @@ def test_mixed_relations_convert_add_remove_to_replace_one(gaussian_record):
     write_result(capped, "pca", gaussian)
     set_budget(capped, alone.epsilon + 2.5)  # enough for the plain sum, not for the conversion
     with pytest.raises(BudgetExceededError, match="replace-one"):
-        write_result(capped, "regression", pure_record(2.0, REPLACE_ONE))
+        write_result(capped, "regression", planned_pure_record("regression", 2.0, REPLACE_ONE))
 
 
 def test_spent_names_the_weakest_guarantee_and_seeded_noise(gaussian_record):
     adata = ad.AnnData(np.zeros((5, 2)))
     write_result(adata, "a", gaussian_record(1.0, 0.1, 10))
     assert (spent(adata).guarantee, spent(adata).seeded) == ("proven", False)
-    write_result(adata, "b", pure_record(0.5, ADD_REMOVE, guarantee="heuristic"))
+    write_result(adata, "b", replace(planned_pure_record("b", 0.5), guarantee="heuristic"))
     assert spent(adata).guarantee == "heuristic"  # a bare (ε, δ) would hide it
-    seeded = pure_record(0.1, ADD_REMOVE)
+    seeded = planned_pure_record("fit", 0.1)
     seeded.noise = NoiseSource(7).to_dict()  # a run repeated from a known seed
     write_result(adata, "c", seeded)
     assert spent(adata).seeded and ledger_frame(adata)["seeded"].tolist() == [False, False, True]
@@ -130,8 +119,8 @@ def test_spent_names_the_weakest_guarantee_and_seeded_noise(gaussian_record):
 def test_concat_composes_overlapping_parts_and_keeps_the_worst_of_disjoint_ones(tmp_path):
     a, b = ad.AnnData(np.zeros((3, 2))), ad.AnnData(np.ones((4, 2)))
     a.obs_names, b.obs_names = ["a0", "a1", "a2"], ["b0", "b1", "b2", "b3"]
-    write_result(a, "x", pure_record(1.0, ADD_REMOVE))
-    write_result(b, "y", pure_record(2.0, ADD_REMOVE))
+    write_result(a, "x", planned_pure_record("fit", 1.0))
+    write_result(b, "y", planned_pure_record("fit", 2.0))
     set_budget(a, 3.0)
     set_budget(b, 5.0)
     assert "dpsc" not in ad.concat([a, b]).uns  # anndata's own concat drops the ledger
@@ -141,7 +130,7 @@ def test_concat_composes_overlapping_parts_and_keeps_the_worst_of_disjoint_ones(
     assert spent(other_people).epsilon == pytest.approx(2.0)
     assert same_cells.uns["dpsc"]["budget"]["epsilon"] == 3.0  # the smallest budget holds
     with pytest.raises(BudgetExceededError):
-        write_result(same_cells, "z", pure_record(0.5, ADD_REMOVE))
+        write_result(same_cells, "z", planned_pure_record("fit", 0.5))
     attach_ledger(a, tmp_path / "a.json")
     with pytest.raises(ValueError, match="ledger files"):
         concat([a, b], disjoint=True)
@@ -153,9 +142,9 @@ def test_a_ledger_file_holds_the_budget_for_every_copy(tmp_path):
     attach_ledger(adata, tmp_path / "cells.ledger.json")
     set_budget(adata, 5.0)
     first, second, third = adata.copy(), adata.copy(), adata.copy()
-    write_result(first, "fit", pure_record(4.5, ADD_REMOVE))
+    write_result(first, "fit", planned_pure_record("fit", 4.5))
     with pytest.raises(BudgetExceededError, match=r"ε left: 0\.5"):
-        write_result(second, "fit", pure_record(4.5, ADD_REMOVE))
+        write_result(second, "fit", planned_pure_record("fit", 4.5))
     assert spent(third).epsilon == pytest.approx(4.5)  # a copy made before the spend sees it
     adata.write_h5ad(tmp_path / "cells.h5ad")
     back = ad.read_h5ad(tmp_path / "cells.h5ad")  # the file outlives the object
@@ -165,7 +154,7 @@ def test_a_ledger_file_holds_the_budget_for_every_copy(tmp_path):
 def _book_entries(path: str, tag: int, n: int) -> None:
     ledger = FileLedger(path)
     for i in range(n):
-        ledger.reserve(ledger_entry(pure_record(0.01, ADD_REMOVE), f"p{tag}-{i}"))
+        ledger.reserve(ledger_entry(planned_pure_record("fit", 0.01), f"p{tag}-{i}"))
 
 
 def test_two_processes_booking_in_one_ledger_file_lose_nothing(tmp_path):
