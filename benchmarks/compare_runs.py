@@ -68,42 +68,34 @@ def clusters_used(fits: dict[int, dict]) -> str:
     return ", ".join(str(fits[seed]["n_clusters_found"]) for seed in sorted(fits))
 
 
+def row(labels: list[str], old: Groups, new: Groups, key: tuple[str, str]) -> str:
+    """``| labels… | old | new (per seed) | clusters used |`` for one fit group."""
+    before = summary(old[key], per_seed=False) if key in old else "not run"
+    cells = [*labels, before, summary(new[key], per_seed=True), clusters_used(new[key])]
+    return "| " + " | ".join(cells) + " |"
+
+
 def by_configuration(old: Groups, new: Groups) -> list[str]:
     """Rows ``| data set | configuration | old | new (per seed) | clusters used |``."""
     datasets = list(dict.fromkeys(dataset for dataset, _ in new))
-    lines = []
-    for dataset in datasets:
-        for key in [key for key in new if key[0] == dataset]:
-            before = summary(old[key], per_seed=False) if key in old else "not run"
-            lines.append(
-                f"| {DATASET_NAMES.get(dataset, dataset)} | `{key[1]}` | {before} | "
-                f"{summary(new[key], per_seed=True)} | {clusters_used(new[key])} |"
-            )
-    return lines
+    keys = sorted(new, key=lambda key: datasets.index(key[0]))  # stable: file order within a data set
+    return [row([DATASET_NAMES.get(key[0], key[0]), f"`{key[1]}`"], old, new, key) for key in keys]
 
 
 def by_rule(old: Groups, new: Groups) -> list[str]:
     """Rows ``| data set | ε | rule | old | new (per seed) | clusters used |`` for the sign grid."""
     datasets = list(dict.fromkeys(dataset for dataset, _ in new))
 
-    def order(key: tuple[str, str]) -> tuple[int, int, int]:
+    def parts(key: tuple[str, str]) -> tuple[int, int, str]:
+        """Data set's position, ε and rule of a configuration ``DP-DCAN eps=E RULE, …``."""
         epsilon = int(re.search(r"eps=(\d+)", key[1]).group(1))
-        return datasets.index(key[0]), -epsilon, list(RULE_NAMES).index(_rule(key[1]))
+        return datasets.index(key[0]), epsilon, key[1].split()[2].rstrip(",")
 
-    lines = []
-    for key in sorted(new, key=order):
-        epsilon = re.search(r"eps=(\d+)", key[1]).group(1)
-        before = summary(old[key], per_seed=False) if key in old else "not run"
-        lines.append(
-            f"| {DATASET_NAMES.get(key[0], key[0])} | {epsilon} | {RULE_NAMES[_rule(key[1])]} | "
-            f"{before} | {summary(new[key], per_seed=True)} | {clusters_used(new[key])} |"
-        )
-    return lines
-
-
-def _rule(config: str) -> str:
-    """The optimizer of a sign-grid configuration ``DP-DCAN eps=E RULE, …``."""
-    return config.split()[2].rstrip(",")
+    keys = sorted(new, key=lambda key: (parts(key)[0], -parts(key)[1], list(RULE_NAMES).index(parts(key)[2])))
+    return [
+        row([DATASET_NAMES.get(key[0], key[0]), str(parts(key)[1]), RULE_NAMES[parts(key)[2]]], old, new, key)
+        for key in keys
+    ]
 
 
 def main() -> None:

@@ -19,10 +19,10 @@ continuous Gaussians. This script times both, alternating in one process (median
 
 The numpy variant is a timing reference only: it is not a private mechanism dpsc offers.
 
-Usage (from the repo root, nothing else running)::
+It prints the two markdown tables of ``benchmarks/results/noise_cost.md``. Usage (from the repo
+root, nothing else running)::
 
-    OMP_NUM_THREADS=1 python benchmarks/diagnostics/noise_cost.py --repeats 5 --threads 1 \
-        > benchmarks/results/noise_cost.md
+    OMP_NUM_THREADS=1 python benchmarks/diagnostics/noise_cost.py --repeats 7 --threads 1
 """
 
 from __future__ import annotations
@@ -34,8 +34,6 @@ import time
 from collections.abc import Callable, Iterator
 
 import numpy as np
-
-PCA_GENES = 2000
 
 
 @contextlib.contextmanager
@@ -65,23 +63,23 @@ def seconds(call: Callable[[], object]) -> float:
     return time.perf_counter() - start
 
 
-def pca_lattice_sigma() -> float:
-    """σ (lattice units) of the PCA release of a ``tl.cluster`` plan on PBMC 4k at ε = 8."""
+def pca_release() -> tuple[int, float]:
+    """Values and σ (lattice units) of the PCA release of a ``tl.cluster`` plan on PBMC 4k at ε = 8."""
     import dpsc
     from dpsc.privacy._clustering import plan_clustering
     from dpsc.privacy._pca import second_moment_release
 
     adata = dpsc.datasets.pbmc4k()
     plan = plan_clustering(8.0, 1e-5, n_vars=adata.n_vars, n_clusters=8, n_obs=adata.n_obs)
-    return second_moment_release(plan.n_genes, plan.sigmas["pca"]).lattice_std
+    release = second_moment_release(plan.n_genes, plan.sigmas["pca"])
+    return release.size, release.lattice_std
 
 
 def sampler_rows(repeats: int) -> list[str]:
     """Markdown rows: seconds for the PCA release's number of draws, secure vs numpy."""
     from dpsc.privacy._random import SecureRandom, secure_key
 
-    n = PCA_GENES * (PCA_GENES + 1) // 2
-    sigma = pca_lattice_sigma()
+    n, sigma = pca_release()
     pcg, mt = np.random.default_rng(), np.random.RandomState()
     runs = {"secure": [], "pcg": [], "mt": []}
     for _ in range(repeats):
