@@ -125,7 +125,7 @@ def test_site_refuses_what_its_settings_do_not_allow(sites):
     site.check_run(fewer, "secure", 3, 3)  # calibrated by the site for a plan with gene selection
     with pytest.raises(SiteRefusal, match="below this site's own calibration"):
         site.check_run(dataclasses.replace(fewer, sigmas=plan.sigmas), "secure", 3, 3)  # σ without selection
-    with pytest.raises(SiteRefusal, match="not in the run's plan"):
+    with pytest.raises(SiteRefusal, match="next release of the run's plan is 0"):
         site.contribute(plan, Request("kmeans", 99, plan.sigmas["kmeans"]), "secure", 3, 3)
     assert site.ledger.entries() == []  # nothing was booked by a refusal
 
@@ -141,11 +141,12 @@ def test_site_handler_refuses_a_server_seed_and_a_secure_request_outside_secagg(
     handler = SiteHandler(context, dict(enumerate(sites)))
     plan = _plan(sites[0])
     config = {"task": "pipeline", "mode": "secure", "threshold": 3, "n-sites": 3, **plan.to_config()}
-    config |= {"kind": "pca", "index": 0, "sigma": plan.sigmas["pca"]}
-    payload = [np.arange(200), np.full((200, 1), 200**-0.5), np.zeros((0, 0))]  # genes, mean direction
+    config |= {"kind": "sum", "index": 0, "sigma": plan.sigmas["sum"]}
+    payload = [np.arange(200), np.zeros((0, 0)), np.zeros((0, 0))]  # the genes of the cell sum
     with pytest.raises(SiteRefusal, match="Malformed"):
-        handler.fit([np.arange(200), np.zeros((0, 0)), np.zeros((0, 0))], {**config, "mode": "plain"})
-    short = [np.arange(150), np.full((150, 1), 150**-0.5), np.zeros((0, 0))]  # not the plan's 200 genes
+        pca = {**config, "mode": "plain", "kind": "pca", "sigma": plan.sigmas["pca"]}  # not release 0
+        handler.fit([np.arange(200), np.full((200, 1), 200**-0.5), np.zeros((0, 0))], pca)
+    short = [np.arange(150), np.zeros((0, 0)), np.zeros((0, 0))]  # not the plan's 200 genes
     with pytest.raises(SiteRefusal, match="plan reads 200 distinct genes"):
         handler.fit(short, {**config, "mode": "plain"})
     repeated = [np.zeros(200, dtype=np.int64), payload[1], payload[2]]
@@ -169,15 +170,18 @@ def test_site_ledger_survives_a_restart_composes_and_refuses_past_the_budget(sit
     def one_run(site: Site) -> None:
         state: dict = {}
         genes = np.arange(200)
-        site.contribute(plan, Request("pca", 0, plan.sigmas["pca"], genes=genes), "plain", 1, 3, state)
+        site.contribute(plan, Request("sum", 0, plan.sigmas["sum"], genes=genes), "plain", 1, 3, state)
+        direction = np.full((200, 1), 200**-0.5)
+        pca = Request("pca", 1, plan.sigmas["pca"], genes=genes, loadings=direction)
+        site.contribute(plan, pca, "plain", 1, 3, state)
 
     one_run(Site(settings))
     restarted = Site(settings)  # a new process: the ledger is read back from its file
-    assert len(restarted.ledger.entries()) == 1
+    assert len(restarted.ledger.entries()) == 2
     first = dpsc.privacy._ledger.compose(restarted.ledger.entries()).epsilon
     with pytest.raises(SiteRefusal, match="budget refuses the run"):
         one_run(restarted)  # the whole run (about 8) on top of what was spent passes 9
-    assert len(restarted.ledger.entries()) == 1
+    assert len(restarted.ledger.entries()) == 2
     assert 0 < first < 8.0
     text = Path(settings.ledger).read_text()
     assert json.loads(text)["budget"]["epsilon"] == 9.0  # a plain, atomic JSON file beside the data

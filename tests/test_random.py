@@ -108,3 +108,52 @@ def test_gaussian_tensor_tails_match_the_normal():
     beyond = (np.abs(draws) > 4).sum()
     expected = 2 * stats.norm.sf(4) * draws.size
     assert abs(beyond - expected) < 5 * math.sqrt(expected)
+
+
+# -- no truncated tails: every value of the pure-ε samplers stays possible ------------------------
+def forced_uniforms(rng: SecureRandom, calls: int) -> SecureRandom:
+    """Make the first ``calls`` uniform draws of ``rng`` the smallest value of the grid."""
+    real, left = rng.uniform, [calls]
+
+    def uniform(size):
+        if left[0] > 0:
+            left[0] -= 1
+            return np.full(size, 0.5 * 2.0**-52)
+        return real(size)
+
+    rng.uniform = uniform
+    return rng
+
+
+def test_uniform_stays_inside_the_open_interval():
+    rng = stream("grid")
+    rng.words = lambda n: np.full(int(n), np.iinfo(np.uint64).max, dtype=np.uint64)
+    assert rng.uniform(3).max() < 1.0  # the top word: 1 - 2^-53, not 1.0
+    rng.words = lambda n: np.zeros(int(n), dtype=np.uint64)
+    assert rng.uniform(3).min() > 0.0
+
+
+def test_geometric_and_discrete_laplace_draw_beyond_37_scales():
+    """The inverse-CDF sampler never drew past ~37 scales (so a pure-ε release was only (ε, δ))."""
+    for scale in (1.0, 0.37, 1234.5):
+        value = forced_uniforms(stream(f"tail{scale}"), 3).geometric(scale, 1)[0]
+        assert value >= 40 * scale - 1  # three draws at the grid's floor: past the old largest value
+    magnitude = np.abs(forced_uniforms(stream("laplace tail"), 3).discrete_laplace(2.0, 1))[0]
+    assert magnitude >= 79
+
+
+def test_bernoulli_exp_keeps_far_tails_possible_and_has_the_right_rate():
+    forced = forced_uniforms(stream("bexp forced"), 1000)
+    assert forced.bernoulli_exp(np.array([50.0, 700.0, 800.0])).all()  # e^-800 underflows; still possible
+    rng = stream("bexp")
+    for gamma, n in ((0.3, 200_000), (3.7, 400_000), (11.0, 4_000_000)):
+        hits = int(rng.bernoulli_exp(np.full(n, gamma)).sum())
+        expected = n * math.exp(-gamma)
+        assert abs(hits - expected) < 5 * math.sqrt(expected), (gamma, hits, expected)
+
+
+@pytest.mark.parametrize("scale", [0.2, 1.0, 7.3])
+def test_geometric_has_the_exact_pmf_quick(scale):
+    r = math.exp(-1 / scale)
+    draws = stream(f"geometric{scale}").geometric(scale, 200_000)
+    assert chi_square_p(draws, lambda k: (1 - r) * r ** k.astype(float)) > 1e-4

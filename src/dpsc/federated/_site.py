@@ -8,28 +8,43 @@ checks it against its settings and its ledger (:meth:`Site.check_run`) and answe
 request with the integer lattice vector of its own sum plus its share of the noise
 (:meth:`Site.contribute`). It refuses, with a message that names the reason and sends nothing:
 
-* a run without noise, when the site is configured with an ε;
-* any noise multiplier below what the site's own (ε, δ) calls for (the site calibrates the same
-  public plan with its own numbers);
+* a run without noise, when the site is configured with an ε, and any release of a private run
+  with a noise multiplier of 0 or below what the site's own (ε, δ) calls for (the site calibrates
+  the same public plan with its own numbers);
+* anything but the plan's schedule (:meth:`~dpsc.privacy._clustering.ClusterPlan.schedule`): each
+  release is served once, in order, with the kind, σ and sizes the schedule fixes; a release
+  served before, a skipped or reordered one, one past the schedule, or a change of the plan or of
+  the trust settings (mode, threshold, number of sites) in the middle of a run;
+* public inputs outside the bounds the proof assumes: gene lists that are not the plan's number
+  of distinct genes, loadings that are not finite or not orthonormal, k-means assignments of the
+  wrong kind or shape or with values that are not finite (checked before any cell is read);
 * a noise seed from the server (the site draws its noise from its own secret keystreams; a seed,
   for tests, can only come from the site's own settings);
 * a secure-aggregation run whose threshold is above the number of honest sites the site assumes,
-  or a secure-mode request that did not arrive through SecAgg+ (the share it would send is not
-  enough noise on its own);
-* a run, or a release, that would take its ledger past its budget, or past ``max_rounds``;
+  or whose fallback ε (:mod:`._trust`: the site's ε if the other summed sites collude with the
+  server) is above the site's ``max_fallback_epsilon``, or a secure-mode request that did not arrive
+  through SecAgg+ (the share it would send is not enough noise on its own);
+* a run, or a release, that would take its ledger past its budget (:func:`~._trust.resolve_budget`:
+  one run's ε unless a budget is set), or past ``max_rounds``;
 * a malformed request.
 
+Every refusal depends on the server's message, the site's settings and its ledger, never on the
+cells. The contributions are per-cell maps of bounded norm whatever the public inputs are (a cell
+whose contribution is not finite contributes zero), and the encoded sum is checked against the
+bound :math:`n\Delta` before noise is added.
+
 **The ledger** is a :class:`~dpsc.privacy.FileLedger` beside the data: it survives restarts, a
-second run composes with the first, writes are atomic. Each contribution is booked just before it
-is sent (so the ledger never shows less than what left the site; a crash between booking and
-sending leaves one booked release that was not sent).
+second run composes with the first, writes are atomic. Each contribution is booked, checked
+against the budget, just before it is sent (so the ledger never shows less than what left the
+site; a crash between booking and sending leaves one booked release that was not sent).
 
 **What a site's ε covers.** In *plain* mode each site adds the full noise σ to its own sum: its
 release is (ε, δ)-DP for its cells by itself, whatever the others do. In *secure* mode (SecAgg+,
 ``threshold`` t) each site adds the discrete Gaussian share :math:`\sigma^2/t` and the server sees
 only the sum, which carries the central noise if at least t of the summed sites added their share
 and do not collude with the server; SecAgg+ reveals no sum of fewer than t sites. The site's ε is
-then the central mechanism's, under that assumption (the record states it).
+then the central mechanism's, under that assumption and a server that follows the SecAgg+
+protocol (semi-honest); the record and each ledger entry also carry the fallback ε.
 """
 
 from __future__ import annotations
@@ -53,8 +68,16 @@ from ..privacy import (
     PrivacyRecord,
     no_guarantee_record,
 )
-from ..privacy._clustering import MEAN_WEIGHT, ClusterPlan, Request, contribution, plan_clustering
-from ..privacy._ledger import _check, ledger_entry
+from ..privacy._clustering import (
+    MEAN_WEIGHT,
+    ClusterPlan,
+    Request,
+    ScheduleError,
+    contribution,
+    plan_clustering,
+)
+from ..privacy._ledger import _check, compose, ledger_entry
+from ._trust import budget_source, fallback_cap, fallback_epsilon, resolve_budget
 
 MODES = ("secure", "plain")
 
@@ -90,7 +113,13 @@ class SiteSettings:
     delta
         The site's δ (default: 10⁻⁵, or 1/(10 n) above 10⁴ cells).
     budget
-        The largest total ε its ledger may reach over all runs (``None``: no cap besides ``epsilon``).
+        The largest total ε its ledger may reach over all runs (``None``: one run's ``epsilon``, or
+        the budget stored in the ledger file when smaller; :mod:`._trust`).
+    raise_budget
+        Allow ``budget`` to raise the budget stored in the ledger file (an explicit act).
+    max_fallback_epsilon
+        The largest ε the site accepts for a secure run should the other sites of the threshold
+        collude with the server (``None``: twice ``epsilon``; :func:`~._trust.fallback_epsilon`).
     max_rounds
         The largest number of releases (or training rounds) it serves in one run.
     honest_sites
@@ -112,6 +141,8 @@ class SiteSettings:
     epsilon: float | None = 8.0
     delta: float | None = None
     budget: float | None = None
+    raise_budget: bool = False
+    max_fallback_epsilon: float | None = None
     max_rounds: int = 1000
     honest_sites: int | None = None
     layer: str | None = None
@@ -127,6 +158,11 @@ class SiteSettings:
             raise ValueError(f"The site's epsilon must be a positive number or 'none', got {self.epsilon!r}.")
         if self.budget is not None and not self.budget > 0:
             raise ValueError(f"The site's budget must be a positive number, got {self.budget!r}.")
+        if self.max_fallback_epsilon is not None and not self.max_fallback_epsilon > 0:
+            raise ValueError(
+                "The site's max_fallback_epsilon must be a positive number, got "
+                f"{self.max_fallback_epsilon!r}."
+            )
         if self.honest_sites is not None and int(self.honest_sites) < 1:
             raise ValueError(f"honest_sites must be at least 1, got {self.honest_sites!r}.")
         data = Path(self.data)
@@ -153,6 +189,13 @@ class SiteSettings:
             if key in values and not Path(values[key]).is_absolute():
                 values[key] = str(path.parent / values[key])
         return cls.from_mapping(values)
+
+
+def run_fallback_epsilon(plan: ClusterPlan, mode: str, threshold: int) -> float | None:
+    """Return a site's ε for the run should the other sites of the threshold collude (:mod:`._trust`)."""
+    if plan.epsilon is None:
+        return None
+    return fallback_epsilon(plan.history(), plan.delta, threshold if mode == "secure" else 1)
 
 
 def site_record(
@@ -185,13 +228,15 @@ def site_record(
     if plan.epsilon is None:
         return no_guarantee_record("federated clustering", unit=unit, covered=covered)
     spent = plan.spent()
+    fallback = run_fallback_epsilon(plan, mode, threshold)
     if mode == "secure":
         assumption = (
             f"secure aggregation (SecAgg+) over {n_sites} sites with threshold {threshold}: each site added "
-            f"1/{threshold} of the noise variance; the guarantee holds if at least {threshold} of the summed "
-            "sites "
-            "added their share and did not collude with the server, which learns only sums of at least "
-            f"{threshold} sites"
+            f"1/{threshold} of the noise variance; the guarantee holds if the server follows the SecAgg+ "
+            f"protocol (semi-honest) and at least {threshold} of the summed sites added their share and did "
+            f"not collude with it, as the server learns only sums of at least {threshold} sites; should the "
+            f"other {threshold - 1} sites of a sum collude with the server, each site's ε is "
+            f"{fallback:.3g} (its fallback ε)"
         )
     else:
         assumption = (
@@ -219,8 +264,14 @@ def site_record(
         history=plan.history(),
         steps=plan.n_releases,
         scope=f"site ({mode})",
-        details={"mode": mode, "threshold": threshold, "n_sites": n_sites},
+        details={"mode": mode, "threshold": threshold, "n_sites": n_sites, "fallback_epsilon": fallback},
     )
+
+
+def run_signature(plan: ClusterPlan, mode: str, threshold: int, n_sites: int) -> str:
+    """Return the plan and trust settings of a run as one string: nothing of it may change mid-run."""
+    trust = {"mode": mode, "threshold": int(threshold), "n-sites": int(n_sites)}
+    return json.dumps({**plan.to_config(), **trust}, sort_keys=True)
 
 
 class Site:
@@ -231,11 +282,10 @@ class Site:
         path = Path(settings.data)
         if not path.is_file():
             raise FileNotFoundError(f"The site's data file {path} does not exist.")
+        self.ledger = FileLedger(settings.ledger)
+        self.budget = resolve_budget(settings, self.ledger)  # before reading a cell: fails fast
         self.adata = ad.read_h5ad(path)
         self.matrix = get_matrix(self.adata, settings.layer)
-        self.ledger = FileLedger(settings.ledger)
-        if self._budget() is not None:
-            self.ledger.set_budget(self._budget())
         self.noise = NoiseSource(settings.noise_seed)
         self.delta = resolve_delta(settings.delta, self.adata.n_obs)
 
@@ -245,13 +295,12 @@ class Site:
         return self.adata.n_obs
 
     # -- checks --------------------------------------------------------------------------------
-    def check_run(
-        self, plan: ClusterPlan, mode: str, threshold: int, n_sites: int, whole_run: bool = True
-    ) -> None:
+    def check_run(self, plan: ClusterPlan, mode: str, threshold: int, n_sites: int) -> None:
         """Refuse a run this site's settings or budget do not allow (module docstring).
 
-        ``whole_run``: also check that every release of the plan fits the budget (at the first
-        release); later releases are checked one by one when they are booked.
+        Checks the plan against the site's own calibration of the same releases, the trust
+        settings, and that the whole run fits the budget (so that no run stops half served for
+        want of budget). Reads the plan, the settings and the ledger: never a cell.
         """
         s = self.settings
         if mode not in MODES:
@@ -274,43 +323,75 @@ class Site:
             return
         if s.epsilon is None:
             raise SiteRefusal("This site is configured for non-private runs only (epsilon = 'none').")
+        self._check_calibration(plan)
+        if mode == "secure":
+            self._check_trust(plan, threshold, n_sites)
+        planned = site_record(plan, mode, threshold, n_sites, self.n_obs, self.noise)
+        try:
+            _check(self.ledger.entries(), ledger_entry(planned, "run", "planned"), self._budget())
+        except BudgetExceededError:
+            raise SiteRefusal(self._budget_message(planned.epsilon, "run")) from None
+
+    def _check_calibration(self, plan: ClusterPlan) -> None:
+        """Refuse a plan whose releases carry less noise than this site's own calibration of them."""
+        s = self.settings
         try:  # this site's own calibration of the same releases (the plan's genes)
             own = plan_clustering(
                 s.epsilon, self.delta, n_vars=plan.n_vars, n_clusters=plan.n_clusters, n_genes=plan.n_genes
             )
         except ValueError as err:
             raise SiteRefusal(f"Malformed plan from the server ({err}); nothing was sent.") from None
-        for name, sigma in own.sigmas.items():
-            if plan.sigmas[name] < sigma * (1 - 1e-9):
+        if plan.n_comps != own.n_comps or plan.kmeans != own.kmeans:
+            raise SiteRefusal(
+                f"Malformed plan from the server: {plan.n_comps} components where a plan of {plan.n_genes} "
+                f"genes has {own.n_comps}; nothing was sent."
+            )
+        for release in plan.schedule():
+            needed = own.sigmas[release.kind]
+            if not release.sigma > 0 or release.sigma < needed * (1 - 1e-9):
                 raise SiteRefusal(
-                    f"The server's noise multiplier for {name} ({plan.sigmas[name]:.4g}) is below this "
-                    "site's "
-                    f"own calibration ({sigma:.4g} for epsilon={s.epsilon:g}, delta={self.delta:.1e}); it "
-                    "would spend more than the site allows."
+                    f"The server's noise multiplier for {release.kind} ({release.sigma:.4g}) is below this "
+                    f"site's own calibration ({needed:.4g} for epsilon={s.epsilon:g}, "
+                    f"delta={self.delta:.1e}); it would spend more than the site allows."
                 )
-        if plan.delta > self.delta * (1 + 1e-9):
-            raise SiteRefusal(f"The run's delta {plan.delta:.1e} is above this site's {self.delta:.1e}.")
-        if mode == "secure":
-            if not 2 <= threshold <= n_sites:
-                raise SiteRefusal(f"A secure run needs a threshold in [2, {n_sites}], got {threshold}.")
-            if s.honest_sites is not None and threshold > s.honest_sites:
-                raise SiteRefusal(
-                    f"The run's threshold {threshold} assumes {threshold} honest sites; this site trusts "
-                    "at most "
-                    f"{s.honest_sites}. Ask for a threshold of {s.honest_sites} or less (or the plain mode)."
-                )
-        if not whole_run:
-            return
-        planned = site_record(plan, mode, threshold, n_sites, self.n_obs, self.noise)
-        try:
-            _check(self.ledger.entries(), ledger_entry(planned, "run", "planned"), self._budget())
-        except BudgetExceededError as err:
-            raise SiteRefusal(f"This site's budget refuses the run: {err}") from None
+        if not 0 < plan.delta <= self.delta * (1 + 1e-9):
+            raise SiteRefusal(
+                f"The run's delta {plan.delta:.1e} is not in (0, {self.delta:.1e}] (this site's delta)."
+            )
+
+    def _check_trust(self, plan: ClusterPlan, threshold: int, n_sites: int) -> None:
+        """Refuse a secure run whose threshold this site does not trust (honest sites, fallback ε)."""
+        s = self.settings
+        if not 2 <= threshold <= n_sites:
+            raise SiteRefusal(f"A secure run needs a threshold in [2, {n_sites}], got {threshold}.")
+        if s.honest_sites is not None and threshold > s.honest_sites:
+            raise SiteRefusal(
+                f"The run's threshold {threshold} assumes {threshold} honest sites; this site trusts at "
+                f"most {s.honest_sites}. Ask for a threshold of {s.honest_sites} or less (or the plain mode)."
+            )
+        fallback, cap = run_fallback_epsilon(plan, "secure", threshold), fallback_cap(s)
+        if fallback > cap * (1 + 1e-9):
+            raise SiteRefusal(
+                f"The run's threshold {threshold} gives this site a fallback epsilon of {fallback:.3g} (its "
+                f"epsilon should the other {threshold - 1} sites of a sum collude with the server), above "
+                f"its max_fallback_epsilon of {cap:.3g}. Ask the server for a smaller threshold or the "
+                "plain mode, or raise max_fallback_epsilon if the data owner agrees."
+            )
 
     def _budget(self) -> dict[str, float] | None:
-        if self.settings.budget is None:
-            return None
-        return {"epsilon": float(self.settings.budget), "delta": -1.0}
+        return None if self.budget is None else {"epsilon": float(self.budget), "delta": -1.0}
+
+    def _budget_message(self, asked: float, what: str) -> str:
+        """Word a budget refusal in the data manager's terms: spent, asked, cap and its source."""
+        before = compose(self.ledger.entries()).epsilon
+        left = max(self.budget - before, 0.0)
+        return (
+            f"This site's budget refuses the {what}: its ledger ({self.settings.ledger}) has spent "
+            f"epsilon {before:.3g}, the {what} asks for {asked:.3g}, and the cap is {self.budget:.3g} "
+            f"({budget_source(self.settings, self.ledger)}); epsilon left: {left:.3g}. "
+            "Nothing was sent. Ask the server for a smaller epsilon, or raise the site's budget "
+            "(budget=...) if its data owner agrees."
+        )
 
     # -- a release ---------------------------------------------------------------------------------
     def contribute(
@@ -324,38 +405,45 @@ class Site:
     ) -> np.ndarray:
         """Return this site's integer lattice vector of the requested sum plus its noise share; booked first.
 
-        ``run_state`` (kept by Flower for this run at this node) remembers that the whole run was
-        checked at its first release, and the ledger's size then, so that later releases are booked
-        without the accountant when nothing else was booked in between (they are part of the
-        spend already checked).
+        ``run_state`` (kept by Flower for this run at this node) holds the run's signature (plan
+        and trust settings, checked whole at the first release) and how many of the schedule's
+        releases were served. The request must be the next one of the schedule; every check
+        reads the message, the settings and the ledger only, and happens before any cell is read.
         """
         run_state = {} if run_state is None else run_state
-        if not 0 <= request.index < plan.n_releases:
+        signature = run_signature(plan, mode, threshold, n_sites)
+        if run_state.get("signature", signature) != signature:
             raise SiteRefusal(
-                f"Release {request.index} is not in the run's plan of {plan.n_releases} releases."
+                "The server changed the plan or the trust settings (mode, threshold, number of sites) in "
+                "the middle of the run; nothing was sent."
             )
-        expected = plan.sigmas[request.kind]
-        if not math.isclose(request.sigma, expected, rel_tol=1e-12):
+        if "signature" not in run_state:
+            self.check_run(plan, mode, threshold, n_sites)
+            run_state.update(signature=signature, served=0)
+        schedule = plan.schedule()
+        served = int(run_state["served"])
+        if served >= len(schedule):
             raise SiteRefusal(
-                f"The request's noise multiplier {request.sigma} differs from the plan's {expected}."
+                f"Release {request.index} is past the run's plan: this site served all its "
+                f"{len(schedule)} releases; nothing was sent."
             )
-        _check_genes(plan, request)
-        signature = json.dumps(plan.to_config(), sort_keys=True)
-        if run_state.get("plan") != signature:
-            if run_state.get("plan") is not None:
-                raise SiteRefusal("The server changed the plan in the middle of the run.")
-            self.check_run(plan, mode, threshold, n_sites, whole_run=True)
-            delta = plan.delta / plan.n_releases
-            epsilons = {
-                repr(sigma): _release_epsilon(sigma, delta) for sigma in plan.sigmas.values() if sigma > 0
-            }
-            run_state.update(plan=signature, ledger=self.ledger.count(), booked=0, epsilons=epsilons)
-        spec = request.release(plan.n_vars)
-        shares = threshold if mode == "secure" else 1
+        if request.index != served:
+            raise SiteRefusal(
+                f"The server asks for release {request.index}; the next release of the run's plan is "
+                f"{served} (each release is served once, in order); nothing was sent."
+            )
+        scheduled = schedule[served]
+        try:
+            scheduled.check(request, plan.n_vars, plan.n_genes)
+        except ScheduleError as err:
+            raise SiteRefusal(f"Malformed request from the server: {err}; nothing was sent.") from None
+        spec = scheduled.release()
         vector = spec.encode(contribution(request, self.matrix))
+        _check_bound(vector, spec, self.n_obs)
         if plan.epsilon is not None:
-            vector = vector + self._noise(spec, request, shares, n_sites)
-        self._book(plan, request, mode, threshold, n_sites, run_state)
+            vector = vector + self._noise(spec, request, threshold if mode == "secure" else 1, n_sites)
+        self._book(plan, request, mode, threshold, n_sites)
+        run_state["served"] = served + 1
         return vector
 
     def _noise(self, spec, request: Request, shares: int, n_sites: int) -> np.ndarray:
@@ -375,34 +463,31 @@ class Site:
         k = int(self.settings.site_index)
         return np.floor_divide(central, n_sites) + (np.mod(central, n_sites) > k)
 
-    def _book(
-        self, plan: ClusterPlan, request: Request, mode: str, threshold: int, n_sites: int, run_state: dict
-    ) -> None:
-        """Append this release to the ledger (atomically; checked against the budget when needed)."""
+    def _book(self, plan: ClusterPlan, request: Request, mode: str, threshold: int, n_sites: int) -> None:
+        """Append this release to the ledger, atomically and checked against the budget, before it is sent."""
         if plan.epsilon is None:
             return
         delta = plan.delta / plan.n_releases
-        entry = (request.sigma, 1.0, 1)
+        epsilon = _release_epsilon(request.sigma, delta)
+        if not math.isfinite(epsilon):
+            raise SiteRefusal(f"Release {request.index} would spend an unbounded epsilon; nothing was sent.")
+        fallback = fallback_epsilon([(request.sigma, 1.0, 1)], delta, threshold if mode == "secure" else 1)
         record = PrivacyRecord(
             tool=f"federated clustering ({mode})",
-            epsilon=run_state.get("epsilons", {}).get(repr(request.sigma))
-            or _release_epsilon(request.sigma, delta),
+            epsilon=epsilon,
             delta=delta,
             guarantee="proven",
             statement="",
-            history=[entry],
+            history=[(request.sigma, 1.0, 1)],
             relation=ADD_REMOVE,
             noise=self.noise.to_dict(),
-            details={"threshold": threshold, "n_sites": n_sites},
+            details={"threshold": threshold, "n_sites": n_sites, "fallback_epsilon": fallback},
         )
         line = ledger_entry(record, f"release {request.index}: {request.kind}", "sent")
-        expected = int(run_state.get("ledger", -1)) + int(run_state.get("booked", 0))
-        if self.ledger.append_if_unchanged(line, expected) is None:
-            try:
-                self.ledger.reserve(line)
-            except BudgetExceededError as err:
-                raise SiteRefusal(f"This site's budget refuses the release: {err}") from None
-        run_state["booked"] = int(run_state.get("booked", 0)) + 1
+        try:
+            self.ledger.reserve(line, cap=self._budget())
+        except BudgetExceededError:
+            raise SiteRefusal(self._budget_message(epsilon, "release")) from None
 
     # -- the end of a run ------------------------------------------------------------------------------
     def write_results(self, result, plan: ClusterPlan, mode: str, threshold: int, n_sites: int) -> Path:
@@ -427,18 +512,16 @@ class Site:
         return path
 
 
-def _check_genes(plan: ClusterPlan, request: Request) -> None:
-    """Refuse a request past the gene selection that does not name the plan's ``n_genes`` genes.
+def _check_bound(vector: np.ndarray, spec, n_obs: int) -> None:
+    r"""Raise unless the encoded sum is within :math:`n\Delta` (lattice units, round-off included).
 
-    A consistency check, not a privacy one: the sensitivity of every release holds for any gene list.
+    Every contribution is a per-cell map of norm at most Δ whatever the public inputs are, so this
+    never fails on any data: a check of the code, made before noise is added and anything is sent.
     """
-    if request.kind == "genes":
-        return
-    genes = np.asarray(request.genes if request.genes is not None else [], dtype=np.int64)
-    distinct = len(np.unique(genes))
-    in_range = len(genes) == 0 or 0 <= int(genes.min()) <= int(genes.max()) < plan.n_vars
-    if len(genes) != plan.n_genes or distinct != len(genes) or not in_range:
-        raise SiteRefusal(
-            f"Malformed request from the server: {len(genes)} gene indices ({distinct} distinct) where "
-            f"the plan reads {plan.n_genes} distinct genes of {plan.n_vars}; nothing was sent."
+    bound = n_obs * spec.sensitivity / spec.lattice + 0.5 * math.sqrt(spec.size)
+    norm = float(np.linalg.norm(vector.astype(np.float64)))
+    if not norm <= bound * (1 + 1e-9):
+        raise RuntimeError(
+            f"This site's {spec.name} sum has norm {norm:.4g} above its bound {bound:.4g}: a defect of dpsc, "
+            "not of the data; nothing was sent."
         )

@@ -92,6 +92,124 @@ KMEANS_PLAN = {
 CLIP_NORM = 1.0
 
 
+#: The largest absolute value a public array the server sends may hold (the sketch's projections
+#: and the Lloyd centroids are of order 1; the loadings are orthonormal).
+MAX_PUBLIC_VALUE = 1e6
+#: How far from orthonormal released loadings may be (float64 round-off of an eigendecomposition
+#: and of a normalisation is about 1e-13).
+ORTHONORMAL_TOL = 1e-6
+
+
+RELEASE_NAMES = {
+    "genes": "gene statistics",
+    "sum": "cell sum",
+    "pca": "second moment",
+    "kmeans": "k-means table",
+}
+
+
+class ScheduleError(ValueError):
+    """A request that is not the plan's scheduled release (or whose public inputs break its bounds)."""
+
+
+@dataclass(frozen=True)
+class ScheduledRelease:
+    """One release of a plan's schedule (:meth:`ClusterPlan.schedule`), fixed before any cell is read.
+
+    Attributes
+    ----------
+    index, kind, sigma
+        Position in the plan, what is summed (one of :data:`KINDS`) and its noise multiplier.
+    size, sensitivity
+        d and Δ of its :class:`~dpsc.privacy.GaussianSum`.
+    assignment, rows
+        For a k-means table: the assignment kind (``"sketch"`` or ``"nearest"``) and the table's rows.
+    width
+        Columns of the loadings the request carries (1 for the residual PCA: the mean direction;
+        ``n_comps`` for a k-means table; 0 when it carries none).
+    """
+
+    index: int
+    kind: str
+    sigma: float
+    size: int
+    sensitivity: float
+    assignment: str | None = None
+    rows: int = 0
+    width: int = 0
+
+    def release(self) -> GaussianSum:
+        """Return the :class:`GaussianSum` of this release (sizes from the plan, not from a request)."""
+        return GaussianSum(RELEASE_NAMES[self.kind], self.size, self.sensitivity, self.sigma)
+
+    def check(self, request: Request, n_vars: int, n_genes: int) -> None:
+        r"""Raise :class:`ScheduleError` unless ``request`` is this release with public inputs in bounds.
+
+        Checks the index, kind and σ; the gene list (``n_genes`` distinct indices below ``n_vars``);
+        loadings of shape (``n_genes``, :attr:`width`), finite, with orthonormal columns
+        (:math:`\max|L^\top L - I| \le` :data:`ORTHONORMAL_TOL`: then every projection of a unit
+        cell has norm at most 1 and every unit residual is finite); the assignment's kind and shape,
+        finite, every value at most :data:`MAX_PUBLIC_VALUE`. Reads the request only, never a cell.
+        """
+        if request.index != self.index or request.kind != self.kind:
+            raise ScheduleError(
+                f"release {request.index} asks for {request.kind!r}; the plan's release {self.index} is "
+                f"{self.kind!r}"
+            )
+        if not (isinstance(request.sigma, float | int) and request.sigma == self.sigma):
+            raise ScheduleError(
+                f"release {self.index} ({self.kind}) asks for noise multiplier {request.sigma!r}; the plan's "
+                f"is {self.sigma!r}"
+            )
+        if self.kind == "genes":
+            return
+        _check_gene_list(request.genes, n_vars, n_genes)
+        if self.width:
+            _check_loadings(request.loadings, n_genes, self.width)
+        if self.assignment is not None:
+            _check_assignment(request.assignment, self.assignment, self.rows, self.width)
+
+
+def _check_gene_list(genes: Any, n_vars: int, n_genes: int) -> None:
+    genes = np.asarray(genes if genes is not None else [])
+    if genes.ndim != 1 or not np.issubdtype(genes.dtype, np.integer):
+        raise ScheduleError(f"the gene list is not a vector of integer indices (dtype {genes.dtype})")
+    distinct = len(np.unique(genes))
+    in_range = len(genes) == 0 or (0 <= int(genes.min()) and int(genes.max()) < n_vars)
+    if len(genes) != n_genes or distinct != len(genes) or not in_range:
+        raise ScheduleError(
+            f"{len(genes)} gene indices ({distinct} distinct) where the plan reads {n_genes} distinct genes "
+            f"of {n_vars}"
+        )
+
+
+def _check_finite(name: str, values: Any, shape: tuple[int, ...]) -> np.ndarray:
+    values = np.asarray(values if values is not None else np.zeros((0, 0)))
+    if values.shape != shape:
+        raise ScheduleError(f"{name} of shape {values.shape} where the plan expects {shape}")
+    if not np.issubdtype(values.dtype, np.floating) and not np.issubdtype(values.dtype, np.integer):
+        raise ScheduleError(f"{name} of dtype {values.dtype}")
+    values = values.astype(np.float64)
+    if not np.isfinite(values).all() or (values.size and np.abs(values).max() > MAX_PUBLIC_VALUE):
+        raise ScheduleError(f"{name} with values that are not finite or above {MAX_PUBLIC_VALUE:g}")
+    return values
+
+
+def _check_loadings(loadings: Any, n_genes: int, width: int) -> None:
+    values = _check_finite("loadings", loadings, (n_genes, width))
+    if np.abs(values.T @ values - np.eye(width)).max() > ORTHONORMAL_TOL:
+        raise ScheduleError("loadings whose columns are not orthonormal")
+
+
+def _check_assignment(assignment: Any, kind: str, rows: int, width: int) -> None:
+    if not isinstance(assignment, _kmeans.Assignment) or assignment.kind != kind:
+        got = getattr(assignment, "kind", None)
+        raise ScheduleError(f"a k-means assignment of kind {got!r} where the plan has {kind!r}")
+    bits = int(np.log2(rows))
+    shape = (width, bits) if kind == "sketch" else (rows, width)
+    _check_finite(f"the {kind} assignment", assignment.matrix, shape)
+
+
 @dataclass(frozen=True)
 class ClusterPlan:
     """A whole private clustering, fixed before any cell is read (public: sent to every site)."""
@@ -123,6 +241,40 @@ class ClusterPlan:
     def n_releases(self) -> int:
         """Every release of the plan, in order."""
         return int(self.select_genes) + 2 + self.kmeans_steps
+
+    @property
+    def coreset_size(self) -> int:
+        """m, the centroids of the DP k-means' Lloyd rounds (``oversampling`` × k)."""
+        return int(self.kmeans["oversampling"]) * int(self.n_clusters)
+
+    @property
+    def sketch_bits(self) -> int:
+        r"""Projection bits of the DP k-means sketch (at least :math:`\lceil\log_2 2m\rceil`)."""
+        return max(int(self.kmeans["n_bits"]), int(np.ceil(np.log2(2 * self.coreset_size))))
+
+    def schedule(self) -> tuple[ScheduledRelease, ...]:
+        """Return every release of the plan, in order: what is released, its size, σ and public inputs.
+
+        The one definition of the clustering's releases: :func:`run_clustering` checks each request
+        it makes against it, and a federated site (:class:`dpsc.federated.Site`) serves exactly
+        these releases, each once, in this order, and refuses anything else.
+        """
+        k, m, d = self.kmeans, self.coreset_size, self.n_comps
+        entries: list[tuple] = []
+        if self.select_genes:
+            entries.append(("genes", 2 * self.n_vars + 1, _hvg.SENSITIVITY, None, 0, 0))
+        entries.append(("sum", self.n_genes, 1.0, None, 0, 0))
+        entries.append(("pca", self.n_genes * (self.n_genes + 1) // 2, 1.0, None, 0, 1))
+        sensitivity = _kmeans.table_sensitivity(CLIP_NORM, k["count_scale"])
+        sketch_rows = 2**self.sketch_bits
+        for _ in range(k["n_sketch_steps"]):
+            entries.append(("kmeans", sketch_rows * (d + 1), sensitivity, "sketch", sketch_rows, d))
+        for _ in range(k["n_lloyd_rounds"] * k["steps_per_round"]):
+            entries.append(("kmeans", m * (d + 1), sensitivity, "nearest", m, d))
+        return tuple(
+            ScheduledRelease(index, kind, self.sigmas[kind], size, delta, assignment, rows, width)
+            for index, (kind, size, delta, assignment, rows, width) in enumerate(entries)
+        )
 
     def history(self) -> list[tuple[float, float, int]]:
         """Return the Opacus history of the whole clustering (every release reads all cells: q = 1)."""
@@ -313,7 +465,20 @@ ReleaseSum = Callable[[Request], np.ndarray]
 
 
 def run_clustering(plan: ClusterPlan, release_sum: ReleaseSum) -> ClusterResult:
-    """Run the plan: ask ``release_sum`` for each noisy sum, post-process between them (no cell read)."""
+    """Run the plan: ask ``release_sum`` for each noisy sum, post-process between them (no cell read).
+
+    Every request is checked against the plan's schedule (:meth:`ClusterPlan.schedule`) before it
+    is passed on, so the releases made here are the ones a federated site agrees to serve.
+    """
+    schedule = plan.schedule()
+    ask = release_sum
+
+    def release_sum(request: Request) -> np.ndarray:
+        if request.index >= len(schedule):
+            raise RuntimeError(f"Release {request.index} is past the plan's {len(schedule)} releases.")
+        schedule[request.index].check(request, plan.n_vars, plan.n_genes)
+        return ask(request)
+
     index = 0
     genes = np.arange(plan.n_vars)
     means = variances = None

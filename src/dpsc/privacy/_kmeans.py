@@ -122,6 +122,8 @@ def table_sensitivity(clip_norm: float, count_scale: float) -> float:
 
 
 def _clip_rows(z: np.ndarray, clip_norm: float) -> np.ndarray:
+    """Each row scaled to norm at most ``clip_norm``; a row that is not finite becomes zero."""
+    z = np.where(np.isfinite(z).all(1, keepdims=True), z, 0.0)
     norms = np.maximum(np.linalg.norm(z, axis=1, keepdims=True), 1e-12)
     return z * np.minimum(clip_norm / norms, 1.0)
 

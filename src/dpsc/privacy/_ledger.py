@@ -215,25 +215,12 @@ class FileLedger:
         with self._locked() as state:
             state["budget"] = budget
 
-    def reserve(self, entry: dict[str, Any]) -> str:
-        """Check ``entry`` against the budget and book it, atomically; return its id."""
+    def reserve(self, entry: dict[str, Any], cap: dict[str, float] | None = None) -> str:
+        """Check ``entry`` against the budget (and ``cap``, if given), book it atomically; return its id."""
         with self._locked() as state:
             entries = [state["entries"][k] for k in sorted(state["entries"])]
             _check(entries, entry, state["budget"])
-            key = f"{len(state['entries']):04d}"
-            state["entries"][key] = _plain(entry)
-        return key
-
-    def append_if_unchanged(self, entry: dict[str, Any], expected: int) -> str | None:
-        """Append ``entry`` without a budget check if the ledger still has ``expected`` entries.
-
-        For a caller that already checked a larger spend that includes this one (a site checks a
-        whole run at its first release): if nothing else was booked since, appending cannot exceed
-        the budget. Returns the entry's id, or ``None`` (the ledger changed: use :meth:`reserve`).
-        """
-        with self._locked() as state:
-            if len(state["entries"]) != expected:
-                return None
+            _check(entries, entry, cap)
             key = f"{len(state['entries']):04d}"
             state["entries"][key] = _plain(entry)
         return key

@@ -116,8 +116,9 @@ def residual_rows(Z: np.ndarray, released: np.ndarray) -> np.ndarray:
     """
     R = Z - (Z @ released) @ released.T
     norms = np.linalg.norm(R, axis=1)
-    scale = np.divide(1.0, norms, out=np.zeros_like(norms), where=norms > 1e-9)
-    return R * scale[:, None]
+    keep = np.isfinite(norms) & (norms > 1e-9)  # a row that is not finite contributes zero
+    scale = np.divide(1.0, norms, out=np.zeros_like(norms), where=keep)
+    return np.where(keep[:, None], R, 0.0) * scale[:, None]
 
 
 def cell_sum(matrix: Any, log_normalize: bool = True, columns: np.ndarray | None = None) -> np.ndarray:
@@ -193,7 +194,7 @@ def residual_loadings(
     order = np.argsort(eigval)[::-1][: n_comps - 1]
     V = eigvec[:, order]
     V = V - np.outer(direction, direction @ V)
-    V, _ = np.linalg.qr(V)
+    V = np.linalg.qr(np.column_stack([direction, V]))[0][:, 1:]  # orthonormal and orthogonal to u
     V *= np.sign(V[np.abs(V).argmax(0), np.arange(V.shape[1])])
     return np.column_stack([direction, V]), eigval[order]
 
@@ -239,11 +240,15 @@ def released_loadings(
 def project(
     matrix: Any, pcs: np.ndarray, log_normalize: bool = True, columns: np.ndarray | None = None
 ) -> np.ndarray:
-    r"""Each cell's projection :math:`z_i^\top V` (a function of that cell and the loadings), float32."""
+    r"""Each cell's projection :math:`z_i^\top V` (a function of that cell and the loadings), float32.
+
+    A row whose projection is not finite (loadings that overflow) is zero: a per-cell map.
+    """
     out = np.empty((matrix.shape[0], pcs.shape[1]), dtype=np.float32)
     start = 0
     for block in unit_row_blocks(matrix, log_normalize, columns):
         rows = np.asarray(block @ pcs, dtype=np.float32)
+        rows[~np.isfinite(rows).all(1)] = 0.0
         out[start : start + len(rows)] = rows
         start += len(rows)
     return out

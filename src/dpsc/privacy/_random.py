@@ -8,7 +8,8 @@ or PCG64: their state can be recovered from outputs). The key is never stored or
 
 **Samplers.**
 
-* :meth:`SecureRandom.uniform`: 53-bit uniforms in (0, 1), the input of every other sampler;
+* :meth:`SecureRandom.uniform`: uniforms on the grid :math:`(k + 1/2)2^{-52}` in (0, 1), the input of
+  every other sampler;
   :meth:`SecureRandom.bernoulli_mask`: independent inclusion with rate q (Poisson sampling).
 * :meth:`SecureRandom.discrete_gaussian` and :meth:`SecureRandom.discrete_laplace`: the exact
   samplers of Canonne, Kamath & Steinke (2020, Alg. 2 and 3) for integer-valued noise. Their
@@ -32,8 +33,11 @@ import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 KEY_BYTES = 32
-_UNIT = 2.0**-53
+_UNIT = 2.0**-52
 _CHUNK = 1 << 22  # draws per rejection round of the exact samplers
+_DIRECT = 10.0  # bernoulli_exp compares one uniform with exp(-gamma) up to this gamma
+_EXP_MINUS_ONE = math.exp(-1.0)
+_TAIL = 20  # _geometric_exp_minus_one's inverse-CDF part stops here (e^-20 is 10^7 grid steps)
 
 
 def secure_key() -> bytes:
@@ -81,9 +85,12 @@ class SecureRandom:
         return np.frombuffer(self.random_bytes(8 * int(n)), dtype=np.uint64)
 
     def uniform(self, size: int | tuple[int, ...]) -> np.ndarray:
-        """Uniform floats in (0, 1) with 53 random bits each (never exactly 0 or 1)."""
+        r"""Uniform floats :math:`(k + 1/2)\,2^{-52}`, k uniform below :math:`2^{52}`: never 0 or 1.
+
+        Every value is exact in float64 (53 significant bits), so the largest is :math:`1 - 2^{-53}`.
+        """
         n = int(np.prod(size))
-        u = ((self.words(n) >> np.uint64(11)).astype(np.float64) + 0.5) * _UNIT
+        u = ((self.words(n) >> np.uint64(12)).astype(np.float64) + 0.5) * _UNIT
         return u.reshape(size)
 
     def bernoulli_mask(self, n: int, p: float) -> np.ndarray:
@@ -144,26 +151,126 @@ class SecureRandom:
         return int(self.words(1)[0] >> np.uint64(33))
 
     # -- exact integer samplers (Canonne, Kamath & Steinke 2020) ---------------------------------
-    def geometric(self, scale: float, size: int) -> np.ndarray:
-        r"""Integers :math:`G \ge 0` with :math:`P(G \ge g) = e^{-g/\text{scale}}` (inverse CDF).
+    def uniform_below(self, bound: int, size: int) -> np.ndarray:
+        """Uniform integers in ``[0, bound)`` (rejection from the smallest power of two above, exact)."""
+        bound, size = int(bound), int(size)
+        if not 1 <= bound <= 2**62:
+            raise ValueError(f"bound must be in [1, 2^62], got {bound}.")
+        mask = np.uint64((1 << (bound - 1).bit_length()) - 1)
+        out = np.empty(size, dtype=np.int64)
+        filled = 0
+        while filled < size:
+            draws = (self.words(2 * (size - filled) + 8) & mask).astype(np.int64)
+            kept = draws[draws < bound][: size - filled]
+            out[filled : filled + kept.size] = kept
+            filled += kept.size
+        return out
 
-        :math:`G = \lfloor -\text{scale}\,\ln U\rfloor`; with 53-bit uniforms the largest value is
-        about 36.7 × scale, so the tail beyond it (probability below 10⁻¹⁵) is never drawn.
+    def bernoulli_exp(self, gamma: np.ndarray) -> np.ndarray:
+        r"""Bernoulli(:math:`e^{-\gamma}`) for each :math:`\gamma \ge 0`, with no truncated tail.
+
+        For :math:`\gamma \le` :data:`_DIRECT` a 52-bit uniform is compared with
+        :math:`e^{-\gamma} \ge e^{-10}` (relative error of the probability below :math:`10^{-11}`).
+        Beyond, as in CKS 2020 (Alg. 1),
+        :math:`e^{-\gamma} = (e^{-1})^{\lfloor\gamma\rfloor} e^{-(\gamma - \lfloor\gamma\rfloor)}`:
+        :math:`\lfloor\gamma\rfloor` draws of Bernoulli(:math:`e^{-1}`) and one of the fractional
+        part must all be 1, so every probability drawn is at least :math:`e^{-1}` and no outcome
+        gets probability 0 however large γ is (a single comparison with :math:`e^{-\gamma}` would
+        make every :math:`\gamma > 36` impossible on the 52-bit grid).
         """
-        return np.floor(-scale * np.log(self.uniform(int(size)))).astype(np.int64)
+        gamma = np.asarray(gamma, dtype=np.float64).reshape(-1)
+        if gamma.size and not (np.isfinite(gamma).all() and gamma.min() >= 0):
+            raise ValueError("bernoulli_exp needs finite gamma >= 0.")
+        out = np.empty(gamma.size, dtype=bool)
+        direct = gamma <= _DIRECT
+        out[direct] = self.uniform(int(direct.sum())) < np.exp(-gamma[direct])
+        far = np.flatnonzero(~direct)
+        if far.size:
+            whole = np.floor(gamma[far])
+            ok = self.uniform(far.size) < np.exp(-(gamma[far] - whole))
+            alive, done = np.flatnonzero(ok), 0
+            while alive.size:
+                hit = self.uniform(alive.size) < _EXP_MINUS_ONE
+                ok[alive[~hit]] = False
+                done += 1
+                alive = alive[hit]
+                alive = alive[whole[alive] > done]
+            out[far] = ok
+        return out
+
+    def _geometric_exp_minus_one(self, size: int) -> np.ndarray:
+        r"""Integers :math:`V \ge 0` with :math:`P(V \ge v) = e^{-v}`, every value possible.
+
+        :math:`\lfloor -\ln U\rfloor` below :data:`_TAIL` (where :math:`e^{-v}` is far above the
+        uniform's grid); a draw at :data:`_TAIL` or beyond is :data:`_TAIL` plus a fresh draw (the
+        geometric law is memoryless), so there is no largest value.
+        """
+        v = np.floor(-np.log(self.uniform(int(size)))).astype(np.int64)
+        tail = np.flatnonzero(v >= _TAIL)
+        if tail.size:
+            v[tail] = _TAIL + self._geometric_exp_minus_one(tail.size)
+        return v
+
+    def geometric(self, scale: float, size: int) -> np.ndarray:
+        r"""Integers :math:`G \ge 0` with :math:`P(G \ge g) = e^{-g/s}`, :math:`s \ge` ``scale``, no tail cut.
+
+        After CKS 2020 (Alg. 2): with :math:`T = 2^m` and the integer
+        :math:`a = \lfloor T/\text{scale}\rfloor` (so :math:`s = T/a` is ``scale`` rounded up by less
+        than :math:`2^{-29}` relative: never less noise than asked), draw :math:`U` uniform in
+        :math:`[0, T)` (m random bits) kept with probability :math:`e^{-U/T}` and :math:`V` with
+        :math:`P(V \ge v) = e^{-v}` (:meth:`_geometric_exp_minus_one`); then :math:`X = U + TV` has
+        :math:`P(X \ge x) = e^{-x/T}` on the integers, and :math:`G = \lfloor X / a\rfloor`. Every
+        value has a positive probability (the inverse CDF :math:`\lfloor -s\ln U\rfloor` of a
+        53-bit uniform never exceeds about 37 s, which made the discrete Laplace only (ε, δ)-DP).
+        """
+        if not (scale > 0 and math.isfinite(scale)) or scale > 2.0**50:
+            raise ValueError(f"The geometric scale must be a positive number up to 2^50, got {scale}.")
+        m = min(56, max(1, 30 + math.ceil(math.log2(scale))))
+        T = 1 << m
+        a = max(1, math.floor(T / scale))
+        size = int(size)
+        out = np.empty(size, dtype=np.int64)
+        filled = 0
+        while filled < size:
+            want = int(1.65 * (size - filled)) + 16  # about 63 % of the U are kept
+            U = (self.words(want) >> np.uint64(64 - m)).astype(np.int64)
+            U = U[self.uniform(want) < np.exp(-U / T)][: size - filled]
+            V = self._geometric_exp_minus_one(U.size)
+            G = np.empty(U.size, dtype=np.int64)
+            small = V < 64  # U + T V < 2^62: exact in int64
+            G[small] = (U[small] + T * V[small]) // a
+            G[~small] = [(int(u) + T * int(v)) // a for u, v in zip(U[~small], V[~small], strict=True)]
+            out[filled : filled + U.size] = G
+            filled += U.size
+        return out
 
     def discrete_laplace(self, scale: float, size: int) -> np.ndarray:
-        r"""Integers with :math:`P(Y = y) \propto e^{-|y|/\text{scale}}` (difference of two geometrics)."""
+        r"""Integers with :math:`P(Y = y) \propto e^{-|y|/s}`, :math:`s \ge` ``scale`` (CKS 2020, Alg. 2).
+
+        A magnitude :math:`G` from :meth:`geometric` and a sign bit; a negative zero is redrawn.
+        """
         if not scale > 0:
             raise ValueError(f"The discrete Laplace scale must be > 0, got {scale}.")
-        return self.geometric(scale, size) - self.geometric(scale, size)
+        size = int(size)
+        out = np.empty(size, dtype=np.int64)
+        filled = 0
+        while filled < size:
+            want = int(1.1 * (size - filled)) + 16
+            magnitude = self.geometric(scale, want)
+            negative = (self.words(want) & np.uint64(1)).astype(bool)
+            keep = ~(negative & (magnitude == 0))
+            kept = np.where(negative, -magnitude, magnitude)[keep][: size - filled]
+            out[filled : filled + kept.size] = kept
+            filled += kept.size
+        return out
 
     def discrete_gaussian(self, sigma: float, size: int) -> np.ndarray:
         r"""Integers with :math:`P(Y = y) \propto e^{-y^2 / (2\sigma^2)}` (CKS 2020, Alg. 3).
 
-        Rejection sampling from the discrete Laplace of scale :math:`t = \lfloor\sigma\rfloor + 1`:
-        a draw :math:`Y` is kept with probability
-        :math:`\exp(-(|Y| - \sigma^2/t)^2 / (2\sigma^2))`; about 70–85 % are kept.
+        Rejection sampling from the discrete Laplace of scale :math:`t = \lfloor\sigma\rfloor + 1`
+        (an integer: no rounding of the proposal): a draw :math:`Y` is kept with probability
+        :math:`\exp(-(|Y| - \sigma^2/t)^2 / (2\sigma^2))`, drawn by :meth:`bernoulli_exp` (no
+        truncated tail); about 70–85 % are kept.
         """
         size = int(size)
         if sigma == 0:
@@ -176,7 +283,7 @@ class SecureRandom:
         while filled < size:
             want = min(_CHUNK, int(1.3 * (size - filled)) + 16)
             y = self.discrete_laplace(t, want)
-            accept = self.uniform(want) < np.exp(-((np.abs(y) - sigma**2 / t) ** 2) / (2.0 * sigma**2))
+            accept = self.bernoulli_exp((np.abs(y) - sigma**2 / t) ** 2 / (2.0 * sigma**2))
             kept = y[accept][: size - filled]
             out[filled : filled + kept.size] = kept
             filled += kept.size

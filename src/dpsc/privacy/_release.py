@@ -136,6 +136,8 @@ class GaussianSum:
         values = np.asarray(exact, dtype=np.float64).reshape(-1)
         if values.size != self.size:
             raise ValueError(f"{self.name}: expected {self.size} values, got {values.size}.")
+        if not np.isfinite(values).all():  # rint(NaN) cast to int64 would be INT64_MIN
+            raise ValueError(f"{self.name}: a sum that is not finite cannot be released.")
         return np.rint(values / self.lattice).astype(np.int64)
 
     def noise(self, rng: SecureRandom, shares: int = 1) -> np.ndarray:

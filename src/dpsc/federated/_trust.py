@@ -1,0 +1,87 @@
+r"""What a site caps by itself: its total budget, and its ε should the other summed sites collude.
+
+**Budget.** A site's ledger file composes every run it served. Its cap is the ``budget`` of its
+settings (``--budget``) when given; without it, one run's ``epsilon``, or the budget stored in the
+ledger file when that is smaller: a site restarted without ``--budget`` never spends more than it
+was allowed before. A given ``budget`` above the stored one raises it only with ``raise_budget``
+(``--raise-budget``): raising a privacy cap is an explicit act, lowering it is not.
+
+**Fallback ε.** In secure mode (SecAgg+, threshold t) each site adds the share
+:math:`\sigma^2/t` of the noise variance and the central ε holds if at least t of the summed sites
+added their share and do not collude with the server. If the other :math:`t - 1` sites are the
+server's, the server can subtract their (known) sums and shares and sees this site's sum with the
+noise :math:`\sigma/\sqrt t` only: the site's ε is then that of the same releases at noise
+multiplier :math:`\sigma/\sqrt t` (:func:`fallback_epsilon`), which a site caps with
+``max_fallback_epsilon`` (default twice its ``epsilon``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..privacy import FileLedger
+    from ._site import SiteSettings
+
+#: Without ``max_fallback_epsilon``, a site accepts a secure run whose fallback ε is at most this
+#: multiple of its ``epsilon`` (at ε = 8 that allows a threshold of 3, where the fallback is about 15.7).
+DEFAULT_FALLBACK_FACTOR = 2.0
+
+
+class BudgetSettingError(ValueError):
+    """A site's settings would raise the budget stored in its ledger file without saying so."""
+
+
+def resolve_budget(settings: SiteSettings, ledger: FileLedger) -> float | None:
+    """Return the site's cap on its ledger's total ε (module docstring); store a given budget.
+
+    Raises :class:`BudgetSettingError` when ``settings.budget`` is above the stored budget and
+    ``settings.raise_budget`` is not set. ``None``: a non-private site (no cap needed).
+    """
+    stored = ledger.budget()
+    stored_eps = None if stored is None else float(stored["epsilon"])
+    if settings.budget is not None:
+        budget = float(settings.budget)
+        if stored_eps is not None and budget > stored_eps * (1 + 1e-12) and not settings.raise_budget:
+            raise BudgetSettingError(
+                f"This site's ledger file {ledger.path} stores a budget of ε = {stored_eps:g}; "
+                f"budget={budget:g} would raise it. Raising a site's privacy cap is an explicit act: pass "
+                f"raise_budget=True (--raise-budget) if the data owner agrees, or give a budget of at most {stored_eps:g}."
+            )
+        if stored_eps is None or budget != stored_eps:
+            ledger.set_budget({"epsilon": budget, "delta": -1.0})
+        return budget
+    if settings.epsilon is None:
+        return stored_eps
+    caps = [float(settings.epsilon)] + ([stored_eps] if stored_eps is not None else [])
+    return min(caps)
+
+
+def budget_source(settings: SiteSettings, ledger: FileLedger) -> str:
+    """Say where the cap comes from, for refusal messages."""
+    if settings.budget is not None:
+        return "its budget"
+    stored = ledger.budget()
+    if stored is not None and settings.epsilon is not None and float(stored["epsilon"]) < settings.epsilon:
+        return "the budget stored in its ledger file"
+    return "one run's epsilon (no budget was set)"
+
+
+def fallback_epsilon(history: list[tuple[float, float, int]], delta: float, threshold: int) -> float:
+    r"""ε of ``history`` at δ when each σ is divided by :math:`\sqrt t` (module docstring)."""
+    from ..privacy import history_epsilon
+
+    if threshold <= 1:
+        return history_epsilon(history, delta)
+    if any(sigma <= 0 for sigma, _, _ in history):
+        return math.inf
+    scale = math.sqrt(threshold)
+    return history_epsilon([(sigma / scale, q, steps) for sigma, q, steps in history], delta)
+
+
+def fallback_cap(settings: SiteSettings) -> float:
+    """Return the largest fallback ε the site accepts (``max_fallback_epsilon``, default 2 ``epsilon``)."""
+    if settings.max_fallback_epsilon is not None:
+        return float(settings.max_fallback_epsilon)
+    return DEFAULT_FALLBACK_FACTOR * float(settings.epsilon or 0.0)
