@@ -47,7 +47,8 @@ def resolve_budget(settings: SiteSettings, ledger: FileLedger) -> float | None:
             raise BudgetSettingError(
                 f"This site's ledger file {ledger.path} stores a budget of ε = {stored_eps:g}; "
                 f"budget={budget:g} would raise it. Raising a site's privacy cap is an explicit act: pass "
-                f"raise_budget=True (--raise-budget) if the data owner agrees, or give a budget of at most {stored_eps:g}."
+                "raise_budget=True (--raise-budget) if the data owner agrees, or give a budget of at most "
+                f"{stored_eps:g}."
             )
         if stored_eps is None or budget != stored_eps:
             ledger.set_budget({"epsilon": budget, "delta": -1.0})

@@ -114,8 +114,9 @@ def residual_rows(Z: np.ndarray, released: np.ndarray) -> np.ndarray:
     orthonormal ``released`` columns: a map of the cell and public values only, of norm at most 1
     whatever the columns are. A part below 10⁻⁹ (rounding of a cell along the directions) is 0.
     """
-    R = Z - (Z @ released) @ released.T
-    norms = np.linalg.norm(R, axis=1)
+    with np.errstate(over="ignore", invalid="ignore"):  # hostile directions: such rows become 0
+        R = Z - (Z @ released) @ released.T
+        norms = np.linalg.norm(R, axis=1)
     keep = np.isfinite(norms) & (norms > 1e-9)  # a row that is not finite contributes zero
     scale = np.divide(1.0, norms, out=np.zeros_like(norms), where=keep)
     return np.where(keep[:, None], R, 0.0) * scale[:, None]
@@ -247,7 +248,8 @@ def project(
     out = np.empty((matrix.shape[0], pcs.shape[1]), dtype=np.float32)
     start = 0
     for block in unit_row_blocks(matrix, log_normalize, columns):
-        rows = np.asarray(block @ pcs, dtype=np.float32)
+        with np.errstate(over="ignore", invalid="ignore"):
+            rows = np.asarray(block @ pcs, dtype=np.float32)
         rows[~np.isfinite(rows).all(1)] = 0.0
         out[start : start + len(rows)] = rows
         start += len(rows)

@@ -1,0 +1,376 @@
+"""A federated site against a hostile server: it serves the plan's schedule and nothing else.
+
+A fake server drives real sites (``Site.contribute``, and the Flower message handler where Flower
+is installed) with every attack of the hostile-server review and with random out-of-schedule
+sequences. After each: nothing was sent or booked for a refused request, the ledger composes to at
+most the site's budget, each release was served at most once and in order, and the site's decision
+(serve or refuse) is the same on two neighbouring data sets (one cell added): a refusal may depend
+on the server's message, never on the cells.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import anndata as ad
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from dpsc.federated._site import Site, SiteRefusal, SiteSettings, run_fallback_epsilon
+from dpsc.federated._trust import BudgetSettingError
+from dpsc.privacy import NoiseSource
+from dpsc.privacy._clustering import (
+    KINDS,
+    Request,
+    central_release_sum,
+    contribution,
+    plan_clustering,
+    run_clustering,
+)
+from dpsc.privacy._kmeans import Assignment
+from dpsc.privacy._ledger import compose
+
+N_VARS = 40
+HONEST = ("plain", 1, 3)  # mode, threshold, number of sites
+
+
+@pytest.fixture(scope="module")
+def neighbours(tmp_path_factory):
+    """D (60 cells) and D' (D plus one cell that expresses only gene 0), as two sites' files."""
+    rng = np.random.default_rng(1)
+    counts = rng.poisson(rng.gamma(1.0, 2.0, size=(1, N_VARS)), size=(60, N_VARS)).astype(np.float32)
+    counts[:, 0] = 0  # no cell of D expresses gene 0
+    extra = np.zeros((1, N_VARS), dtype=np.float32)
+    extra[0, 0] = 50.0
+    folder = tmp_path_factory.mktemp("neighbours")
+    paths = []
+    for name, X in (("D", counts), ("D_prime", np.vstack([counts, extra]))):
+        path = folder / f"{name}.h5ad"
+        ad.AnnData(sp.csr_matrix(X)).write_h5ad(path)
+        paths.append(path)
+    return paths
+
+
+def plan_for(epsilon: float = 8.0, n_genes: int | None = None):
+    return plan_clustering(epsilon, 1e-5, n_vars=N_VARS, n_clusters=3, n_obs=60, n_genes=n_genes)
+
+
+def honest_requests(plan, data: Path) -> list[Request]:
+    """The requests an honest server makes (recorded from a central run on ``data``)."""
+    matrix = ad.read_h5ad(data).X
+    central = central_release_sum(matrix, NoiseSource(3))
+    seen: list[Request] = []
+
+    def record(request: Request) -> np.ndarray:
+        seen.append(request)
+        return central(request)
+
+    run_clustering(plan, record)
+    return seen
+
+
+def make_site(data: Path, folder: Path, name: str, **settings) -> Site:
+    ledger = folder / f"{name}.ledger.json"
+    ledger.unlink(missing_ok=True)
+    return Site(SiteSettings(data=str(data), ledger=str(ledger), **{"epsilon": 8.0, **settings}))
+
+
+def serve(site: Site, steps, state: dict) -> list[bool]:
+    """Drive ``site`` with ``steps`` = [(plan, request, mode, threshold, n_sites)]; return its decisions."""
+    decisions = []
+    for plan, request, mode, threshold, n_sites in steps:
+        before = site.ledger.entries()
+        try:
+            vector = site.contribute(plan, request, mode, threshold, n_sites, state)
+        except SiteRefusal:
+            assert site.ledger.entries() == before  # nothing booked, nothing returned
+            decisions.append(False)
+            continue
+        assert vector.dtype == np.int64 and np.isfinite(vector.astype(float)).all()
+        scheduled = plan.schedule()[request.index]
+        assert (request.kind, request.sigma) == (scheduled.kind, scheduled.sigma) and scheduled.sigma > 0
+        assert len(site.ledger.entries()) == len(before) + 1  # booked before it was returned
+        decisions.append(True)
+    return decisions
+
+
+def check_both(paths, folder: Path, steps, *later_runs, **settings) -> list[bool]:
+    """Serve ``steps`` (then each of ``later_runs``, a new run each) on D and on D'.
+
+    The decisions must agree and each ledger stay within its budget; returns the decisions.
+    """
+    decisions = []
+    for data, name in zip(paths, ("D", "D_prime"), strict=True):
+        site = make_site(data, folder, name, **settings)
+        decisions.append([ok for run in (steps, *later_runs) for ok in serve(site, run, {})])
+        spent = compose(site.ledger.entries()).epsilon
+        assert spent <= site.budget * (1 + 1e-9), (spent, site.budget)
+    assert decisions[0] == decisions[1], "a decision depended on the cells"
+    return decisions[0]
+
+
+def honest_steps(plan, requests, trust=HONEST):
+    return [(plan, r, *trust) for r in requests]
+
+
+# -- the attacks of the review, one by one ----------------------------------------------------------
+def test_an_honest_run_is_served_whole_once(neighbours, tmp_path):
+    plan = plan_for()
+    steps = honest_steps(plan, honest_requests(plan, neighbours[0]))
+    assert check_both(neighbours, tmp_path, steps) == [True] * plan.n_releases
+    assert check_both(neighbours, tmp_path, steps + steps[:1]) == [True] * plan.n_releases + [False]
+    again = check_both(neighbours, tmp_path, steps, steps)  # a second run: past one run's ε
+    assert again == [True] * plan.n_releases + [False] * plan.n_releases
+    assert check_both(neighbours, tmp_path, steps, steps, budget=40.0) == [True] * 2 * plan.n_releases
+
+
+def test_exact_gene_statistics_are_refused_when_the_plan_reads_every_gene(neighbours, tmp_path):
+    plan = plan_for(n_genes=N_VARS)  # no gene selection: sigmas["genes"] is 0
+    assert not plan.select_genes and plan.sigmas["genes"] == 0
+    genes = Request("genes", 0, 0.0)
+    assert check_both(neighbours, tmp_path, [(plan, genes, *HONEST)], budget=1.0) == [False]
+    selecting = plan_for(n_genes=20)  # a plan that does select genes: its σ, never 0
+    zero = Request("genes", 0, 0.0)
+    assert check_both(neighbours, tmp_path, [(selecting, zero, *HONEST)]) == [False]
+    unnoised = dataclasses.replace(selecting, sigmas={**selecting.sigmas, "genes": 0.0})
+    assert check_both(neighbours, tmp_path, [(unnoised, zero, *HONEST)]) == [False]
+
+
+def test_a_release_is_served_once_whatever_the_server_repeats(neighbours, tmp_path):
+    plan = plan_for()
+    requests = honest_requests(plan, neighbours[0])
+    steps = honest_steps(plan, requests[:3]) + honest_steps(plan, [requests[2]] * 40)
+    decisions = check_both(neighbours, tmp_path, steps, budget=50.0)
+    assert decisions == [True] * 3 + [False] * 40
+
+
+def test_kind_index_and_schedule_end_are_checked(neighbours, tmp_path):
+    plan = plan_for()
+    requests = honest_requests(plan, neighbours[0])
+    wrong_kind = dataclasses.replace(requests[1], kind="kmeans")  # index 1 is not a k-means table
+    past = dataclasses.replace(requests[-1], index=plan.n_releases)
+    steps = honest_steps(plan, [requests[0], wrong_kind, requests[1], requests[3]])
+    assert check_both(neighbours, tmp_path, steps, budget=50.0) == [True, False, True, False]  # skip
+    steps = honest_steps(plan, [*requests, past, requests[-1]])
+    assert check_both(neighbours, tmp_path, steps, budget=50.0) == [True] * plan.n_releases + [False, False]
+
+
+def test_trust_settings_cannot_change_mid_run(neighbours, tmp_path):
+    plan = plan_for()
+    requests = honest_requests(plan, neighbours[0])
+    steps = [(plan, requests[0], *HONEST), (plan, requests[1], "secure", 50, 60)]
+    assert check_both(neighbours, tmp_path, steps, honest_sites=2, budget=50.0) == [True, False]
+    steps = [(plan, requests[0], "secure", 3, 3)]  # threshold above the 2 honest sites it trusts
+    assert check_both(neighbours, tmp_path, steps, honest_sites=2) == [False]
+
+
+def test_changed_delta_or_genes_mid_run_is_refused(neighbours, tmp_path):
+    plan = plan_for()
+    requests = honest_requests(plan, neighbours[0])
+    for changed in (dataclasses.replace(plan, delta=1e-6), dataclasses.replace(plan, n_genes=N_VARS - 1)):
+        steps = [(plan, requests[0], *HONEST), (changed, requests[1], *HONEST)]
+        assert check_both(neighbours, tmp_path, steps, budget=50.0) == [True, False]
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, 1e200])
+def test_hostile_loadings_and_centroids_are_refused_before_any_cell_is_read(neighbours, tmp_path, bad):
+    plan = plan_for()
+    requests = honest_requests(plan, neighbours[0])
+    pca_at = next(i for i, r in enumerate(requests) if r.kind == "pca")
+    loadings = requests[pca_at].loadings.copy()
+    loadings[0, 0] = bad  # gene 0: only the extra cell of D' expresses it
+    hostile = dataclasses.replace(requests[pca_at], loadings=loadings)
+    steps = honest_steps(plan, [*requests[:pca_at], hostile])
+    assert check_both(neighbours, tmp_path, steps) == [True] * pca_at + [False]
+    lloyd_at = next(i for i, r in enumerate(requests) if r.assignment and r.assignment.kind == "nearest")
+    centroids = requests[lloyd_at].assignment.matrix.copy()
+    centroids[0, 0] = bad
+    hostile = dataclasses.replace(requests[lloyd_at], assignment=Assignment("nearest", centroids))
+    steps = honest_steps(plan, [*requests[:lloyd_at], hostile])
+    assert check_both(neighbours, tmp_path, steps) == [True] * lloyd_at + [False]
+    skewed = requests[lloyd_at - 1].loadings * np.r_[1.0, np.ones(plan.n_comps - 1) * 1.5]  # not orthonormal
+    hostile = dataclasses.replace(requests[lloyd_at - 1], loadings=skewed)
+    steps = honest_steps(plan, [*requests[: lloyd_at - 1], hostile])
+    assert check_both(neighbours, tmp_path, steps) == [True] * (lloyd_at - 1) + [False]
+
+
+def test_a_cell_whose_contribution_is_not_finite_contributes_zero(neighbours):
+    """The per-cell map behind the checks: overflowing loadings give D and D' the same (finite) sum."""
+    plan = plan_for()
+    genes = np.arange(N_VARS)
+    loadings = np.zeros((N_VARS, 1))
+    loadings[0, 0] = 1e200
+    sums = []
+    for path in neighbours:
+        request = Request("pca", 1, plan.sigmas["pca"], genes=genes, loadings=loadings)
+        sums.append(contribution(request, ad.read_h5ad(path).X))
+    assert np.isfinite(sums[1]).all()
+    np.testing.assert_array_equal(sums[0], sums[1])  # the extra cell's residual overflowed: zero
+    table = Request(
+        "kmeans",
+        3,
+        1.0,
+        genes=genes,
+        loadings=np.eye(N_VARS)[:, :4] * 1e200,
+        assignment=Assignment("nearest", np.eye(4)),
+    )
+    assert np.isfinite(contribution(table, ad.read_h5ad(neighbours[1]).X)).all()
+
+
+# -- budget and trust defaults ----------------------------------------------------------------------
+def test_the_default_budget_is_one_run_and_a_stored_budget_is_never_raised_silently(neighbours, tmp_path):
+    plan = plan_for()
+    requests = honest_requests(plan, neighbours[0])
+    ledger = tmp_path / "site.ledger.json"
+    settings = {"data": str(neighbours[0]), "ledger": str(ledger), "epsilon": 8.0}
+    site = Site(SiteSettings(**settings))
+    assert site.budget == 8.0  # no budget: one run's ε
+    assert serve(site, honest_steps(plan, requests), {}) == [True] * plan.n_releases
+    restarted = Site(SiteSettings(**settings))
+    with pytest.raises(SiteRefusal, match="one run's epsilon"):
+        restarted.check_run(plan, *HONEST)
+    Site(SiteSettings(**settings, budget=10.0))  # lowering nothing: the first stored budget
+    assert Site(SiteSettings(**settings)).budget == 8.0  # min(one run's ε, stored 10)
+    Site(SiteSettings(**settings, budget=9.0))  # lowering is fine
+    with pytest.raises(BudgetSettingError, match="raise_budget"):
+        Site(SiteSettings(**settings, budget=16.0))  # raising is an explicit act
+    assert Site(SiteSettings(**settings, budget=16.0, raise_budget=True)).budget == 16.0
+    low = Site(SiteSettings(**{**settings, "epsilon": 8.0}))
+    assert low.budget == 8.0
+    small = tmp_path / "small.ledger.json"
+    Site(SiteSettings(data=str(neighbours[0]), ledger=str(small), epsilon=8.0, budget=1.2))
+    capped = Site(SiteSettings(data=str(neighbours[0]), ledger=str(small), epsilon=8.0))
+    assert capped.budget == 1.2  # restarted without a budget: the stored 1.2, not 8
+    with pytest.raises(SiteRefusal, match="budget stored in its ledger file"):
+        capped.check_run(plan, *HONEST)
+
+
+def test_a_secure_run_records_and_caps_the_fallback_epsilon(neighbours, tmp_path):
+    plan = plan_for()
+    fallbacks = [run_fallback_epsilon(plan, "secure", t) for t in (2, 3, 5)]
+    assert plan.spent() < fallbacks[0] < fallbacks[1] < fallbacks[2]
+    assert run_fallback_epsilon(plan, "plain", 5) == pytest.approx(plan.spent())
+    site = make_site(neighbours[0], tmp_path, "fallback", budget=100.0)
+    site.check_run(plan, "secure", 2, 5)  # fallback at t = 2 is below 2 ε
+    with pytest.raises(SiteRefusal, match="fallback epsilon"):
+        site.check_run(plan, "secure", 5, 5)  # ε 8 becomes about 22 if four sites collude
+    trusting = make_site(neighbours[0], tmp_path, "trusting", budget=100.0, max_fallback_epsilon=30.0)
+    trusting.check_run(plan, "secure", 5, 5)
+    from dpsc.federated._site import site_record
+
+    record = site_record(plan, "secure", 5, 5, 60, NoiseSource())
+    assert record.details["fallback_epsilon"] == pytest.approx(fallbacks[2])
+    assert "semi-honest" in record.statement and "fallback" in record.statement
+
+
+# -- random out-of-schedule sequences ------------------------------------------------------------
+MUTATIONS = (
+    "repeat",
+    "skip",
+    "reorder",
+    "wrong kind",
+    "sigma 0",
+    "sigma below plan",
+    "bad loadings",
+    "bad centroids",
+    "threshold above honest",
+    "changed delta",
+    "changed genes",
+)
+
+
+def mutate(rng: np.random.Generator, plan, steps: list, kind: str) -> list:
+    steps = list(steps)
+    i = int(rng.integers(len(steps)))
+    p, request, mode, threshold, n_sites = steps[i]
+    if kind == "repeat":
+        steps.insert(int(rng.integers(i, len(steps) + 1)), steps[i])
+    elif kind == "skip":
+        del steps[i]
+    elif kind == "reorder":
+        j = int(rng.integers(len(steps)))
+        steps[i], steps[j] = steps[j], steps[i]
+    elif kind == "wrong kind":
+        other = [k for k in KINDS if k != request.kind]
+        steps[i] = (p, dataclasses.replace(request, kind=str(rng.choice(other))), mode, threshold, n_sites)
+    elif kind == "sigma 0":
+        steps[i] = (p, dataclasses.replace(request, sigma=0.0), mode, threshold, n_sites)
+    elif kind == "sigma below plan":
+        steps[i] = (p, dataclasses.replace(request, sigma=0.5 * request.sigma), mode, threshold, n_sites)
+    elif kind == "bad loadings" and request.loadings is not None:
+        loadings = request.loadings.copy()
+        loadings[int(rng.integers(loadings.shape[0])), 0] = rng.choice([np.nan, np.inf, -1e200, 1e200])
+        steps[i] = (p, dataclasses.replace(request, loadings=loadings), mode, threshold, n_sites)
+    elif kind == "bad centroids" and request.assignment is not None:
+        matrix = request.assignment.matrix.copy()
+        matrix.flat[int(rng.integers(matrix.size))] = rng.choice([np.nan, np.inf, 1e200])
+        hostile = Assignment(request.assignment.kind, matrix)
+        steps[i] = (p, dataclasses.replace(request, assignment=hostile), mode, threshold, n_sites)
+    elif kind == "threshold above honest":
+        steps[i] = (p, request, "secure", 3, 3)
+    elif kind == "changed delta":
+        steps[i] = (dataclasses.replace(p, delta=p.delta * 10), request, mode, threshold, n_sites)
+    elif kind == "changed genes":
+        steps[i] = (dataclasses.replace(p, n_genes=p.n_genes - 1), request, mode, threshold, n_sites)
+    return steps
+
+
+def test_random_out_of_schedule_sequences(neighbours, tmp_path):
+    """200 random mutations of an honest run (and of two runs back to back)."""
+    rng = np.random.default_rng(2026)
+    plan = plan_for()
+    steps = honest_steps(plan, honest_requests(plan, neighbours[0]))
+    counts = dict.fromkeys(MUTATIONS, 0)
+    for trial in range(200):
+        runs = []
+        for _ in range(1 + trial % 2):  # one run, or two runs back to back
+            sequence = steps * (1 + trial % 3 // 2)  # sometimes the whole run twice in one run
+            for _ in range(int(rng.integers(1, 4))):
+                kind = str(rng.choice(MUTATIONS))
+                counts[kind] += 1
+                sequence = mutate(rng, plan, sequence, kind)
+            runs.append(sequence)
+        budget = None if trial % 3 else 40.0  # the default (one run) or room for several runs
+        decisions = iter(check_both(neighbours, tmp_path, *runs, honest_sites=2, budget=budget))
+        for sequence in runs:  # within a run: each index at most once, in order
+            served = [step[1].index for step in sequence if next(decisions)]
+            assert served == list(range(len(served))), served
+    assert min(counts.values()) >= 10, counts
+
+
+# -- through Flower's message handler -----------------------------------------------------------------
+@pytest.mark.optional_extra
+def test_the_message_handler_refuses_what_the_site_refuses(neighbours, tmp_path):
+    pytest.importorskip("flwr")
+    from flwr.app import Context, RecordDict
+
+    from dpsc.federated._pipeline import SiteHandler, _payload
+
+    plan = plan_for()
+    requests = honest_requests(plan, neighbours[0])
+    settings = SiteSettings(data=str(neighbours[1]), ledger=str(tmp_path / "h.ledger.json"), epsilon=8.0)
+    context = Context(run_id=1, node_id=1, node_config={"partition-id": 0}, state=RecordDict(), run_config={})
+    handler = SiteHandler(context, {0: settings})
+    common = {"task": "pipeline", "mode": "plain", "threshold": 1, "n-sites": 3, **plan.to_config()}
+
+    def message(request: Request, **changes):
+        config = {**common, "kind": request.kind, "index": request.index, "sigma": request.sigma, **changes}
+        if request.assignment is not None:
+            config["assignment"] = request.assignment.kind
+        return _payload(request), config
+
+    handler.fit(*message(requests[0]))
+    for hostile in (
+        message(requests[0]),  # served before
+        message(requests[1], sigma=0.0),
+        message(requests[1], kind="genes"),
+        message(requests[1], threshold=2, mode="secure"),
+        message(requests[2]),  # skips release 1
+    ):
+        with pytest.raises(SiteRefusal):
+            handler.fit(*hostile)
+    ledger = Site(settings).ledger.entries()
+    assert len(ledger) == 1 and math.isfinite(compose(ledger).epsilon)
