@@ -162,7 +162,21 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     site.add_argument("--epsilon", type=float, default=8.0, help="The largest ε this site spends on a run.")
     site.add_argument("--non-private", action="store_true", help="Serve non-private runs only.")
     site.add_argument("--delta", type=float, default=None, help="This site's δ (default 1e-5).")
-    site.add_argument("--budget", type=float, default=None, help="The largest total ε of this site's ledger.")
+    site.add_argument(
+        "--budget",
+        type=float,
+        default=None,
+        help="The largest total ε of this site's ledger (default: one run's --epsilon or the stored one).",
+    )
+    site.add_argument(
+        "--raise-budget", action="store_true", help="Allow --budget to raise the budget stored in the ledger."
+    )
+    site.add_argument(
+        "--max-fallback-epsilon",
+        type=float,
+        default=None,
+        help="The largest ε accepted should the other sites of a secure sum collude (default 2 × --epsilon).",
+    )
     site.add_argument("--honest-sites", type=int, default=None, help="Sites this site trusts to add noise.")
     site.add_argument("--max-rounds", type=int, default=1000, help="The most releases served in one run.")
     site.add_argument("--layer", default=None, help="Layer with the raw counts (default: X).")
@@ -359,6 +373,8 @@ def _federate(args: argparse.Namespace) -> int:
             epsilon=None if args.non_private else args.epsilon,
             delta=args.delta,
             budget=args.budget,
+            raise_budget=args.raise_budget,
+            max_fallback_epsilon=args.max_fallback_epsilon,
             honest_sites=args.honest_sites,
             max_rounds=args.max_rounds,
             layer=args.layer,

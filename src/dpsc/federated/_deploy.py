@@ -33,7 +33,9 @@ APP_MODULE = """import dpsc.federated.pipeline_app as apps
 server_app = apps.server_app
 client_app = apps.client_app
 """
-REFUSED = ("SiteRefusal", "Exit Code: 800")
+#: Seconds a site waits, once it has reached the SuperLink, for it to answer again before it
+#: concludes that the server stopped.
+SERVER_GONE_AFTER = 6.0
 
 
 def _toml_value(value: Any) -> str:
@@ -135,12 +137,17 @@ def run_server(
     underscores for dashes: ``mode``, ``threshold``, ``epsilon``, ``delta``, ``n_clusters``, …).
     """
     require_flwr()
-    out = Path(out).resolve()
-    out.mkdir(parents=True, exist_ok=True)
     settings = {**SERVER_DEFAULTS, **{k.replace("_", "-"): v for k, v in config.items()}}
     unknown = sorted(set(settings) - set(SERVER_DEFAULTS))
     if unknown:
         raise ValueError(f"Unknown server settings {unknown}; the server takes {sorted(SERVER_DEFAULTS)}.")
+    if settings["mode"] == "secure" and int(n_sites) < 2:
+        raise ValueError(
+            f"Secure aggregation needs at least 2 sites (got {n_sites}): with one site, run mode='plain' "
+            "(--mode plain), where the site adds its full noise, or add sites."
+        )
+    out = Path(out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
     settings.update({"n-sites": int(n_sites), "out-dir": str(out / "result"), "timeout": float(timeout)})
     home = out / "flwr-home"
     home.mkdir(exist_ok=True)
@@ -176,7 +183,10 @@ def run_server(
             f"The federated run ended without a result after {time.monotonic() - started:.0f} s; see "
             f"{out / 'run.log'} (a site's refusal or a site that stopped appears there)."
         )
-    return json.loads(summary_file.read_text())
+    summary = json.loads(summary_file.read_text())
+    if "error" in summary:
+        raise RuntimeError(f"The federated run stopped after {summary['wall_s']:.0f} s. {summary['error']}")
+    return summary
 
 
 def write_site_settings(settings: SiteSettings, path: str | Path) -> Path:
@@ -189,6 +199,33 @@ def write_site_settings(settings: SiteSettings, path: str | Path) -> Path:
     return path
 
 
+def _reachable(address: str) -> bool:
+    """Whether something accepts a TCP connection at ``HOST:PORT`` now."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]") or "127.0.0.1", int(port)), timeout=1.0):
+            return True
+    except (OSError, ValueError):
+        return False
+
+
+class _ServerWatch:
+    """Tells when a SuperLink that was reached stops answering for :data:`SERVER_GONE_AFTER` seconds."""
+
+    def __init__(self, address: str) -> None:
+        self.address, self.seen, self.silent_since = address, False, None
+
+    def gone(self) -> bool:
+        """Probe once; return whether the server has stopped."""
+        if _reachable(self.address):
+            self.seen, self.silent_since = True, None
+            return False
+        if not self.seen:
+            return False  # the server may not have started yet: the site's timeout applies
+        self.silent_since = self.silent_since or time.monotonic()
+        return time.monotonic() - self.silent_since >= SERVER_GONE_AFTER
+
+
 def run_site(
     settings_file: str | Path,
     *,
@@ -199,16 +236,20 @@ def run_site(
 ) -> Path:
     """Start this site's SuperNode; stop once its results are written (return their path) or it refused.
 
-    The SuperNode's log is a temporary file, removed after a completed run and named in the error
-    of a refused, failed or timed-out one.
+    It also stops, within seconds, when the server stops (its SuperLink no longer answers) or at
+    the timeout. A refusal raises ``ValueError`` with the site's reason (its own message); the
+    SuperNode's log is a temporary file, removed after a completed run and named in the error of a
+    failed or timed-out one.
     """
     require_flwr()
     settings_file = Path(settings_file).resolve()
     settings = SiteSettings.from_file(settings_file)
     if not Path(settings.data).is_file():
         raise FileNotFoundError(f"The site's data file {settings.data} does not exist.")
+    check_budget_settings(settings)
     output = Path(settings.output)
     before = output.stat().st_mtime if output.exists() else 0.0
+    settings.refusal_file.unlink(missing_ok=True)
     port = port or free_port()
     tls = ["--root-certificates", root_certificates] if root_certificates else ["--insecure"]
     command = [
@@ -223,21 +264,33 @@ def run_site(
     ]
     log = Path(tempfile.gettempdir()) / f"dpsc-site-{os.getpid()}-{port}.log"
     deadline = time.monotonic() + timeout
+    watch = _ServerWatch(superlink)
     with _process(command, log) as node:
         while time.monotonic() < deadline:
             if output.exists() and output.stat().st_mtime > before:
                 time.sleep(2.0)  # let the last reply leave
                 break
-            text = log.read_text() if log.exists() else ""
-            if any(mark in text for mark in REFUSED):
-                reason = next((line for line in text.splitlines() if "SiteRefusal" in line), "see the log")
-                raise ValueError(
-                    f"This site refused the run: {reason.split('SiteRefusal: ')[-1]} (log: {log})"
-                )
+            if settings.refusal_file.exists():
+                reason = settings.refusal_file.read_text().strip()
+                raise ValueError(f"This site refused the run: {reason}")
             if node.poll() is not None:
                 raise RuntimeError(f"The SuperNode stopped before the run ended; see {log}.")
+            if watch.gone():
+                raise RuntimeError(
+                    f"The federation's server stopped before this site's run ended (its SuperLink at "
+                    f"{superlink} no longer answers). This site's ledger {settings.ledger} holds every "
+                    f"release it sent; the server's log says why the run ended (SuperNode log: {log})."
+                )
             time.sleep(0.5)
     if output.exists() and output.stat().st_mtime > before:
         log.unlink(missing_ok=True)
         return output
     raise TimeoutError(f"No run completed within {timeout:.0f} s; the SuperNode was stopped (log: {log}).")
+
+
+def check_budget_settings(settings: SiteSettings) -> None:
+    """Fail fast, before the SuperNode starts, on a budget that would raise the stored one silently."""
+    from ..privacy import FileLedger
+    from ._trust import resolve_budget
+
+    resolve_budget(settings, FileLedger(settings.ledger))

@@ -61,9 +61,11 @@ class FedSCGuard:
     n_cells: int
 
     def __post_init__(self) -> None:
+        from ._trust import resolve_budget
+
         self.ledger = FileLedger(self.settings.ledger)
-        if self.settings.budget is not None:
-            self.ledger.set_budget({"epsilon": float(self.settings.budget), "delta": -1.0})
+        budget = resolve_budget(self.settings, self.ledger)
+        self.cap = None if budget is None else {"epsilon": budget, "delta": -1.0}
         self.noise = NoiseSource(self.settings.noise_seed)
         self.delta = (
             float(self.settings.delta) if self.settings.delta is not None else min(1e-5, 0.1 / self.n_cells)
@@ -121,7 +123,7 @@ class FedSCGuard:
                 )
         planned = self._record([(served, sample_rate, steps), (kmeans_served, 1.0, KMEANS_STEPS)], "run")
         try:
-            _check(self.ledger.entries(), ledger_entry(planned, "run", "planned"), self.ledger.budget())
+            _check(self.ledger.entries(), ledger_entry(planned, "run", "planned"), self.cap)
         except BudgetExceededError as err:
             raise SiteRefusal(f"This site's budget refuses the run: {err}") from None
         return float(served), float(kmeans_served)
@@ -148,7 +150,7 @@ class FedSCGuard:
         record = self._record(history, key)
         record.delta = self.delta * share_of_delta
         try:
-            self.ledger.reserve(ledger_entry(record, key, "sent"))
+            self.ledger.reserve(ledger_entry(record, key, "sent"), cap=self.cap)
         except BudgetExceededError as err:
             raise SiteRefusal(f"This site's budget refuses the release: {err}") from None
 

@@ -13,7 +13,9 @@ deployment (``dpsc federate server`` / ``dpsc federate site``, one SuperNode per
 
 from __future__ import annotations
 
+import contextlib
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -143,10 +145,24 @@ class SiteHandler:
         self.context, self.site_settings = context, site_settings
 
     def fit(self, parameters: list[np.ndarray], config: dict[str, Any]) -> tuple[list[np.ndarray], int, dict]:
-        """Answer one request: a release (the noisy vector), ``describe`` or ``finish``; or refuse."""
+        """Answer one request: a release (the noisy vector), ``describe`` or ``finish``; or refuse.
+
+        A refusal's reason is also written to the site's ``refusal_file``, where ``dpsc federate
+        site`` reads it for the data manager.
+        """
+        settings = site_settings_from(dict(self.context.node_config), self.site_settings)
+        try:
+            return self._answer(settings, parameters, config)
+        except SiteRefusal as refusal:
+            with contextlib.suppress(OSError):
+                settings.refusal_file.write_text(str(refusal))
+            raise
+
+    def _answer(
+        self, settings: SiteSettings, parameters: list[np.ndarray], config: dict[str, Any]
+    ) -> tuple[list[np.ndarray], int, dict]:
         from flwr.app import ConfigRecord
 
-        settings = site_settings_from(dict(self.context.node_config), self.site_settings)
         if any(str(key).replace("_", "-") == "noise-seed" for key in config):
             raise SiteRefusal(
                 "The server sent a noise seed; a site draws its noise from its own secret source."
@@ -231,6 +247,8 @@ class _RoundStrategy:
                 self.config, self.payload, self.n_wait, self.timeout = config, payload, n_wait, timeout
                 self.replies: list[list[np.ndarray]] = []
                 self.failures: list[str] = []
+                self.sent = 0  # sites the round was sent to
+                self.aggregated = False  # whether Flower got as far as aggregating
 
             def initialize_parameters(self, client_manager):
                 from flwr.common import ndarrays_to_parameters
@@ -246,11 +264,13 @@ class _RoundStrategy:
                 while client_manager.num_available() < self.n_wait and time.monotonic() < deadline:
                     time.sleep(0.2)
                 clients = list(client_manager.all().values())
+                self.sent = len(clients)
                 return [(client, FitIns(parameters, dict(self.config))) for client in clients]
 
             def aggregate_fit(self, server_round, results, failures):
                 from flwr.common import parameters_to_ndarrays
 
+                self.aggregated = True
                 self.replies = [parameters_to_ndarrays(res.parameters) for _, res in results]
                 self.failures = [
                     str(f if isinstance(f, BaseException) else f[1].status.message) for f in failures
@@ -360,12 +380,7 @@ def make_server_app(settings: dict[str, Any] | None = None):
             strategy = rounds(config, _payload(request), secure=mode == "secure")
             replies = strategy.replies
             if len(replies) < needed:
-                raise RuntimeError(
-                    f"Release {request.index} ({request.kind}): {len(replies)} site(s) contributed, "
-                    "fewer than the "
-                    f"{needed} the run needs; the run stops and nothing more is released. Site errors: "
-                    f"{strategy.failures or 'none'}"
-                )
+                raise RunStopped(release_failure(request, strategy, needed, mode))
             spec = request.release(plan.n_vars)
             if mode == "secure":
                 total = from_digit_means(replies[0][:LIMBS], len(replies))
@@ -376,7 +391,13 @@ def make_server_app(settings: dict[str, Any] | None = None):
             log.add(request, len(replies), strategy.failures, sent)
             return spec.decode(total)
 
-        result = run_clustering(plan, release_sum)
+        summary = {"plan": plan.to_config(), "mode": mode, "threshold": threshold, "n_sites": n_sites}
+        try:
+            result = run_clustering(plan, release_sum)
+        except RunStopped as stopped:
+            summary |= {"releases": log.rows, "wall_s": time.perf_counter() - start, "error": str(stopped)}
+            (out / "summary.json").write_text(json.dumps(summary, indent=1))
+            raise
         finish = {**common, "kind": "finish"}
         arrays = [result.genes, result.loadings, result.eigenvalues, result.centroids]
         rounds(finish, arrays, secure=False)
@@ -385,17 +406,45 @@ def make_server_app(settings: dict[str, Any] | None = None):
             **{k: v for k, v in zip(("genes", "loadings", "eigenvalues", "centroids"), arrays, strict=True)},
             clusters_in_use=np.array(result.clusters_in_use),
         )
-        summary = {
-            "plan": plan.to_config(),
-            "mode": mode,
-            "threshold": threshold,
-            "n_sites": n_sites,
-            "releases": log.rows,
-            "wall_s": time.perf_counter() - start,
-        }
+        summary |= {"releases": log.rows, "wall_s": time.perf_counter() - start}
         (out / "summary.json").write_text(json.dumps(summary, indent=1))
 
     return app
+
+
+class RunStopped(RuntimeError):
+    """The server stops a run: a release got fewer contributions than it needs (the message says why)."""
+
+
+def site_failures(failures: list[str]) -> list[str]:
+    """Each failed site's reason in words: its refusal (the site's own message) or Flower's error."""
+    reasons = []
+    for failure in failures:
+        refused = re.search(r"SiteRefusal'>:<'(.*?)'>", failure, re.S)
+        reasons.append(f"refused: {refused.group(1)}" if refused else f"failed: {failure[:300]}")
+    return reasons
+
+
+def release_failure(request: Request, strategy, needed: int, mode: str) -> str:
+    """Say which release failed, how many sites contributed and why the others did not."""
+    contributed, reasons = len(strategy.replies), site_failures(strategy.failures)
+    silent = max(strategy.sent - contributed - len(reasons), 0)
+    parts = [
+        f"Release {request.index} ({request.kind}): {contributed} of the {strategy.sent} connected sites "
+        f"contributed, fewer than the {needed} the run needs; the run stops and nothing more is released."
+    ]
+    if mode == "secure" and not strategy.aggregated:
+        parts.append(
+            f"Secure aggregation (SecAgg+) halted: it needs {needed} sites (the threshold) to answer each "
+            "of its stages, and fewer did."
+        )
+    if reasons:
+        parts.append("Sites that answered with an error: " + "; ".join(reasons) + ".")
+    if silent and strategy.aggregated:
+        parts.append(f"{silent} site(s) did not answer in time (stopped, disconnected or too slow).")
+    elif not reasons:
+        parts.append("No site reported an error: a site stopped, disconnected or timed out (see its log).")
+    return " ".join(parts)
 
 
 def _plan(rounds: Rounds, s: dict, epsilon, mode: str, threshold: int, n_sites: int) -> ClusterPlan:
@@ -450,7 +499,10 @@ def run_pipeline_simulation(
     )
     if not (out / "summary.json").exists():
         raise RuntimeError("The federated clustering ended without a result; see the Flower log above.")
-    return read_result(out), json.loads((out / "summary.json").read_text())
+    summary = json.loads((out / "summary.json").read_text())
+    if "error" in summary:
+        raise RuntimeError(f"The federated clustering stopped. {summary['error']}")
+    return read_result(out), summary
 
 
 def read_result(out: str | Path) -> ClusterResult:

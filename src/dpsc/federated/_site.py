@@ -169,6 +169,11 @@ class SiteSettings:
         self.ledger = self.ledger or str(data.with_name(data.name + ".dpsc-ledger.json"))
         self.output = self.output or str(data.with_name(data.stem + ".dpsc.h5ad"))
 
+    @property
+    def refusal_file(self) -> Path:
+        """Where the site writes the reason of its last refusal (read by ``dpsc federate site``)."""
+        return Path(str(self.ledger) + ".refusal")
+
     @classmethod
     def from_mapping(cls, values: dict[str, Any]) -> SiteSettings:
         """Return settings from a mapping (a TOML table, or Flower's ``node_config``)."""

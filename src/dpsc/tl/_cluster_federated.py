@@ -9,6 +9,7 @@ and ledger (:class:`~dpsc.federated.SiteSettings`); the server runs the plan of
 
 from __future__ import annotations
 
+import math
 import tempfile
 from pathlib import Path
 from typing import Literal
@@ -120,6 +121,11 @@ def cluster_federated(
     if mode not in ("secure", "plain"):
         raise ValueError(f"mode must be 'secure' or 'plain', got {mode!r}.")
     n_sites = len(names)
+    if mode == "secure" and n_sites < 2:
+        raise ValueError(
+            f"Secure aggregation needs at least 2 sites; {client_key!r} names {n_sites}. Pass mode='plain' "
+            "(the site adds its full noise) or split the cells over more sites."
+        )
     threshold = n_sites if threshold is None else int(threshold)
     if mode == "secure" and not 2 <= threshold <= n_sites:
         raise ValueError(f"threshold must be in [2, {n_sites}] (the number of sites), got {threshold}.")
@@ -144,6 +150,8 @@ def cluster_federated(
                     delta=delta,
                     noise_seed=noise_seed,
                     site_index=index if noise_seed is not None else None,
+                    # one user simulates every site: no cap on the fallback ε (the record states it)
+                    max_fallback_epsilon=math.inf,
                 )
             )
         server = {
