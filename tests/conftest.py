@@ -74,3 +74,30 @@ def gaussian_record():
         )
 
     return build
+
+
+@pytest.fixture
+def launch_dpsc():
+    """Start ``python -m dpsc.cli ARGS`` in its own process group (log to a file); all killed at teardown."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    started: list[subprocess.Popen] = []
+
+    def launch(args: list[str], log) -> subprocess.Popen:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "dpsc.cli", *args],
+            stdout=open(log, "w"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        started.append(process)
+        return process
+
+    yield launch
+    for process in started:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()

@@ -11,7 +11,11 @@ on the server's message, never on the cells.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import os
+import signal
+import time
 from pathlib import Path
 
 import anndata as ad
@@ -374,3 +378,88 @@ def test_the_message_handler_refuses_what_the_site_refuses(neighbours, tmp_path)
             handler.fit(*hostile)
     ledger = Site(settings).ledger.entries()
     assert len(ledger) == 1 and math.isfinite(compose(ledger).epsilon)
+
+
+# -- a deployment on loopback: what the data manager and the coordinator read -------------------------
+def _server_args(port: int, out: Path, *extra: str) -> list[str]:
+    common = ["--n-clusters", "3", "--n-vars", str(N_VARS), "--port", str(port), "--out", str(out)]
+    return ["federate", "server", *common, "--timeout", "150", *extra]
+
+
+def _site_args(data: Path, port: int, *extra: str) -> list[str]:
+    return [
+        "federate",
+        "site",
+        "--data",
+        str(data),
+        "--superlink",
+        f"127.0.0.1:{port}",
+        "--timeout",
+        "150",
+        *extra,
+    ]
+
+
+@pytest.mark.optional_extra
+def test_a_refusal_reaches_both_terminals_in_plain_words(neighbours, tmp_path, launch_dpsc):
+    """The site prints its own reason in flag terms; the server names the release and that reason."""
+    pytest.importorskip("flwr")
+    from dpsc.federated._deploy import free_port
+
+    data = tmp_path / "site.h5ad"
+    data.write_bytes(neighbours[0].read_bytes())
+    port = free_port()
+    server = launch_dpsc(
+        _server_args(port, tmp_path / "fed", "--sites", "1", "--mode", "plain"), tmp_path / "s.log"
+    )
+    site = launch_dpsc(_site_args(data, port, "--epsilon", "4"), tmp_path / "site.log")
+    assert site.wait(timeout=120) == 2 and server.wait(timeout=60) == 2
+    site_text = " ".join((tmp_path / "site.log").read_text().split())
+    server_text = " ".join((tmp_path / "s.log").read_text().split())
+    assert "This site refused the run: The server's noise multiplier" in site_text
+    assert "--epsilon 4" in site_text and "raise SiteRefusal" not in site_text
+    assert "Release 0 (sum): 0 of the 1 connected sites contributed" in server_text
+    assert "refused: The server's noise multiplier" in server_text
+    assert (
+        not Path(str(data) + ".dpsc-ledger.json").exists()
+        or json.loads(Path(str(data) + ".dpsc-ledger.json").read_text())["entries"] == {}
+    )
+
+
+@pytest.mark.optional_extra
+def test_secure_mode_with_one_site_is_refused_with_the_fix(tmp_path, launch_dpsc):
+    pytest.importorskip("flwr")
+    server = launch_dpsc(_server_args(1, tmp_path / "fed", "--sites", "1"), tmp_path / "s.log")
+    assert server.wait(timeout=60) == 2
+    assert "--mode plain" in (tmp_path / "s.log").read_text()
+
+
+@pytest.mark.optional_extra
+def test_sites_stop_within_seconds_when_the_server_stops(neighbours, tmp_path, launch_dpsc):
+    """The server crashes after the first release: every site exits, with the reason, within 30 s."""
+    pytest.importorskip("flwr")
+    from dpsc.federated._deploy import free_port
+
+    port = free_port()
+    datas = []
+    for k in range(2):
+        datas.append(tmp_path / f"site{k}.h5ad")
+        datas[-1].write_bytes(neighbours[k].read_bytes())
+    server = launch_dpsc(
+        _server_args(port, tmp_path / "fed", "--sites", "2", "--mode", "plain"), tmp_path / "s.log"
+    )
+    sites = [
+        launch_dpsc(_site_args(d, port, "--budget", "20"), tmp_path / f"site{k}.log")
+        for k, d in enumerate(datas)
+    ]
+    ledger = Path(str(datas[0]) + ".dpsc-ledger.json")
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (ledger.exists() and json.loads(ledger.read_text())["entries"]):
+        time.sleep(0.3)
+    os.killpg(server.pid, signal.SIGKILL)  # the coordinator's machine dies mid-run
+    killed = time.monotonic()
+    codes = [s.wait(timeout=60) for s in sites]
+    assert time.monotonic() - killed < 30 and codes == [2, 2]
+    for k in range(2):
+        text = " ".join((tmp_path / f"site{k}.log").read_text().split())
+        assert "server stopped before this site's run ended" in text

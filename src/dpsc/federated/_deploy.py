@@ -36,6 +36,8 @@ client_app = apps.client_app
 #: Seconds a site waits, once it has reached the SuperLink, for it to answer again before it
 #: concludes that the server stopped.
 SERVER_GONE_AFTER = 6.0
+#: Seconds a site that refused keeps its SuperNode up, so that the refusal reaches the server.
+REPLY_GRACE = 4.0
 
 
 def _toml_value(value: Any) -> str:
@@ -272,6 +274,7 @@ def run_site(
                 break
             if settings.refusal_file.exists():
                 reason = settings.refusal_file.read_text().strip()
+                time.sleep(REPLY_GRACE)  # let the refusal reach the server before the SuperNode stops
                 raise ValueError(f"This site refused the run: {reason}")
             if node.poll() is not None:
                 raise RuntimeError(f"The SuperNode stopped before the run ended; see {log}.")

@@ -421,7 +421,12 @@ def site_failures(failures: list[str]) -> list[str]:
     reasons = []
     for failure in failures:
         refused = re.search(r"SiteRefusal'>:<'(.*?)'>", failure, re.S)
-        reasons.append(f"refused: {refused.group(1)}" if refused else f"failed: {failure[:300]}")
+        if refused:
+            reasons.append(f"refused: {refused.group(1)}")
+        elif "Node Unavailable" in failure:
+            reasons.append("stopped or disconnected (no heartbeat)")
+        else:
+            reasons.append(f"failed: {failure[:300]}")
     return reasons
 
 
@@ -439,7 +444,7 @@ def release_failure(request: Request, strategy, needed: int, mode: str) -> str:
             "of its stages, and fewer did."
         )
     if reasons:
-        parts.append("Sites that answered with an error: " + "; ".join(reasons) + ".")
+        parts.append("Sites that answered with an error: " + "; ".join(r.rstrip(".") for r in reasons) + ".")
     if silent and strategy.aggregated:
         parts.append(f"{silent} site(s) did not answer in time (stopped, disconnected or too slow).")
     elif not reasons:
