@@ -381,23 +381,14 @@ def test_the_message_handler_refuses_what_the_site_refuses(neighbours, tmp_path)
 
 
 # -- a deployment on loopback: what the data manager and the coordinator read -------------------------
-def _server_args(port: int, out: Path, *extra: str) -> list[str]:
+def _server_args(port: int, out: Path, *extra: str, timeout: int = 150) -> list[str]:
     common = ["--n-clusters", "3", "--n-vars", str(N_VARS), "--port", str(port), "--out", str(out)]
-    return ["federate", "server", *common, "--timeout", "150", *extra]
+    return ["federate", "server", *common, "--timeout", str(timeout), *extra]
 
 
-def _site_args(data: Path, port: int, *extra: str) -> list[str]:
-    return [
-        "federate",
-        "site",
-        "--data",
-        str(data),
-        "--superlink",
-        f"127.0.0.1:{port}",
-        "--timeout",
-        "150",
-        *extra,
-    ]
+def _site_args(data: Path, port: int, *extra: str, timeout: int = 150) -> list[str]:
+    where = ["--data", str(data), "--superlink", f"127.0.0.1:{port}"]
+    return ["federate", "site", *where, "--timeout", str(timeout), *extra]
 
 
 @pytest.mark.optional_extra
@@ -463,3 +454,41 @@ def test_sites_stop_within_seconds_when_the_server_stops(neighbours, tmp_path, l
     for k in range(2):
         text = " ".join((tmp_path / f"site{k}.log").read_text().split())
         assert "server stopped before this site's run ended" in text
+
+
+@pytest.mark.slow
+@pytest.mark.optional_extra
+def test_a_secure_run_that_loses_a_site_ends_everywhere_with_the_reason(neighbours, tmp_path, launch_dpsc):
+    """Threshold 3 of 3, one site killed mid-run: the server says which release failed and why, and
+    the two other sites exit within 30 s of the server's end instead of waiting for their timeout.
+
+    Flower reports the killed site after its heartbeat patience (60 s) or, when it died while
+    sending, the object-push session lifetime (180 s): the run's timeout leaves room for both.
+    """
+    pytest.importorskip("flwr")
+    from dpsc.federated._deploy import free_port
+
+    port = free_port()
+    datas = []
+    for k in range(3):
+        datas.append(tmp_path / f"site{k}.h5ad")
+        datas[-1].write_bytes(neighbours[k % 2].read_bytes())
+    server = launch_dpsc(
+        _server_args(port, tmp_path / "fed", "--sites", "3", timeout=400), tmp_path / "s.log"
+    )
+    sites = [
+        launch_dpsc(_site_args(d, port, timeout=500), tmp_path / f"site{k}.log") for k, d in enumerate(datas)
+    ]
+    ledger = Path(str(datas[2]) + ".dpsc-ledger.json")
+    deadline = time.monotonic() + 150
+    while time.monotonic() < deadline and not (ledger.exists() and json.loads(ledger.read_text())["entries"]):
+        time.sleep(0.3)
+    os.killpg(sites[2].pid, signal.SIGKILL)
+    assert server.wait(timeout=450) == 2
+    ended = time.monotonic()
+    codes = [s.wait(timeout=60) for s in sites[:2]]
+    assert time.monotonic() - ended < 30 and codes == [2, 2]
+    server_text = " ".join((tmp_path / "s.log").read_text().split())
+    assert "The federated run stopped" in server_text and "contributed, fewer than the 3" in server_text
+    for k in range(2):
+        assert "server stopped" in " ".join((tmp_path / f"site{k}.log").read_text().split())

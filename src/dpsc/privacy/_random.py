@@ -257,7 +257,7 @@ class SecureRandom:
         while filled < size:
             want = int(1.1 * (size - filled)) + 16
             magnitude = self.geometric(scale, want)
-            negative = (self.words(want) & np.uint64(1)).astype(bool)
+            negative = (np.frombuffer(self.random_bytes(want), dtype=np.uint8) & 1).astype(bool)
             keep = ~(negative & (magnitude == 0))
             kept = np.where(negative, -magnitude, magnitude)[keep][: size - filled]
             out[filled : filled + kept.size] = kept

@@ -7,6 +7,7 @@ from ._cluster_federated import cluster_federated
 from ._federated import fit_federated
 from ._fit import DEFAULT_N_CLUSTERS, fit
 from ._kmeans import kmeans
+from ._rank_genes_groups import rank_genes_groups
 from ._regression import private_regression
 
 __all__ = [
@@ -19,4 +20,5 @@ __all__ = [
     "fit_federated",
     "kmeans",
     "private_regression",
+    "rank_genes_groups",
 ]
