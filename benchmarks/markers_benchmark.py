@@ -1,0 +1,156 @@
+"""Private marker genes against scanpy's non-private t-test on the same groups.
+
+For each labelled count file and two groupings (the true labels; ``tl.cluster``'s clusters at
+ε = 8), ``dpsc.tl.rank_genes_groups`` at each ε (secret noise, ``--runs`` runs) is compared with
+``sc.tl.rank_genes_groups(method="t-test")`` on log1p(CP10k) of the same cells and groups: the
+overlap of each group's top 10 and top 50 genes, the Spearman correlation of the scores over all
+genes, and the time of the call. Groups below 2 % of the cells are reported separately.
+
+    OMP_NUM_THREADS=2 python benchmarks/markers_benchmark.py --data ../shared/data \
+        --out benchmarks/results/markers.jsonl
+    python benchmarks/markers_benchmark.py --report benchmarks/results/markers.jsonl \
+        > benchmarks/results/markers.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from cluster_benchmark import FILES, load
+from scipy import stats
+
+FILES = {**FILES, "cite_cbmc": "cite_cbmc_top2000.h5"}
+SMALL = 0.02  # groups below this share of the cells are reported apart
+
+
+def reference(adata, groupby: str) -> dict[str, pd.Series]:
+    """scanpy's t-test scores of every gene, per group (non-private)."""
+    import scanpy as sc
+
+    ref = adata.copy()
+    sc.pp.normalize_total(ref, target_sum=1e4)
+    sc.pp.log1p(ref)
+    sc.tl.rank_genes_groups(ref, groupby, method="t-test", n_genes=adata.n_vars)
+    result = ref.uns["rank_genes_groups"]
+    return {g: pd.Series(result["scores"][g], index=result["names"][g]) for g in result["names"].dtype.names}
+
+
+def compare(ours: dict, ref: dict[str, pd.Series]) -> list[dict]:
+    rows = []
+    for group, truth in ref.items():
+        names = list(ours["names"][group])
+        scores = pd.Series(ours["scores"][group], index=names)
+        rho = stats.spearmanr(truth.values, scores.reindex(truth.index).values).statistic
+        rows.append(
+            {
+                "group": group,
+                "top10": len(set(names[:10]) & set(truth.index[:10])) / 10,
+                "top50": len(set(names[:50]) & set(truth.index[:50])) / 50,
+                "spearman": float(rho),
+            }
+        )
+    return rows
+
+
+def run(data: Path, name: str, epsilons: list[float], runs: int, commit: str) -> list[dict]:
+    import dpsc
+
+    adata = load(data, name)
+    k = adata.obs["label"].nunique()
+    adata.obs["labels"] = adata.obs["label"].astype("category")
+    dpsc.tl.cluster(adata, k, epsilon=8.0, noise_seed=0)  # the clusters (seeded: the same groups each run)
+    rows = []
+    for grouping in ("labels", "dp_kmeans"):
+        sizes = adata.obs[grouping].value_counts() / adata.n_obs
+        ref = reference(adata, grouping)
+        for epsilon in epsilons:
+            for r in range(runs):
+                target = adata.copy()
+                start = time.perf_counter()
+                dpsc.tl.rank_genes_groups(target, grouping, epsilon=epsilon, n_genes=None)
+                seconds = time.perf_counter() - start
+                for row in compare(target.uns["rank_genes_groups"], ref):
+                    small = bool(sizes.get(row["group"], 0.0) < SMALL)
+                    rows.append(
+                        {
+                            "dataset": name,
+                            "grouping": grouping,
+                            "epsilon": epsilon,
+                            "run": r,
+                            "small_group": small,
+                            "seconds": seconds,
+                            "source": commit,
+                            **row,
+                        }
+                    )
+    return rows
+
+
+def report(path: Path) -> str:
+    table = pd.read_json(path, lines=True)
+    lines = [
+        "# Private marker genes (`tl.rank_genes_groups`) against scanpy's t-test",
+        "",
+        "Overlap of each group's top 10 / top 50 genes with scanpy's non-private `rank_genes_groups`",
+        "(t-test) on the same cells and groups, mean over groups and runs (secret noise); groups below",
+        "2 % of the cells are in their own rows. Command: see `benchmarks/markers_benchmark.py`.",
+        "",
+        "| file | groups | ε | top-10 | top-50 | Spearman | small groups: top-10 (n) | s per call |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for (name, grouping, eps), part in table.groupby(["dataset", "grouping", "epsilon"], sort=False):
+        main, small = part[~part.small_group], part[part.small_group]
+        small_text = f"{small.top10.mean():.2f} ({small.group.nunique()})" if len(small) else "–"
+        lines.append(
+            f"| {name} | {grouping} | {eps:g} | {main.top10.mean():.2f} | {main.top50.mean():.2f} | "
+            f"{main.spearman.mean():.2f} | {small_text} | {part.seconds.median():.2f} |"
+        )
+    lines += [
+        "",
+        "Mean over files (groups of at least 2 %):",
+        "",
+        "| groups | ε | top-10 | top-50 |",
+        "|---|---|---|---|",
+    ]
+    main = table[~table.small_group]
+    for (grouping, eps), part in main.groupby(["grouping", "epsilon"]):
+        per_file = part.groupby("dataset")[["top10", "top50"]].mean()
+        lines.append(f"| {grouping} | {eps:g} | {per_file.top10.mean():.2f} | {per_file.top50.mean():.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--data", type=Path, default=Path("../shared/data"))
+    parser.add_argument("--datasets", nargs="+", default=list(FILES))
+    parser.add_argument("--epsilons", nargs="+", type=float, default=[1.0, 2.0, 4.0, 8.0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/markers.jsonl"))
+    parser.add_argument("--report", type=Path, default=None, help="Print the table of a results file.")
+    args = parser.parse_args()
+    if args.report:
+        print(report(args.report), end="")
+        return
+    warnings.filterwarnings("ignore")
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    with open(args.out, "w") as out:
+        for name in args.datasets:
+            for row in run(args.data, name, args.epsilons, args.runs, commit):
+                out.write(json.dumps(row) + "\n")
+            out.flush()
+            print(f"{name} done", flush=True)
+
+
+if __name__ == "__main__":
+    main()
