@@ -195,8 +195,12 @@ def test_secure_federated_clustering_reproduces_the_central_one(small_adata):
     adata = small_adata.copy()
     dpsc.pp.partition(adata, 3, random_state=0)
     fed, central = adata.copy(), adata.copy()
-    dpsc.tl.cluster_federated(fed, "client", 3, epsilon=8.0, noise_seed=5)
-    dpsc.tl.cluster(central, 3, epsilon=8.0, noise_seed=5)
+    dpsc.tl.cluster_federated(fed, "client", 3, epsilon=8.0, noise_seed=5, markers=True)
+    dpsc.tl.cluster(central, 3, epsilon=8.0, noise_seed=5, markers=True)
+    for group in ("0", "1", "2"):  # the marker table: the central one up to the sites' round-off
+        ours, theirs = fed.uns["rank_genes_groups"], central.uns["rank_genes_groups"]
+        assert list(ours["names"][group][:10]) == list(theirs["names"][group][:10])
+        np.testing.assert_allclose(ours["scores"][group], theirs["scores"][group], rtol=1e-3, atol=1e-3)
     np.testing.assert_allclose(fed.varm["PCs"], central.varm["PCs"], atol=1e-4)
     np.testing.assert_allclose(
         fed.uns["dpsc"]["dp_kmeans"]["centroids"], central.uns["dpsc"]["dp_kmeans"]["centroids"], atol=1e-4

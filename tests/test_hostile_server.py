@@ -58,8 +58,10 @@ def neighbours(tmp_path_factory):
     return paths
 
 
-def plan_for(epsilon: float = 8.0, n_genes: int | None = None):
-    return plan_clustering(epsilon, 1e-5, n_vars=N_VARS, n_clusters=3, n_obs=60, n_genes=n_genes)
+def plan_for(epsilon: float = 8.0, n_genes: int | None = None, markers: bool = False):
+    return plan_clustering(
+        epsilon, 1e-5, n_vars=N_VARS, n_clusters=3, n_obs=60, n_genes=n_genes, markers=markers
+    )
 
 
 def honest_requests(plan, data: Path) -> list[Request]:
@@ -129,6 +131,22 @@ def test_an_honest_run_is_served_whole_once(neighbours, tmp_path):
     again = check_both(neighbours, tmp_path, steps, steps)  # a second run: past one run's ε
     assert again == [True] * plan.n_releases + [False] * plan.n_releases
     assert check_both(neighbours, tmp_path, steps, steps, budget=40.0) == [True] * 2 * plan.n_releases
+
+
+def test_the_marker_release_is_scheduled_and_checked(neighbours, tmp_path):
+    plan = plan_for(markers=True)
+    requests = honest_requests(plan, neighbours[0])
+    assert [r.kind for r in requests][-1] == "markers" and len(requests) == plan.n_releases
+    assert check_both(neighbours, tmp_path, honest_steps(plan, requests)) == [True] * plan.n_releases
+    centroids = requests[-1].assignment.matrix.copy()
+    centroids[1, 2] = np.nan
+    hostile = dataclasses.replace(requests[-1], assignment=Assignment("nearest", centroids))
+    steps = honest_steps(plan, [*requests[:-1], hostile])
+    assert check_both(neighbours, tmp_path, steps) == [True] * (plan.n_releases - 1) + [False]
+    without = plan_for()  # a plan without markers: no marker release is served
+    extra = dataclasses.replace(requests[-1], index=without.n_releases)
+    steps = honest_steps(without, [*honest_requests(without, neighbours[0]), extra])
+    assert check_both(neighbours, tmp_path, steps, budget=50.0)[-1] is False
 
 
 def test_exact_gene_statistics_are_refused_when_the_plan_reads_every_gene(neighbours, tmp_path):

@@ -117,3 +117,20 @@ def test_after_tl_cluster_within_one_budget(small_adata):
     dpsc.tl.rank_genes_groups(adata, epsilon=2)  # groupby defaults to the clusters
     assert set(adata.uns["rank_genes_groups"]["names"].dtype.names) == {"0", "1", "2"}
     assert dpsc.privacy.spent(adata).epsilon <= 8.0
+
+
+def test_tl_cluster_releases_the_clusters_markers_inside_its_epsilon(small_adata):
+    adata = small_adata.copy()
+    dpsc.tl.cluster(adata, 3, epsilon=8, markers=True, noise_seed=1)
+    assert dpsc.privacy.spent(adata).epsilon == pytest.approx(8.0, rel=0.01)  # one budget, five releases
+    result = adata.uns["rank_genes_groups"]
+    assert result["params"]["groupby"] == "dp_kmeans" and set(result["names"].dtype.names) == {"0", "1", "2"}
+    record = dpsc.privacy.get_record(adata, "dp_kmeans")
+    assert "marker" in record["statement"] and record["guarantee"] == "proven"
+    without = small_adata.copy()
+    dpsc.tl.cluster(without, 3, epsilon=8, noise_seed=1)
+    plan = dpsc.privacy._clustering.plan_clustering(
+        8.0, 1e-5, n_vars=200, n_clusters=3, n_obs=300, markers=True
+    )
+    assert plan.schedule()[-1].kind == "markers" and plan.n_releases == len(plan.history()) + 2  # k-means: 3
+    assert "rank_genes_groups" not in without.uns

@@ -136,6 +136,11 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     server.add_argument("--delta", type=float, default=1e-5, help="δ of the run (default 1e-5).")
     server.add_argument("--n-clusters", type=int, default=8, help="Number of clusters (default 8).")
     server.add_argument(
+        "--markers",
+        action="store_true",
+        help="Also release each cluster's marker genes inside the same ε; every site receives them.",
+    )
+    server.add_argument(
         "--n-vars",
         type=int,
         default=0,
@@ -349,6 +354,7 @@ def _federate(args: argparse.Namespace) -> int:
             delta=args.delta,
             n_clusters=args.n_clusters,
             n_vars=args.n_vars,
+            markers=int(args.markers),
         )
         print(
             f"Federated clustering over {summary['n_sites']} sites ({summary['mode']}, threshold "

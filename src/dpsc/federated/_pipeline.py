@@ -41,6 +41,7 @@ SERVER_DEFAULTS: dict[str, Any] = {
     "n-vars": 0,  # 0: asked from the sites
     "n-obs": 0,  # the sites' cells in all (public; chooses the genes the PCA reads); 0: asked from the sites
     "random-state": 0,
+    "markers": 0,  # 1: the plan ends with the release of each cluster's marker statistics
     "out-dir": "",
     "timeout": 300.0,
 }
@@ -113,16 +114,18 @@ def _request(config: dict[str, Any], arrays: list[np.ndarray]) -> Request:
         kind, index, sigma = str(config["kind"]), int(config["index"]), float(config["sigma"])
         genes, loadings, matrix = arrays
         assignment = None
-        if kind in ("pca", "kmeans") and (np.ndim(loadings) != 2 or np.shape(loadings)[0] != len(genes)):
+        if kind in ("pca", "kmeans", "markers") and (
+            np.ndim(loadings) != 2 or np.shape(loadings)[0] != len(genes)
+        ):
             raise ValueError(f"loadings of shape {np.shape(loadings)} for {len(genes)} genes")
-        if kind == "kmeans":
+        if kind in ("kmeans", "markers"):
             assignment = Assignment(str(config["assignment"]), np.asarray(matrix, dtype=np.float64))
         return Request(
             kind,
             index,
             sigma,
             genes=np.asarray(genes, dtype=np.int64) if kind != "genes" else None,
-            loadings=np.asarray(loadings, dtype=np.float64) if kind in ("pca", "kmeans") else None,
+            loadings=np.asarray(loadings, dtype=np.float64) if kind in ("pca", "kmeans", "markers") else None,
             assignment=assignment,
         )
     except (KeyError, ValueError, TypeError) as err:
@@ -183,8 +186,9 @@ class SiteHandler:
         if plan.n_vars <= 0:
             raise SiteRefusal("Malformed request from the server: the plan has no genes; nothing was sent.")
         if kind == "finish":
-            genes, loadings, eigenvalues, centroids = parameters
+            genes, loadings, eigenvalues, centroids, *markers = parameters
             result = ClusterResult(genes.astype(np.int64), loadings, eigenvalues, centroids)
+            result.marker_table = markers[0] if plan.markers and markers else None
             site.write_results(result, plan, mode, threshold, n_sites)
             return [], 1, {}
         if mode == "secure":
@@ -400,10 +404,13 @@ def make_server_app(settings: dict[str, Any] | None = None):
             raise
         finish = {**common, "kind": "finish"}
         arrays = [result.genes, result.loadings, result.eigenvalues, result.centroids]
+        if result.marker_table is not None:  # every site receives the released marker table
+            arrays.append(result.marker_table)
         rounds(finish, arrays, secure=False)
+        names = ("genes", "loadings", "eigenvalues", "centroids", "marker_table")
         np.savez(
             out / "result.npz",
-            **{k: v for k, v in zip(("genes", "loadings", "eigenvalues", "centroids"), arrays, strict=True)},
+            **dict(zip(names, arrays, strict=False)),
             clusters_in_use=np.array(result.clusters_in_use),
         )
         summary |= {"releases": log.rows, "wall_s": time.perf_counter() - start}
@@ -487,6 +494,7 @@ def _plan(rounds: Rounds, s: dict, epsilon, mode: str, threshold: int, n_sites: 
         n_clusters=int(s["n-clusters"]),
         n_obs=n_obs,
         random_state=int(s["random-state"]),
+        markers=bool(int(s.get("markers", 0))),
     )
 
 
@@ -519,4 +527,5 @@ def read_result(out: str | Path) -> ClusterResult:
             saved["eigenvalues"],
             saved["centroids"],
             clusters_in_use=int(saved["clusters_in_use"]) if "clusters_in_use" in saved else None,
+            marker_table=saved["marker_table"] if "marker_table" in saved else None,
         )

@@ -342,7 +342,12 @@ class Site:
         s = self.settings
         try:  # this site's own calibration of the same releases (the plan's genes)
             own = plan_clustering(
-                s.epsilon, self.delta, n_vars=plan.n_vars, n_clusters=plan.n_clusters, n_genes=plan.n_genes
+                s.epsilon,
+                self.delta,
+                n_vars=plan.n_vars,
+                n_clusters=plan.n_clusters,
+                n_genes=plan.n_genes,
+                markers=plan.markers,
             )
         except ValueError as err:
             raise SiteRefusal(f"Malformed plan from the server ({err}); nothing was sent.") from None
@@ -498,7 +503,7 @@ class Site:
     def write_results(self, result, plan: ClusterPlan, mode: str, threshold: int, n_sites: int) -> Path:
         """Label this site's cells with the released centroids; write them, the record and the ledger."""
         from ..privacy import attach_ledger, write_record
-        from ..tl._cluster import write_clustering
+        from ..tl._cluster import write_cluster_markers, write_clustering
 
         out = self.adata.copy()
         write_clustering(out, self.matrix, result, "dp_kmeans", plan.n_clusters)
@@ -509,6 +514,11 @@ class Site:
             record,
             {"mode": mode, "threshold": threshold, "n_sites": n_sites, "mean_weight": MEAN_WEIGHT},
             centroids=result.centroids,
+            **(
+                {"markers": write_cluster_markers(out, result, plan, "dp_kmeans")}
+                if result.marker_table is not None
+                else {}
+            ),
         )
         attach_ledger(out, self.settings.ledger)
         out.uns["dpsc"].pop("ledger_file", None)  # the written file carries a copy; the site keeps the file

@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _hvg, _kmeans, _pca
+from . import _hvg, _kmeans, _markers, _pca
 from ._release import GaussianSum
 
 MAX_GENES = 2000  # genes the PCA reads without noise (scanpy's usual number of variable genes)
@@ -64,6 +64,9 @@ N_COMPS = 16  # loadings the cells are projected on: the mean direction and 15 r
 #: files (``benchmarks/results/cluster_residual.md``): within 1 sd on 12 of 15 (file, ε) cells.
 SHARES = {"genes": 0.2, "sum": 0.1, "pca": 0.38, "kmeans": 0.32}
 KINDS = ("genes", "sum", "pca", "kmeans")  # the releases, in order
+#: ε share of the marker release when a plan also releases each cluster's markers
+#: (:mod:`._markers`): one release of every gene's per-cluster statistics after the centroids.
+MARKERS_SHARE = 0.25
 #: Weight of the mean direction's coordinate in the k-means points. Every cell lies near the mean
 #: direction (median :math:`z_i^\top u` 0.50–0.84 on the labelled files), so with weight 1 the
 #: unit-norm points crowd in a cap around it and the clusters' spread is small against the DP k-means noise
@@ -105,6 +108,7 @@ RELEASE_NAMES = {
     "sum": "cell sum",
     "pca": "second moment",
     "kmeans": "k-means table",
+    "markers": "marker statistics",
 }
 
 
@@ -223,6 +227,7 @@ class ClusterPlan:
     sigmas: dict[str, float]
     random_state: int = 0
     kmeans: dict[str, Any] = field(default_factory=lambda: dict(KMEANS_PLAN))
+    markers: bool = False  # a last release: each cluster's marker statistics (:mod:`._markers`)
 
     @property
     def select_genes(self) -> bool:
@@ -240,7 +245,7 @@ class ClusterPlan:
     @property
     def n_releases(self) -> int:
         """Every release of the plan, in order."""
-        return int(self.select_genes) + 2 + self.kmeans_steps
+        return int(self.select_genes) + 2 + self.kmeans_steps + int(self.markers)
 
     @property
     def coreset_size(self) -> int:
@@ -271,6 +276,11 @@ class ClusterPlan:
             entries.append(("kmeans", sketch_rows * (d + 1), sensitivity, "sketch", sketch_rows, d))
         for _ in range(k["n_lloyd_rounds"] * k["steps_per_round"]):
             entries.append(("kmeans", m * (d + 1), sensitivity, "nearest", m, d))
+        if self.markers:
+            table = _markers.MarkerTable(self.n_clusters, self.n_vars)
+            entries.append(
+                ("markers", self.n_clusters * table.width, table.sensitivity, "nearest", self.n_clusters, d)
+            )
         return tuple(
             ScheduledRelease(index, kind, self.sigmas[kind], size, delta, assignment, rows, width)
             for index, (kind, size, delta, assignment, rows, width) in enumerate(entries)
@@ -280,7 +290,8 @@ class ClusterPlan:
         """Return the Opacus history of the whole clustering (every release reads all cells: q = 1)."""
         history = [(self.sigmas["genes"], 1.0, 1)] if self.select_genes else []
         history += [(self.sigmas["sum"], 1.0, 1), (self.sigmas["pca"], 1.0, 1)]
-        return [*history, (self.sigmas["kmeans"], 1.0, self.kmeans_steps)]
+        history.append((self.sigmas["kmeans"], 1.0, self.kmeans_steps))
+        return [*history, (self.sigmas["markers"], 1.0, 1)] if self.markers else history
 
     def spent(self, accountant: str = "rdp") -> float | None:
         """ε of the whole plan at δ (``None`` without privacy)."""
@@ -298,6 +309,7 @@ class ClusterPlan:
             "n-genes": int(self.n_genes),
             "n-comps": int(self.n_comps),
             "random-state": int(self.random_state),
+            "markers": int(self.markers),
             **{f"sigma-{k}": float(v) for k, v in self.sigmas.items()},
         }
 
@@ -312,8 +324,9 @@ class ClusterPlan:
             n_clusters=int(config["n-clusters"]),
             n_genes=int(config["n-genes"]),
             n_comps=int(config["n-comps"]),
-            sigmas={k: float(config[f"sigma-{k}"]) for k in KINDS},
+            sigmas={k: float(config.get(f"sigma-{k}", 0.0)) for k in (*KINDS, "markers")},
             random_state=int(config["random-state"]),
+            markers=bool(int(config.get("markers", 0))),
         )
 
 
@@ -335,7 +348,8 @@ def _split(epsilon: float, delta: float, kinds: tuple[str, ...], steps: int, acc
     """σ of each release kind, the shares of :data:`SHARES` composed to (ε, δ)."""
     from ._accounting import split_budget
 
-    parts = {name: (SHARES[name], 1.0, steps if name == "kmeans" else 1) for name in kinds}
+    shares = {**SHARES, "markers": MARKERS_SHARE}
+    parts = {name: (shares[name], 1.0, steps if name == "kmeans" else 1) for name in kinds}
     return {name: sigma for name, (_, sigma) in split_budget(epsilon, delta, parts, accountant).items()}
 
 
@@ -349,6 +363,7 @@ def plan_clustering(
     n_genes: int | None = None,
     random_state: int = 0,
     accountant: str = "rdp",
+    markers: bool = False,
 ) -> ClusterPlan:
     """Split (ε, δ) over the releases by :data:`SHARES`, calibrate each σ once, choose the genes.
 
@@ -356,8 +371,10 @@ def plan_clustering(
     else :func:`genes_for` at the PCA's σ of a plan with gene selection; the σ are those of the
     releases the plan makes (the gene selection only when it reads fewer genes than there are).
     Reads no cell: ``n_obs`` (the number of cells, public) is needed when the matrix has more than
-    :data:`MIN_GENES` genes and there is noise.
+    :data:`MIN_GENES` genes and there is noise. ``markers``: the plan ends with the release of each
+    cluster's marker statistics, its share :data:`MARKERS_SHARE` of the same (ε, δ).
     """
+    extra = ("markers",) if markers else ()
     if n_vars < 3:
         raise ValueError(f"A clustering needs at least 3 genes, got {n_vars}.")
     steps = _kmeans.kmeans_release_steps(
@@ -368,17 +385,19 @@ def plan_clustering(
         if epsilon is not None and n_vars > MIN_GENES:
             if n_obs is None:
                 raise ValueError("plan_clustering needs n_obs (the number of cells) to choose the genes.")
-            with_selection = _split(float(epsilon), delta, KINDS, steps, accountant)
+            with_selection = _split(float(epsilon), delta, (*KINDS, *extra), steps, accountant)
         n_genes = genes_for(n_obs or 0, with_selection.get("pca", 0.0), n_vars)
     if not 3 <= n_genes <= n_vars:
         raise ValueError(f"A clustering reads between 3 and {n_vars} genes, got {n_genes}.")
-    sigmas = dict.fromkeys(KINDS, 0.0)
+    sigmas = dict.fromkeys((*KINDS, "markers"), 0.0)
     if epsilon is not None:  # the releases this plan makes: with the gene selection when G < n_vars
-        kinds = KINDS if n_genes < n_vars else KINDS[1:]
+        kinds = (*(KINDS if n_genes < n_vars else KINDS[1:]), *extra)
         reuse = with_selection and n_genes < n_vars  # the rule's probe is this plan: calibrate once
         sigmas.update(with_selection if reuse else _split(float(epsilon), delta, kinds, steps, accountant))
     n_comps = min(N_COMPS, n_genes - 1)
-    return ClusterPlan(epsilon, delta, n_vars, n_clusters, n_genes, n_comps, sigmas, random_state)
+    return ClusterPlan(
+        epsilon, delta, n_vars, n_clusters, n_genes, n_comps, sigmas, random_state, markers=markers
+    )
 
 
 @dataclass(frozen=True)
@@ -409,6 +428,8 @@ class Request:
         if self.kind == "kmeans":
             d = self.loadings.shape[1]
             return _kmeans.table_release(self.assignment.n_rows, d, CLIP_NORM, count_scale, self.sigma)
+        if self.kind == "markers":
+            return _markers.marker_release(_markers.MarkerTable(self.assignment.n_rows, n_vars), self.sigma)
         raise ValueError(f"Unknown release {self.kind!r}; the clustering has {KINDS}.")
 
 
@@ -425,6 +446,12 @@ def contribution(
     if request.kind == "kmeans":
         points = cell_points(matrix, request.genes, request.loadings)
         return _kmeans.kmeans_table(points, request.assignment, CLIP_NORM, count_scale)
+    if request.kind == "markers":  # each cell's cluster: its nearest released centroid (a per-cell map)
+        labels = _kmeans.nearest_centroid(
+            cell_points(matrix, request.genes, request.loadings), request.assignment.matrix
+        )
+        table = _markers.MarkerTable(request.assignment.n_rows, matrix.shape[1])
+        return _markers.group_table(matrix, labels, table)
     raise ValueError(f"Unknown release {request.kind!r}; the clustering has {KINDS}.")
 
 
@@ -451,6 +478,7 @@ class ClusterResult:
     gene_variances: np.ndarray | None = None
     releases: int = 0
     clusters_in_use: int | None = None  # centroids above the noise of their released counts
+    marker_table: np.ndarray | None = None  # the released per-cluster marker statistics (:mod:`._markers`)
 
     def labels(self, matrix: Any) -> np.ndarray:
         """Each cell's nearest released centroid (post-processing; computed from each cell)."""
@@ -517,12 +545,19 @@ def run_clustering(plan: ClusterPlan, release_sum: ReleaseSum) -> ClusterResult:
         return_in_use=True,
         **plan.kmeans,
     )
+    marker_table = None
+    if plan.markers:
+        nearest = _kmeans.Assignment("nearest", np.asarray(centroids, dtype=np.float64))
+        marker_table = release_sum(
+            Request("markers", index, plan.sigmas["markers"], genes, loadings, nearest)
+        )
+        index += 1
     if index != plan.n_releases:
         raise RuntimeError(
             f"The clustering made {index} releases, its plan {plan.n_releases}; nothing is released."
         )
     return ClusterResult(
-        genes, loadings, eigenvalues, centroids, means, variances, index, clusters_in_use=in_use
+        genes, loadings, eigenvalues, centroids, means, variances, index, in_use, marker_table
     )
 
 

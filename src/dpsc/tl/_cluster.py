@@ -38,7 +38,12 @@ from ._kmeans import warn_if_few_clusters
 
 
 def plan_for_cells(
-    adata: ad.AnnData, n_clusters: int, epsilon: float | None, delta: float, random_state: int
+    adata: ad.AnnData,
+    n_clusters: int,
+    epsilon: float | None,
+    delta: float,
+    random_state: int,
+    markers: bool = False,
 ) -> ClusterPlan:
     """Return the plan for these cells from their numbers of cells and genes, k and (ε, δ) (reads no cell)."""
     return plan_clustering(
@@ -48,6 +53,7 @@ def plan_for_cells(
         n_clusters=n_clusters,
         n_obs=adata.n_obs,
         random_state=random_state,
+        markers=markers,
     )
 
 
@@ -56,8 +62,9 @@ def cluster_record(plan: ClusterPlan, n_obs: int, noise: NoiseSource, tool: str 
     unit = f"adding or removing one of the {n_obs} cells"
     covered = (
         ("the selected genes and their noisy statistics, " if plan.select_genes else "")
-        + "the loadings, the eigenvalues and the centroids, and anything computed from them on other data "
-        "(e.g. the labels of new cells)"
+        + "the loadings, the eigenvalues and the centroids, "
+        + ("each cluster's marker statistics (uns['rank_genes_groups']), " if plan.markers else "")
+        + "and anything computed from them on other data (e.g. the labels of new cells)"
     )
     not_covered = (
         "the projections and labels written for these cells (computed from each cell); " + COMMON_NOT_COVERED
@@ -71,6 +78,7 @@ def cluster_record(plan: ClusterPlan, n_obs: int, noise: NoiseSource, tool: str 
             "cell sum",
             "second moments of the cells' residuals",
             "k-means tables",
+            *(["per-cluster marker statistics"] if plan.markers else []),
         ]
     )
     mechanism = (
@@ -123,6 +131,17 @@ def write_clustering(
     target.obs[key_added] = pd.Categorical(labels, categories=[str(i) for i in range(n_clusters)])
 
 
+def write_cluster_markers(
+    target: ad.AnnData, result: ClusterResult, plan: ClusterPlan, key_added: str
+) -> dict:
+    """Write the clusters' released marker statistics as ``uns["rank_genes_groups"]`` (scanpy's format)."""
+    from ._rank_genes_groups import write_markers
+
+    names = [str(i) for i in range(plan.n_clusters)]
+    release = plan.schedule()[-1].release()
+    return write_markers(target, result.marker_table, release, names, key_added)
+
+
 def store_clustering(
     adata: ad.AnnData,
     matrix,
@@ -133,6 +152,7 @@ def store_clustering(
     *,
     copy: bool,
     booking: Spending,
+    plan: ClusterPlan | None = None,
     **extra: Any,
 ) -> ad.AnnData | None:
     """Write a released clustering into ``adata`` (or its copy), record it, settle the booking."""
@@ -142,6 +162,8 @@ def store_clustering(
     if result.clusters_in_use is not None:
         warn_if_few_clusters(result.clusters_in_use, params["n_clusters"], stacklevel=4)
         extra["clusters_in_use"] = result.clusters_in_use
+    if result.marker_table is not None:
+        extra["markers"] = write_cluster_markers(target, result, plan, key_added)
     return store_result(
         adata,
         target,
@@ -165,6 +187,7 @@ def cluster(
     delta: float | None = None,
     layer: str | None = None,
     key_added: str = "dp_kmeans",
+    markers: bool = False,
     random_state: int = 0,
     noise_seed: int | None = None,
     copy: bool = False,
@@ -196,6 +219,10 @@ def cluster(
         Layer with the counts; ``None`` for ``X``.
     key_added
         ``obs`` column of the labels; the record goes to ``uns["dpsc"][key_added]``.
+    markers
+        Also release each cluster's marker statistics, inside the same ε (a last release with a
+        quarter share; :func:`dpsc.tl.rank_genes_groups` states the mechanism), and write
+        scanpy's ``uns["rank_genes_groups"]`` for the clusters.
     random_state
         Seed of the k-means projections and post-processing (public; never of the noise).
     noise_seed
@@ -229,7 +256,7 @@ def cluster(
         or not 2 <= n_clusters <= adata.n_obs
     ):
         raise ValueError(f"n_clusters must be an integer in [2, n_obs={adata.n_obs}], got {n_clusters!r}.")
-    plan = plan_for_cells(adata, int(n_clusters), epsilon, delta, random_state)
+    plan = plan_for_cells(adata, int(n_clusters), epsilon, delta, random_state, markers=bool(markers))
     noise = NoiseSource(noise_seed)
     record = cluster_record(plan, adata.n_obs, noise)
     with spending(adata, record, key_added) as booking:
@@ -241,4 +268,6 @@ def cluster(
             "n_comps": plan.n_comps,
             "random_state": random_state,
         }
-        return store_clustering(adata, matrix, result, key_added, record, params, copy=copy, booking=booking)
+        return store_clustering(
+            adata, matrix, result, key_added, record, params, copy=copy, booking=booking, plan=plan
+        )

@@ -55,6 +55,7 @@ def cluster_federated(
     threshold: int | None = None,
     layer: str | None = None,
     key_added: str = "dp_kmeans",
+    markers: bool = False,
     random_state: int = 0,
     noise_seed: int | None = None,
     n_cpus: int = 2,
@@ -89,6 +90,10 @@ def cluster_federated(
         Layer with the counts.
     key_added
         ``obs`` column of the labels; the record goes to ``uns["dpsc"][key_added]``.
+    markers
+        Also release each cluster's marker statistics inside the same ε (a last release, summed
+        over sites as the others), and write scanpy's ``uns["rank_genes_groups"]``; every site
+        receives the marker table (as :func:`dpsc.tl.cluster` with ``markers=True``).
     random_state
         Seed of the public k-means projections and post-processing.
     noise_seed
@@ -129,7 +134,7 @@ def cluster_federated(
     threshold = n_sites if threshold is None else int(threshold)
     if mode == "secure" and not 2 <= threshold <= n_sites:
         raise ValueError(f"threshold must be in [2, {n_sites}] (the number of sites), got {threshold}.")
-    plan = plan_for_cells(adata, int(n_clusters), epsilon, delta, random_state)
+    plan = plan_for_cells(adata, int(n_clusters), epsilon, delta, random_state, markers=bool(markers))
     noise = NoiseSource(noise_seed)
     record = site_record(
         plan, mode, threshold if mode == "secure" else 1, n_sites, adata.n_obs, noise, simulated=True
@@ -164,6 +169,7 @@ def cluster_federated(
             "n-vars": adata.n_vars,
             "n-obs": adata.n_obs,
             "random-state": random_state,
+            "markers": int(bool(markers)),
             "out-dir": str(Path(tmp) / "server"),
         }
         result, summary = run_pipeline_simulation(server, settings, n_cpus=n_cpus)
@@ -177,6 +183,7 @@ def cluster_federated(
             params,
             copy=copy,
             booking=booking,
+            plan=plan,
             sites={name: int((sites == name).sum()) for name in names},
             releases=[{k: v for k, v in row.items() if k != "failures"} for row in summary["releases"]],
             wall_s=float(summary["wall_s"]),

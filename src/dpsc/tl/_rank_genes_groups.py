@@ -105,6 +105,32 @@ def _scanpy_result(result, names, var_names, n_genes, groupby, layer, pts: bool)
     return out
 
 
+def write_markers(
+    target: ad.AnnData,
+    released: np.ndarray,
+    release,
+    names: list[str],
+    groupby: str,
+    *,
+    n_genes: int | None = 100,
+    pts: bool = True,
+    layer: str | None = None,
+    key: str = "rank_genes_groups",
+) -> dict:
+    """Rank a released marker table and write it to ``target.uns[key]`` in scanpy's format.
+
+    Post-processing only. Returns the parameters to record: the group sizes used and the groups
+    whose noisy size is below twice its noise (their markers are mostly noise).
+    """
+    table = mechanism.MarkerTable(len(names), target.n_vars)
+    result = mechanism.rank_markers(mechanism.group_statistics(released, table, release))
+    kept = target.n_vars if n_genes is None else min(int(n_genes), target.n_vars)
+    target.uns[key] = _scanpy_result(result, names, target.var_names, kept, groupby, layer, pts)
+    count_noise = release.noise_std * table.scale("count")
+    below = [name for name, size in zip(names, result.counts, strict=True) if size < 2 * count_noise]
+    return {"n_genes": kept, "group_sizes": result.counts.tolist(), "groups_below_noise": below}
+
+
 @doc_params
 def rank_genes_groups(
     adata: ad.AnnData,
@@ -183,19 +209,11 @@ def rank_genes_groups(
         release = mechanism.marker_release(table, sigma)
         exact = mechanism.group_table(matrix, codes, table)
         released = exact if sigma == 0 else release.release(exact, noise.stream("tl.rank_genes_groups"))
-        result = mechanism.rank_markers(mechanism.group_statistics(released, table, release))
         target = adata.copy() if copy else adata
-        target.uns[key_added] = _scanpy_result(result, names, adata.var_names, kept, groupby, layer, pts)
-        count_noise = release.noise_std * table.scale("count")
-        below = [name for name, size in zip(names, result.counts, strict=True) if size < 2 * count_noise]
-        params = {
-            "groupby": groupby,
-            "groups": names,
-            "n_genes": kept,
-            "layer": layer,
-            "group_sizes": result.counts.tolist(),
-            "groups_below_noise": below,
-        }
+        written = write_markers(
+            target, released, release, names, groupby, n_genes=kept, pts=pts, layer=layer, key=key_added
+        )
+        params = {"groupby": groupby, "groups": names, "layer": layer, **written}
         return store_result(adata, target, key_added, record, params, copy=copy, booking=booking)
 
 
