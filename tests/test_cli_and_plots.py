@@ -29,6 +29,7 @@ def test_cli_fit_prints_statement_and_scores(small_adata, tmp_path, capsys):
             str(out),
             "--export",
             str(tmp_path / "share"),
+            "--verbose",
         ]
     )
     assert rc == 0
@@ -39,6 +40,21 @@ def test_cli_fit_prints_statement_and_scores(small_adata, tmp_path, capsys):
     back = ad.read_h5ad(out)
     assert "X_dpdcan" in back.obsm and back.uns["dpsc"]["X_dpdcan"]["privacy"]["epsilon"] <= 4
     assert (tmp_path / "share" / "shared_encoder.pt").exists()
+
+
+def test_cli_cluster_prints_a_plain_summary_first(small_adata, tmp_path, capsys):
+    src, out = tmp_path / "in.h5ad", tmp_path / "out.h5ad"
+    small_adata.write_h5ad(src)
+    assert main(["cluster", str(src), "--n-clusters", "3", "--markers", "--output", str(out)]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "Privacy: epsilon 8.00 at delta 1e-05, proven, per cell. Covered:" in text
+    assert " of 3 in use" in text and "cluster 0:" in text and "--verbose" in text
+    assert "What this covers" not in text  # the full statement only with --verbose
+    back = ad.read_h5ad(out)
+    assert "dp_kmeans" in back.obs and "rank_genes_groups" in back.uns
+    assert main(["cluster", str(src), "--n-clusters", "3", "--verbose", "--non-private"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "Privacy: none" in text and "What this covers" in text
 
 
 def test_cli_errors_are_one_paragraph_with_exit_code_2(small_adata, tmp_path, capsys):

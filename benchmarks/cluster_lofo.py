@@ -1,0 +1,169 @@
+"""Leave one file out: choose `tl.cluster`'s constants on five labelled files, report the sixth.
+
+For every candidate setting of the design's constants (``CANDIDATES``: the mean direction's
+weight in the k-means points and the share of the trace a component must hold for the gene rule)
+``tl.cluster`` runs on each of the six labelled count files at each ε (secret noise, ``--runs``
+runs) and once without noise. A fold holds one file out: the candidate with the best mean ARI
+relative to scanpy over the other five files (every ε) is chosen, and the held-out file's figure
+under that candidate is reported. The scanpy reference is the one of the clustering issue:
+``filter_genes(min_counts=1)``, ``normalize_total``, ``log1p``, ``highly_variable_genes``
+(seurat, ``min(2000, n_vars)`` genes, subset), ``scale``, PCA 32, ``KMeans(k, n_init=10,
+random_state=0)``.
+
+    OMP_NUM_THREADS=2 python benchmarks/cluster_lofo.py --data ../shared/data \
+        --out benchmarks/results/cluster_lofo.jsonl
+    python benchmarks/cluster_lofo.py --report benchmarks/results/cluster_lofo.jsonl \
+        > benchmarks/results/cluster_lofo.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from cluster_benchmark import FILES, load, score
+
+FILES["cite_cbmc"] = "cite_cbmc_top2000.h5"  # the six labelled count files
+CANDIDATES = {
+    "default": {"MEAN_WEIGHT": 0.5, "EDGE_SHARE": 0.02},
+    "mean weight 1": {"MEAN_WEIGHT": 1.0, "EDGE_SHARE": 0.02},
+    "edge share 0.01": {"MEAN_WEIGHT": 0.5, "EDGE_SHARE": 0.01},
+    "edge share 0.05": {"MEAN_WEIGHT": 0.5, "EDGE_SHARE": 0.05},
+}
+
+
+def scanpy_reference(adata, k: int) -> np.ndarray:
+    """The non-private reference of the clustering issue (module docstring)."""
+    import scanpy as sc
+    from sklearn.cluster import KMeans
+
+    cells = adata.copy()
+    sc.pp.filter_genes(cells, min_counts=1)
+    sc.pp.normalize_total(cells)
+    sc.pp.log1p(cells)
+    sc.pp.highly_variable_genes(cells, n_top_genes=min(2000, cells.n_vars), subset=True)
+    sc.pp.scale(cells)
+    sc.pp.pca(cells, n_comps=32)
+    return KMeans(k, n_init=10, random_state=0).fit_predict(cells.obsm["X_pca"])
+
+
+def run(data: Path, name: str, epsilons: list[float], runs: int, commit: str) -> list[dict]:
+    import dpsc
+    from dpsc.privacy import _clustering
+
+    adata = load(data, name)
+    truth = adata.obs["label"].to_numpy()
+    k = len(np.unique(truth))
+    reference = score(truth, scanpy_reference(adata, k))
+    rows = []
+    for candidate, constants in CANDIDATES.items():
+        for attribute, value in constants.items():
+            setattr(_clustering, attribute, value)
+        for epsilon in [*epsilons, None]:
+            for r in range(1 if epsilon is None else runs):
+                cells = adata.copy()
+                start = time.perf_counter()
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    dpsc.tl.cluster(cells, k, epsilon=epsilon)
+                row = score(truth, cells.obs["dp_kmeans"].to_numpy())
+                rows.append(
+                    {
+                        "dataset": name,
+                        "candidate": candidate,
+                        "epsilon": "none" if epsilon is None else epsilon,
+                        "run": r,
+                        **{f"{m}": row[m] for m in ("ari", "nmi", "clusters_used")},
+                        "scanpy_ari": reference["ari"],
+                        "scanpy_nmi": reference["nmi"],
+                        "seconds": time.perf_counter() - start,
+                        "source": commit,
+                    }
+                )
+    for attribute, value in CANDIDATES["default"].items():
+        setattr(_clustering, attribute, value)
+    return rows
+
+
+def report(path: Path) -> str:
+    table = pd.read_json(path, lines=True)
+    table["epsilon"] = table["epsilon"].astype(str)
+    table["ratio"] = table["ari"] / table["scanpy_ari"]
+    means = table.groupby(["dataset", "candidate", "epsilon"])[["ari", "ratio", "nmi"]].mean()
+    files = list(dict.fromkeys(table["dataset"]))
+    columns = [e for e in ("1.0", "2.0", "4.0", "8.0", "none") if e in set(table["epsilon"])]
+    lines = [
+        "# `tl.cluster` by leave-one-file-out",
+        "",
+        "Each row is one fold: the candidate constants chosen on the other five files (best mean",
+        "ARI relative to scanpy over them, every ε and no noise), reported on the held-out file.",
+        "Cells: ARI / scanpy's ARI (the held-out file's ARI in brackets), mean over 3 runs with",
+        "secret noise (1 run without noise). Candidates: "
+        + "; ".join(f"{name}: {values}" for name, values in CANDIDATES.items())
+        + ". Command: see `benchmarks/cluster_lofo.py`.",
+        "",
+        "| held-out file | chosen on the other five | scanpy ARI | "
+        + " | ".join(f"ε = {c[:-2]}" if c != "none" else "no noise" for c in columns)
+        + " |",
+        "|---|---|---|" + "---|" * len(columns),
+    ]
+    held = {}
+    for name in files:
+        others = table[table["dataset"] != name]
+        chosen = others.groupby("candidate")["ratio"].mean().idxmax()
+        cells = []
+        for eps in columns:
+            value = means.loc[(name, chosen, eps)]
+            cells.append(f"{value['ratio']:.2f} ({value['ari']:.3f})")
+            held.setdefault(eps, []).append(value["ratio"])
+        scanpy = table[table["dataset"] == name]["scanpy_ari"].iloc[0]
+        lines.append(f"| {name} | {chosen} | {scanpy:.3f} | " + " | ".join(cells) + " |")
+    lines.append(
+        "| **mean (lowest)** | | | "
+        + " | ".join(f"{np.mean(v):.2f} ({np.min(v):.2f})" for v in held.values())
+        + " |"
+    )
+    lines += ["", "Every candidate on every file (ARI / scanpy, mean over runs):", ""]
+    pivot = means["ratio"].unstack("epsilon")[columns]
+    lines.append("| file | candidate | " + " | ".join(columns) + " |")
+    lines.append("|---|---|" + "---|" * len(columns))
+    for (name, candidate), values in pivot.iterrows():
+        lines.append(f"| {name} | {candidate} | " + " | ".join(f"{v:.2f}" for v in values) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--data", type=Path, default=Path("../shared/data"))
+    parser.add_argument("--datasets", nargs="+", default=list(FILES))
+    parser.add_argument("--epsilons", nargs="+", type=float, default=[1.0, 2.0, 4.0, 8.0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/cluster_lofo.jsonl"))
+    parser.add_argument("--append", action="store_true")
+    parser.add_argument("--report", type=Path, default=None)
+    args = parser.parse_args()
+    if args.report:
+        print(report(args.report), end="")
+        return
+    warnings.filterwarnings("ignore")
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    with open(args.out, "a" if args.append else "w") as out:
+        for name in args.datasets:
+            for row in run(args.data, name, args.epsilons, args.runs, commit):
+                out.write(json.dumps(row) + "\n")
+            out.flush()
+            print(f"{name} done", flush=True)
+
+
+if __name__ == "__main__":
+    main()
