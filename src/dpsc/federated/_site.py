@@ -385,7 +385,7 @@ class Site:
                 f"The run's threshold {threshold} gives this site a fallback epsilon of {fallback:.3g} (its "
                 f"epsilon should the other {threshold - 1} sites of a sum collude with the server), above "
                 f"its max_fallback_epsilon of {cap:.3g}. Ask the server for a smaller threshold or the "
-                "plain mode, or raise max_fallback_epsilon if the data owner agrees."
+                "plain mode, or raise max_fallback_epsilon (--max-fallback-epsilon) if the data owner agrees."
             )
 
     def _budget(self) -> dict[str, float] | None:
@@ -399,8 +399,8 @@ class Site:
             f"This site's budget refuses the {what}: its ledger ({self.settings.ledger}) has spent "
             f"epsilon {before:.3g}, the {what} asks for {asked:.3g}, and the cap is {self.budget:.3g} "
             f"({budget_source(self.settings, self.ledger)}); epsilon left: {left:.3g}. "
-            "Nothing was sent. Ask the server for a smaller epsilon, or raise the site's budget "
-            "(budget=...) if its data owner agrees."
+            "Nothing was sent. Ask the server for a smaller epsilon, or raise the site's budget (budget in "
+            "its settings file, --budget on the command line) if its data owner agrees."
         )
 
     # -- a release ---------------------------------------------------------------------------------
