@@ -11,6 +11,13 @@ of fewer than 2 cells (which scanpy's t-test refuses) are left out of both.
         --out benchmarks/results/markers.jsonl
     python benchmarks/markers_benchmark.py --report benchmarks/results/markers.jsonl \
         > benchmarks/results/markers.md
+
+``--scale N`` instead times one call on N simulated cells (``dpsc.datasets.simulate``, 2,000
+genes, groups = the simulated cell types) at ε = 8 and prints a JSON row (wall time, the call's
+peak RSS):
+
+    OMP_NUM_THREADS=2 python benchmarks/markers_benchmark.py --scale 1000000 \
+        >> benchmarks/results/markers_scale.jsonl
 """
 
 from __future__ import annotations
@@ -96,6 +103,26 @@ def run(data: Path, name: str, epsilons: list[float], runs: int, commit: str) ->
     return rows
 
 
+def scale(n_cells: int) -> dict:
+    """Time ``tl.rank_genes_groups`` on ``n_cells`` simulated cells (module docstring)."""
+    from scale import _peak_rss_since_reset_gb, _reset_peak_rss
+
+    import dpsc
+
+    adata = dpsc.datasets.simulate(n_cells)
+    _reset_peak_rss()
+    start = time.perf_counter()
+    dpsc.tl.rank_genes_groups(adata, "cell_type", epsilon=8.0)
+    return {
+        "cells": n_cells,
+        "genes": adata.n_vars,
+        "groups": int(adata.obs["cell_type"].nunique()),
+        "epsilon": 8.0,
+        "wall_s": time.perf_counter() - start,
+        "call_peak_rss_gb": _peak_rss_since_reset_gb(),
+    }
+
+
 def report(path: Path) -> str:
     table = pd.read_json(path, lines=True)
     lines = [
@@ -152,11 +179,15 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/markers.jsonl"))
     parser.add_argument("--report", type=Path, default=None, help="Print the table of a results file.")
     parser.add_argument("--append", action="store_true", help="Append to --out instead of replacing it.")
+    parser.add_argument("--scale", type=int, default=None, help="Time one call on this many simulated cells.")
     args = parser.parse_args()
     if args.report:
         print(report(args.report), end="")
         return
     warnings.filterwarnings("ignore")
+    if args.scale:
+        print(json.dumps(scale(args.scale)))
+        return
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
     ).stdout.strip()
