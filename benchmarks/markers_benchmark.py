@@ -165,6 +165,19 @@ def report(path: Path) -> str:
     for (grouping, eps), part in main.groupby(["grouping", "epsilon"]):
         per_file = part.groupby("dataset")[["top10", "top50"]].mean()
         lines.append(f"| {grouping} | {eps:g} | {per_file.top10.mean():.2f} | {per_file.top50.mean():.2f} |")
+    scale_file = path.with_name("markers_scale.jsonl")
+    if scale_file.exists():
+        lines += [
+            "",
+            "At scale (`--scale`, simulated cells, groups = the simulated types, ε = 8, 2 CPU threads, one run):",
+            "",
+            "| cells × genes | groups | wall (s) | call peak RSS (GB) |",
+            "|---|---|---|---|",
+        ]
+        for row in pd.read_json(scale_file, lines=True).itertuples():
+            lines.append(
+                f"| {row.cells:,} × {row.genes:,} | {row.groups} | {row.wall_s:.0f} | {row.call_peak_rss_gb:.2f} |"
+            )
     return "\n".join(lines) + "\n"
 
 
