@@ -169,15 +169,15 @@ def report(path: Path) -> str:
     if scale_file.exists():
         lines += [
             "",
-            "At scale (`--scale`, simulated cells, groups = the simulated types, ε = 8, 2 CPU threads, one run):",
+            "At scale (`--scale`, simulated cells, groups = the simulated types, ε = 8, 2 CPU threads,",
+            "one run):",
             "",
             "| cells × genes | groups | wall (s) | call peak RSS (GB) |",
             "|---|---|---|---|",
         ]
         for row in pd.read_json(scale_file, lines=True).itertuples():
-            lines.append(
-                f"| {row.cells:,} × {row.genes:,} | {row.groups} | {row.wall_s:.0f} | {row.call_peak_rss_gb:.2f} |"
-            )
+            size = f"{row.cells:,} × {row.genes:,}"
+            lines.append(f"| {size} | {row.groups} | {row.wall_s:.0f} | {row.call_peak_rss_gb:.2f} |")
     return "\n".join(lines) + "\n"
 
 
