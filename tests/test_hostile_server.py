@@ -252,7 +252,7 @@ def test_the_default_budget_is_one_run_and_a_stored_budget_is_never_raised_silen
     assert site.budget == 8.0  # no budget: one run's ε
     assert serve(site, honest_steps(plan, requests), {}) == [True] * plan.n_releases
     restarted = Site(SiteSettings(**settings))
-    with pytest.raises(SiteRefusal, match="one run's epsilon.*--budget on the command line"):
+    with pytest.raises(SiteRefusal, match=r"one run's epsilon.*--budget on the command line"):
         restarted.check_run(plan, *HONEST)
     Site(SiteSettings(**settings, budget=10.0))  # lowering nothing: the first stored budget
     assert Site(SiteSettings(**settings)).budget == 8.0  # min(one run's ε, stored 10)
