@@ -59,6 +59,34 @@ def load(data: Path, name: str):
     return adata
 
 
+def per_file_parser(doc: str, out: str) -> argparse.ArgumentParser:
+    """The arguments of a per-file benchmark: data, files, ε grid, runs, output, report."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", type=Path, default=Path("../shared/data"))
+    parser.add_argument("--datasets", nargs="+", default=list(FILES))
+    parser.add_argument("--epsilons", nargs="+", type=float, default=[1.0, 2.0, 4.0, 8.0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=Path(out))
+    parser.add_argument("--report", type=Path, default=None, help="Print the table of a results file.")
+    parser.add_argument("--append", action="store_true", help="Append to --out instead of replacing it.")
+    return parser
+
+
+def write_per_file(args: argparse.Namespace, run) -> None:
+    """Write ``run(data, name, epsilons, runs, commit)``'s rows as JSON lines, file by file."""
+    import json
+    import subprocess
+
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    commit = head.stdout.strip()
+    with open(args.out, "a" if args.append else "w") as handle:
+        for name in args.datasets:
+            for row in run(args.data, name, args.epsilons, args.runs, commit):
+                handle.write(json.dumps(row) + "\n")
+            handle.flush()
+            print(f"{name} done", flush=True)
+
+
 def score(truth, pred) -> dict:
     return {
         "ari": adjusted_rand_score(truth, pred),

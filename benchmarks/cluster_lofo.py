@@ -18,16 +18,13 @@ random_state=0)``.
 
 from __future__ import annotations
 
-import argparse
-import json
-import subprocess
 import time
 import warnings
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from cluster_benchmark import FILES, load, score
+from cluster_benchmark import FILES, load, per_file_parser, score, write_per_file
 
 FILES["cite_cbmc"] = "cite_cbmc_top2000.h5"  # the six labelled count files
 CANDIDATES = {
@@ -154,30 +151,13 @@ def report(path: Path) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--data", type=Path, default=Path("../shared/data"))
-    parser.add_argument("--datasets", nargs="+", default=list(FILES))
-    parser.add_argument("--epsilons", nargs="+", type=float, default=[1.0, 2.0, 4.0, 8.0])
-    parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/cluster_lofo.jsonl"))
-    parser.add_argument("--append", action="store_true")
-    parser.add_argument("--report", type=Path, default=None)
+    parser = per_file_parser(__doc__, "benchmarks/results/cluster_lofo.jsonl")
     args = parser.parse_args()
     if args.report:
         print(report(args.report), end="")
         return
     warnings.filterwarnings("ignore")
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    ).stdout.strip()
-    with open(args.out, "a" if args.append else "w") as out:
-        for name in args.datasets:
-            for row in run(args.data, name, args.epsilons, args.runs, commit):
-                out.write(json.dumps(row) + "\n")
-            out.flush()
-            print(f"{name} done", flush=True)
+    write_per_file(args, run)
 
 
 if __name__ == "__main__":
