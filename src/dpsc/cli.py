@@ -272,9 +272,6 @@ def _print_spend(record: dict) -> None:
 
 def _fit(args: argparse.Namespace) -> int:
     adata, source = _load(args.input)
-    import numpy as np
-    from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
-
     from . import tl
     from .privacy import get_record
     from .tl._fit import collapse_message
@@ -323,16 +320,7 @@ def _fit(args: argparse.Namespace) -> int:
     )
     if in_use < asked / 2:
         print(_wrap(collapse_message(in_use, asked, epsilon)))
-    if key is None:
-        print("No known labels (obs 'cell_type' or 'label'), so no ARI/NMI; pass --label-key to score.")
-    else:
-        truth = np.asarray(adata.obs[key].astype(str))
-        pred = np.asarray(adata.obs["dp_cluster"].astype(str))
-        print(
-            f"Against obs[{key!r}] (evaluation for the data owner, not a release: it compares the "
-            f"training cells' labels exactly): ARI = {adjusted_rand_score(truth, pred):.3f}, "
-            f"NMI = {normalized_mutual_info_score(truth, pred):.3f}"
-        )
+    _score(adata, key, "dp_cluster")
     if args.output:
         adata.write_h5ad(args.output)
         print(f"Wrote {args.output}")
