@@ -18,6 +18,13 @@ peak RSS):
 
     OMP_NUM_THREADS=2 python benchmarks/markers_benchmark.py --scale 1000000 \
         >> benchmarks/results/markers_scale.jsonl
+
+``--federated N`` instead runs the clustering with its markers (``markers=True``) centrally and
+over N simulated sites (IID, secure aggregation, Flower's simulation engine; independent secret
+noise), and scores each run's marker table against scanpy's t-test on that run's own clusters:
+
+    OMP_NUM_THREADS=2 python benchmarks/markers_benchmark.py --data ../shared/data --federated 4 \
+        --epsilons 8 2 --runs 2 --out benchmarks/results/markers_federated.jsonl
 """
 
 from __future__ import annotations
@@ -101,6 +108,62 @@ def run(data: Path, name: str, epsilons: list[float], runs: int, commit: str) ->
     return rows
 
 
+def run_federated(data: Path, name: str, epsilons: list[float], runs: int, commit: str, n_sites: int):
+    """Rows of the clustering's own markers, central and over ``n_sites`` sites (module docstring)."""
+    import dpsc
+
+    adata = load(data, name)
+    k = adata.obs["label"].nunique()
+    rows = []
+    for epsilon in epsilons:
+        for r in range(runs):
+            for where in ("central", "federated"):
+                cells = adata.copy()
+                start = time.perf_counter()
+                if where == "central":
+                    dpsc.tl.cluster(cells, k, epsilon=epsilon, markers=True)
+                else:
+                    dpsc.pp.partition(cells, n_sites, random_state=r)
+                    dpsc.tl.cluster_federated(cells, "client", k, epsilon=epsilon, markers=True)
+                seconds = time.perf_counter() - start
+                counts = cells.obs["dp_kmeans"].value_counts()
+                kept = cells[cells.obs["dp_kmeans"].isin(counts.index[counts >= 2])].copy()
+                kept.obs["dp_kmeans"] = kept.obs["dp_kmeans"].cat.remove_unused_categories()
+                ref = reference(kept, "dp_kmeans")
+                ours = cells.uns["rank_genes_groups"]
+                sizes = kept.obs["dp_kmeans"].value_counts() / kept.n_obs
+                for row in compare(ours, ref):
+                    rows.append(
+                        {
+                            "dataset": name,
+                            "where": where,
+                            "sites": n_sites if where == "federated" else 1,
+                            "epsilon": epsilon,
+                            "run": r,
+                            "small_group": bool(sizes.get(row["group"], 0.0) < SMALL),
+                            "seconds": seconds,
+                            "source": commit,
+                            **row,
+                        }
+                    )
+    return rows
+
+
+def federated_report(path: Path) -> str:
+    """The central and federated markers side by side (groups of at least 2 %)."""
+    table = pd.read_json(path, lines=True)
+    table = table[~table.small_group]
+    lines = [
+        "| file | ε | top-10 central | top-10 federated | top-50 central | top-50 federated |",
+        "|---|---|---|---|---|---|",
+    ]
+    for (name, eps), part in table.groupby(["dataset", "epsilon"], sort=False):
+        mean = part.groupby("where")[["top10", "top50"]].mean()
+        cells = [mean.loc[w, m] for m in ("top10", "top50") for w in ("central", "federated")]
+        lines.append(f"| {name} | {eps:g} | " + " | ".join(f"{v:.2f}" for v in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def scale(n_cells: int) -> dict:
     """Time ``tl.rank_genes_groups`` on ``n_cells`` simulated cells (module docstring)."""
     from scale import _peak_rss_since_reset_gb, _reset_peak_rss
@@ -163,6 +226,15 @@ def report(path: Path) -> str:
     for (grouping, eps), part in main.groupby(["grouping", "epsilon"]):
         per_file = part.groupby("dataset")[["top10", "top50"]].mean()
         lines.append(f"| {grouping} | {eps:g} | {per_file.top10.mean():.2f} | {per_file.top50.mean():.2f} |")
+    federated_file = path.with_name("markers_federated.jsonl")
+    if federated_file.exists():
+        lines += [
+            "",
+            "Central and federated (`--federated 4`: 4 IID sites, secure aggregation; each run's markers",
+            "against scanpy on that run's own clusters, groups of at least 2 %):",
+            "",
+            federated_report(federated_file).rstrip("\n"),
+        ]
     scale_file = path.with_name("markers_scale.jsonl")
     if scale_file.exists():
         lines += [
@@ -182,6 +254,7 @@ def report(path: Path) -> str:
 def main() -> None:
     parser = per_file_parser(__doc__, "benchmarks/results/markers.jsonl")
     parser.add_argument("--scale", type=int, default=None, help="Time one call on this many simulated cells.")
+    parser.add_argument("--federated", type=int, default=None, help="Central and over this many sites.")
     args = parser.parse_args()
     if args.report:
         print(report(args.report), end="")
@@ -189,6 +262,10 @@ def main() -> None:
     warnings.filterwarnings("ignore")
     if args.scale:
         print(json.dumps(scale(args.scale)))
+        return
+    if args.federated:
+        sites = args.federated
+        write_per_file(args, lambda *a: run_federated(*a, n_sites=sites))
         return
     write_per_file(args, run)
 
