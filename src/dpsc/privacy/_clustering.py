@@ -71,8 +71,8 @@ MARKERS_SHARE = 0.25
 #: direction (median :math:`z_i^\top u` 0.50–0.84 on the labelled files), so with weight 1 the
 #: unit-norm points crowd in a cap around it and the clusters' spread is small against the DP k-means noise
 #: (calibrated to the whole unit sphere); 0.5 widens the cap and keeps the coordinate that tells
-#: cells near the mean from cells far from it (weight 0 loses that: PBMC 4k without noise 0.63
-#: against 0.77). Chosen between 1 and 0.5 with the Paul 2015 and PBMC 4k labels; the other three
+#: cells near the mean from cells far from it (weight 0 loses that, without noise too). Chosen
+#: between 1 and 0.5 with the Paul 2015 and PBMC 4k labels; the other three
 #: labelled files confirm it at ε = 1 and 4 and are level at ε = 8
 #: (``benchmarks/results/cluster_residual.md``).
 MEAN_WEIGHT = 0.5
@@ -81,8 +81,7 @@ MEAN_WEIGHT = 0.5
 #: labels together with the cosine metric; the mouse bladder files confirm it except bladder
 #: top-2000 at ε = 4 (``benchmarks/results/dp_pipeline.md``). The reduction to k takes the best of
 #: 100 starts of the weighted k-means (post-processing): with 20, 2 of 10 runs on PBMC 4k without
-#: noise ended in a worse optimum of that objective (ARI 0.63 against 0.77;
-#: ``benchmarks/results/cluster.md``).
+#: noise ended in a worse optimum of that objective (``benchmarks/results/cluster.md``).
 KMEANS_PLAN = {
     "n_sketch_steps": 1,
     "n_lloyd_rounds": 2,
