@@ -149,6 +149,27 @@ def run_federated(data: Path, name: str, epsilons: list[float], runs: int, commi
     return rows
 
 
+FEDERATED_INTRO = (
+    "The clustering's own markers (`markers=True`: the marker release takes a quarter share of",
+    "the ε, so its own ε is below the table's), central and federated (`--federated 4`: 4 IID",
+    "sites, secure aggregation, independent secret noise, 2 runs; each run's markers against",
+    "scanpy on that run's own clusters, groups of at least 2 %):",
+)
+SCALE_INTRO = (
+    "At scale (`--scale`, simulated cells, groups = the simulated types, ε = 8, 2 CPU threads,",
+    "one run):",
+)
+
+
+def scale_report(path: Path) -> str:
+    """The ``--scale`` rows as a table."""
+    lines = ["| cells × genes | groups | wall (s) | call peak RSS (GB) |", "|---|---|---|---|"]
+    for row in pd.read_json(path, lines=True).itertuples():
+        size = f"{row.cells:,} × {row.genes:,}"
+        lines.append(f"| {size} | {row.groups} | {row.wall_s:.0f} | {row.call_peak_rss_gb:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
 def federated_report(path: Path) -> str:
     """The central and federated markers side by side (groups of at least 2 %)."""
     table = pd.read_json(path, lines=True)
@@ -226,30 +247,14 @@ def report(path: Path) -> str:
     for (grouping, eps), part in main.groupby(["grouping", "epsilon"]):
         per_file = part.groupby("dataset")[["top10", "top50"]].mean()
         lines.append(f"| {grouping} | {eps:g} | {per_file.top10.mean():.2f} | {per_file.top50.mean():.2f} |")
-    federated_file = path.with_name("markers_federated.jsonl")
-    if federated_file.exists():
-        lines += [
-            "",
-            "The clustering's own markers (`markers=True`: the marker release takes a quarter share of",
-            "the ε, so its own ε is below the table's), central and federated (`--federated 4`: 4 IID",
-            "sites, secure aggregation, independent secret noise, 2 runs; each run's markers against",
-            "scanpy on that run's own clusters, groups of at least 2 %):",
-            "",
-            federated_report(federated_file).rstrip("\n"),
-        ]
-    scale_file = path.with_name("markers_scale.jsonl")
-    if scale_file.exists():
-        lines += [
-            "",
-            "At scale (`--scale`, simulated cells, groups = the simulated types, ε = 8, 2 CPU threads,",
-            "one run):",
-            "",
-            "| cells × genes | groups | wall (s) | call peak RSS (GB) |",
-            "|---|---|---|---|",
-        ]
-        for row in pd.read_json(scale_file, lines=True).itertuples():
-            size = f"{row.cells:,} × {row.genes:,}"
-            lines.append(f"| {size} | {row.groups} | {row.wall_s:.0f} | {row.call_peak_rss_gb:.2f} |")
+    appendices = {
+        "markers_federated.jsonl": (FEDERATED_INTRO, federated_report),
+        "markers_scale.jsonl": (SCALE_INTRO, scale_report),
+    }
+    for name, (intro, table_of) in appendices.items():
+        extra = path.with_name(name)
+        if extra.exists():
+            lines += ["", *intro, "", table_of(extra).rstrip("\n")]
     return "\n".join(lines) + "\n"
 
 
