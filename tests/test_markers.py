@@ -87,6 +87,7 @@ def test_private_markers_in_scanpys_format_plots_and_ledger(grouped, tmp_path):
     sc.pl.rank_genes_groups(adata, n_genes=5, show=False)
     record = dpsc.privacy.get_record(adata, "rank_genes_groups")
     assert record["guarantee"] == "proven" and record["epsilon"] == pytest.approx(8.0, rel=0.01)
+    assert record["max_grad_norm"] == pytest.approx(mechanism.SENSITIVITY)  # the table's Δ is recorded
     assert dpsc.privacy.spent(adata).epsilon == pytest.approx(record["epsilon"])
     adata.write_h5ad(tmp_path / "markers.h5ad")  # h5ad-safe
     assert ad.read_h5ad(tmp_path / "markers.h5ad").uns["rank_genes_groups"]["params"]["groupby"] == "group"

@@ -53,6 +53,8 @@ DETECTION_GENES = 2000  # detection vectors are clipped to sqrt(min(G, this)) in
 #: Weights of the four parts of a cell's row: the expression sums carry the marker signal, so they
 #: get the largest share of the sensitivity (the noise on the other parts is then twice theirs).
 WEIGHTS = {"sum": 1.0, "squares": 0.5, "detected": 0.5, "count": 0.5}
+#: Δ, the L2 bound of one cell's row of the table: the norm of the weights (module docstring).
+SENSITIVITY = math.sqrt(sum(w**2 for w in WEIGHTS.values()))
 
 
 def expression_bound(n_genes: int, power: int = 2) -> float:
@@ -80,8 +82,8 @@ class MarkerTable:
 
     @property
     def sensitivity(self) -> float:
-        """Δ, the L2 bound of one cell's row (module docstring)."""
-        return math.sqrt(sum(w**2 for w in WEIGHTS.values()))
+        """Δ, the L2 bound of one cell's row (:data:`SENSITIVITY`)."""
+        return SENSITIVITY
 
     @property
     def width(self) -> int:

@@ -53,7 +53,7 @@ def markers_record(
         "such as sc.pl.rank_genes_groups_dotplot, which read the cells again on this machine",
         noise=noise,
         scope="marker genes",
-        max_grad_norm=0.0,
+        max_grad_norm=mechanism.SENSITIVITY,
     )
 
 
