@@ -143,6 +143,11 @@ def test_the_marker_release_is_scheduled_and_checked(neighbours, tmp_path):
     hostile = dataclasses.replace(requests[-1], assignment=Assignment("nearest", centroids))
     steps = honest_steps(plan, [*requests[:-1], hostile])
     assert check_both(neighbours, tmp_path, steps) == [True] * (plan.n_releases - 1) + [False]
+    assert requests[-2].kind == "marker_norms" and 0 < requests[-1].bound
+    for bound in (np.inf, np.nan, 0.0, -1.0, 1e6, None):  # the expression bound is a public input too
+        hostile = dataclasses.replace(requests[-1], bound=bound)
+        steps = honest_steps(plan, [*requests[:-1], hostile])
+        assert check_both(neighbours, tmp_path, steps) == [True] * (plan.n_releases - 1) + [False]
     without = plan_for()  # a plan without markers: no marker release is served
     extra = dataclasses.replace(requests[-1], index=without.n_releases)
     steps = honest_steps(without, [*honest_requests(without, neighbours[0]), extra])

@@ -47,6 +47,34 @@ def test_one_cell_moves_the_table_by_at_most_the_sensitivity():
     np.testing.assert_array_equal(outside, before)  # a cell in no group adds nothing
 
 
+def test_the_expression_bound_is_released_from_a_histogram_of_the_norms():
+    """One cell moves the histogram by exactly 1; the bound is the quantile bin's upper edge, at most B2."""
+    rng = np.random.default_rng(2)
+    base = rng.poisson(0.3, size=(200, 50)).astype(float)
+    before = mechanism.norm_histogram(base)
+    assert before.sum() == 200 and before.shape == (mechanism.NORM_BINS,)
+    extremes = [
+        np.eye(50)[0] * 1e9,
+        np.ones(50),
+        np.zeros(50),
+        -np.ones(50),
+        np.r_[np.full(25, np.nan), [3.0] * 25],
+    ]
+    for cell in extremes:
+        after = mechanism.norm_histogram(np.vstack([base, cell]))
+        assert np.linalg.norm(after - before) == pytest.approx(1.0)
+    norms = np.sqrt((mechanism._log_expression(base) ** 2).sum(1))
+    edges = mechanism.norm_edges(50)
+    bound = mechanism.released_sum_bound(before, 50)
+    below = edges[np.searchsorted(edges, bound) - 1]  # the bin's lower edge
+    assert np.mean(norms <= bound) >= mechanism.NORM_QUANTILE > np.mean(norms <= below)
+    assert bound < 0.8 * mechanism.expression_bound(50)  # below the worst case: less noise on the sums
+    assert mechanism.released_sum_bound(-before, 50) == pytest.approx(mechanism.expression_bound(50))
+    for hostile in (float("inf"), float("nan"), 0.0, -1.0, 1e9, True, "3"):
+        with pytest.raises(mechanism.BoundError):
+            mechanism.MarkerTable(3, 50, hostile)
+
+
 def test_without_noise_it_is_scanpys_t_test(grouped):
     ours = grouped.copy()
     dpsc.tl.rank_genes_groups(ours, "group", epsilon=None, n_genes=20)
@@ -88,6 +116,9 @@ def test_private_markers_in_scanpys_format_plots_and_ledger(grouped, tmp_path):
     record = dpsc.privacy.get_record(adata, "rank_genes_groups")
     assert record["guarantee"] == "proven" and record["epsilon"] == pytest.approx(8.0, rel=0.01)
     assert record["max_grad_norm"] == pytest.approx(mechanism.SENSITIVITY)  # the table's Δ is recorded
+    assert len(record["history"]) == 2  # the histogram of the norms, then the table: both accounted
+    params = adata.uns["dpsc"]["rank_genes_groups"]["params"]
+    assert 0 < params["expression_bound"] < mechanism.expression_bound(adata.n_vars)
     assert dpsc.privacy.spent(adata).epsilon == pytest.approx(record["epsilon"])
     adata.write_h5ad(tmp_path / "markers.h5ad")  # h5ad-safe
     assert ad.read_h5ad(tmp_path / "markers.h5ad").uns["rank_genes_groups"]["params"]["groupby"] == "group"

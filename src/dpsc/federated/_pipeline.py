@@ -124,9 +124,10 @@ def _request(config: dict[str, Any], arrays: list[np.ndarray]) -> Request:
             kind,
             index,
             sigma,
-            genes=np.asarray(genes, dtype=np.int64) if kind != "genes" else None,
+            genes=np.asarray(genes, dtype=np.int64) if kind not in ("genes", "marker_norms") else None,
             loadings=np.asarray(loadings, dtype=np.float64) if kind in ("pca", "kmeans", "markers") else None,
             assignment=assignment,
+            bound=float(config["bound"]) if kind == "markers" else None,
         )
     except (KeyError, ValueError, TypeError) as err:
         raise SiteRefusal(f"Malformed request from the server ({err!r}); nothing was sent.") from None
@@ -188,7 +189,8 @@ class SiteHandler:
         if kind == "finish":
             genes, loadings, eigenvalues, centroids, *markers = parameters
             result = ClusterResult(genes.astype(np.int64), loadings, eigenvalues, centroids)
-            result.marker_table = markers[0] if plan.markers and markers else None
+            if plan.markers and len(markers) == 2:
+                result.marker_table, result.marker_bound = markers[0], float(np.ravel(markers[1])[0])
             site.write_results(result, plan, mode, threshold, n_sites)
             return [], 1, {}
         if mode == "secure":
@@ -381,6 +383,8 @@ def make_server_app(settings: dict[str, Any] | None = None):
             config = {**common, "kind": request.kind, "index": request.index, "sigma": request.sigma}
             if request.assignment is not None:
                 config["assignment"] = request.assignment.kind
+            if request.bound is not None:
+                config["bound"] = float(request.bound)
             strategy = rounds(config, _payload(request), secure=mode == "secure")
             replies = strategy.replies
             if len(replies) < needed:
@@ -405,9 +409,9 @@ def make_server_app(settings: dict[str, Any] | None = None):
         finish = {**common, "kind": "finish"}
         arrays = [result.genes, result.loadings, result.eigenvalues, result.centroids]
         if result.marker_table is not None:  # every site receives the released marker table
-            arrays.append(result.marker_table)
+            arrays += [result.marker_table, np.array([result.marker_bound], dtype=np.float64)]
         rounds(finish, arrays, secure=False)
-        names = ("genes", "loadings", "eigenvalues", "centroids", "marker_table")
+        names = ("genes", "loadings", "eigenvalues", "centroids", "marker_table", "marker_bound")
         np.savez(
             out / "result.npz",
             **dict(zip(names, arrays, strict=False)),
@@ -528,4 +532,5 @@ def read_result(out: str | Path) -> ClusterResult:
             saved["centroids"],
             clusters_in_use=int(saved["clusters_in_use"]) if "clusters_in_use" in saved else None,
             marker_table=saved["marker_table"] if "marker_table" in saved else None,
+            marker_bound=float(saved["marker_bound"][0]) if "marker_bound" in saved else None,
         )

@@ -64,9 +64,11 @@ N_COMPS = 16  # loadings the cells are projected on: the mean direction and 15 r
 #: files (``benchmarks/results/cluster_residual.md``): within 1 sd on 12 of 15 (file, ε) cells.
 SHARES = {"genes": 0.2, "sum": 0.1, "pca": 0.38, "kmeans": 0.32}
 KINDS = ("genes", "sum", "pca", "kmeans")  # the releases, in order
-#: ε share of the marker release when a plan also releases each cluster's markers
-#: (:mod:`._markers`): one release of every gene's per-cluster statistics after the centroids.
+#: ε share of the marker releases when a plan also releases each cluster's markers
+#: (:mod:`._markers`): after the centroids, the histogram of the cells' norms (its share
+#: :data:`~._markers.NORM_SHARE` of this one) and every gene's per-cluster statistics.
 MARKERS_SHARE = 0.25
+MARKER_KINDS = ("marker_norms", "markers")  # the marker releases, in order
 #: Weight of the mean direction's coordinate in the k-means points. Every cell lies near the mean
 #: direction (median :math:`z_i^\top u` 0.50–0.84 on the labelled files), so with weight 1 the
 #: unit-norm points crowd in a cap around it and the clusters' spread is small against the DP k-means noise
@@ -107,6 +109,7 @@ RELEASE_NAMES = {
     "sum": "cell sum",
     "pca": "second moment",
     "kmeans": "k-means table",
+    "marker_norms": "marker norms",
     "markers": "marker statistics",
 }
 
@@ -164,8 +167,13 @@ class ScheduledRelease:
                 f"release {self.index} ({self.kind}) asks for noise multiplier {request.sigma!r}; the plan's "
                 f"is {self.sigma!r}"
             )
-        if self.kind == "genes":
+        if self.kind in ("genes", "marker_norms"):
             return
+        if self.kind == "markers":
+            try:
+                _markers.check_sum_bound(request.bound, n_vars)
+            except _markers.BoundError as err:
+                raise ScheduleError(str(err)) from None
         _check_gene_list(request.genes, n_vars, n_genes)
         if self.width:
             _check_loadings(request.loadings, n_genes, self.width)
@@ -244,7 +252,7 @@ class ClusterPlan:
     @property
     def n_releases(self) -> int:
         """Every release of the plan, in order."""
-        return int(self.select_genes) + 2 + self.kmeans_steps + int(self.markers)
+        return int(self.select_genes) + 2 + self.kmeans_steps + 2 * int(self.markers)
 
     @property
     def coreset_size(self) -> int:
@@ -277,6 +285,7 @@ class ClusterPlan:
             entries.append(("kmeans", m * (d + 1), sensitivity, "nearest", m, d))
         if self.markers:
             table = _markers.MarkerTable(self.n_clusters, self.n_vars)
+            entries.append(("marker_norms", _markers.NORM_BINS, 1.0, None, 0, 0))
             entries.append(
                 ("markers", self.n_clusters * table.width, table.sensitivity, "nearest", self.n_clusters, d)
             )
@@ -290,7 +299,8 @@ class ClusterPlan:
         history = [(self.sigmas["genes"], 1.0, 1)] if self.select_genes else []
         history += [(self.sigmas["sum"], 1.0, 1), (self.sigmas["pca"], 1.0, 1)]
         history.append((self.sigmas["kmeans"], 1.0, self.kmeans_steps))
-        return [*history, (self.sigmas["markers"], 1.0, 1)] if self.markers else history
+        markers = [(self.sigmas[kind], 1.0, 1) for kind in MARKER_KINDS]
+        return [*history, *markers] if self.markers else history
 
     def spent(self, accountant: str = "rdp") -> float | None:
         """ε of the whole plan at δ (``None`` without privacy)."""
@@ -323,7 +333,7 @@ class ClusterPlan:
             n_clusters=int(config["n-clusters"]),
             n_genes=int(config["n-genes"]),
             n_comps=int(config["n-comps"]),
-            sigmas={k: float(config.get(f"sigma-{k}", 0.0)) for k in (*KINDS, "markers")},
+            sigmas={k: float(config.get(f"sigma-{k}", 0.0)) for k in (*KINDS, *MARKER_KINDS)},
             random_state=int(config["random-state"]),
             markers=bool(int(config.get("markers", 0))),
         )
@@ -347,7 +357,8 @@ def _split(epsilon: float, delta: float, kinds: tuple[str, ...], steps: int, acc
     """σ of each release kind, the shares of :data:`SHARES` composed to (ε, δ)."""
     from ._accounting import split_budget
 
-    shares = {**SHARES, "markers": MARKERS_SHARE}
+    norms = _markers.NORM_SHARE
+    shares = {**SHARES, "marker_norms": MARKERS_SHARE * norms, "markers": MARKERS_SHARE * (1 - norms)}
     parts = {name: (shares[name], 1.0, steps if name == "kmeans" else 1) for name in kinds}
     return {name: sigma for name, (_, sigma) in split_budget(epsilon, delta, parts, accountant).items()}
 
@@ -373,7 +384,7 @@ def plan_clustering(
     :data:`MIN_GENES` genes and there is noise. ``markers``: the plan ends with the release of each
     cluster's marker statistics, its share :data:`MARKERS_SHARE` of the same (ε, δ).
     """
-    extra = ("markers",) if markers else ()
+    extra = MARKER_KINDS if markers else ()
     if n_vars < 3:
         raise ValueError(f"A clustering needs at least 3 genes, got {n_vars}.")
     steps = _kmeans.kmeans_release_steps(
@@ -388,7 +399,7 @@ def plan_clustering(
         n_genes = genes_for(n_obs or 0, with_selection.get("pca", 0.0), n_vars)
     if not 3 <= n_genes <= n_vars:
         raise ValueError(f"A clustering reads between 3 and {n_vars} genes, got {n_genes}.")
-    sigmas = dict.fromkeys((*KINDS, "markers"), 0.0)
+    sigmas = dict.fromkeys((*KINDS, *MARKER_KINDS), 0.0)
     if epsilon is not None:  # the releases this plan makes: with the gene selection when G < n_vars
         kinds = (*(KINDS if n_genes < n_vars else KINDS[1:]), *extra)
         reuse = with_selection and n_genes < n_vars  # the rule's probe is this plan: calibrate once
@@ -406,7 +417,8 @@ class Request:
     ``kind`` is one of :data:`KINDS`; ``index`` counts the plan's releases; ``genes`` (indices of the
     genes the PCA reads), ``loadings`` (those genes × the loadings released so far: the mean
     direction for ``"pca"``, all of them for ``"kmeans"``) and ``assignment`` (the k-means rows) are
-    set for the steps that need them.
+    set for the steps that need them; ``bound`` (the released bound of the cells' expression,
+    :func:`~._markers.released_sum_bound`) for ``"markers"``.
     """
 
     kind: str
@@ -415,6 +427,7 @@ class Request:
     genes: np.ndarray | None = None
     loadings: np.ndarray | None = None
     assignment: _kmeans.Assignment | None = None
+    bound: float | None = None
 
     def release(self, n_vars: int, count_scale: float = KMEANS_PLAN["count_scale"]) -> GaussianSum:
         """Return the :class:`GaussianSum` this request's sum is released with."""
@@ -427,8 +440,11 @@ class Request:
         if self.kind == "kmeans":
             d = self.loadings.shape[1]
             return _kmeans.table_release(self.assignment.n_rows, d, CLIP_NORM, count_scale, self.sigma)
+        if self.kind == "marker_norms":
+            return _markers.norm_release(self.sigma)
         if self.kind == "markers":
-            return _markers.marker_release(_markers.MarkerTable(self.assignment.n_rows, n_vars), self.sigma)
+            table = _markers.MarkerTable(self.assignment.n_rows, n_vars, self.bound)
+            return _markers.marker_release(table, self.sigma)
         raise ValueError(f"Unknown release {self.kind!r}; the clustering has {KINDS}.")
 
 
@@ -445,11 +461,13 @@ def contribution(
     if request.kind == "kmeans":
         points = cell_points(matrix, request.genes, request.loadings)
         return _kmeans.kmeans_table(points, request.assignment, CLIP_NORM, count_scale)
+    if request.kind == "marker_norms":
+        return _markers.norm_histogram(matrix)
     if request.kind == "markers":  # each cell's cluster: its nearest released centroid (a per-cell map)
         labels = _kmeans.nearest_centroid(
             cell_points(matrix, request.genes, request.loadings), request.assignment.matrix
         )
-        table = _markers.MarkerTable(request.assignment.n_rows, matrix.shape[1])
+        table = _markers.MarkerTable(request.assignment.n_rows, matrix.shape[1], request.bound)
         return _markers.group_table(matrix, labels, table)
     raise ValueError(f"Unknown release {request.kind!r}; the clustering has {KINDS}.")
 
@@ -478,6 +496,7 @@ class ClusterResult:
     releases: int = 0
     clusters_in_use: int | None = None  # centroids above the noise of their released counts
     marker_table: np.ndarray | None = None  # the released per-cluster marker statistics (:mod:`._markers`)
+    marker_bound: float | None = None  # the released bound of the cells' expression in that table
 
     def labels(self, matrix: Any) -> np.ndarray:
         """Each cell's nearest released centroid (post-processing; computed from each cell)."""
@@ -544,11 +563,16 @@ def run_clustering(plan: ClusterPlan, release_sum: ReleaseSum) -> ClusterResult:
         return_in_use=True,
         **plan.kmeans,
     )
-    marker_table = None
+    marker_table = marker_bound = None
     if plan.markers:
+        norms = release_sum(Request("marker_norms", index, plan.sigmas["marker_norms"]))
+        marker_bound = _markers.released_sum_bound(norms, plan.n_vars)
+        if plan.epsilon is None:  # no privacy: the worst-case bound, which no cell reaches (exact sums)
+            marker_bound = _markers.expression_bound(plan.n_vars)
+        index += 1
         nearest = _kmeans.Assignment("nearest", np.asarray(centroids, dtype=np.float64))
         marker_table = release_sum(
-            Request("markers", index, plan.sigmas["markers"], genes, loadings, nearest)
+            Request("markers", index, plan.sigmas["markers"], genes, loadings, nearest, marker_bound)
         )
         index += 1
     if index != plan.n_releases:
@@ -556,7 +580,7 @@ def run_clustering(plan: ClusterPlan, release_sum: ReleaseSum) -> ClusterResult:
             f"The clustering made {index} releases, its plan {plan.n_releases}; nothing is released."
         )
     return ClusterResult(
-        genes, loadings, eigenvalues, centroids, means, variances, index, in_use, marker_table
+        genes, loadings, eigenvalues, centroids, means, variances, index, in_use, marker_table, marker_bound
     )
 
 

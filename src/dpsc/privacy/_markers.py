@@ -7,11 +7,20 @@ is 0), its squares :math:`x_i^2` and its detection :math:`d_i = [x_i > 0]`. Each
 to an L2 bound that reads only the number of genes G (a per-cell map, so the bound holds for
 every cell whatever its counts):
 
-* :math:`C_x = B_2(G)` and :math:`C_s = B_4(G)` with
+* :math:`C_s = B_4(G)` with
   :math:`B_p(G) = \max_{1\le k\le G} \sqrt k\,\log(1 + 10^4/k)^{p/2}`
   (:func:`expression_bound`): the norms of a cell whose counts are spread evenly over k genes,
   the largest over k (about 80 and 219). A cell's log expression is largest when its counts are
-  even, so the clip rarely binds;
+  even, so the clip never binds;
+* :math:`C_x`, the expression's bound, is *released* (:func:`released_sum_bound`): a first release
+  of the histogram of the cells' norms :math:`\lVert x_i\rVert_2` on :data:`NORM_BINS` bins spaced
+  geometrically up to :math:`B_2(G)` (public edges, :func:`norm_edges`; each cell adds 1 to one bin:
+  sensitivity 1, :func:`norm_histogram`), and :math:`C_x` the upper edge of the bin where the noisy
+  cumulative count first reaches :data:`NORM_QUANTILE` of the noisy total (post-processing; at
+  most :math:`B_2(G)`). The noise of every mean is proportional to :math:`C_x`, and most cells'
+  norms lie well below the worst case :math:`B_2(G)`, so the small share :data:`NORM_SHARE` of the
+  budget this release costs buys a smaller bound for the sums that carry the marker signal; the
+  few cells above it are scaled down to it (their group's mean is then slightly low);
 * :math:`C_d = \sqrt{\min(G, 2000)}` (:data:`DETECTION_GENES`) for the detection vector, of norm
   :math:`\sqrt{\#\text{detected}}` (a cell detecting more genes has it scaled down, so its group's
   fraction expressing is slightly low).
@@ -23,8 +32,9 @@ row only, so adding or removing one cell changes the table by at most
 group is part of the cell; a cell in no group adds nothing).
 
 **Sum and noise.** :func:`group_table` sums the rows; :func:`marker_release` is the
-:class:`~dpsc.privacy.GaussianSum` of the table (one release, history :math:`(\sigma, 1, 1)`).
-Over sites the table is a sum of the sites' tables.
+:class:`~dpsc.privacy.GaussianSum` of the table (one release, history :math:`(\sigma, 1, 1)`),
+after the histogram's release (:func:`norm_release`, :math:`(\sigma_h, 1, 1)`): two releases,
+composed by the accountant. Over sites the histogram and the table are sums of the sites' ones.
 
 **Post-processing** (:func:`rank_markers`): noisy counts :math:`\tilde n_g` clipped to at least 1,
 means :math:`\mu = S/\tilde n`, second moments, variances clipped to at least 0, the rest of the
@@ -55,6 +65,13 @@ DETECTION_GENES = 2000  # detection vectors are clipped to sqrt(min(G, this)) in
 WEIGHTS = {"sum": 1.0, "squares": 0.5, "detected": 0.5, "count": 0.5}
 #: Δ, the L2 bound of one cell's row of the table: the norm of the weights (module docstring).
 SENSITIVITY = math.sqrt(sum(w**2 for w in WEIGHTS.values()))
+#: Bins of the histogram of the cells' norms that releases :math:`C_x` (module docstring).
+NORM_BINS = 64
+#: :math:`C_x` is the released norm below which this share of the cells lie: a bound most cells
+#: keep (their sums are exact), set by the mechanism rather than by a data set.
+NORM_QUANTILE = 0.9
+#: Share of the markers' ε spent on the histogram of the norms (the table gets the rest).
+NORM_SHARE = 0.1
 
 
 def expression_bound(n_genes: int, power: int = 2) -> float:
@@ -65,17 +82,26 @@ def expression_bound(n_genes: int, power: int = 2) -> float:
 
 @dataclass(frozen=True)
 class MarkerTable:
-    """The layout and bounds of the per-group table (all public: groups, genes, weights)."""
+    """The layout and bounds of the per-group table (all public: groups, genes, weights, bound).
+
+    ``sum_bound``: :math:`C_x`, the released bound of the expression part
+    (:func:`released_sum_bound`); ``None``: the worst case :math:`B_2(G)`.
+    """
 
     n_groups: int
     n_genes: int
+    sum_bound: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.sum_bound is not None:
+            check_sum_bound(self.sum_bound, self.n_genes)
 
     @property
     def bounds(self) -> dict[str, float]:
         """:math:`C_x, C_s, C_d`: the L2 bounds of a cell's expression, squares and detection."""
         c_d = math.sqrt(min(self.n_genes, DETECTION_GENES))
         return {
-            "sum": expression_bound(self.n_genes),
+            "sum": expression_bound(self.n_genes) if self.sum_bound is None else float(self.sum_bound),
             "squares": expression_bound(self.n_genes, 4),
             "detected": c_d,
         }
@@ -95,6 +121,63 @@ class MarkerTable:
         if part == "count":
             return 1.0 / WEIGHTS["count"]
         return self.bounds[part] / WEIGHTS[part]
+
+
+class BoundError(ValueError):
+    """A bound of the expression part that is not a finite number in :math:`(0, B_2(G)]`."""
+
+
+def check_sum_bound(bound: object, n_genes: int) -> None:
+    """Raise :class:`BoundError` unless ``bound`` is a finite number in :math:`(0, B_2(G)]` (public input)."""
+    worst = expression_bound(n_genes)
+    if (
+        isinstance(bound, bool)
+        or not isinstance(bound, float | int | np.floating | np.integer)
+        or not math.isfinite(float(bound))
+        or not 0.0 < float(bound) <= worst * (1 + 1e-12)
+    ):
+        raise BoundError(f"an expression bound of {bound!r} where (0, {worst:.6g}] is allowed")
+
+
+def norm_edges(n_genes: int) -> np.ndarray:
+    r"""Return the histogram's :data:`NORM_BINS` + 1 public edges, geometric from 1 to :math:`B_2(G)`."""
+    return np.geomspace(1.0, expression_bound(n_genes), NORM_BINS + 1)
+
+
+def norm_histogram(matrix: Any) -> np.ndarray:
+    r"""Return the exact histogram of :math:`\lVert x_i\rVert_2` over the cells (bins of :func:`norm_edges`).
+
+    Bin j counts the cells with norm in :math:`(e_j, e_{j+1}]`; the first bin also holds the norms
+    at most :math:`e_0 = 1` (empty or nearly empty cells). One cell adds 1 to one bin.
+    """
+    edges = norm_edges(matrix.shape[1])
+    counts = np.zeros(NORM_BINS)
+    chunk = max(256, int(DENSE_VALUES // max(matrix.shape[1], 1)))
+    for block in _blocks.row_blocks(matrix):
+        for rows in _blocks.row_blocks(block, chunk):
+            norms = np.sqrt((_log_expression(rows) ** 2).sum(1))
+            bins = np.clip(np.searchsorted(edges[1:], norms, side="left"), 0, NORM_BINS - 1)
+            counts += np.bincount(bins, minlength=NORM_BINS)
+    return counts
+
+
+def norm_release(noise_multiplier: float) -> GaussianSum:
+    """Return the Gaussian release of the histogram of the norms (sensitivity 1)."""
+    return GaussianSum("marker norms", NORM_BINS, 1.0, noise_multiplier)
+
+
+def released_sum_bound(histogram: np.ndarray, n_genes: int, quantile: float = NORM_QUANTILE) -> float:
+    r"""Return :math:`C_x`: the upper edge of the bin where the cumulative count reaches ``quantile``.
+
+    Post-processing of the released histogram: negative noisy counts read as 0; with no count
+    left the bound is the worst case :math:`B_2(G)`.
+    """
+    edges = norm_edges(n_genes)
+    cumulative = np.cumsum(np.maximum(np.asarray(histogram, dtype=np.float64), 0.0))
+    if not np.isfinite(cumulative[-1]) or cumulative[-1] <= 0:
+        return float(edges[-1])
+    reached = int(np.searchsorted(cumulative, quantile * cumulative[-1], side="left"))
+    return float(min(edges[min(reached, NORM_BINS - 1) + 1], edges[-1]))
 
 
 def marker_release(table: MarkerTable, noise_multiplier: float) -> GaussianSum:

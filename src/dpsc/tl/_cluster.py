@@ -36,6 +36,8 @@ from ..privacy._clustering import (
 )
 from ._kmeans import warn_if_few_clusters
 
+MARKER_SUMS = ["a histogram of the cells' expression norms", "per-cluster marker statistics"]
+
 
 def plan_for_cells(
     adata: ad.AnnData,
@@ -78,7 +80,7 @@ def cluster_record(plan: ClusterPlan, n_obs: int, noise: NoiseSource, tool: str 
             "cell sum",
             "second moments of the cells' residuals",
             "k-means tables",
-            *(["per-cluster marker statistics"] if plan.markers else []),
+            *(MARKER_SUMS if plan.markers else []),
         ]
     )
     mechanism = (
@@ -139,7 +141,8 @@ def write_cluster_markers(
 
     names = [str(i) for i in range(plan.n_clusters)]
     release = plan.schedule()[-1].release()
-    return write_markers(target, result.marker_table, release, names, key_added)
+    bound = result.marker_bound
+    return write_markers(target, result.marker_table, release, names, key_added, sum_bound=bound)
 
 
 def store_clustering(
@@ -220,8 +223,9 @@ def cluster(
     key_added
         ``obs`` column of the labels; the record goes to ``uns["dpsc"][key_added]``.
     markers
-        Also release each cluster's marker statistics, inside the same ε (a last release with a
-        quarter share; :func:`dpsc.tl.rank_genes_groups` states the mechanism), and write
+        Also release each cluster's marker statistics, inside the same ε (two last releases with a
+        quarter share: the cells' expression bound, then the table; :func:`dpsc.tl.rank_genes_groups`
+        states the mechanism), and write
         scanpy's ``uns["rank_genes_groups"]`` for the clusters.
     random_state
         Seed of the k-means projections and post-processing (public; never of the noise).

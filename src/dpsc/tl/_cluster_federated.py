@@ -91,9 +91,10 @@ def cluster_federated(
     key_added
         ``obs`` column of the labels; the record goes to ``uns["dpsc"][key_added]``.
     markers
-        Also release each cluster's marker statistics inside the same ε (a last release, summed
-        over sites as the others), and write scanpy's ``uns["rank_genes_groups"]``; every site
-        receives the marker table (as :func:`dpsc.tl.cluster` with ``markers=True``).
+        Also release each cluster's marker statistics inside the same ε (the two last releases,
+        the cells' expression bound and the table, summed over sites as the others), and write
+        scanpy's ``uns["rank_genes_groups"]``; every site receives the marker table (as
+        :func:`dpsc.tl.cluster` with ``markers=True``).
     random_state
         Seed of the public k-means projections and post-processing.
     noise_seed

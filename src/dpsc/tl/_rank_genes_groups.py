@@ -23,38 +23,65 @@ from ..privacy import (
     COMMON_NOT_COVERED,
     NoiseSource,
     PrivacyRecord,
-    calibrate_noise_multiplier,
-    gaussian_release_record,
+    history_epsilon,
     no_guarantee_record,
     spending,
+    split_budget,
 )
 from ..privacy import _markers as mechanism
 
 
+def markers_sigmas(epsilon: float | None, delta: float) -> dict[str, float]:
+    """Return σ of the two releases (norm histogram, table), sharing (ε, δ) by ``NORM_SHARE``."""
+    if epsilon is None:
+        return {"norms": 0.0, "table": 0.0}
+    parts = {"norms": (mechanism.NORM_SHARE, 1.0, 1), "table": (1.0 - mechanism.NORM_SHARE, 1.0, 1)}
+    return {name: sigma for name, (_, sigma) in split_budget(epsilon, delta, parts).items()}
+
+
 def markers_record(
-    sigma: float, epsilon: float | None, delta: float, n_obs: int, groupby: str, noise: NoiseSource
+    sigmas: dict[str, float],
+    epsilon: float | None,
+    delta: float,
+    n_obs: int,
+    groupby: str,
+    noise: NoiseSource,
 ) -> PrivacyRecord:
-    """Record of the one Gaussian release of the per-group table (proven (ε, δ)-DP; none without ε)."""
+    """Record of the two Gaussian releases (norm histogram, group table): proven (ε, δ)-DP; none without ε."""
     covered = f"the marker table in uns (every gene's statistics in every group of obs[{groupby!r}])"
     if epsilon is None:
         return no_guarantee_record("tl.rank_genes_groups", unit=f"one of the {n_obs} cells", covered=covered)
-    return gaussian_release_record(
+    history = [(sigmas["norms"], 1.0, 1), (sigmas["table"], 1.0, 1)]
+    return PrivacyRecord.stated(
         "tl.rank_genes_groups",
-        sigma=sigma,
-        target_epsilon=epsilon,
+        guarantee="proven",
+        epsilon=history_epsilon(history, delta),
         delta=delta,
         unit=f"adding or removing one of the {n_obs} cells (with its value of obs[{groupby!r}])",
-        mechanism="the discrete Gaussian mechanism on per-group sums of each cell's log1p(CP10k) "
-        "expression, its squares and its detected genes, and on the group sizes (each cell adds to its "
-        "own group only; every part bounded from the number of genes alone)",
-        covered=f"{covered} and anything computed from it",
+        mechanism="two discrete Gaussian releases composed by the Opacus RDP accountant: a histogram of "
+        "the cells' expression norms, which sets the bound of the expression sums, then per-group sums of "
+        "each cell's log1p(CP10k) expression, its squares and its detected genes, and the group sizes "
+        "(each cell adds to its own group only; every part bounded)",
+        covered=f"{covered}, the released expression bound, and anything computed from them",
         not_covered=f"{COMMON_NOT_COVERED}; the groups themselves (obs[{groupby!r}] is read as part of "
         "each cell: when it comes from a private clustering, that clustering's ε covers it); plots "
         "such as sc.pl.rank_genes_groups_dotplot, which read the cells again on this machine",
         noise=noise,
-        scope="marker genes",
+        target_epsilon=float(epsilon),
+        accountant="rdp",
+        mechanisms=[f"{name}: sigma={sigma:.4g}" for name, sigma in sigmas.items()],
+        history=history,
+        steps=2,
         max_grad_norm=mechanism.SENSITIVITY,
+        scope="marker genes",
+        details={"noise_multipliers": dict(sigmas)},
     )
+
+
+def release_sum_bound(matrix, sigma: float, noise: NoiseSource, stream: str) -> float:
+    """Release the histogram of the cells' norms and return :math:`C_x` from it."""
+    released = mechanism.norm_release(sigma).release(mechanism.norm_histogram(matrix), noise.stream(stream))
+    return mechanism.released_sum_bound(released, matrix.shape[1])
 
 
 def _group_codes(adata: ad.AnnData, groupby: str, groups: Sequence[str] | None) -> tuple[np.ndarray, list]:
@@ -116,19 +143,25 @@ def write_markers(
     pts: bool = True,
     layer: str | None = None,
     key: str = "rank_genes_groups",
+    sum_bound: float | None = None,
 ) -> dict:
     """Rank a released marker table and write it to ``target.uns[key]`` in scanpy's format.
 
     Post-processing only. Returns the parameters to record: the group sizes used and the groups
     whose noisy size is below twice its noise (their markers are mostly noise).
     """
-    table = mechanism.MarkerTable(len(names), target.n_vars)
+    table = mechanism.MarkerTable(len(names), target.n_vars, sum_bound)
     result = mechanism.rank_markers(mechanism.group_statistics(released, table, release))
     kept = target.n_vars if n_genes is None else min(int(n_genes), target.n_vars)
     target.uns[key] = _scanpy_result(result, names, target.var_names, kept, groupby, layer, pts)
     count_noise = release.noise_std * table.scale("count")
     below = [name for name, size in zip(names, result.counts, strict=True) if size < 2 * count_noise]
-    return {"n_genes": kept, "group_sizes": result.counts.tolist(), "groups_below_noise": below}
+    return {
+        "n_genes": kept,
+        "group_sizes": result.counts.tolist(),
+        "groups_below_noise": below,
+        "expression_bound": table.bounds["sum"],
+    }
 
 
 @doc_params
@@ -148,10 +181,12 @@ def rank_genes_groups(
 ) -> ad.AnnData | None:
     """Rank marker genes of each group from a differentially private release, as scanpy does.
 
-    One Gaussian release of a groups × (3G + 1) table: per group, the sums of each cell's
+    A Gaussian release of a groups × (3G + 1) table: per group, the sums of each cell's
     log1p(CP10k) expression, of its squares and of its detected genes, and the group's size
     (:mod:`dpsc.privacy._markers` states the bounds; each cell adds to its own group only, so one
-    cell moves the table by at most Δ whatever the groups are). Then scanpy's t-test of each
+    cell moves the table by at most Δ whatever the groups are). The expression's bound is itself
+    released first, from a histogram of the cells' norms (a tenth of ε): the noise of every mean
+    is proportional to it. Then scanpy's t-test of each
     group against the rest on the noisy statistics (post-processing), with the known noise of the
     two means added to the standard error so that differences within the noise do not rank high;
     log fold changes and the fraction of cells expressing each gene as scanpy computes them.
@@ -201,17 +236,29 @@ def rank_genes_groups(
     if n_genes is not None and (isinstance(n_genes, bool) or int(n_genes) < 1):
         raise ValueError(f"n_genes must be a positive integer or None, got {n_genes!r}.")
     kept = adata.n_vars if n_genes is None else min(int(n_genes), adata.n_vars)
-    sigma = 0.0 if epsilon is None else calibrate_noise_multiplier(epsilon, delta, 1.0, 1)
+    sigmas = markers_sigmas(epsilon, delta)
     noise = NoiseSource(noise_seed)
-    record = markers_record(sigma, epsilon, delta, adata.n_obs, groupby, noise)
+    record = markers_record(sigmas, epsilon, delta, adata.n_obs, groupby, noise)
     with spending(adata, record, key_added) as booking:
-        table = mechanism.MarkerTable(len(names), adata.n_vars)
-        release = mechanism.marker_release(table, sigma)
+        bound = None  # without ε: the worst-case bound, which no cell reaches (exact statistics)
+        if epsilon is not None:
+            bound = release_sum_bound(matrix, sigmas["norms"], noise, "tl.rank_genes_groups.norms")
+        table = mechanism.MarkerTable(len(names), adata.n_vars, bound)
+        release = mechanism.marker_release(table, sigmas["table"])
         exact = mechanism.group_table(matrix, codes, table)
-        released = exact if sigma == 0 else release.release(exact, noise.stream("tl.rank_genes_groups"))
+        released = exact if epsilon is None else release.release(exact, noise.stream("tl.rank_genes_groups"))
         target = adata.copy() if copy else adata
         written = write_markers(
-            target, released, release, names, groupby, n_genes=kept, pts=pts, layer=layer, key=key_added
+            target,
+            released,
+            release,
+            names,
+            groupby,
+            n_genes=kept,
+            pts=pts,
+            layer=layer,
+            key=key_added,
+            sum_bound=bound,
         )
         params = {"groupby": groupby, "groups": names, "layer": layer, **written}
         return store_result(adata, target, key_added, record, params, copy=copy, booking=booking)
