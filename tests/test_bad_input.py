@@ -90,7 +90,7 @@ def test_dp_fit_reads_bad_values_per_cell(small_adata, tiny_fit):
     with pytest.warns(UserWarning):  # 300 cells are few at epsilon = 8
         dpsc.tl.fit(adata, epsilon=8.0, **tiny_fit)
     assert np.isfinite(adata.obsm["X_dpdcan"]).all()
-    assert dpsc.privacy.get_record(adata, "X_dpdcan")["guarantee"] == "heuristic"
+    assert dpsc.privacy.get_record(adata, "X_dpdcan")["guarantee"] == "proven"
 
 
 def test_log_normalised_input_is_refused_from_public_metadata(small_adata):

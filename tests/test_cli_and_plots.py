@@ -35,7 +35,7 @@ def test_cli_fit_prints_statement_and_scores(small_adata, tmp_path, capsys):
     assert rc == 0
     text = capsys.readouterr().out
     assert "Privacy spent: epsilon =" in text and "What this covers:" in text
-    assert "guarantee = heuristic" in text and "HEURISTIC" in text
+    assert "guarantee = proven" in text and "HEURISTIC" not in text
     assert "ARI =" in text and "Wall time" in text
     back = ad.read_h5ad(out)
     assert "X_dpdcan" in back.obsm and back.uns["dpsc"]["X_dpdcan"]["privacy"]["epsilon"] <= 4

@@ -61,16 +61,16 @@ def test_released_frequencies_are_accounted_steps(small_adata, fast_train):
     dpsc.tl.fit(small_adata, epsilon=8.0, **fit)  # "released" is the default
     rec = small_adata.uns["dpsc"]["X_dpdcan"]["privacy"]
     params = small_adata.uns["dpsc"]["X_dpdcan"]["params"]
-    # (2 + 2) epochs × 10 Poisson draws + 200 k-means releases + 1 frequency release per cluster
-    # epoch + 1 label-count release
+    # the input loadings' release + (2 + 2) epochs × 10 Poisson draws + 200 k-means releases + 1
+    # frequency release per cluster epoch + 1 label-count release
     assert rec["frequency_steps"] == 2 and rec["label_steps"] == 1
-    assert rec["steps"] == 4 * 10 + 200 + 2 + 1 == params["planned_steps"]
+    assert rec["steps"] == 1 + 4 * 10 + 200 + 2 + 1 == params["planned_steps"] + 1
     assert params["target_frequency"] == "released"
     assert 0 < rec["epsilon"] <= 8.0
 
     dpsc.tl.fit(uniform, epsilon=8.0, plan_kwargs={"target_frequency": "uniform"}, **fit)
     assert uniform.uns["dpsc"]["X_dpdcan"]["privacy"]["frequency_steps"] == 0
-    assert uniform.uns["dpsc"]["X_dpdcan"]["privacy"]["steps"] == 4 * 10 + 200 + 1
+    assert uniform.uns["dpsc"]["X_dpdcan"]["privacy"]["steps"] == 1 + 4 * 10 + 200 + 1
     assert not np.allclose(uniform.obsm["X_dpdcan"], small_adata.obsm["X_dpdcan"])
 
 

@@ -41,7 +41,7 @@ def explicit_per_cell_grads(plan, x, params):
 
 
 @pytest.mark.parametrize("stage", ["instance", "cluster"])
-@pytest.mark.parametrize("scope", ["encoder", "full"])
+@pytest.mark.parametrize("scope", ["encoder", "full", "paper"])
 def test_ghost_norms_equal_explicit_per_cell_norms(tiny_module, counts, stage, scope):
     plan = make_plan(tiny_module, stage, scope, sigma=0.0)
     private = plan.private_parameters
@@ -54,7 +54,7 @@ def test_ghost_norms_equal_explicit_per_cell_norms(tiny_module, counts, stage, s
 
 
 @pytest.mark.parametrize("stage", ["instance", "cluster"])
-@pytest.mark.parametrize("scope", ["encoder", "full"])
+@pytest.mark.parametrize("scope", ["encoder", "full", "paper"])
 def test_noise_free_step_is_sum_of_clipped_gradients(tiny_module, counts, stage, scope):
     plan = make_plan(tiny_module, stage, scope, sigma=0.0)
     private, public = plan.private_parameters, plan.public_parameters
@@ -97,11 +97,32 @@ def _grads_after_noisy_step(module, counts, scope, seed):
     return enc, dec
 
 
-def test_encoder_scope_noises_encoder_only(tiny_module, counts):
-    enc_a, dec_a = _grads_after_noisy_step(tiny_module, counts, "encoder", seed=1)
-    enc_b, dec_b = _grads_after_noisy_step(tiny_module, counts, "encoder", seed=2)
+def test_paper_scope_noises_encoder_only(tiny_module, counts):
+    enc_a, dec_a = _grads_after_noisy_step(tiny_module, counts, "paper", seed=1)
+    enc_b, dec_b = _grads_after_noisy_step(tiny_module, counts, "paper", seed=2)
     assert not torch.allclose(enc_a, enc_b), "encoder gradients must carry noise"
     torch.testing.assert_close(dec_a, dec_b)  # decoder: same gradient whatever the noise draw
+
+
+def test_encoder_scope_never_trains_the_decoder(tiny_module, counts):
+    """The proven encoder-only scope: the decoder gets no gradient and keeps its initial weights."""
+    decoder = [p for m in tiny_module.public_decoder_modules() for p in m.parameters()]
+    before = [p.detach().clone() for p in decoder]
+    plan = make_plan(tiny_module, "instance", "encoder", sigma=1.0, seed=1, lr=0.1)
+    assert plan.public_parameters == [] and all(not p.requires_grad for p in decoder)
+    encoder = [p.detach().clone() for p in tiny_module.encoder.parameters()]
+    plan.attach_privacy()
+    loss, _ = plan.per_cell_loss(counts)
+    plan.private_step(loss)
+    for old, p in zip(before, decoder, strict=True):
+        assert p.grad is None
+        torch.testing.assert_close(old, p.detach())
+    moved = [
+        not torch.equal(old, p.detach())
+        for old, p in zip(encoder, tiny_module.encoder.parameters(), strict=True)
+    ]
+    assert any(moved)  # the encoder did train
+    plan.detach_privacy()
 
 
 def test_full_scope_noises_everything(tiny_module, counts):
@@ -176,7 +197,7 @@ def test_frozen_encoder_cluster_stage_noises_only_centroids(tiny_module, counts)
 
 
 @pytest.mark.parametrize("stage", ["instance", "cluster"])
-@pytest.mark.parametrize("scope", ["encoder", "full"])
+@pytest.mark.parametrize("scope", ["encoder", "full", "paper"])
 def test_clipped_pass_starts_at_module_outputs(tiny_module, counts, stage, scope, monkeypatch):
     """The second ghost pass runs from the private modules' outputs, not through the loss."""
     from dpsc.privacy import _ghost

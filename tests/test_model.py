@@ -13,7 +13,7 @@ from dpsc.model import DPDCAN, SharedEncoder
 def test_fit_writes_documented_keys(small_adata, tiny_fit):
     model = dpsc.tl.fit(small_adata, epsilon=4.0, **tiny_fit, return_model=True)
     assert isinstance(model, DPDCAN)
-    assert small_adata.obsm["X_dpdcan"].shape == (small_adata.n_obs, 32)
+    assert small_adata.obsm["X_dpdcan"].shape == (small_adata.n_obs, 16)  # the default model's latent
     assert isinstance(small_adata.obs["dp_cluster"].dtype, pd.CategoricalDtype)
     rec = small_adata.uns["dpsc"]["X_dpdcan"]["privacy"]
     for key in (
@@ -31,11 +31,10 @@ def test_fit_writes_documented_keys(small_adata, tiny_fit):
         assert key in rec
     assert 0 < rec["epsilon"] <= 4.0
     assert rec["scope"] == "encoder" and "decoder" in rec["statement"] and "Not covered" in rec["statement"]
-    # steps actually run: 3 epochs x 10 Poisson draws + 200 k-means releases (40 + 4 x 40)
-    # + 1 cluster-frequency release per cluster epoch + 1 label-count release
-    assert (
-        rec["steps"] == 3 * 10 + 200 + 1 + 1 == small_adata.uns["dpsc"]["X_dpdcan"]["params"]["planned_steps"]
-    )
+    # steps actually run: the input loadings' release + 3 epochs x 10 Poisson draws + 200 k-means
+    # releases (40 + 4 x 40) + 1 cluster-frequency release per cluster epoch + 1 label-count release
+    planned = small_adata.uns["dpsc"]["X_dpdcan"]["params"]["planned_steps"]  # the sampled steps
+    assert rec["steps"] == 1 + 3 * 10 + 200 + 1 + 1 == planned + 1
     assert rec["kmeans_steps"] == 200 and rec["frequency_steps"] == 1 and rec["label_steps"] == 1
     assert rec["curve_steps"][-1] == rec["steps"]
     assert rec["curve_epsilon"][-1] == pytest.approx(rec["epsilon"])
@@ -80,12 +79,15 @@ def test_every_mechanism_draws_from_the_secure_source(small_adata, monkeypatch, 
 
 @pytest.mark.slow
 def test_scope_sets_the_guarantee(small_adata, tiny_fit):
-    a, b = small_adata.copy(), small_adata.copy()
+    a, b, c = small_adata.copy(), small_adata.copy(), small_adata.copy()
     dpsc.tl.fit(a, epsilon=8.0, **tiny_fit)
     dpsc.tl.fit(b, epsilon=8.0, scope="full", **tiny_fit)
-    enc, full = (x.uns["dpsc"]["X_dpdcan"]["privacy"] for x in (a, b))
-    assert enc["guarantee"] == "heuristic" and enc["statement"].startswith("HEURISTIC")
-    assert "not a proof" in enc["statement"][:60]
+    dpsc.tl.fit(c, epsilon=8.0, scope="paper", **tiny_fit)
+    enc, full, paper = (x.uns["dpsc"]["X_dpdcan"]["privacy"] for x in (a, b, c))
+    assert enc["guarantee"] == "proven" and enc["statement"].startswith("Proven")  # the default
+    assert "decoder is fixed" in enc["statement"]
+    assert paper["guarantee"] == "heuristic" and paper["statement"].startswith("HEURISTIC")
+    assert "not a proof" in paper["statement"][:60]
     assert full["guarantee"] == "proven" and full["statement"].startswith("Proven")
 
 
@@ -182,7 +184,7 @@ def test_export_shared_has_no_decoder_and_reproduces_outputs(small_adata, tmp_pa
     model = dpsc.tl.fit(small_adata, epsilon=8.0, **tiny_fit, return_model=True)
     model.export_shared(tmp_path / "share")
     state = torch.load(tmp_path / "share" / "shared_encoder.pt", weights_only=True)
-    assert all(k.startswith(("encoder.", "clustering.")) for k in state)
+    assert all(k.startswith(("encoder.", "clustering.")) or k == "input_loadings" for k in state)
     assert not any(k.startswith(("decoder.", "px_")) for k in state)
     shared = SharedEncoder.load(tmp_path / "share")
     np.testing.assert_allclose(

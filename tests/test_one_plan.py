@@ -25,9 +25,9 @@ def calibrations(monkeypatch):
     return calls
 
 
-@pytest.mark.parametrize(("scope", "releases"), [("encoder", 1), ("full", 2)])
+@pytest.mark.parametrize(("scope", "releases"), [("encoder", 2), ("full", 2), ("paper", 1)])
 def test_a_fit_calibrates_each_release_once(small_adata, tiny_fit, calibrations, scope, releases):
-    """Default fit: one σ (DP-SGD). Proven fit: two (loadings, DP-SGD), then one common scale."""
+    """Proven fits: two σ (loadings, DP-SGD), then one common scale. The paper's scope: one (DP-SGD)."""
     dpsc.tl.fit(small_adata, epsilon=8, scope=scope, noise_seed=0, **tiny_fit)
     assert len(calibrations) == releases
     record = dpsc.privacy.get_record(small_adata, "X_dpdcan")

@@ -183,8 +183,8 @@ def test_xx_sensitivity_holds_at_the_worst_case(d):
 
 
 @pytest.mark.slow
-def test_encoder_scope_save_warns_and_keeps_no_losses(small_adata, tmp_path, caplog, tiny_fit):
-    model = dpsc.tl.fit(small_adata, epsilon=8.0, **tiny_fit, return_model=True)
+def test_paper_scope_save_warns_and_keeps_no_losses(small_adata, tmp_path, caplog, tiny_fit):
+    model = dpsc.tl.fit(small_adata, epsilon=8.0, scope="paper", **tiny_fit, return_model=True)
     with caplog.at_level("WARNING"):
         model.save(tmp_path / "m", overwrite=True)
     assert "noise-free decoder" in caplog.text

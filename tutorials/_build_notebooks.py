@@ -99,11 +99,12 @@ write("01_quickstart.ipynb", [
     md("""
 # Quick start: private clustering of PBMC 4k
 
-dpsc clusters and embeds cells with **DP-DCAN** under an (ε, δ) differential-privacy claim (heuristic in
-the default `scope="encoder"`, proven with `scope="full"`; the record says which).
+dpsc clusters and embeds cells with **DP-DCAN** under a proven (ε, δ) differential-privacy
+guarantee: Opacus privatizes the encoder and the centroids, and the decoder stays fixed at its
+data-independent initialisation (the default `scope="encoder"`; the record says what is covered).
 This notebook fits the model on the embedded PBMC 4k data (4271 cells × 2000 genes, raw counts),
 looks at the private clusters beside the true cell types, reads what the ε covers, and exports
-the model a hospital would share. Full run: about 4 minutes on a laptop CPU.
+the model a hospital would share. Full run: about a minute on a laptop CPU.
 """),
     code(SETUP),
     code("""
@@ -116,8 +117,9 @@ adata
     md("""
 ## Fit
 
-One call. `epsilon=8` is the budget of the *whole* fit (both training stages and the private
-k-means initialisation of the centroids); δ defaults to 1e-5. The number of clusters is a fixed
+One call. `epsilon=8` is the budget of the *whole* fit (the 16 principal components the encoder
+reads, both training stages and the private k-means initialisation of the centroids); δ defaults
+to 1e-5. The number of clusters is a fixed
 default (8), not estimated from the cells — estimating it would spend privacy budget.
 """),
     code("""
@@ -172,8 +174,9 @@ plt.show()
     md("""
 ## Share the model, not the cells
 
-`export_shared` writes the encoder and the centroids — never the decoder, which trained without
-noise. Another site loads it with `SharedEncoder` and clusters its own cells.
+`export_shared` writes the encoder and the centroids, with the input loadings they read
+through: all that is needed to embed and cluster new cells. Another site loads it with
+`SharedEncoder` and clusters its own cells.
 """),
     code("""
 import tempfile
@@ -194,8 +197,8 @@ write("02_privacy_utility.ipynb", [
 
 How much clustering quality does privacy cost? This notebook (1) plots the committed benchmark
 results (3 data sets, several ε, final models only) and (2) runs a small live sweep on a
-subsample of PBMC 4k: ε, the scope of the noise (`encoder` vs `full`) and the update rule of the
-private parameters (SGD vs the sign optimizers). Full run: about 4 minutes on a laptop CPU.
+subsample of PBMC 4k: ε, the scope of the noise (`encoder`, the default, against `full`) and the
+update rule of the private parameters (SGD vs the sign optimizers). Full run: about 4 minutes on a laptop CPU.
 """),
     code(SETUP),
     md("""
@@ -211,8 +214,8 @@ rows = Path("../benchmarks/results/dpdcan.jsonl").read_text().splitlines()
 bench = pd.DataFrame([json.loads(r) for r in rows if r.strip()])
 bench = bench[bench.config.str.startswith(("DCAN", "DP-DCAN", "DPE-DCAN"))]
 bench = bench[~bench.config.str.contains(",")]  # current defaults only: a suffix marks a variant
-bench["method"] = np.where(bench.config.str.startswith("DPE"), "full, genes in", "DP-DCAN (encoder)")
-bench.loc[bench.config.str.startswith("DCAN"), "method"] = "DP-DCAN (encoder)"
+bench["method"] = np.where(bench.config.str.startswith("DPE"), "full, genes in", "DP-DCAN (paper)")
+bench.loc[bench.config.str.startswith("DCAN"), "method"] = "DP-DCAN (paper)"
 fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
 for ax, name in zip(axes, ["pbmc", "bladder"]):
     dpsc.pl.privacy_utility(bench[bench.dataset == name], x="target_epsilon", y="ari", hue="method",
@@ -259,16 +262,12 @@ plt.show()
 """),
     md("""
 Reading the plot: ARI is low at small ε and climbs towards the non-private line. With a single
-seed per point, differences of a few hundredths are noise. `full` (noise on every parameter, a
-proven guarantee) trains its default small model here: 16 DP principal components released
-inside the ε, a 16 → 64 → 16 encoder. The committed benchmark above plots the full scope's
-gene-reading model (`input_pcs=None`, "full, genes in"); on all PBMC cells the default full
-scope scores 0.671 ± 0.052 at ε = 8 and 0.648 ± 0.033 at ε = 4 over 5 seeds, against 0.678 and
-0.594 for `encoder` (`benchmarks/results/dp_pipeline.md`). On these 1500 cells it is far ahead of
-`encoder` at ε = 8 in the run shown (fewer noised parameters matter more when each step averages
-fewer cells). On 1500 cells and 20 epochs
-the sign optimizers are ahead of DP-SGD; on all 4271 cells DP-SGD is ahead at ε = 8 and 4 (`benchmarks/results/dpdcan.md` and `sign_dpdcan.md`): with
-fewer cells each noisy step carries less signal, and which update rule wins changes with n.
+seed per point, differences of a few hundredths are noise. Both scopes train the same small model
+here: 16 DP principal components released inside the ε, a 16 → 64 → 16 encoder; `encoder` keeps
+the decoder fixed, `full` trains it with noise too. The committed benchmark above plots the
+gene-reading models of the DP-DCAN paper (`scope="paper"`, heuristic, and "full, genes in").
+Which update rule wins changes with n: with fewer cells each noisy step carries less signal
+(`benchmarks/results/dpdcan.md` and `sign_dpdcan.md` on all 4271 cells).
 """),
 ])
 
@@ -299,8 +298,10 @@ table.round({c: 3 for c in table.columns if c != "delta"})  # δ = 1e-5 would ro
 """),
     md("""
 `features="encoder+decoder"` adds two attacks that also read the decoder's reconstruction loss.
-Under `scope="encoder"` the decoder is never shared, so those rows measure what *releasing* it
-would leak; the `shadow` and `threshold` rows are what a receiver of the shared model can do.
+Under the default `scope="encoder"` the decoder stays at its initialisation (it never reads a
+cell), so those rows test a public map; under `scope="paper"`, whose decoder trains without noise
+and is never shared, they would measure what *releasing* it leaks. The `shadow` and `threshold`
+rows are what a receiver of the shared model can do.
 """),
     code("""
 fig, axes = plt.subplots(1, 2, figsize=(9, 4))

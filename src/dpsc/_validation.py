@@ -10,7 +10,7 @@ import scipy.sparse as sp
 
 from ._blocks import row_blocks
 
-SCOPES = ("encoder", "full")
+SCOPES = ("encoder", "full", "paper")
 LIKELIHOODS = ("zinb", "gaussian")
 MIN_CELLS = 10
 
@@ -159,7 +159,10 @@ def check_privacy_args(epsilon: float | None, delta: float, n_obs: int) -> None:
 def check_fit_args(*, n_obs: int, n_clusters: int, scope: str, batch_size: int | None) -> int:
     """Validate the shape arguments of a fit and return the batch size to use."""
     if scope not in SCOPES:
-        raise ValueError(f"Unknown scope {scope!r}; choose 'encoder' (DP-DCAN) or 'full' (DPE-DCAN).")
+        raise ValueError(
+            f"Unknown scope {scope!r}; choose 'encoder' (noise on the encoder, decoder fixed), 'full' "
+            "(noise on every parameter) or 'paper' (the DP-DCAN paper's partial perturbation)."
+        )
     if n_obs < MIN_CELLS:
         raise ValueError(f"Need at least {MIN_CELLS} cells to train with Poisson sampling; got {n_obs}.")
     if not (2 <= n_clusters <= n_obs):

@@ -68,9 +68,10 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     )
     fit.add_argument(
         "--scope",
-        choices=["encoder", "full"],
+        choices=["encoder", "full", "paper"],
         default="encoder",
-        help="DP on the encoder (DP-DCAN, heuristic) or on everything (DPE-DCAN, proven).",
+        help="DP on the encoder with the decoder fixed (proven), on everything (DPE-DCAN, proven), "
+        "or the DP-DCAN paper's partial perturbation (decoder trained without noise; heuristic).",
     )
     fit.add_argument("--layer", default=None, help="Layer holding the raw counts (default: X).")
     fit.add_argument(

@@ -53,9 +53,10 @@ def encoder_features(
 def reconstruction_loss(module: DCANModule, X: np.ndarray | sp.spmatrix, batch_size: int = 512) -> np.ndarray:
     """Per-cell reconstruction loss through the *decoder* (ZINB or Gaussian NLL of the clean cell).
 
-    Only a party holding the decoder can compute it: with ``scope="encoder"`` the decoder is
-    never shared, so this signal is for audits of ``scope="full"`` models or for measuring what
-    the decoder would leak if it were released.
+    Only a party holding the decoder can compute it: with ``scope="paper"`` the decoder is
+    never shared, so this signal is for audits of ``scope="full"`` or ``"encoder"`` models (whose
+    decoder is covered, or never reads a cell) or for measuring what a ``"paper"`` decoder would
+    leak if it were released.
     """
     module.eval()
     out = []

@@ -12,8 +12,8 @@ every canary from the released model only:
   compute;
 - ``"reconstruction"``: minus the canary's reconstruction loss through the decoder
   (:func:`dpsc.audit.reconstruction_loss`). Under ``scope="full"`` the decoder is covered by
-  the ε; under ``scope="encoder"`` it is never shared, and this score measures what it would let
-  through if it were.
+  the ε and under ``scope="encoder"`` it never reads a cell; under ``scope="paper"`` it is never
+  shared, and this score measures what it would let through if it were.
 
 Each score gives one bound with :func:`dpsc.audit.one_run_bound` (top and bottom
 ``guess_fraction`` guessed), at confidence :math:`1 - \alpha/2` so that the two bounds hold

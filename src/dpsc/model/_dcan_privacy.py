@@ -58,9 +58,15 @@ MODEL_GENES = 2000
 GENE_SELECTION_SHARE = 0.1
 
 HEURISTIC_REASON = (
-    "under scope='encoder' the decoder trains on the cells without noise and the encoder's "
+    "under scope='paper' the decoder trains on the cells without noise and the encoder's "
     "gradients pass through it, so every noisy encoder update depends on all cells through that "
-    "hidden state and the DP-SGD proof does not apply. Use scope='full' for a proven guarantee."
+    "hidden state and the DP-SGD proof does not apply. Use scope='encoder' (the decoder fixed) or "
+    "scope='full' for a proven guarantee."
+)
+#: What the record says of the decoder under ``scope="encoder"``: it never reads a cell.
+FIXED_DECODER = (
+    "the decoder is fixed at its initialisation (drawn from random_state, before any cell is read) "
+    "and never trains, so it is a public function"
 )
 
 #: Training-plan options of :meth:`DPDCAN.train` (``plan_kwargs`` overrides them), as scvi's
@@ -387,7 +393,7 @@ def dcan_record(
     spent: float | None,
     history: list[tuple[float, float, int]] | None = None,
 ) -> PrivacyRecord:
-    """Return the fit's :class:`~dpsc.privacy.PrivacyRecord` (heuristic under ``scope="encoder"``)."""
+    """Return the fit's :class:`~dpsc.privacy.PrivacyRecord` (heuristic under ``scope="paper"``)."""
     unit = f"adding or removing one of the {n_obs} training cells"
     decoder = DECODER_WORDS[plan.likelihood]
     if plan.settings is None:
@@ -417,13 +423,15 @@ def dcan_record(
         "cluster-frequency and label-count releases, and anything computed from them on other data"
     )
     not_covered = COMMON_NOT_COVERED
-    if plan.scope == "encoder":
+    if plan.scope == "paper":
         not_covered = (
             f"the {decoder}, trained without noise and never exported by export_shared; " + not_covered
         )
-    guarantee = "heuristic" if plan.scope == "encoder" else "proven"
+    guarantee = "heuristic" if plan.scope == "paper" else "proven"
+    fixed = f"; {FIXED_DECODER}" if plan.scope == "encoder" else ""
     mechanism = (
-        "DP-SGD (ghost-clipped per-cell gradients, Gaussian noise, Poisson sampling) plus Gaussian "
+        f"DP-SGD on the encoder and the centroids{' and the decoder' if plan.scope == 'full' else ''}{fixed} "
+        "(ghost-clipped per-cell gradients, Gaussian noise, Poisson sampling) plus Gaussian "
         f"k-means, frequency and label-count releases, composed by the Opacus {plan.accountant.upper()} "
         "accountant"
     )

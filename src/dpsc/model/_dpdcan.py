@@ -57,8 +57,10 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
     A ZINB autoencoder (encoder 2000→256→64→32 by default) trained in two stages (paper
     Alg. 1): an *instance* stage (ZINB + per-cell contrastive loss between two masked views)
     and a *cluster* stage (ZINB + per-cell DEC loss + centroid separation), with DP-SGD noise on
-    the encoder and the centroids (``scope="encoder"``, "partial network perturbation") or on
-    every parameter (``scope="full"``, DPE-DCAN).
+    the encoder and the centroids while the decoder stays fixed at its data-independent
+    initialisation (``scope="encoder"``, proven), on every parameter (``scope="full"``, DPE-DCAN),
+    or on the encoder and centroids while the decoder trains without noise (``scope="paper"``,
+    the paper's "partial network perturbation", heuristic).
 
     Parameters
     ----------
@@ -199,8 +201,9 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
         delta
             Target δ; ``None``: 10⁻⁵, or 1/(10 n) above 10⁴ cells (it must be below 1/n).
         scope
-            ``"encoder"`` (DP-DCAN; heuristic guarantee, see the record) or ``"full"``
-            (DPE-DCAN; proven guarantee).
+            ``"encoder"`` (DP-SGD on the encoder and centroids, the decoder fixed: proven),
+            ``"full"`` (DPE-DCAN, every parameter: proven) or ``"paper"`` (DP-DCAN's partial
+            perturbation, the decoder trained without noise: heuristic, see the record).
         max_epochs
             Total epochs, split 5:4 between the two stages (as in ``dpsc.tl.fit``).
         instance_epochs, cluster_epochs
@@ -648,7 +651,7 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
     def save(self, dir_path: str, **kwargs) -> None:
         """Save the whole model (scvi-tools format) for the data owner; not for sharing.
 
-        The file holds the decoder too. Under ``scope="encoder"`` that decoder was trained on the
+        The file holds the decoder too. Under ``scope="paper"`` that decoder was trained on the
         cells without noise and carries no guarantee, so a warning is logged; share
         :meth:`export_shared` instead. No training losses are saved after a DP fit (they are
         exact statistics of the cells and are never logged).
@@ -663,8 +666,8 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
     def export_shared(self, dir_path: str | Path, overwrite: bool = False) -> Path:
         """Write the part of the model that may be shared: encoder and centroids only.
 
-        The decoder is never written (under ``scope="encoder"`` it was trained without noise;
-        under ``"full"`` it is not needed to embed or cluster new cells). The privacy record
+        The decoder is never written (under ``scope="paper"`` it was trained without noise;
+        otherwise it is not needed to embed or cluster new cells). The privacy record
         travels with the weights. Load with :class:`dpsc.model.SharedEncoder`.
 
         Parameters

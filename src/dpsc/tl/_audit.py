@@ -51,7 +51,7 @@ def audit(
     permuted across genes) are each added to the cells with probability ½, one :func:`dpsc.tl.fit`
     with ``fit_kwargs`` (e.g. ``scope``) runs on the union, and each canary is scored from the
     released model: the shared encoder's masked-view agreement, and the decoder's reconstruction
-    loss (shared only under ``scope="full"``). One row per score; the fit is a ledger entry of
+    loss (which a ``scope="paper"`` fit never shares). One row per score; the fit is a ledger entry of
     these cells.
 
     ``method="shadow"`` (default): membership inference, as follows.
@@ -94,8 +94,8 @@ def audit(
         ``"encoder"`` (default: what a receiver of the shared model can compute) or
         ``"encoder+decoder"``, which adds two attacks that also use the per-cell reconstruction
         loss through the decoder (:func:`dpsc.audit.reconstruction_loss`): legitimate for
-        ``scope="full"`` models, and for ``scope="encoder"`` a measure of what releasing the
-        decoder would leak.
+        ``scope="full"`` and ``"encoder"`` models, and for ``scope="paper"`` a measure of what
+        releasing the decoder would leak.
     random_state
         Seed of the split, the fits and the attack.
     **fit_kwargs

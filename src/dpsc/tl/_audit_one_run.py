@@ -191,8 +191,9 @@ def _input_audit(
                 "from the released model after one run (Steinke, Nasr & Jagielski 2023); the two scores' "
                 f"bounds hold together at confidence {request['confidence']:g}. Above epsilon_claimed it "
                 "proves a leak; at or below it, it proves nothing about the true ε, and ceiling is the most "
-                "these canaries could ever show. The 'reconstruction' score uses the decoder, which "
-                "scope='encoder' never shares. Each canary is a real cell with its counts permuted, so the "
+                "these canaries could ever show. The 'reconstruction' score uses the decoder (fixed at its "
+                "initialisation under scope='encoder'; never shared under scope='paper'). Each canary is a "
+                "real cell with its counts permuted, so the "
                 "ledger books the fit at group size 2."
             ),
         }

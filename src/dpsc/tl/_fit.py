@@ -38,12 +38,12 @@ from ._small_data import small_data_message
 DEFAULT_N_CLUSTERS = 8
 """Used when ``n_clusters`` is None: a fixed, data-independent default (never estimated)."""
 
-#: The proven scope's model with ``input_pcs="auto"``: the encoder reads 16 DP principal
+#: The proven scopes' model with ``input_pcs="auto"``: the encoder reads 16 DP principal
 #: components (released inside the fit's ε) through 64 hidden units to a 16-dimensional latent,
-#: and the decoder reconstructs those components, so DP-SGD noises 4 384 parameters instead of
-#: 2.09 million (2000 genes, 8 clusters). It trains 10 + 10 epochs.
-FULL_SCOPE_MODEL = {"input_pcs": 16, "n_hidden": (64,), "n_latent": 16}
-FULL_SCOPE_EPOCHS = {"instance_epochs": 10, "cluster_epochs": 10}
+#: and the decoder reconstructs those components, so DP-SGD noises a few thousand parameters
+#: instead of 2.09 million (2000 genes, 8 clusters). It trains 10 + 10 epochs.
+PC_MODEL = {"input_pcs": 16, "n_hidden": (64,), "n_latent": 16}
+PC_MODEL_EPOCHS = {"instance_epochs": 10, "cluster_epochs": 10}
 
 #: ``tl.fit`` keyword arguments that go to Lightning, not to the plan.
 RUN_OPTIONS = ("accelerator", "devices", "strategy")
@@ -58,7 +58,7 @@ def fit(
     *,
     delta: float | None = None,
     n_clusters: int | None = None,
-    scope: Literal["encoder", "full"] = "encoder",
+    scope: Literal["encoder", "full", "paper"] = "encoder",
     input_pcs: int | Literal["auto"] | None = "auto",
     layer: str | None = None,
     max_epochs: int | None = None,
@@ -92,19 +92,21 @@ def fit(
         is *not* estimated from the cells (estimating it would spend privacy budget). Pass the
         number you expect from prior knowledge.
     scope
-        ``"encoder"`` (DP-DCAN: noise on encoder and centroids; the decoder trains without
-        noise and is never shared) or ``"full"`` (DPE-DCAN: noise on every parameter).
+        ``"encoder"`` (noise on the encoder and the centroids; the decoder stays fixed at its
+        initialisation, drawn before any cell is read: proven), ``"full"`` (DPE-DCAN: noise on
+        every parameter, proven) or ``"paper"`` (the DP-DCAN paper's partial perturbation: the
+        decoder trains without noise and is never shared; heuristic).
     input_pcs
-        ``"auto"``: ``None`` under ``scope="encoder"``, and under ``scope="full"`` the model of
-        :data:`FULL_SCOPE_MODEL` (16 DP principal components in, 10 + 10 epochs unless
-        ``max_epochs`` or the per-stage epochs are given). An integer: the encoder reads that many
+        ``"auto"``: the model of :data:`PC_MODEL` (16 DP principal components in, 10 + 10 epochs
+        unless ``max_epochs`` or the per-stage epochs are given), and ``None`` under
+        ``scope="paper"``. An integer: the encoder reads that many
         DP principal components of the cells, released inside the fit's ε; ``None``: it reads the
         genes.
     layer
         Layer with the counts; ``None`` for ``X``.
     max_epochs
         Total epochs, split 5:4 between the instance and cluster stages (the reference's
-        50 + 40). ``None`` uses 50 + 40 (10 + 10 for the proven scope's default model). Pass
+        50 + 40). ``None`` uses 50 + 40 (10 + 10 for :data:`PC_MODEL`). Pass
         ``instance_epochs``/``cluster_epochs`` to set each (the same names as
         :meth:`~dpsc.model.DPDCAN.train`).
     batch_size
@@ -152,10 +154,11 @@ def fit(
 
     Notes
     -----
-    What the ε covers: with ``scope="full"``, (ε, δ)-DP (proven) for the released encoder,
-    decoder and centroids with respect to adding or removing one training cell. With the
-    default ``scope="encoder"`` the guarantee is *heuristic*: the decoder trains without noise
-    and the encoder's gradients pass through it; the record's ``guarantee`` field and its
+    What the ε covers: with the default ``scope="encoder"`` and with ``scope="full"``, (ε, δ)-DP
+    (proven) for the released input loadings, encoder and centroids (and the decoder under
+    ``"full"``; under ``"encoder"`` it never reads a cell) with respect to adding or removing one
+    training cell. With ``scope="paper"`` the guarantee is *heuristic*: the decoder trains without
+    noise and the encoder's gradients pass through it; the record's ``guarantee`` field and its
     statement say so. Neither covers the outputs written for the training cells themselves.
 
     Gene selection: a matrix with more than 2000 genes is first reduced to 2000 by
@@ -172,7 +175,7 @@ def fit(
     run = {k: train_kwargs.pop(k) for k in RUN_OPTIONS if k in train_kwargs}
     settings = _settings(
         train_kwargs,
-        full_scope_default=scope == "full" and input_pcs == "auto",
+        pc_model_default=scope != "paper" and input_pcs == "auto",
         epsilon=epsilon,
         delta=delta,
         scope=scope,
@@ -258,7 +261,7 @@ def fit(
         )
 
 
-def _settings(train_kwargs: dict[str, Any], *, full_scope_default: bool, **named: Any) -> TrainSettings:
+def _settings(train_kwargs: dict[str, Any], *, pc_model_default: bool, **named: Any) -> TrainSettings:
     """One :class:`TrainSettings` from ``tl.fit``'s named arguments and extra plan keywords.
 
     ``train_kwargs`` may hold plan options only; an unknown keyword is refused.
@@ -270,8 +273,8 @@ def _settings(train_kwargs: dict[str, Any], *, full_scope_default: bool, **named
             f"{sorted(PLAN_OPTIONS + RUN_OPTIONS)} "
             "besides its named parameters."
         )
-    if full_scope_default and named["max_epochs"] is None:
-        for name, epochs in FULL_SCOPE_EPOCHS.items():
+    if pc_model_default and named["max_epochs"] is None:
+        for name, epochs in PC_MODEL_EPOCHS.items():
             train_kwargs.setdefault(name, epochs)
     return TrainSettings(**named, **train_kwargs)
 
@@ -302,7 +305,7 @@ def collapse_message(in_use: int, n_clusters: int, epsilon: float | None) -> str
     return (
         f"Only {in_use} of the {n_clusters} clusters hold a share of the cells above the noise of the "
         f"released label counts: {cause}. What helps: a larger epsilon, more cells, "
-        "scope='full', or dpsc.tl.cluster (the proven private pipeline). This note reads only released "
+        "or dpsc.tl.cluster (the proven private pipeline). This note reads only released "
         "values, so it costs no privacy."
     )
 
@@ -310,9 +313,9 @@ def collapse_message(in_use: int, n_clusters: int, epsilon: float | None) -> str
 def _model_kwargs(scope: str, input_pcs: int | str | None, n_vars: int) -> dict:
     """DPDCAN's architecture options for ``scope`` and ``input_pcs`` (checked; reads no cell)."""
     if input_pcs == "auto":
-        if scope != "full":
+        if scope == "paper":
             return {"input_pcs": None}
         genes = min(n_vars, MODEL_GENES)
-        return {**FULL_SCOPE_MODEL, "input_pcs": min(FULL_SCOPE_MODEL["input_pcs"], genes - 1)}
+        return {**PC_MODEL, "input_pcs": min(PC_MODEL["input_pcs"], genes - 1)}
     check_input_pcs(input_pcs, min(n_vars, MODEL_GENES))
     return {"input_pcs": input_pcs}

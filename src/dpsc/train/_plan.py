@@ -15,7 +15,7 @@ from ..optim import make_optimizer
 from ..privacy import DPSGDEngine, DPSGDSettings, is_distributed, sum_over_ranks
 
 Stage = Literal["instance", "cluster"]
-Scope = Literal["encoder", "full"]
+Scope = Literal["encoder", "full", "paper"]
 
 
 def _optimizer(name: str, params: list[nn.Parameter], lr: float) -> torch.optim.Optimizer:
@@ -32,7 +32,9 @@ class DCANTrainingPlan(pl.LightningModule):
     of the data-independent centroid-separation term is added (post-processing) and the private
     optimizer steps. An empty Poisson batch still takes the noisy step.
 
-    Public parameters (the decoder under ``scope="encoder"``) step with the plain mean gradient
+    Under ``scope="encoder"`` the decoder is frozen at its initialisation: the encoder's
+    gradients pass through a fixed, data-independent map, so the DP-SGD argument covers the whole
+    fit. Public parameters (the decoder under ``scope="paper"``) step with the plain mean gradient
     of the first backward pass: no noise, which is why that scope's guarantee is heuristic.
     Under DP no training loss is logged: an exact mean loss over private cells is an un-noised
     statistic of them.
@@ -46,8 +48,9 @@ class DCANTrainingPlan(pl.LightningModule):
     dp
         DP-SGD settings, or ``None`` for non-private training.
     scope
-        ``"encoder"``: encoder and centroids get DP-SGD, the decoder trains without noise;
-        ``"full"``: every trained parameter gets DP-SGD.
+        ``"encoder"``: encoder and centroids get DP-SGD, the decoder stays fixed;
+        ``"full"``: every trained parameter gets DP-SGD; ``"paper"``: encoder and centroids get
+        DP-SGD, the decoder trains without noise (the DP-DCAN paper).
     optimizer, lr
         Optimizer (``"adam"``, ``"adadelta"``, ``"sgd"`` with momentum 0.9) and learning rate of
         the non-private parameters, and of every parameter in a non-private fit.
@@ -124,10 +127,21 @@ class DCANTrainingPlan(pl.LightningModule):
 
     # -- parameter groups ------------------------------------------------------------------
     def _split_modules(self) -> tuple[list[nn.Module], list[nn.Module]]:
+        """Return (modules trained through the engine, modules trained without noise).
+
+        ``"encoder"`` freezes the decoder at its initialisation (drawn before any cell is read),
+        with or without DP: it is then a public function and the fit is DP-SGD on the encoder and
+        centroids alone. ``"full"`` (or no DP) trains it with the rest; ``"paper"`` trains it
+        without noise.
+        """
         used = [self.module.encoder] if self.train_encoder else []
         if self.stage == "cluster":
             used.append(self.module.clustering)
         decoder = self.module.public_decoder_modules()
+        for module in decoder:
+            module.requires_grad_(self.scope != "encoder")
+        if self.scope == "encoder":
+            return used, []
         if self.dp is None or self.scope == "full":
             return [*used, *decoder], []
         return used, decoder
@@ -143,7 +157,7 @@ class DCANTrainingPlan(pl.LightningModule):
 
     @property
     def public_parameters(self) -> list[nn.Parameter]:
-        """Parameters trained without noise (the decoder under ``scope="encoder"``)."""
+        """Parameters trained without noise (the decoder under ``scope="paper"``)."""
         return self._params(self._public_modules)
 
     # -- Lightning hooks -------------------------------------------------------------------
