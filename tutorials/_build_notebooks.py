@@ -419,7 +419,8 @@ A consortium holds expression profiles and drug responses of cancer cell lines; 
 public. `dpsc.tl.private_regression` releases only noisy sufficient statistics of the private
 lines (robust private linear regression, Honkela et al. 2018) and combines them with the exact
 public ones. Data: the embedded GDSC subset (90 cell lines × 1350 genes, ln IC50 of 10 drugs).
-Full run: under a minute.
+Full run: under a minute. The functional-mechanism comparison needs the baselines extra:
+`pip install -e ".[tutorials,baselines]"`.
 """),
     code(SETUP),
     code("""

@@ -429,11 +429,11 @@ def dcan_record(
         )
     guarantee = "heuristic" if plan.scope == "paper" else "proven"
     fixed = f"; {FIXED_DECODER}" if plan.scope == "encoder" else ""
+    trained = "the encoder and the centroids" + (" and the decoder" if plan.scope == "full" else "")
     mechanism = (
-        f"DP-SGD on the encoder and the centroids{' and the decoder' if plan.scope == 'full' else ''}{fixed} "
-        "(ghost-clipped per-cell gradients, Gaussian noise, Poisson sampling) plus Gaussian "
-        f"k-means, frequency and label-count releases, composed by the Opacus {plan.accountant.upper()} "
-        "accountant"
+        f"DP-SGD (ghost-clipped per-cell gradients, Gaussian noise, Poisson sampling) on {trained}, plus "
+        f"Gaussian k-means, frequency and label-count releases, composed by the Opacus "
+        f"{plan.accountant.upper()} accountant{fixed}"
     )
     mechanisms = [
         f"sampled Gaussian, sigma={s.noise_multiplier:.4g}, q={s.sample_rate:.4g}, "
