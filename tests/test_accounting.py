@@ -1,3 +1,5 @@
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -87,3 +89,29 @@ def test_prv_accounting_of_a_large_noise_release_raises_no_order_notice():
         accountant = make_accountant("prv")
         accountant.history = [(40.0, 0.25, 40)]  # far more noise than ε needs: a tiny ε
         assert 0 < spent_epsilon(accountant, 1e-5) < 0.5 and sigma > 0
+
+
+def test_rdp_epsilon_is_opacus_accountant_to_the_last_bit():
+    """The cached one-step RDP path returns exactly what Opacus's RDPAccountant returns."""
+    from opacus.accountants import RDPAccountant
+
+    from dpsc.privacy import _accounting
+
+    rng = np.random.default_rng(0)
+    for _ in range(100):
+        history = [
+            (
+                float(rng.uniform(0.3, 20)),
+                float(rng.choice([1.0, rng.uniform(1e-4, 0.5)])),
+                int(rng.integers(1, 2000)),
+            )
+            for _ in range(rng.integers(1, 5))
+        ]
+        delta = float(rng.choice([1e-3, 1e-5, 1e-7]))
+        reference = RDPAccountant()
+        reference.history = list(history)
+        orders = _accounting._orders("rdp", [q for _, q, _ in history])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            expected = float(reference.get_epsilon(delta=delta, **orders))
+            assert _accounting.history_epsilon(history, delta) == expected

@@ -12,11 +12,14 @@ multiplier find their optimal order instead of being cut off at the last one (Op
 from __future__ import annotations
 
 import contextlib
+import functools
 import warnings
 from collections.abc import Iterator
 
 import numpy as np
 from opacus.accountants import IAccountant, create_accountant
+from opacus.accountants.analysis.rdp import compute_rdp
+from opacus.accountants.analysis.rdp import get_privacy_spent as rdp_privacy_spent
 from opacus.accountants.utils import get_noise_multiplier
 
 ACCOUNTANTS = ("rdp", "prv")
@@ -61,6 +64,28 @@ def _order_notices_quiet(name: str, *, searching: bool = False) -> Iterator[None
         yield
 
 
+@functools.lru_cache(maxsize=1024)
+def _rdp_of_one_step(sigma: float, sample_rate: float, orders: tuple) -> np.ndarray:
+    """Opacus's RDP of one sampled-Gaussian step at every order (read-only; cached per (σ, q))."""
+    rdp = np.asarray(compute_rdp(q=sample_rate, noise_multiplier=sigma, steps=1, orders=list(orders)))
+    rdp.setflags(write=False)
+    return rdp
+
+
+def _rdp_epsilon(history: History, delta: float, orders: list) -> float:
+    r"""ε of an RDP history: Opacus's :class:`RDPAccountant` sum, with each (σ, q)'s RDP computed once.
+
+    Opacus's ``compute_rdp(q, σ, n, orders)`` is the one-step vector times n, and its accountant
+    sums those vectors over the history and converts the sum with ``get_privacy_spent``; this is
+    the same arithmetic in the same order (the same float result), without recomputing the
+    one-step vector at every call (a fit asks for ε after every epoch and along its curve).
+    """
+    key = tuple(orders)
+    rdp = sum([_rdp_of_one_step(float(s), float(q), key) * int(n) for s, q, n in history])
+    eps, _ = rdp_privacy_spent(orders=orders, rdp=rdp, delta=delta)
+    return float(eps)
+
+
 def spent_epsilon(accountant: IAccountant, delta: float) -> float:
     """ε spent so far by ``accountant`` at ``delta`` (0 when nothing was spent)."""
     if not accountant.history:
@@ -68,6 +93,8 @@ def spent_epsilon(accountant: IAccountant, delta: float) -> float:
     name = accountant.mechanism()
     orders = _orders(name, [entry[1] for entry in accountant.history])
     with _order_notices_quiet(name):
+        if name == "rdp":
+            return _rdp_epsilon(accountant.history, delta, orders["alphas"])
         return float(accountant.get_epsilon(delta=delta, **orders))
 
 
