@@ -1,0 +1,141 @@
+"""Leave one file out for the default ``tl.fit``'s two constants chosen on PBMC 4k.
+
+The default fit's input loadings take ``LOADINGS_SHARE`` of ε (``dpsc.model._dcan_privacy``) and
+it trains ``PC_MODEL_EPOCHS`` (``dpsc.tl._fit``); both were set on PBMC 4k. For each candidate
+(``CANDIDATES``) the default fit runs on each of the six labelled count files at each ε (secret
+noise, ``--runs`` runs); a fold holds one file out, chooses the candidate with the best mean ARI
+relative to scanpy over the other five (every ε) and reports the held-out file under it.
+
+    OMP_NUM_THREADS=2 python benchmarks/fit_lofo.py --data ../shared/data \
+        --out benchmarks/results/fit_lofo.jsonl
+    python benchmarks/fit_lofo.py --report benchmarks/results/fit_lofo.jsonl \
+        > benchmarks/results/fit_lofo.md
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from cluster_benchmark import FILES, load, per_file_parser, score, write_per_file
+from cluster_lofo import scanpy_reference
+
+FILES["cite_cbmc"] = "cite_cbmc_top2000.h5"
+EPOCHS = {"instance_epochs": 10, "cluster_epochs": 10}
+CANDIDATES = {
+    "default": {"LOADINGS_SHARE": 0.6, "PC_MODEL_EPOCHS": EPOCHS},
+    "loadings share 0.4": {"LOADINGS_SHARE": 0.4, "PC_MODEL_EPOCHS": EPOCHS},
+    "loadings share 0.8": {"LOADINGS_SHARE": 0.8, "PC_MODEL_EPOCHS": EPOCHS},
+    "20 + 20 epochs": {
+        "LOADINGS_SHARE": 0.6,
+        "PC_MODEL_EPOCHS": {"instance_epochs": 20, "cluster_epochs": 20},
+    },
+}
+
+
+def set_candidate(constants: dict) -> None:
+    from dpsc.model import _dcan_privacy
+    from dpsc.tl import _fit
+
+    _dcan_privacy.LOADINGS_SHARE = constants["LOADINGS_SHARE"]
+    _fit.PC_MODEL_EPOCHS = dict(constants["PC_MODEL_EPOCHS"])
+
+
+def run(data: Path, name: str, epsilons: list[float], runs: int, commit: str) -> list[dict]:
+    import dpsc
+
+    adata = load(data, name)
+    truth = adata.obs["label"].to_numpy()
+    k = len(np.unique(truth))
+    reference = score(truth, scanpy_reference(adata, k))
+    rows = []
+    for candidate, constants in CANDIDATES.items():
+        set_candidate(constants)
+        for epsilon in epsilons:
+            for r in range(runs):
+                cells = adata.copy()
+                start = time.perf_counter()
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    dpsc.tl.fit(cells, epsilon=epsilon, n_clusters=k, progress_bar=False)
+                row = score(truth, cells.obs["dp_cluster"].to_numpy())
+                rows.append(
+                    {"dataset": name, "candidate": candidate, "epsilon": epsilon, "run": r}
+                    | {m: row[m] for m in ("ari", "nmi", "clusters_used")}
+                    | {
+                        "scanpy_ari": reference["ari"],
+                        "seconds": time.perf_counter() - start,
+                        "source": commit,
+                    }
+                )
+    set_candidate(CANDIDATES["default"])
+    return rows
+
+
+def report(path: Path) -> str:
+    table = pd.read_json(path, lines=True)
+    table["ratio"] = table["ari"] / table["scanpy_ari"]
+    means = table.groupby(["dataset", "candidate", "epsilon"])[["ari", "ratio"]].mean()
+    files = list(dict.fromkeys(table["dataset"]))
+    epsilons = sorted(set(table["epsilon"]), reverse=True)
+    lines = [
+        "# The default `tl.fit`'s constants by leave-one-file-out",
+        "",
+        "Each row is one fold: the candidate chosen on the other five files (best mean ARI relative",
+        "to scanpy over them, every ε), reported on the held-out file: ARI / scanpy's ARI (the",
+        "file's ARI in brackets), mean over the runs with secret noise. Candidates: "
+        + "; ".join(f"{name}: {values}" for name, values in CANDIDATES.items())
+        + ".",
+        "",
+        "```",
+        "OMP_NUM_THREADS=2 python benchmarks/fit_lofo.py --data ../shared/data \\",
+        "    --out benchmarks/results/fit_lofo.jsonl",
+        "python benchmarks/fit_lofo.py --report benchmarks/results/fit_lofo.jsonl \\",
+        "    > benchmarks/results/fit_lofo.md",
+        "```",
+        "",
+        "| held-out file | chosen on the other five | " + " | ".join(f"ε = {e:g}" for e in epsilons) + " |",
+        "|---|---|" + "---|" * len(epsilons),
+    ]
+    held: dict[float, list] = {}
+    choices = set()
+    for name in files:
+        chosen = table[table["dataset"] != name].groupby("candidate")["ratio"].mean().idxmax()
+        choices.add(chosen)
+        cells = []
+        for eps in epsilons:
+            value = means.loc[(name, chosen, eps)]
+            cells.append(f"{value['ratio']:.2f} ({value['ari']:.3f})")
+            held.setdefault(eps, []).append(value["ratio"])
+        lines.append(f"| {name} | {chosen} | " + " | ".join(cells) + " |")
+    lines.append(
+        "| **mean (lowest)** | | "
+        + " | ".join(f"{np.mean(v):.2f} ({np.min(v):.2f})" for v in held.values())
+        + " |"
+    )
+    agree = (
+        f"Every fold chose {choices.pop()!r}." if len(choices) == 1 else f"The folds chose {sorted(choices)}."
+    )
+    lines += ["", agree, "", "Every candidate on every file (ARI / scanpy, mean over runs):", ""]
+    lines += ["| file | candidate | " + " | ".join(f"{e:g}" for e in epsilons) + " |"]
+    lines += ["|---|---|" + "---|" * len(epsilons)]
+    pivot = means["ratio"].unstack("epsilon")[epsilons]
+    for (name, candidate), values in pivot.iterrows():
+        lines.append(f"| {name} | {candidate} | " + " | ".join(f"{v:.2f}" for v in values) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = per_file_parser(__doc__, "benchmarks/results/fit_lofo.jsonl")
+    args = parser.parse_args()
+    if args.report:
+        print(report(args.report), end="")
+        return
+    write_per_file(args, run)
+
+
+if __name__ == "__main__":
+    main()
