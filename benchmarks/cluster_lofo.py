@@ -142,12 +142,17 @@ def report(path: Path) -> str:
         "Every candidate on every file (ARI / scanpy, mean over runs):",
         "",
     ]
-    pivot = means["ratio"].unstack("epsilon")[columns]
-    lines.append("| file | candidate | " + " | ".join(columns) + " |")
-    lines.append("|---|---|" + "---|" * len(columns))
+    lines += candidate_table(means["ratio"], columns, columns)
+    return "\n".join(lines) + "\n"
+
+
+def candidate_table(ratio: pd.Series, columns: list, headers: list[str]) -> list[str]:
+    """Markdown rows of every candidate on every file: ``ratio`` indexed (file, candidate, ε)."""
+    pivot = ratio.unstack("epsilon")[columns]
+    lines = ["| file | candidate | " + " | ".join(headers) + " |", "|---|---|" + "---|" * len(columns)]
     for (name, candidate), values in pivot.iterrows():
         lines.append(f"| {name} | {candidate} | " + " | ".join(f"{v:.2f}" for v in values) + " |")
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def main() -> None:

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from cluster_benchmark import FILES, load, per_file_parser, score, write_per_file
-from cluster_lofo import scanpy_reference
+from cluster_lofo import candidate_table, scanpy_reference
 
 FILES["cite_cbmc"] = "cite_cbmc_top2000.h5"
 EPOCHS = {"instance_epochs": 10, "cluster_epochs": 10}
@@ -120,11 +120,7 @@ def report(path: Path) -> str:
         f"Every fold chose {choices.pop()!r}." if len(choices) == 1 else f"The folds chose {sorted(choices)}."
     )
     lines += ["", agree, "", "Every candidate on every file (ARI / scanpy, mean over runs):", ""]
-    lines += ["| file | candidate | " + " | ".join(f"{e:g}" for e in epsilons) + " |"]
-    lines += ["|---|---|" + "---|" * len(epsilons)]
-    pivot = means["ratio"].unstack("epsilon")[epsilons]
-    for (name, candidate), values in pivot.iterrows():
-        lines.append(f"| {name} | {candidate} | " + " | ".join(f"{v:.2f}" for v in values) + " |")
+    lines += candidate_table(means["ratio"], epsilons, [f"{e:g}" for e in epsilons])
     return "\n".join(lines) + "\n"
 
 
