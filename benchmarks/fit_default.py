@@ -31,8 +31,8 @@ from cluster_lofo import scanpy_reference
 FILES["cite_cbmc"] = "cite_cbmc_top2000.h5"
 
 
-def one_run(adata, k: int, epsilon: float | None, method: str) -> tuple[np.ndarray, float, str]:
-    """Labels, wall time and recorded guarantee of one call on a copy of ``adata``."""
+def one_run(adata, k: int, epsilon: float | None, method: str) -> tuple[np.ndarray, float, str, str]:
+    """Labels, wall time, recorded guarantee and kept partition (``tl.fit``) of one call on a copy."""
     import dpsc
 
     cells = adata.copy()
@@ -48,7 +48,8 @@ def one_run(adata, k: int, epsilon: float | None, method: str) -> tuple[np.ndarr
             dpsc.tl.cluster(cells, k, epsilon=epsilon)
             key, column = "dp_kmeans", "dp_kmeans"
     seconds = time.perf_counter() - start
-    return cells.obs[column].to_numpy(), seconds, dpsc.privacy.get_record(cells, key)["guarantee"]
+    partition = cells.uns["dpsc"][key]["params"].get("partition", "")
+    return cells.obs[column].to_numpy(), seconds, dpsc.privacy.get_record(cells, key)["guarantee"], partition
 
 
 def run(args: argparse.Namespace) -> None:
@@ -65,7 +66,7 @@ def run(args: argparse.Namespace) -> None:
         ]
         for method, epsilon, runs in plan:
             for r in range(runs):
-                labels, seconds, guarantee = one_run(adata, k, epsilon, method)
+                labels, seconds, guarantee, partition = one_run(adata, k, epsilon, method)
                 row = {
                     "dataset": name,
                     "method": method,
@@ -76,6 +77,7 @@ def run(args: argparse.Namespace) -> None:
                     "scanpy_ari": reference,
                     "seconds": seconds,
                     "guarantee": guarantee,
+                    "partition": partition,
                 }
                 with args.out.open("a") as out:
                     out.write(json.dumps(row) + "\n")
@@ -85,6 +87,7 @@ def run(args: argparse.Namespace) -> None:
 def report(path: Path) -> str:
     rows = pd.DataFrame([json.loads(line) for line in path.read_text().splitlines() if line.strip()])
     rows["ratio"] = rows["ari"] / rows["scanpy_ari"]
+    rows["partition"] = rows.get("partition", "").fillna("") if "partition" in rows else ""
     lines = [
         "# The default `tl.fit` on the six labelled files",
         "",
@@ -101,16 +104,18 @@ def report(path: Path) -> str:
         "    > benchmarks/results/fit_default.md",
         "```",
         "",
-        "| file | k | method | ε | ARI / scanpy | ARI | clusters used | guarantee | s per call |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| file | k | method | ε | ARI / scanpy | ARI | clusters used | guarantee | model kept "
+        "| s per call |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     keys = ["dataset", "method", "epsilon"]
     for (name, method, eps), group in rows.groupby(keys, sort=False):
         used = f"{group.clusters_used.min()}–{group.clusters_used.max()}"
+        kept = "" if method != "tl.fit" else f"{(group.partition == 'model').sum()} of {len(group)}"
         lines.append(
             f"| {name} | {group.n_clusters.iloc[0]} | {method} | {eps} | {group.ratio.mean():.2f} ± "
             f"{group.ratio.std(ddof=0):.2f} | {group.ari.mean():.3f} | {used} | {group.guarantee.iloc[0]} | "
-            f"{group.seconds.median():.1f} |"
+            f"{kept} | {group.seconds.median():.1f} |"
         )
     lines += ["", "Mean over the files (ARI / scanpy; lowest file):", ""]
     lines += ["| method | ε | mean | lowest file |", "|---|---|---|---|"]

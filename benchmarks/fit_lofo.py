@@ -1,7 +1,8 @@
-"""Leave one file out for the default ``tl.fit``'s two constants chosen on PBMC 4k.
+"""Leave one file out for the default ``tl.fit``'s split of ε between its start and its training.
 
-The default fit's input loadings take ``LOADINGS_SHARE`` of ε (``dpsc.model._dcan_privacy``) and
-it trains ``PC_MODEL_EPOCHS`` (``dpsc.tl._fit``); both were set on PBMC 4k. For each candidate
+The default fit gives ``START_SHARE`` of ε to the private clustering it starts from and
+``TRAINING_SHARE`` to its training (``dpsc.model._dcan_privacy``; the partition choice has the
+rest, 0.05) and trains ``PC_MODEL_EPOCHS`` (``dpsc.tl._fit``). For each candidate
 (``CANDIDATES``) the default fit runs on each of the six labelled count files at each ε (secret
 noise, ``--runs`` runs); a fold holds one file out, chooses the candidate with the best mean ARI
 relative to scanpy over the other five (every ε) and reports the held-out file under it.
@@ -26,13 +27,9 @@ from cluster_lofo import candidate_table, scanpy_reference
 FILES["cite_cbmc"] = "cite_cbmc_top2000.h5"
 EPOCHS = {"instance_epochs": 10, "cluster_epochs": 10}
 CANDIDATES = {
-    "default": {"LOADINGS_SHARE": 0.6, "PC_MODEL_EPOCHS": EPOCHS},
-    "loadings share 0.4": {"LOADINGS_SHARE": 0.4, "PC_MODEL_EPOCHS": EPOCHS},
-    "loadings share 0.8": {"LOADINGS_SHARE": 0.8, "PC_MODEL_EPOCHS": EPOCHS},
-    "20 + 20 epochs": {
-        "LOADINGS_SHARE": 0.6,
-        "PC_MODEL_EPOCHS": {"instance_epochs": 20, "cluster_epochs": 20},
-    },
+    "start share 0.6": {"START_SHARE": 0.6, "TRAINING_SHARE": 0.35, "PC_MODEL_EPOCHS": EPOCHS},
+    "start share 0.75": {"START_SHARE": 0.75, "TRAINING_SHARE": 0.2, "PC_MODEL_EPOCHS": EPOCHS},
+    "default": {"START_SHARE": 0.85, "TRAINING_SHARE": 0.1, "PC_MODEL_EPOCHS": EPOCHS},
 }
 
 
@@ -40,7 +37,8 @@ def set_candidate(constants: dict) -> None:
     from dpsc.model import _dcan_privacy
     from dpsc.tl import _fit
 
-    _dcan_privacy.LOADINGS_SHARE = constants["LOADINGS_SHARE"]
+    _dcan_privacy.START_SHARE = constants["START_SHARE"]
+    _dcan_privacy.TRAINING_SHARE = constants["TRAINING_SHARE"]
     _fit.PC_MODEL_EPOCHS = dict(constants["PC_MODEL_EPOCHS"])
 
 

@@ -61,16 +61,16 @@ def test_released_frequencies_are_accounted_steps(small_adata, fast_train):
     dpsc.tl.fit(small_adata, epsilon=8.0, **fit)  # "released" is the default
     rec = small_adata.uns["dpsc"]["X_dpdcan"]["privacy"]
     params = small_adata.uns["dpsc"]["X_dpdcan"]["params"]
-    # the input loadings' release + (2 + 2) epochs × 10 Poisson draws + 200 k-means releases + 1
-    # frequency release per cluster epoch + 1 label-count release
+    # the clustering's 5 releases + (2 + 2) epochs × 10 Poisson draws + 10 start tables + 1
+    # frequency release per cluster epoch + 1 label-count release + the partition choice
     assert rec["frequency_steps"] == 2 and rec["label_steps"] == 1
-    assert rec["steps"] == 1 + 4 * 10 + 200 + 2 + 1 == params["planned_steps"] + 1
+    assert rec["steps"] == 5 + 4 * 10 + 10 + 2 + 1 + 1 == params["planned_steps"] + 6
     assert params["target_frequency"] == "released"
     assert 0 < rec["epsilon"] <= 8.0
 
     dpsc.tl.fit(uniform, epsilon=8.0, plan_kwargs={"target_frequency": "uniform"}, **fit)
     assert uniform.uns["dpsc"]["X_dpdcan"]["privacy"]["frequency_steps"] == 0
-    assert uniform.uns["dpsc"]["X_dpdcan"]["privacy"]["steps"] == 1 + 4 * 10 + 200 + 1
+    assert uniform.uns["dpsc"]["X_dpdcan"]["privacy"]["steps"] == 5 + 4 * 10 + 10 + 1 + 1
     assert not np.allclose(uniform.obsm["X_dpdcan"], small_adata.obsm["X_dpdcan"])
 
 
@@ -109,7 +109,8 @@ def test_non_private_label_counts_are_the_written_labels(small_adata, tiny_fit):
 
 @pytest.mark.slow
 def test_private_label_counts_are_one_accounted_poisson_release(small_adata, tiny_fit):
-    model = dpsc.tl.fit(small_adata, epsilon=8.0, noise_seed=0, return_model=True, **tiny_fit)
+    # input_pcs=16: the model's own loadings, so the written labels are the model's
+    model = dpsc.tl.fit(small_adata, epsilon=8.0, input_pcs=16, noise_seed=0, return_model=True, **tiny_fit)
     rec = small_adata.uns["dpsc"]["X_dpdcan"]["privacy"]
     counts = model.released_label_counts()
     assert rec["label_steps"] == 1 and counts.shape == (3,)
@@ -124,5 +125,20 @@ def test_collapse_note_reads_the_released_label_counts(small_adata, tiny_fit, mo
     # soft frequencies may stay near uniform while the labels collapse: the note reads the counts
     monkeypatch.setattr(dpsc.model.DPDCAN, "released_label_counts", lambda self: np.array([40.0, 0.0, 0.0]))
     with pytest.warns(UserWarning, match="Only 1 of the 3 clusters hold"):
-        dpsc.tl.fit(small_adata, epsilon=None, **tiny_fit)
+        dpsc.tl.fit(small_adata, epsilon=None, input_pcs=16, **tiny_fit)
     assert small_adata.uns["dpsc"]["X_dpdcan"]["clusters_in_use"] == 1
+
+
+def test_collapse_note_of_a_fit_from_the_clustering_reads_the_kept_counts(small_adata, tiny_fit, monkeypatch):
+    """The default fit's counts are those the partition choice released for the kept partition."""
+    from dpsc.privacy import _selection
+
+    counts = (np.array([40.0, 0.0, 0.0]), np.array([0.0, 0.0, 40.0]))
+    monkeypatch.setattr(
+        _selection, "select_partition", lambda *a: _selection.Selection((2.0, 1.0), counts, 0.0)
+    )
+    with pytest.warns(UserWarning, match="Only 1 of the 3 clusters hold"):
+        dpsc.tl.fit(small_adata, epsilon=None, **tiny_fit)
+    entry = small_adata.uns["dpsc"]["X_dpdcan"]
+    assert entry["clusters_in_use"] == 1 and entry["params"]["partition"] == "clustering"
+    np.testing.assert_array_equal(entry["label_counts"], counts[0])

@@ -28,7 +28,10 @@ def test_split_budget_composes_to_the_target_in_the_given_shares():
 
 @pytest.mark.slow
 def test_full_scope_releases_the_loadings_inside_its_epsilon(small_adata, tiny_fit):
-    model = dpsc.tl.fit(small_adata, epsilon=4.0, scope="full", noise_seed=0, return_model=True, **tiny_fit)
+    # input_pcs=16: the model releases its own loadings (the default starts from the clustering's)
+    model = dpsc.tl.fit(
+        small_adata, epsilon=4.0, scope="full", input_pcs=16, noise_seed=0, return_model=True, **tiny_fit
+    )
     rec = dpsc.privacy.get_record(small_adata, "X_dpdcan")
     assert rec["guarantee"] == "proven" and rec["private_parameters"][0] == LOADINGS
     assert "input loadings" in rec["statement"]
@@ -40,7 +43,7 @@ def test_full_scope_releases_the_loadings_inside_its_epsilon(small_adata, tiny_f
     V = model.module.input_loadings.numpy()
     assert V.shape == (small_adata.n_vars, 16)
     np.testing.assert_allclose(V.T @ V, np.eye(16), atol=1e-5)  # noisy eigenvectors, orthonormal
-    assert small_adata.obsm["X_dpdcan"].shape == (small_adata.n_obs, 16)
+    assert small_adata.obsm["X_dpdcan"].shape == (small_adata.n_obs, model.module.n_latent)
 
 
 @pytest.mark.slow

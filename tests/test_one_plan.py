@@ -25,9 +25,10 @@ def calibrations(monkeypatch):
     return calls
 
 
-@pytest.mark.parametrize(("scope", "releases"), [("encoder", 2), ("full", 2), ("paper", 1)])
+@pytest.mark.parametrize(("scope", "releases"), [("encoder", 5), ("full", 5), ("paper", 1)])
 def test_a_fit_calibrates_each_release_once(small_adata, tiny_fit, calibrations, scope, releases):
-    """Proven fits: two σ (loadings, DP-SGD), then one common scale. The paper's scope: one (DP-SGD)."""
+    """Proven fits start from the clustering: one σ per release kind (cell sum, PCA, k-means of the
+    200-gene clustering, DP-SGD, partition choice), then one common scale. The paper's scope: one."""
     dpsc.tl.fit(small_adata, epsilon=8, scope=scope, noise_seed=0, **tiny_fit)
     assert len(calibrations) == releases
     record = dpsc.privacy.get_record(small_adata, "X_dpdcan")

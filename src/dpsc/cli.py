@@ -321,6 +321,14 @@ def _fit(args: argparse.Namespace) -> int:
     )
     if in_use < asked / 2:
         print(_wrap(collapse_message(in_use, asked, epsilon)))
+    partition = result["params"].get("partition")
+    if partition is not None:
+        source = {
+            "clustering": "the private clustering the model started from (the model's partition did not "
+            "score clearly better)",
+            "model": "the trained model (it scored clearly better than the clustering it started from)",
+        }[partition]
+        print(_wrap(f"Labels from {source}; the embedding is the model's."))
     _score(adata, key, "dp_cluster")
     if args.output:
         adata.write_h5ad(args.output)

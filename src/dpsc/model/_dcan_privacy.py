@@ -38,6 +38,17 @@ from ..privacy import (
     make_accountant,
     split_budget,
 )
+from ..privacy._clustering import (
+    KINDS,
+    KMEANS_PLAN,
+    MARKER_KINDS,
+    MIN_GENES,
+    N_COMPS,
+    SHARES,
+    ClusterPlan,
+    genes_for,
+    plan_clustering,
+)
 
 DECODER_WORDS = {
     "zinb": "decoder (hidden layers and ZINB heads)",
@@ -45,6 +56,8 @@ DECODER_WORDS = {
 }
 LOADINGS = "input loadings (DP-PCA of the cells)"
 GENES = "gene selection (DP gene statistics)"
+START = "private clustering the fit starts from (its genes, loadings and centroids)"
+CHOICE = "choice between its partition and the model's"
 
 #: Weight of the input-loadings release in the ε split of a model with ``input_pcs`` (the
 #: training steps get the rest): the DP pipeline's PCA : k-means split.
@@ -100,6 +113,17 @@ DEFAULT_KMEANS_OPTIONS: dict[str, object] = {
     "oversampling": 3,
     "count_scale": 0.3,
 }
+
+#: A fit that starts from the private clustering (``tl.fit``'s default model) splits its ε over
+#: the clustering's releases (:data:`START_SHARE`), the training (:data:`TRAINING_SHARE`) and the
+#: choice between the clustering's partition and the trained model's (the rest), by
+#: :func:`start_parts`. The start's share was chosen by leave one file out among 0.6, 0.75 and 0.85
+#: (every fold chose 0.85; docs: benchmarks, ``benchmarks/results/fit_lofo.md``).
+START_SHARE = 0.85
+TRAINING_SHARE = 0.1
+#: Sampled releases of the per-cluster latent sums that start such a fit's centroids from the
+#: clustering's partition (in place of the latent DP k-means: :meth:`DPDCAN._init_centroids`).
+START_TABLE_STEPS = 10
 
 INSTANCE_SHARE = 5 / 9  # max_epochs is split 5:4, the reference's 50 instance + 40 cluster epochs
 
@@ -254,12 +278,16 @@ class FitPlan:
     likelihood: str = "zinb"
     loadings_noise_multiplier: float | None = None
     genes_noise_multiplier: float | None = None
+    start: ClusterPlan | None = None
+    selection_noise_multiplier: float | None = None
 
     def planned_history(self) -> list[tuple[float, float, int]]:
         """Return the Opacus history the fit will have if every planned step runs."""
         if self.settings is None:
             return []
         history = [(self.settings.noise_multiplier, self.sample_rate, self.counts["total"])]
+        if self.start is not None:
+            history = [*self.start.history(), *history, (self.selection_noise_multiplier, 1.0, 1)]
         if self.loadings_noise_multiplier is not None:
             history.insert(0, (self.loadings_noise_multiplier, 1.0, 1))
         if self.genes_noise_multiplier is not None:
@@ -274,6 +302,12 @@ class FitPlan:
         return dcan_record(
             self, n_obs, spent=history_epsilon(history, self.delta, self.accountant), history=history
         )
+
+    def step_full_release(self, noise_multiplier: float, steps: int = 1) -> None:
+        """Tell the accountant of a private fit about ``steps`` releases of every cell (q = 1) at σ."""
+        if self.settings is not None:
+            for _ in range(steps):
+                self.settings.accountant.step(noise_multiplier=noise_multiplier, sample_rate=1.0)
 
     def params(self) -> dict:
         """Return the settings recorded in ``uns``: the plan options flat, the k-means ones nested."""
@@ -301,11 +335,14 @@ def plan_fit(
     latent_scale: float | None,
     likelihood: str = "zinb",
     select_genes: bool = False,
+    start_n_vars: int | None = None,
 ) -> FitPlan:
     """Check every option of a fit, count its steps and calibrate σ (and σ_V, σ_G) once. Reads no cell.
 
     ``select_genes``: the fit starts with the DP gene selection (:data:`MODEL_GENES`), which takes
-    :data:`GENE_SELECTION_SHARE` of ε.
+    :data:`GENE_SELECTION_SHARE` of ε. ``start_n_vars``: the fit starts from the private
+    clustering of a matrix with that many genes (:func:`start_parts`; ``select_genes`` and the
+    loadings release are then the clustering's).
     """
     instance_epochs, cluster_epochs = settings.epochs()
     batch_size = check_fit_args(
@@ -323,6 +360,8 @@ def plan_fit(
             )
         kmeans["clip_norm"] = float(latent_scale)
     sample_rate = batch_size / n_obs
+    if start_n_vars is not None:  # the centroids start from the clustering's partition
+        kmeans.update(n_sketch_steps=0, n_lloyd_rounds=1, steps_per_round=START_TABLE_STEPS)
     counts = planned_step_counts(
         sample_rate,
         instance_epochs=instance_epochs,
@@ -333,8 +372,13 @@ def plan_fit(
     noise = NoiseSource(settings.noise_seed)
     loadings_sigma = 0.0 if input_pcs else None
     genes_sigma = 0.0 if select_genes else None
-    dp = None
-    if settings.epsilon is not None:
+    dp = start = selection_sigma = sigma = None
+    if start_n_vars is not None:
+        start, sigma, selection_sigma = start_parts(
+            settings, delta, n_obs, start_n_vars, n_clusters, (sample_rate, counts["total"])
+        )
+        loadings_sigma = genes_sigma = None  # the clustering releases the genes and the loadings
+    elif settings.epsilon is not None:
         parts = {"training": (1.0, sample_rate, counts["total"])}
         if input_pcs:
             parts = {
@@ -346,12 +390,12 @@ def plan_fit(
                 "genes": (GENE_SELECTION_SHARE, 1.0, 1),
                 **{k: (w * (1 - GENE_SELECTION_SHARE), q, n) for k, (w, q, n) in parts.items()},
             }
-        sigma = None
         if len(parts) > 1:
             split = split_budget(float(settings.epsilon), delta, parts, settings.accountant)
             sigma = split["training"][1]
             loadings_sigma = split["loadings"][1] if input_pcs else None
             genes_sigma = split["genes"][1] if select_genes else None
+    if settings.epsilon is not None:
         dp = DPSGDSettings.calibrated(
             n_obs=n_obs,
             sample_rate=sample_rate,
@@ -383,7 +427,63 @@ def plan_fit(
         likelihood=likelihood,
         loadings_noise_multiplier=loadings_sigma,
         genes_noise_multiplier=genes_sigma,
+        start=start,
+        selection_noise_multiplier=selection_sigma,
     )
+
+
+def start_parts(
+    settings: TrainSettings,
+    delta: float,
+    n_obs: int,
+    n_vars: int,
+    n_clusters: int,
+    training: tuple[float, int],
+) -> tuple[ClusterPlan, float | None, float | None]:
+    r"""Return the clustering a fit starts from, σ of its training and σ of the partition choice.
+
+    One :func:`~dpsc.privacy.split_budget` over every release of the fit: the clustering's
+    releases (their shares :data:`~dpsc.privacy._clustering.SHARES` scaled to
+    :data:`START_SHARE`), the training's sampled steps (``training`` = (q, T)) with
+    :data:`TRAINING_SHARE` and the choice between the two partitions
+    (:mod:`dpsc.privacy._selection`) with the rest. The genes the clustering reads follow its own
+    rule (:func:`~dpsc.privacy._clustering.genes_for`) at the PCA's σ of this split. Reads no cell.
+    Without ε: the exact clustering plan and ``None`` for both σ.
+    """
+    if settings.epsilon is None:
+        plan = plan_clustering(
+            None, delta, n_vars=n_vars, n_clusters=n_clusters, n_obs=n_obs, random_state=settings.random_state
+        )
+        return plan, None, None
+    epsilon = float(settings.epsilon)
+    steps = kmeans_release_steps(
+        *(KMEANS_PLAN[k] for k in ("n_sketch_steps", "n_lloyd_rounds", "steps_per_round"))
+    )
+    shares = {kind: SHARES[kind] for kind in KINDS}
+
+    def split(kinds: tuple[str, ...]) -> dict[str, float]:
+        total = sum(shares[k] for k in kinds)
+        parts = {k: (START_SHARE * shares[k] / total, 1.0, steps if k == "kmeans" else 1) for k in kinds}
+        parts["training"] = (TRAINING_SHARE, *training)
+        parts["selection"] = (1 - START_SHARE - TRAINING_SHARE, 1.0, 1)
+        found = split_budget(epsilon, delta, parts, settings.accountant)
+        return {name: sigma for name, (_, sigma) in found.items()}
+
+    sigmas = split(KINDS if n_vars > MIN_GENES else KINDS[1:])
+    n_genes = genes_for(n_obs, sigmas["pca"], n_vars)
+    if n_genes == n_vars and "genes" in sigmas:  # the rule keeps every gene: no gene selection
+        sigmas = split(KINDS[1:])
+    plan = ClusterPlan(
+        epsilon,
+        delta,
+        n_vars,
+        n_clusters,
+        n_genes,
+        min(N_COMPS, n_genes - 1),
+        {kind: sigmas.get(kind, 0.0) for kind in (*KINDS, *MARKER_KINDS)},
+        settings.random_state,
+    )
+    return plan, sigmas["training"], sigmas["selection"]
 
 
 def dcan_record(
@@ -451,6 +551,21 @@ def dcan_record(
         mechanism = "one Gaussian release of the gene second-moment matrix (the input loadings), " + mechanism
         mechanisms.insert(0, f"Gaussian, sigma={sigma_v:.4g}, sensitivity 1, q=1 (input loadings)")
         details["loadings_noise_multiplier"] = sigma_v
+    if plan.start is not None:
+        start, sigma_s = plan.start, plan.selection_noise_multiplier
+        private[:0] = [START]
+        private.append(CHOICE)
+        mechanism = (
+            f"the private clustering's {start.n_releases} discrete Gaussian releases (gene statistics "
+            "when it selects genes, cell sum, second moments, k-means tables), then "
+            + mechanism
+            + ", then one discrete Gaussian release of both partitions' tables (the choice)"
+        )
+        mechanisms[:0] = [f"{name}: sigma={sigma:.4g}, q=1" for name, sigma in start.sigmas.items() if sigma]
+        mechanisms.append(f"partition tables: sigma={sigma_s:.4g}, sensitivity 2, q=1 (the choice)")
+        details["start_noise_multipliers"] = {k: v for k, v in start.sigmas.items() if v}
+        details["selection_noise_multiplier"] = sigma_s
+        covered = covered.replace("the released ", f"the released {START}, the {CHOICE}, ", 1)
     if plan.genes_noise_multiplier is not None:
         sigma_g = plan.genes_noise_multiplier
         private.insert(0, GENES)

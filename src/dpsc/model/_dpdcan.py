@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import anndata as ad
@@ -180,6 +180,7 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
         progress_bar: bool = True,
         plan: FitPlan | None = None,
         booking: Spending | None = None,
+        after_training: Callable[[], None] | None = None,
     ) -> None:
         r"""Train both stages; with ``epsilon`` the whole fit is (ε, δ)-DP (see the record).
 
@@ -263,6 +264,10 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
         booking
             The caller's ledger booking of this fit (``dpsc.tl.fit`` passes its own); ``None``
             books the fit in this model's AnnData.
+        after_training
+            Called once the model is trained, before the record is written: the last releases
+            of a plan that starts from the private clustering (``dpsc.tl.fit`` chooses the
+            partition there), stepped in the plan's accountant so the record includes them.
         """
         if self.is_trained_:
             raise RuntimeError(
@@ -294,6 +299,7 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
             "devices": devices,
             "strategy": strategy,
             "progress_bar": progress_bar,
+            "after_training": after_training,
         }
         if booking is not None:
             self._train(plan, **run)
@@ -339,7 +345,9 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
                 "Pass the raw counts (layer='counts'), or likelihood='gaussian' for log-normalised data."
             )
 
-    def _train(self, plan: FitPlan, accelerator, devices, strategy, progress_bar: bool) -> None:
+    def _train(
+        self, plan: FitPlan, accelerator, devices, strategy, progress_bar: bool, after_training=None
+    ) -> None:
         opts = plan.options
         splitter = self._data_splitter_cls(
             self.adata_manager, plan.sample_rate, plan.counts["steps_per_epoch"], plan.noise
@@ -356,7 +364,7 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
         )
         run = {"accelerator": accelerator, "devices": devices, "strategy": strategy, "progress": progress}
         release_loadings = None
-        if self.module.input_pcs is not None:
+        if self.module.input_pcs is not None and plan.start is None:  # else the clustering's loadings
             release_loadings = self._loadings_release(plan)
             if plan.instance_epochs == 0:
                 release_loadings()
@@ -392,6 +400,8 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
         self.module.eval()
         self._release_label_counts(splitter, plan)
         self.is_trained_ = True
+        if after_training is not None:
+            after_training()
         spent = None if dp is None else spent_epsilon(dp.accountant, plan.delta)
         self._record = dcan_record(plan, self.adata.n_obs, spent=spent)
         self.privacy_ = self._record.to_dict()
@@ -563,12 +573,29 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
         self._label_counts = counts.cpu().numpy().astype(np.float64)
         self.label_count_noise_ = dp.noise_multiplier
 
+    def start_from_partition(self, centroids: np.ndarray) -> None:
+        """Start the centroids from the partition of the input points by ``centroids`` (public).
+
+        Each cell's start cluster is the nearest of ``centroids`` (clusters × ``input_pcs``) to its
+        input point (:meth:`~dpsc.module.DCANModule.represent`): ``dpsc.tl.fit`` passes the
+        private clustering's released centroids, so training refines that clustering.
+        """
+        if self.module.input_pcs is None or np.shape(centroids) != (self.n_clusters, self.module.input_pcs):
+            raise ValueError(
+                f"start_from_partition needs centroids of shape ({self.n_clusters}, input_pcs) for a "
+                f"model that reads input_pcs components; got {np.shape(centroids)}."
+            )
+        self._start_centroids = np.asarray(centroids, dtype=np.float64)
+
     @torch.no_grad()
     def _init_centroids(self, splitter, plan: FitPlan) -> None:
         """k-means initialisation: DP releases of Poisson-sampled tables under DP, plain k-means otherwise."""
         self.module.eval()
         centroids = self.module.clustering.centroids
         dp = plan.settings
+        if getattr(self, "_start_centroids", None) is not None:
+            centroids.copy_(self._partition_centroids(splitter, plan))
+            return
         if dp is None:
             z = self.get_latent_representation()
             km = KMeans(n_clusters=self.n_clusters, n_init=20, random_state=plan.random_state).fit(z)
@@ -601,6 +628,55 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
         )
         init = broadcast_from_rank_zero(torch.as_tensor(init, dtype=centroids.dtype, device=centroids.device))
         centroids.copy_(init)
+
+    def _partition_centroids(self, splitter, plan: FitPlan) -> torch.Tensor:
+        r"""Latent centroids of the start partition: mean latent of each start cluster, on the sphere.
+
+        Under DP: ``steps`` (:data:`~dpsc.model._dcan_privacy.START_TABLE_STEPS`, the plan's
+        k-means steps) sampled releases of the table :math:`\sum_{i\in B} e_{a(i)} \otimes
+        (\mathrm{clip}_R(z_i), \kappa R)` over fresh Poisson samples B, :math:`a(i)` the cell's
+        start cluster (a map of the cell and public centroids) and :math:`z_i` its latent: the
+        table of :func:`~dpsc.privacy.kmeans_table`, sensitivity :math:`R\sqrt{1+\kappa^2}`,
+        one step of the plan's sampled Gaussian each (``dp.record_release()``). The sums and counts
+        are added over the releases; each centroid is its sum over its count, scaled to the
+        latent sphere. Without DP: the exact means over every cell.
+        """
+        dp, module = plan.settings, self.module
+        start = Assignment("nearest", self._start_centroids)
+        clip_norm, count_scale = float(plan.kmeans["clip_norm"]), float(plan.kmeans["count_scale"])
+        d, k = module.n_latent, self.n_clusters
+        device = next(module.parameters()).device
+
+        def table_of(x: torch.Tensor) -> np.ndarray:
+            points = module.represent(clean_input(x.to(device), module.likelihood))
+            z = module.encode(points).cpu().double().numpy()
+            rows = start.rows(points.cpu().double().numpy())
+            return kmeans_table(z, start, clip_norm, count_scale, rows=rows)
+
+        if dp is None:
+            cells = self.adata_manager.get_from_registry(REGISTRY_KEYS.X_KEY)
+            blocks = (cells[i : i + 4096] for i in range(0, cells.shape[0], 4096))
+            table = sum(
+                table_of(
+                    torch.as_tensor(
+                        np.asarray(b.todense() if hasattr(b, "todense") else b), dtype=torch.float32
+                    )
+                )
+                for b in blocks
+            )
+        else:
+            spec = table_release(k, d, clip_norm, count_scale, dp.noise_multiplier, dp.sample_rate)
+            table = 0.0
+            for _ in range(int(plan.kmeans["steps_per_round"])):
+                x = splitter.sample_batch()[REGISTRY_KEYS.X_KEY].float()
+                table = table + spec.release(table_of(x), dp.noise.stream("dpdcan.start"))
+                dp.record_release()
+        sums, counts = split_table(np.asarray(table), k, d, clip_norm, count_scale)
+        means = np.asarray(sums) / np.maximum(np.asarray(counts), 1.0)[:, None]
+        norms = np.maximum(np.linalg.norm(means, axis=1, keepdims=True), 1e-12)
+        radius = module.latent_scale if module.latent_scale is not None else clip_norm
+        init = torch.as_tensor(radius * means / norms, dtype=module.clustering.centroids.dtype, device=device)
+        return broadcast_from_rank_zero(init)
 
     # -- inference -------------------------------------------------------------------------
     @torch.no_grad()

@@ -128,16 +128,20 @@ def _clip_rows(z: np.ndarray, clip_norm: float) -> np.ndarray:
     return z * np.minimum(clip_norm / norms, 1.0)
 
 
-def kmeans_table(points, assignment: Assignment, clip_norm: float, count_scale: float) -> np.ndarray:
+def kmeans_table(
+    points, assignment: Assignment, clip_norm: float, count_scale: float, rows: np.ndarray | None = None
+) -> np.ndarray:
     r"""Return the exact table :math:`\sum_i e_{r(i)} \otimes (\mathrm{clip}_R(z_i), \kappa R)`, flattened.
 
     Row-major ``(n_rows, d + 1)``: the sums of the clipped points, then the weighted count.
+    ``rows``: each point's row r(i) when it is not the assignment's of the point itself (a map of
+    the cell and public values computed elsewhere, e.g. from another representation).
     """
     z = _array(points)
     d = z.shape[1]
     table = np.zeros((assignment.n_rows, d + 1))
     if z.shape[0] > 0:
-        rows = assignment.rows(z)
+        rows = assignment.rows(z) if rows is None else np.asarray(rows, dtype=np.int64)
         np.add.at(table[:, :d], rows, _clip_rows(z, clip_norm))
         table[:, d] = np.bincount(rows, minlength=assignment.n_rows) * (count_scale * clip_norm)
     return table.reshape(-1)

@@ -166,12 +166,13 @@ def norm_release(noise_multiplier: float) -> GaussianSum:
     return GaussianSum("marker norms", NORM_BINS, 1.0, noise_multiplier)
 
 
-def released_sum_bound(histogram: np.ndarray, n_genes: int, quantile: float = NORM_QUANTILE) -> float:
+def released_sum_bound(histogram: np.ndarray, n_genes: int, quantile: float | None = None) -> float:
     r"""Return :math:`C_x`: the upper edge of the bin where the cumulative count reaches ``quantile``.
 
-    Post-processing of the released histogram: negative noisy counts read as 0; with no count
-    left the bound is the worst case :math:`B_2(G)`.
+    ``quantile`` defaults to :data:`NORM_QUANTILE`. Post-processing of the released histogram:
+    negative noisy counts read as 0; with no count left the bound is the worst case :math:`B_2(G)`.
     """
+    quantile = NORM_QUANTILE if quantile is None else quantile
     edges = norm_edges(n_genes)
     cumulative = np.cumsum(np.maximum(np.asarray(histogram, dtype=np.float64), 0.0))
     if not np.isfinite(cumulative[-1]) or cumulative[-1] <= 0:

@@ -3,8 +3,9 @@
 One way through: the arguments become one :class:`~dpsc.model._dcan_privacy.TrainSettings`;
 :func:`~dpsc.model._dcan_privacy.plan_fit` checks them and calibrates σ once; the plan's record is
 booked in the AnnData's ledger (:func:`dpsc.privacy.spending`, which refuses before any work
-when a budget would be exceeded); a matrix with more genes than the model reads is reduced by
-the DP gene selection inside the same ε; the model trains with the plan as it is.
+when a budget would be exceeded); the default model starts from the private clustering's
+releases (:func:`_release_start`), trains with the plan as it is, and keeps the better of the two
+partitions by one more release (:func:`_choose_partition`).
 """
 
 from __future__ import annotations
@@ -31,7 +32,14 @@ from .._validation import (
 from ..model import DPDCAN
 from ..model._dcan_privacy import MODEL_GENES, FitPlan, TrainSettings, plan_fit
 from ..module import DEFAULT_LATENT_SCALE
-from ..privacy import _hvg, spending
+from ..privacy import _hvg, _selection, spending
+from ..privacy._clustering import (
+    MEAN_WEIGHT,
+    ClusterResult,
+    cell_points,
+    central_release_sum,
+    run_clustering,
+)
 from ..privacy._kmeans import clusters_above_noise
 from ._small_data import small_data_message
 
@@ -97,11 +105,11 @@ def fit(
         every parameter, proven) or ``"paper"`` (the DP-DCAN paper's partial perturbation: the
         decoder trains without noise and is never shared; heuristic).
     input_pcs
-        ``"auto"``: the model of :data:`PC_MODEL` (16 DP principal components in, 10 + 10 epochs
-        unless ``max_epochs`` or the per-stage epochs are given), and ``None`` under
-        ``scope="paper"``. An integer: the encoder reads that many
-        DP principal components of the cells, released inside the fit's ε; ``None``: it reads the
-        genes.
+        ``"auto"``: the model of :data:`PC_MODEL` started from the private clustering (see
+        Notes; 10 + 10 epochs unless ``max_epochs`` or the per-stage epochs are given), and
+        ``None`` under ``scope="paper"``. An integer: the encoder reads that many DP principal
+        components of the cells, released inside the fit's ε, and the centroids start from a DP
+        k-means of the latent; ``None``: it reads the genes.
     layer
         Layer with the counts; ``None`` for ``X``.
     max_epochs
@@ -146,32 +154,50 @@ def fit(
     {doc_returns}
     Writes ``obsm[key_added]``, ``obs[cluster_key]`` (categorical, categories ``"0"`` …
     ``str(n_clusters - 1)``), the privacy record ``uns["dpsc"][key_added]["privacy"]``
-    (:func:`dpsc.privacy.get_record`), the parameters, the released cluster frequencies, the
-    released label counts and the clusters in use (counts above twice their noise) in
-    ``uns["dpsc"][key_added]``, ``var["dp_fit_gene"]`` when genes were selected, and one entry of
+    (:func:`dpsc.privacy.get_record`), the parameters (with ``partition``: ``"clustering"`` or
+    ``"model"``, the partition written to ``obs[cluster_key]``, and both ``partition_scores``),
+    the released cluster frequencies, the released label counts and the clusters in use (counts
+    above twice their noise) in ``uns["dpsc"][key_added]``, ``var["dp_fit_gene"]`` when genes
+    were selected, and one entry of
     the AnnData's privacy ledger (:func:`dpsc.privacy.spent`). With a budget set
     (:func:`dpsc.privacy.set_budget`), a fit that would exceed it is refused before any work.
 
     Notes
     -----
+    The default model (``input_pcs="auto"`` on counts, ``scope`` ``"encoder"`` or ``"full"``)
+    builds on :func:`dpsc.tl.cluster`: with :data:`~dpsc.model._dcan_privacy.START_SHARE` of ε it
+    makes that clustering's releases (gene selection when the matrix has more genes than the
+    clustering reads, loadings, DP k-means centroids); the encoder reads each cell's k-means point
+    of that clustering, and the centroids start from its partition (sampled releases of each
+    start cluster's latent sum). DP-SGD then refines them with
+    :data:`~dpsc.model._dcan_privacy.TRAINING_SHARE` of ε. Last, one release of both partitions'
+    per-cluster sums scores each by the k-means objective in the clustering's points
+    (:mod:`dpsc.privacy._selection`): ``obs[cluster_key]`` holds the model's partition only when
+    its score leads by twice its noise, the clustering's otherwise; ``obsm[key_added]`` is always
+    the model's embedding.
+
     What the ε covers: with the default ``scope="encoder"`` and with ``scope="full"``, (ε, δ)-DP
-    (proven) for the released input loadings, encoder and centroids (and the decoder under
+    (proven) for the released clustering (or input loadings), the choice, the encoder and the
+    centroids (and the decoder under
     ``"full"``; under ``"encoder"`` it never reads a cell) with respect to adding or removing one
     training cell. With ``scope="paper"`` the guarantee is *heuristic*: the decoder trains without
     noise and the encoder's gradients pass through it; the record's ``guarantee`` field and its
     statement say so. Neither covers the outputs written for the training cells themselves.
 
-    Gene selection: a matrix with more than 2000 genes is first reduced to 2000 by
-    :mod:`dpsc.privacy._hvg`'s release (the statistic of :func:`dpsc.pp.highly_variable_genes`),
-    with 10 % of ε, inside the same record; the model, and :meth:`~dpsc.model.DPDCAN.export_shared`,
-    then use those genes. Under DP no check reads the values of the cells: empty cells are zero
-    rows, genes no cell expresses are kept (and never selected), negative or non-finite values read
-    as 0. A non-private fit checks the values and refuses bad input with a message.
+    Gene selection: the default model reads the genes its clustering reads (its rule,
+    :func:`dpsc.privacy._clustering.genes_for`); otherwise a matrix with more than 2000 genes is
+    first reduced to 2000 by :mod:`dpsc.privacy._hvg`'s release (the statistic of
+    :func:`dpsc.pp.highly_variable_genes`), with 10 % of ε, inside the same record. The model, and
+    :meth:`~dpsc.model.DPDCAN.export_shared`, then use those genes. Under DP no check reads the
+    values of the cells: empty cells are zero rows, genes no cell expresses are kept (and never
+    selected), negative or non-finite values read as 0. A non-private fit checks the values and
+    refuses bad input with a message.
     """
     n_clusters = DEFAULT_N_CLUSTERS if n_clusters is None else n_clusters
     matrix = get_matrix(adata, layer)
     check_choice("likelihood", likelihood, LIKELIHOODS)
     model_kwargs = _model_kwargs(scope, input_pcs, adata.n_vars)
+    starts = _starts_from_clustering(scope, input_pcs, likelihood)
     run = {k: train_kwargs.pop(k) for k in RUN_OPTIONS if k in train_kwargs}
     settings = _settings(
         train_kwargs,
@@ -186,7 +212,6 @@ def fit(
         random_state=random_state,
         noise_seed=noise_seed,
     )
-    select_genes = adata.n_vars > MODEL_GENES
     plan = plan_fit(
         settings,
         adata.n_obs,
@@ -194,8 +219,13 @@ def fit(
         input_pcs=model_kwargs["input_pcs"],
         latent_scale=DEFAULT_LATENT_SCALE,
         likelihood=likelihood,
-        select_genes=select_genes,
+        select_genes=adata.n_vars > MODEL_GENES,
+        start_n_vars=adata.n_vars if starts else None,
     )
+    start_selects = plan.start is not None and plan.start.select_genes
+    select_genes = plan.genes_noise_multiplier is not None or start_selects
+    if plan.start is not None:
+        model_kwargs["input_pcs"] = plan.start.n_comps
     if plan.settings is None:
         check_matrix(matrix, likelihood, training=not select_genes)
     else:
@@ -212,22 +242,49 @@ def fit(
 
     with spending(adata, plan.planned_record(adata.n_obs), key_added) as booking:
         target = adata.copy() if copy else adata
-        genes = _dp_gene_selection(target, layer, likelihood, plan) if select_genes else None
+        start = _release_start(matrix, plan) if plan.start is not None else None
+        if start is not None:
+            genes = np.zeros(adata.n_vars, dtype=bool)
+            genes[start.genes] = True
+            genes = genes if plan.start.select_genes else None
+        else:
+            genes = _dp_gene_selection(target, layer, likelihood, plan) if select_genes else None
         train_on = target if genes is None else target[:, genes].copy()
         DPDCAN.setup_anndata(train_on, layer=layer)
         torch.manual_seed(random_state)  # the module's weights are drawn when the model is built
         model = DPDCAN(train_on, n_clusters=n_clusters, likelihood=likelihood, **model_kwargs)
-        model.train(plan=plan, booking=booking, progress_bar=progress_bar, **run)
+        choice: dict[str, Any] = {}
+        if start is not None:
+            weights = np.ones(start.loadings.shape[1])
+            weights[0] = MEAN_WEIGHT  # the model reads the clustering's k-means points
+            model.module.set_input_loadings(torch.as_tensor(start.loadings * weights))
+            model.start_from_partition(start.centroids)
+
+            def after_training() -> None:
+                choice["selection"] = _choose_partition(matrix, start, model, plan)
+
+        model.train(
+            plan=plan,
+            booking=booking,
+            progress_bar=progress_bar,
+            after_training=after_training if start is not None else None,
+            **run,
+        )
         target.obsm[key_added], labels = model.latent_and_labels()
+        label_counts, count_noise = model.released_label_counts(), model.label_count_noise_
+        selection = choice.get("selection")
+        if selection is not None:
+            if selection.kept == "clustering":
+                labels = start.labels(matrix)
+            label_counts, count_noise = selection.kept_counts, selection.count_noise
         target.obs[cluster_key] = pd.Categorical(
             labels.astype(str), categories=[str(i) for i in range(n_clusters)]
         )
         if genes is not None:
             target.var["dp_fit_gene"] = genes
-        label_counts = model.released_label_counts()
         if label_counts is None:  # a non-private fit: the written labels, counted exactly
             label_counts = np.bincount(labels, minlength=n_clusters).astype(np.float64)
-        in_use = clusters_above_noise(label_counts, model.label_count_noise_)
+        in_use = clusters_above_noise(label_counts, count_noise)
         if in_use < n_clusters / 2:
             warnings.warn(collapse_message(in_use, n_clusters, epsilon), UserWarning, stacklevel=2)
         params = {
@@ -245,6 +302,9 @@ def fit(
             "genes_selected": -1 if genes is None else int(genes.sum()),
             **model.train_params_,
         }
+        if selection is not None:
+            params["partition"] = selection.kept
+            params["partition_scores"] = list(selection.scores)
         return store_result(
             adata,
             target,
@@ -259,6 +319,41 @@ def fit(
             label_counts=label_counts,
             clusters_in_use=in_use,
         )
+
+
+def _starts_from_clustering(scope: str, input_pcs: int | str | None, likelihood: str) -> bool:
+    """Whether the fit starts from the private clustering: the default model on counts (reads no cell)."""
+    return scope != "paper" and input_pcs == "auto" and likelihood == "zinb"
+
+
+def _release_start(matrix, plan: FitPlan) -> ClusterResult:
+    """Run the clustering the fit starts from (its releases, with the fit's noise) and account it.
+
+    The releases of :func:`dpsc.tl.cluster` at the σ of the fit's split
+    (:func:`~dpsc.model._dcan_privacy.start_parts`), each told to the fit's accountant.
+    """
+    start = run_clustering(plan.start, central_release_sum(matrix, plan.noise, prefix="tl.fit.start"))
+    for sigma, _, steps in plan.start.history():
+        plan.step_full_release(sigma, steps)
+    return start
+
+
+def _choose_partition(matrix, start: ClusterResult, model: DPDCAN, plan: FitPlan) -> _selection.Selection:
+    """Release both partitions' tables in the clustering's points and keep the better one.
+
+    :mod:`dpsc.privacy._selection` states the release (sensitivity 2) and the score.
+    """
+    points = cell_points(matrix, start.genes, start.loadings)
+    labels = (start.labels(matrix), model.latent_and_labels()[1])
+    k, d = model.n_clusters, points.shape[1]
+    exact = _selection.partition_tables(points, labels, k)
+    sigma = plan.selection_noise_multiplier
+    if not sigma:
+        return _selection.select_partition(exact, k, d, 0.0)
+    release = _selection.selection_release(k, d, sigma)
+    noisy = release.release(exact, plan.noise.stream("tl.fit.choice"))
+    plan.step_full_release(sigma)
+    return _selection.select_partition(noisy, k, d, release.noise_std)
 
 
 def _settings(train_kwargs: dict[str, Any], *, pc_model_default: bool, **named: Any) -> TrainSettings:

@@ -1,0 +1,114 @@
+"""The default fit starts from the private clustering and keeps the better partition by one release."""
+
+import numpy as np
+import pytest
+
+import dpsc
+from dpsc.model._dcan_privacy import CHOICE, START, START_TABLE_STEPS
+from dpsc.privacy import _selection
+from dpsc.privacy._clustering import cell_points
+
+
+def _unit_points(rng, centers, per_cluster, spread):
+    points = np.concatenate([c + spread * rng.standard_normal((per_cluster, c.size)) for c in centers])
+    return points / np.linalg.norm(points, axis=1, keepdims=True)
+
+
+def test_one_cell_moves_the_two_tables_by_at_most_the_sensitivity():
+    """Adding a cell adds (p, 1) to one row of each table: L2 norm at most 2, whatever the cell."""
+    rng = np.random.default_rng(0)
+    points = rng.standard_normal((50, 6))
+    points /= np.linalg.norm(points, axis=1, keepdims=True)
+    labels = (rng.integers(0, 4, 50), rng.integers(0, 4, 50))
+    base = _selection.partition_tables(points, labels, 4)
+    for extra in ([np.ones(6) * 5.0], [np.full(6, np.nan)], [np.eye(6)[0]]):  # long, not finite, unit
+        more = np.vstack([points, extra])
+        with_cell = _selection.partition_tables(more, (np.append(labels[0], 3), np.append(labels[1], 0)), 4)
+        assert np.linalg.norm(with_cell - base) <= _selection.SENSITIVITY + 1e-12
+    with pytest.raises(ValueError, match="cluster index"):
+        _selection.partition_tables(points, (labels[0], labels[1] + 4), 4)
+
+
+def test_exact_scores_prefer_the_tighter_partition_and_noise_keeps_the_clustering():
+    rng = np.random.default_rng(1)
+    centers = [np.eye(8)[j] * 3 for j in range(4)]
+    points = _unit_points(rng, centers, 200, 0.3)
+    truth = np.repeat(np.arange(4), 200)
+    shuffled = truth.copy()
+    moved = rng.random(800) < 0.5
+    shuffled[moved] = rng.integers(0, 4, moved.sum())  # half the cells in a random cluster
+    exact = _selection.partition_tables(points, (shuffled, truth), 4)
+    choice = _selection.select_partition(exact, 4, 8, 0.0)
+    assert choice.scores[1] > choice.scores[0] and choice.kept == "model"
+    swapped = _selection.select_partition(
+        _selection.partition_tables(points, (truth, shuffled), 4), 4, 8, 0.0
+    )
+    assert swapped.kept == "clustering"
+    # a lead below the margin (noise of sd s) keeps the clustering's partition
+    close = _selection.Selection((100.0, 100.0 + 0.5 * 2.0 * np.sqrt(40)), (np.ones(4), np.ones(4)), 1.0)
+    assert close.kept == "clustering"
+    far = _selection.Selection((100.0, 100.0 + 2.01 * np.sqrt(40)), (np.ones(4), np.ones(4)), 1.0)
+    assert far.kept == "model"
+
+
+def test_noisy_scores_are_unbiased_for_a_partition():
+    """The score subtracts the noise's d·s² from each squared sum: its mean stays at the exact W."""
+    rng = np.random.default_rng(2)
+    points = _unit_points(rng, [np.eye(5)[j] * 2 for j in range(3)], 300, 0.4)
+    labels = np.repeat(np.arange(3), 300)
+    exact = _selection.partition_tables(points, (labels, labels), 3)
+    W = _selection.select_partition(exact, 3, 5, 0.0).scores[0]
+    s = 5.0
+    noisy = [
+        _selection.select_partition(exact + s * rng.standard_normal(exact.size), 3, 5, s).scores[0]
+        for _ in range(400)
+    ]
+    assert abs(np.mean(noisy) - W) < 4 * np.std(noisy) / np.sqrt(400) + 1.0
+
+
+def test_default_fit_starts_from_the_clustering_and_records_every_release(small_adata, tiny_fit):
+    model = dpsc.tl.fit(small_adata, epsilon=4.0, noise_seed=0, return_model=True, **tiny_fit)
+    entry = small_adata.uns["dpsc"]["X_dpdcan"]
+    rec = dpsc.privacy.get_record(small_adata, "X_dpdcan")
+    assert rec["guarantee"] == "proven"
+    assert rec["private_parameters"][0] == START and CHOICE in rec["private_parameters"]
+    history = [tuple(h) for h in rec["history"]]
+    start_sigmas = rec["start_noise_multipliers"]
+    # the clustering's releases first (cell sum, second moments, k-means), the choice last
+    assert history[0][0] == pytest.approx(start_sigmas["sum"]) and history[0][1:] == (1.0, 1)
+    assert history[-1] == pytest.approx((rec["selection_noise_multiplier"], 1.0, 1))
+    assert 0.97 * 4.0 <= rec["epsilon"] <= 4.0
+    params = entry["params"]
+    assert params["partition"] in _selection.PARTITIONS and len(params["partition_scores"]) == 2
+    assert (
+        params["kmeans"]["steps_per_round"] == START_TABLE_STEPS and params["kmeans"]["n_sketch_steps"] == 0
+    )
+    # the model reads the clustering's k-means points: its input is the clustering's cell points
+    genes = np.flatnonzero(small_adata.var.get("dp_fit_gene", np.ones(small_adata.n_vars, bool)))
+    assert model.module.input_pcs == params["input_pcs"]
+    assert small_adata.obs["dp_cluster"].cat.categories.tolist() == ["0", "1", "2"]
+    assert len(genes) == model.module.input_loadings.shape[0]
+
+
+def test_the_model_reads_the_clustering_points(small_adata, tiny_fit):
+    """With the start's loadings set, the module's input is cell_points of the clustering (same map)."""
+    import dpsc.tl._fit as fit_module
+
+    seen = {}
+    original = fit_module._choose_partition
+
+    def spy(matrix, start, model, plan):
+        seen["points"] = cell_points(matrix, start.genes, start.loadings)
+        x = model.adata_manager.get_from_registry("X")
+        import torch
+
+        dense = torch.as_tensor(np.asarray(x.todense() if hasattr(x, "todense") else x), dtype=torch.float32)
+        seen["module"] = model.module.represent(dense).detach().numpy()
+        return original(matrix, start, model, plan)
+
+    fit_module._choose_partition = spy
+    try:
+        dpsc.tl.fit(small_adata, epsilon=None, **tiny_fit)
+    finally:
+        fit_module._choose_partition = original
+    np.testing.assert_allclose(seen["module"], seen["points"], atol=1e-5)
