@@ -72,6 +72,15 @@ def per_file_parser(doc: str, out: str) -> argparse.ArgumentParser:
     return parser
 
 
+def per_file_main(doc: str, out: str, report, run) -> None:
+    """Command line of a per-file benchmark: ``--report`` prints ``report(path)``, else runs ``run``."""
+    args = per_file_parser(doc, out).parse_args()
+    if args.report:
+        print(report(args.report), end="")
+        return
+    write_per_file(args, run)
+
+
 def write_per_file(args: argparse.Namespace, run) -> None:
     """Write ``run(data, name, epsilons, runs, commit)``'s rows as JSON lines, file by file."""
     import json

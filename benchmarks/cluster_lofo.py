@@ -146,6 +146,35 @@ def report(path: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+def held_out_rows(files: list[str], epsilons: list, chosen_for, cell) -> list[str]:
+    """Markdown rows of a leave-one-file-out table, its mean (lowest) row and what the folds chose.
+
+    ``chosen_for(name)``: the candidate chosen without file ``name``; ``cell(name, candidate, eps)``:
+    the held-out value and its text.
+    """
+    held: dict = {}
+    choices = set()
+    lines = []
+    for name in files:
+        chosen = chosen_for(name)
+        choices.add(chosen)
+        cells = []
+        for eps in epsilons:
+            value, text = cell(name, chosen, eps)
+            cells.append(text)
+            held.setdefault(eps, []).append(value)
+        lines.append(f"| {name} | {chosen} | " + " | ".join(cells) + " |")
+    lines.append(
+        "| **mean (lowest)** | | "
+        + " | ".join(f"{np.mean(v):.2f} ({np.min(v):.2f})" for v in held.values())
+        + " |"
+    )
+    agree = (
+        f"Every fold chose {choices.pop()!r}." if len(choices) == 1 else f"The folds chose {sorted(choices)}."
+    )
+    return [*lines, "", agree]
+
+
 def candidate_table(ratio: pd.Series, columns: list, headers: list[str]) -> list[str]:
     """Markdown rows of every candidate on every file: ``ratio`` indexed (file, candidate, ε)."""
     pivot = ratio.unstack("epsilon")[columns]

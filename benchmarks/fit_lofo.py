@@ -21,8 +21,8 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from cluster_benchmark import FILES, load, per_file_parser, score, write_per_file
-from cluster_lofo import candidate_table, scanpy_reference
+from cluster_benchmark import FILES, load, per_file_main, score
+from cluster_lofo import candidate_table, held_out_rows, scanpy_reference
 
 FILES["cite_cbmc"] = "cite_cbmc_top2000.h5"
 EPOCHS = {"instance_epochs": 10, "cluster_epochs": 10}
@@ -98,37 +98,22 @@ def report(path: Path) -> str:
         "| held-out file | chosen on the other five | " + " | ".join(f"ε = {e:g}" for e in epsilons) + " |",
         "|---|---|" + "---|" * len(epsilons),
     ]
-    held: dict[float, list] = {}
-    choices = set()
-    for name in files:
-        chosen = table[table["dataset"] != name].groupby("candidate")["ratio"].mean().idxmax()
-        choices.add(chosen)
-        cells = []
-        for eps in epsilons:
-            value = means.loc[(name, chosen, eps)]
-            cells.append(f"{value['ratio']:.2f} ({value['ari']:.3f})")
-            held.setdefault(eps, []).append(value["ratio"])
-        lines.append(f"| {name} | {chosen} | " + " | ".join(cells) + " |")
-    lines.append(
-        "| **mean (lowest)** | | "
-        + " | ".join(f"{np.mean(v):.2f} ({np.min(v):.2f})" for v in held.values())
-        + " |"
-    )
-    agree = (
-        f"Every fold chose {choices.pop()!r}." if len(choices) == 1 else f"The folds chose {sorted(choices)}."
-    )
-    lines += ["", agree, "", "Every candidate on every file (ARI / scanpy, mean over runs):", ""]
+
+    def chosen_for(name: str) -> str:
+        return table[table["dataset"] != name].groupby("candidate")["ratio"].mean().idxmax()
+
+    def cell(name: str, chosen: str, eps: float) -> tuple[float, str]:
+        value = means.loc[(name, chosen, eps)]
+        return value["ratio"], f"{value['ratio']:.2f} ({value['ari']:.3f})"
+
+    lines += held_out_rows(files, epsilons, chosen_for, cell)
+    lines += ["", "Every candidate on every file (ARI / scanpy, mean over runs):", ""]
     lines += candidate_table(means["ratio"], epsilons, [f"{e:g}" for e in epsilons])
     return "\n".join(lines) + "\n"
 
 
 def main() -> None:
-    parser = per_file_parser(__doc__, "benchmarks/results/fit_lofo.jsonl")
-    args = parser.parse_args()
-    if args.report:
-        print(report(args.report), end="")
-        return
-    write_per_file(args, run)
+    per_file_main(__doc__, "benchmarks/results/fit_lofo.jsonl", report, run)
 
 
 if __name__ == "__main__":

@@ -19,10 +19,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
-from cluster_benchmark import per_file_parser, write_per_file
-from cluster_lofo import candidate_table
+from cluster_benchmark import per_file_main
+from cluster_lofo import candidate_table, held_out_rows
 from markers_benchmark import run as markers_run
 
 CANDIDATES = {
@@ -77,38 +76,22 @@ def report(path: Path) -> str:
         "| held-out file | chosen on the other five | " + " | ".join(f"ε = {e:g}" for e in epsilons) + " |",
         "|---|---|" + "---|" * len(epsilons),
     ]
-    held: dict[float, list] = {}
-    choices = set()
-    for name in files:
-        others = means[means.index.get_level_values("dataset") != name]
-        chosen = others.groupby("candidate").mean().idxmax()
-        choices.add(chosen)
-        cells = []
-        for eps in epsilons:
-            value = means.loc[(name, chosen, eps)]
-            cells.append(f"{value:.2f}")
-            held.setdefault(eps, []).append(value)
-        lines.append(f"| {name} | {chosen} | " + " | ".join(cells) + " |")
-    lines.append(
-        "| **mean (lowest)** | | "
-        + " | ".join(f"{np.mean(v):.2f} ({np.min(v):.2f})" for v in held.values())
-        + " |"
-    )
-    agree = (
-        f"Every fold chose {choices.pop()!r}." if len(choices) == 1 else f"The folds chose {sorted(choices)}."
-    )
-    lines += ["", agree, "", "Every candidate on every file (top-10 overlap, mean):", ""]
+
+    def chosen_for(name: str) -> str:
+        return means[means.index.get_level_values("dataset") != name].groupby("candidate").mean().idxmax()
+
+    def cell(name: str, chosen: str, eps: float) -> tuple[float, str]:
+        value = means.loc[(name, chosen, eps)]
+        return value, f"{value:.2f}"
+
+    lines += held_out_rows(files, epsilons, chosen_for, cell)
+    lines += ["", "Every candidate on every file (top-10 overlap, mean):", ""]
     lines += candidate_table(means, epsilons, [f"{e:g}" for e in epsilons])
     return "\n".join(lines) + "\n"
 
 
 def main() -> None:
-    parser = per_file_parser(__doc__, "benchmarks/results/markers_lofo.jsonl")
-    args = parser.parse_args()
-    if args.report:
-        print(report(args.report), end="")
-        return
-    write_per_file(args, run)
+    per_file_main(__doc__, "benchmarks/results/markers_lofo.jsonl", report, run)
 
 
 if __name__ == "__main__":

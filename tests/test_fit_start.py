@@ -112,3 +112,16 @@ def test_the_model_reads_the_clustering_points(small_adata, tiny_fit):
     finally:
         fit_module._choose_partition = original
     np.testing.assert_allclose(seen["module"], seen["points"], atol=1e-5)
+
+
+def test_the_kept_clustering_partition_travels_with_the_model(small_adata, tiny_fit, tmp_path):
+    """predict and a SharedEncoder give the labels tl.fit wrote, whichever partition was kept."""
+    model = dpsc.tl.fit(small_adata, epsilon=8.0, noise_seed=0, return_model=True, **tiny_fit)
+    written = small_adata.obs["dp_cluster"].to_numpy().astype(str)
+    np.testing.assert_array_equal(model.predict().astype(str), written)
+    model.export_shared(tmp_path / "share")
+    shared = dpsc.model.SharedEncoder.load(tmp_path / "share")
+    kept = small_adata.uns["dpsc"]["X_dpdcan"]["params"]["partition"]
+    assert (shared.partition_centroids is not None) == (kept == "clustering")
+    agree = np.mean(shared.predict(small_adata) == written)
+    assert agree > 0.99  # float32 points on the receiving side: a tie may fall either way

@@ -30,6 +30,7 @@ from ..privacy import (
     dp_cluster_frequency,
     dp_kmeans_centroids,
     kmeans_table,
+    nearest_centroid,
     spending,
     spent_epsilon,
     split_table,
@@ -587,6 +588,18 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
             )
         self._start_centroids = np.asarray(centroids, dtype=np.float64)
 
+    def keep_start_partition(self) -> None:
+        """Label cells by the start partition from now on (its centroids travel with the model).
+
+        ``dpsc.tl.fit`` calls it when the partition choice keeps the clustering's partition:
+        :meth:`predict`, :meth:`latent_and_labels` and a :class:`SharedEncoder` loaded from
+        :meth:`export_shared` then give each cell the nearest start centroid to its input point,
+        as ``obs[cluster_key]`` holds (post-processing of released centroids).
+        """
+        if getattr(self, "_start_centroids", None) is None:
+            raise RuntimeError("keep_start_partition needs start_from_partition(centroids) first.")
+        self.partition_centroids_ = self._start_centroids
+
     @torch.no_grad()
     def _init_centroids(self, splitter, plan: FitPlan) -> None:
         """k-means initialisation: DP releases of Poisson-sampled tables under DP, plain k-means otherwise."""
@@ -693,14 +706,20 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
         self.module.eval()
         z = np.empty((adata.n_obs, self.module.n_latent), dtype=np.float32)
         q = np.empty((adata.n_obs, self.n_clusters), dtype=np.float32)
+        labels = np.empty(adata.n_obs, dtype=np.int64)
+        partition = getattr(self, "partition_centroids_", None)
         start = 0
         for tensors in loader:
-            out = self.module.inference(tensors[REGISTRY_KEYS.X_KEY])
+            x = tensors[REGISTRY_KEYS.X_KEY]
+            out = self.module.inference(x)
             stop = start + out["z"].shape[0]
             z[start:stop] = out["z"].cpu().numpy()
             q[start:stop] = out["q"].cpu().numpy()
+            labels[start:stop] = (
+                q[start:stop].argmax(1) if partition is None else start_labels(self.module, x, partition)
+            )
             start = stop
-        return {"z": z, "q": q}
+        return {"z": z, "q": q, "labels": labels}
 
     def get_latent_representation(
         self, adata: ad.AnnData | None = None, batch_size: int = 1024
@@ -713,15 +732,18 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
         return self._inference(adata, batch_size)["q"]
 
     def predict(self, adata: ad.AnnData | None = None, batch_size: int = 1024) -> np.ndarray:
-        """Hard cluster labels: the centroid with the largest soft assignment."""
-        return self.predict_proba(adata, batch_size).argmax(1)
+        """Hard cluster labels: the centroid with the largest soft assignment (or the start partition's).
+
+        After :meth:`keep_start_partition`, each cell's nearest start centroid to its input point.
+        """
+        return self._inference(adata, batch_size)["labels"]
 
     def latent_and_labels(
         self, adata: ad.AnnData | None = None, batch_size: int = 1024
     ) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`get_latent_representation` and :meth:`predict` from one pass over the cells."""
         out = self._inference(adata, batch_size)
-        return out["z"], out["q"].argmax(1)
+        return out["z"], out["labels"]
 
     # -- sharing ---------------------------------------------------------------------------
     def save(self, dir_path: str, **kwargs) -> None:
@@ -780,6 +802,9 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
                     "likelihood": init["likelihood"],
                     "latent_scale": init["latent_scale"],
                     "input_pcs": init.get("input_pcs"),
+                    "partition_centroids": None
+                    if getattr(self, "partition_centroids_", None) is None
+                    else np.asarray(self.partition_centroids_).tolist(),
                     "privacy": {
                         k: (None if isinstance(v, float) and np.isnan(v) else _json_safe(v))
                         for k, v in self.privacy_.items()
@@ -789,6 +814,13 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
             )
         )
         return out
+
+
+@torch.no_grad()
+def start_labels(module: DCANModule, x: torch.Tensor, centroids: np.ndarray) -> np.ndarray:
+    """Each cell's nearest of the start ``centroids`` to its input point (a map of the cell alone)."""
+    points = module.represent(clean_input(x.to(next(module.parameters()).device), module.likelihood))
+    return nearest_centroid(points.cpu().double().numpy(), centroids)
 
 
 def _json_safe(value):

@@ -32,10 +32,17 @@ class SharedEncoder:
         The privacy record of the fit that produced the weights.
     """
 
-    def __init__(self, module: DCANModule, var_names: list[str], privacy: dict):
+    def __init__(
+        self,
+        module: DCANModule,
+        var_names: list[str],
+        privacy: dict,
+        partition_centroids: np.ndarray | None = None,
+    ):
         self.module = module.eval()
         self.var_names = var_names
         self.privacy = privacy
+        self.partition_centroids = partition_centroids
 
     @classmethod
     def load(cls, dir_path: str | Path) -> SharedEncoder:
@@ -58,7 +65,8 @@ class SharedEncoder:
         missing = module.load_state_dict(state, strict=False)
         if missing.unexpected_keys:
             raise ValueError(f"Unexpected weights in shared model: {missing.unexpected_keys}")
-        return cls(module, meta["var_names"], meta["privacy"])
+        start = meta.get("partition_centroids")
+        return cls(module, meta["var_names"], meta["privacy"], None if start is None else np.asarray(start))
 
     def _gene_columns(self, adata: ad.AnnData) -> np.ndarray:
         """Positions in ``adata.var_names`` of the genes the encoder reads, in its order."""
@@ -90,10 +98,24 @@ class SharedEncoder:
 
         With ``key_added``, writes ``adata.obs[key_added]`` (categorical, categories ``"0"`` …
         ``str(n_clusters - 1)``) and returns ``None``; otherwise returns the labels as strings.
-        Everything computed here is post-processing of the released encoder and centroids.
+        When the fit kept the partition of the clustering it started from, each cell's nearest of
+        those released centroids to its input point. Everything computed here is post-processing of
+        the released encoder and centroids.
         """
-        z = torch.as_tensor(self.get_latent_representation(adata, layer))
-        labels = self.module.soft_assignment(z).argmax(1).numpy().astype(str)
+        if self.partition_centroids is not None:
+            from ._dpdcan import start_labels
+
+            module, start = self.module, self.partition_centroids
+
+            def nearest(block: np.ndarray) -> np.ndarray:
+                return start_labels(module, torch.as_tensor(block), start)[:, None].astype(np.float32)
+
+            matrix = get_matrix(adata, layer)
+            labels = _blocks.map_rows(matrix, nearest, 1, columns=self._gene_columns(adata))[:, 0]
+            labels = labels.astype(np.int64).astype(str)
+        else:
+            z = torch.as_tensor(self.get_latent_representation(adata, layer))
+            labels = self.module.soft_assignment(z).argmax(1).numpy().astype(str)
         if key_added is None:
             return labels
         categories = [str(i) for i in range(self.module.n_clusters)]

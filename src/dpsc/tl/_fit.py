@@ -270,13 +270,13 @@ def fit(
             after_training=after_training if start is not None else None,
             **run,
         )
-        target.obsm[key_added], labels = model.latent_and_labels()
         label_counts, count_noise = model.released_label_counts(), model.label_count_noise_
         selection = choice.get("selection")
         if selection is not None:
             if selection.kept == "clustering":
-                labels = start.labels(matrix)
+                model.keep_start_partition()  # the model labels cells by the clustering's centroids
             label_counts, count_noise = selection.kept_counts, selection.count_noise
+        target.obsm[key_added], labels = model.latent_and_labels()
         target.obs[cluster_key] = pd.Categorical(
             labels.astype(str), categories=[str(i) for i in range(n_clusters)]
         )
