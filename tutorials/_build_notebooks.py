@@ -117,9 +117,10 @@ adata
     md("""
 ## Fit
 
-One call. `epsilon=8` is the budget of the *whole* fit (the 16 principal components the encoder
-reads, both training stages and the private k-means initialisation of the centroids); δ defaults
-to 1e-5. The number of clusters is a fixed
+One call. `epsilon=8` is the budget of the *whole* fit: most of it goes to the private clustering
+the model starts from (`tl.cluster`'s gene selection, principal components and k-means), the
+rest to both training stages and to the last release that keeps the better of the two partitions
+(`uns["dpsc"]["X_dpdcan"]["params"]["partition"]` says which); δ defaults to 1e-5. The number of clusters is a fixed
 default (8), not estimated from the cells — estimating it would spend privacy budget.
 """),
     code("""

@@ -17,6 +17,7 @@ from scvi.model.base import BaseModelClass, UnsupervisedTrainingMixin
 from scvi.train import TrainRunner
 from sklearn.cluster import KMeans
 
+from .. import _blocks
 from .._api import DEFAULT_EPSILON
 from .._validation import check_input_pcs, check_matrix, get_matrix
 from ..module import DEFAULT_LATENT_SCALE, DCANModule
@@ -668,15 +669,7 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
 
         if dp is None:
             cells = self.adata_manager.get_from_registry(REGISTRY_KEYS.X_KEY)
-            blocks = (cells[i : i + 4096] for i in range(0, cells.shape[0], 4096))
-            table = sum(
-                table_of(
-                    torch.as_tensor(
-                        np.asarray(b.todense() if hasattr(b, "todense") else b), dtype=torch.float32
-                    )
-                )
-                for b in blocks
-            )
+            table = sum(table_of(torch.as_tensor(block)) for block in _blocks.dense_blocks(cells))
         else:
             spec = table_release(k, d, clip_norm, count_scale, dp.noise_multiplier, dp.sample_rate)
             table = 0.0
