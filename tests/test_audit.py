@@ -53,6 +53,15 @@ def test_audit_end_to_end(small_adata, fast_train):
     assert ax.get_xlabel() == "false positive rate"
 
 
+def test_audit_reads_the_genes_each_model_reads(pbmc_full, fast_train):
+    """A fit may read fewer genes than the AnnData has (the clustering's rule): the attack follows."""
+    rng = np.random.default_rng(1)
+    cells = np.sort(rng.choice(pbmc_full.n_obs, 300, replace=False))
+    adata = pbmc_full[cells, :400].copy()
+    table = dpsc.tl.audit(adata, epsilon=4.0, delta=1e-3, attack="shadow", n_clusters=3, **fast_train)
+    assert table["auc"].between(0, 1).all()
+
+
 def test_audit_bad_input(small_adata, fast_train):
     with pytest.raises(ValueError, match="needs at least"):
         dpsc.tl.audit(small_adata[:50].copy(), epsilon=4.0, delta=1e-3, **fast_train)

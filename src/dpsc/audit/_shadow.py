@@ -58,10 +58,10 @@ def _features(module: Any, X: Any, features: str, seed: int) -> dict[str, np.nda
     return out
 
 
-def _x(adata: ad.AnnData, idx: np.ndarray, layer: str | None) -> Any:
-    """Rows ``idx`` of the count matrix."""
+def _x(adata: ad.AnnData, idx: np.ndarray, layer: str | None, model: Any) -> Any:
+    """Rows ``idx`` of the count matrix, on the genes the model reads (a fit may select a subset)."""
     matrix = adata.X if layer is None else adata.layers[layer]
-    return matrix[idx]
+    return matrix[idx][:, adata.var_names.get_indexer(model.adata.var_names)]
 
 
 def shadow_audit(
@@ -95,7 +95,7 @@ def shadow_audit(
     target = _train(fit, adata, parts["target_train"], epsilon, fit_kwargs, random_state)
     t_idx = np.concatenate([parts["target_train"], parts["target_test"]])
     t_lab = np.r_[np.ones(parts["target_train"].size, bool), np.zeros(parts["target_test"].size, bool)]
-    t_feat = _features(target.module, _x(adata, t_idx, layer), features, random_state)
+    t_feat = _features(target.module, _x(adata, t_idx, layer, target), features, random_state)
 
     # Shadow models are trained for every attack: the thresholds are always placed on shadow data.
     s_parts, s_labs = [], []
@@ -103,7 +103,8 @@ def shadow_audit(
         members, non_members = perm[:n_in], perm[n_in:]
         shadow = _train(fit, adata, members, epsilon, fit_kwargs, random_state + 1000 * (s + 1))
         idx = np.concatenate([members, non_members])
-        s_parts.append(_features(shadow.module, _x(adata, idx, layer), features, random_state + s + 1))
+        cells = _x(adata, idx, layer, shadow)
+        s_parts.append(_features(shadow.module, cells, features, random_state + s + 1))
         s_labs.append(np.r_[np.ones(members.size, bool), np.zeros(non_members.size, bool)])
     s_feat = {k: np.concatenate([p[k] for p in s_parts]) for k in t_feat}
     s_lab = np.concatenate(s_labs)
