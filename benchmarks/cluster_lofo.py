@@ -50,14 +50,19 @@ def scanpy_reference(adata, k: int) -> np.ndarray:
     return KMeans(k, n_init=10, random_state=0).fit_predict(cells.obsm["X_pca"])
 
 
+def labelled_file(data: Path, name: str) -> tuple:
+    """A labelled file, its labels, k (the number of labels) and scanpy's scores on it."""
+    adata = load(data, name)
+    truth = adata.obs["label"].to_numpy()
+    k = len(np.unique(truth))
+    return adata, truth, k, score(truth, scanpy_reference(adata, k))
+
+
 def run(data: Path, name: str, epsilons: list[float], runs: int, commit: str) -> list[dict]:
     import dpsc
     from dpsc.privacy import _clustering
 
-    adata = load(data, name)
-    truth = adata.obs["label"].to_numpy()
-    k = len(np.unique(truth))
-    reference = score(truth, scanpy_reference(adata, k))
+    adata, truth, k, reference = labelled_file(data, name)
     rows = []
     for candidate, constants in CANDIDATES.items():
         for attribute, value in constants.items():

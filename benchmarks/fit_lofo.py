@@ -19,10 +19,9 @@ import time
 import warnings
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
-from cluster_benchmark import FILES, load, per_file_main, score
-from cluster_lofo import candidate_table, held_out_rows, scanpy_reference
+from cluster_benchmark import FILES, per_file_main, score
+from cluster_lofo import candidate_table, held_out_rows, labelled_file
 
 FILES["cite_cbmc"] = "cite_cbmc_top2000.h5"
 EPOCHS = {"instance_epochs": 10, "cluster_epochs": 10}
@@ -45,10 +44,7 @@ def set_candidate(constants: dict) -> None:
 def run(data: Path, name: str, epsilons: list[float], runs: int, commit: str) -> list[dict]:
     import dpsc
 
-    adata = load(data, name)
-    truth = adata.obs["label"].to_numpy()
-    k = len(np.unique(truth))
-    reference = score(truth, scanpy_reference(adata, k))
+    adata, truth, k, reference = labelled_file(data, name)
     rows = []
     for candidate, constants in CANDIDATES.items():
         set_candidate(constants)
