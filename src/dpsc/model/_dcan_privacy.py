@@ -518,8 +518,11 @@ def dcan_record(
     private = ["encoder weights", "cluster centroids"] + ([decoder] if plan.scope == "full" else [])
     if plan.loadings_noise_multiplier is not None:
         private.insert(0, LOADINGS)
+    centroid_start = (
+        "start of the centroids from its partition" if plan.start else "DP k-means start of the centroids"
+    )
     covered = (
-        f"the released {', '.join(private)}, including the DP k-means start of the centroids and the "
+        f"the released {', '.join(private)}, including the {centroid_start} and the "
         "cluster-frequency and label-count releases, and anything computed from them on other data"
     )
     not_covered = COMMON_NOT_COVERED
