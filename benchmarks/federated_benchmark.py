@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> None:
     from dpsc.tl._federated import represent
 
     for name in args.datasets:
-        file, types_per_client = DATASETS[name]
+        file, types_per_site = DATASETS[name]
         base = dpsc.datasets.read_h5(Path(args.data) / file)
         sc.pp.filter_genes(base, min_counts=1)
         k = base.obs["label"].nunique()
@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> None:
                     pred = KMeans(k, n_init=10, random_state=seed).fit_predict(Z)
                 else:
                     dpsc.pp.partition(
-                        adata, 4, label_key="label", types_per_client=types_per_client, random_state=seed
+                        adata, 4, label_key="label", types_per_site=types_per_site, random_state=seed
                     )
                     plain = SCALED_METHODS.get(method, method)
                     base_method, eps, opt = DP_METHODS.get(method, (plain, None, "sgd"))

@@ -65,16 +65,14 @@ def run_one(adata, dataset, n_sites, split, mode, eps, run, noise="secret") -> l
     n_types = cells.obs["label"].nunique()
     if types is not None and n_sites * types < n_types:
         types = -(-n_types // n_sites)
-    dpsc.pp.partition(cells, n_sites, label_key="label", types_per_client=types, random_state=run)
+    dpsc.pp.partition(cells, n_sites, label_key="label", types_per_site=types, random_state=run)
     k = cells.obs["label"].nunique()
     common = {"dataset": dataset, "sites": n_sites, "split": split, "epsilon": eps, "run": run, "k": k}
     common["noise"] = noise
     rows = []
     start = time.perf_counter()
     fed = cells.copy()
-    dpsc.tl.cluster_federated(
-        fed, "client", k, epsilon=eps, mode=mode, random_state=run, noise_seed=noise_seed
-    )
+    dpsc.tl.cluster_federated(fed, "site", k, epsilon=eps, mode=mode, random_state=run, noise_seed=noise_seed)
     record = fed.uns["dpsc"]["dp_kmeans"]
     rows.append(
         {

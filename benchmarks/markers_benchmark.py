@@ -124,13 +124,13 @@ def run_federated(data: Path, name: str, epsilons: list[float], runs: int, commi
                     dpsc.tl.cluster(cells, k, epsilon=epsilon, markers=True)
                 else:
                     dpsc.pp.partition(cells, n_sites, random_state=r)
-                    dpsc.tl.cluster_federated(cells, "client", k, epsilon=epsilon, markers=True)
+                    dpsc.tl.cluster_federated(cells, "site", k, epsilon=epsilon, markers=True)
                 seconds = time.perf_counter() - start
                 counts = cells.obs["dp_kmeans"].value_counts()
                 kept = cells[cells.obs["dp_kmeans"].isin(counts.index[counts >= 2])].copy()
                 kept.obs["dp_kmeans"] = kept.obs["dp_kmeans"].cat.remove_unused_categories()
                 ref = reference(kept, "dp_kmeans")
-                ours = cells.uns["rank_genes_groups"]
+                ours = cells.uns["dp_kmeans_markers"]
                 sizes = kept.obs["dp_kmeans"].value_counts() / kept.n_obs
                 for row in compare(ours, ref):
                     rows.append(

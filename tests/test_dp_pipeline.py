@@ -170,7 +170,7 @@ def test_the_one_call_loads_the_mean_direction_then_the_residual_components():
     adata = blobs(n_per=60, k=4, genes=80)
     exact = adata.copy()
     dpsc.tl.cluster(exact, 4, epsilon=None)
-    loadings = exact.varm["PCs"]
+    loadings = exact.varm["dp_kmeans_loadings"]
     np.testing.assert_allclose(loadings.T @ loadings, np.eye(loadings.shape[1]), atol=1e-10)
     Z = unit_rows(adata.X).toarray()
     u = Z.sum(0) / np.linalg.norm(Z.sum(0))
@@ -178,12 +178,13 @@ def test_the_one_call_loads_the_mean_direction_then_the_residual_components():
     R = residual_rows(Z, u[:, None])
     top = np.linalg.eigh(R.T @ R)[1][:, ::-1][:, :3]  # the types' directions: 3 clear components
     np.testing.assert_allclose(np.linalg.svd(top.T @ loadings[:, 1:4])[1], 1.0, atol=1e-6)
-    assert exact.var["dp_pca_gene"].all()
+    assert exact.var["dp_kmeans_gene"].all()
     assert adjusted_rand_score(adata.obs["truth"], exact.obs["dp_kmeans"]) == 1.0
     noisy = adata.copy()
     dpsc.tl.cluster(noisy, 4, epsilon=8.0, noise_seed=0)
-    assert noisy.varm["PCs"][:, 0] @ u > 0.95  # the released sum's direction, off by its noise
-    np.testing.assert_allclose(noisy.varm["PCs"].T @ noisy.varm["PCs"], np.eye(16), atol=1e-10)
+    released = noisy.varm["dp_kmeans_loadings"]
+    assert released[:, 0] @ u > 0.95  # the released sum's direction, off by its noise
+    np.testing.assert_allclose(released.T @ released, np.eye(16), atol=1e-10)
 
 
 def test_the_plan_reads_fewer_genes_when_the_noise_would_drown_them():
@@ -217,7 +218,7 @@ def test_the_one_call_selects_the_genes_of_its_plan_at_small_epsilon():
     dpsc.tl.cluster(adata, 4, epsilon=1.0, noise_seed=0)
     record = dpsc.privacy.get_record(adata, "dp_kmeans")
     assert (
-        int(adata.var["dp_pca_gene"].sum())
+        int(adata.var["dp_kmeans_gene"].sum())
         == 250
         == adata.uns["dpsc"]["dp_kmeans"]["params"]["genes_selected"]
     )

@@ -25,31 +25,31 @@ from dpsc.federated import (
 matplotlib.use("Agg")
 
 
-@pytest.mark.parametrize(("types_per_client", "n_clients"), [(2, 4), (3, 4), (4, 2)])
-def test_partition_types_per_client_and_coverage(small_adata, types_per_client, n_clients):
+@pytest.mark.parametrize(("types_per_site", "n_sites"), [(2, 4), (3, 4), (4, 2)])
+def test_partition_types_per_site_and_coverage(small_adata, types_per_site, n_sites):
     adata = small_adata.copy()
     n_types = adata.obs["cell_type"].nunique()
-    dpsc.pp.partition(adata, n_clients, label_key="cell_type", types_per_client=types_per_client)
-    assert adata.obs["client"].notna().all()  # every cell exactly once (one label per row)
-    per_client = adata.obs.groupby("client", observed=True)["cell_type"].nunique()
-    assert len(per_client) == n_clients
-    assert (per_client <= types_per_client).all() and per_client.max() == min(types_per_client, n_types)
+    dpsc.pp.partition(adata, n_sites, label_key="cell_type", types_per_site=types_per_site)
+    assert adata.obs["site"].notna().all()  # every cell exactly once (one label per row)
+    per_site = adata.obs.groupby("site", observed=True)["cell_type"].nunique()
+    assert len(per_site) == n_sites
+    assert (per_site <= types_per_site).all() and per_site.max() == min(types_per_site, n_types)
     # all types are covered
-    assert adata.obs.groupby("cell_type", observed=True)["client"].nunique().min() >= 1
+    assert adata.obs.groupby("cell_type", observed=True)["site"].nunique().min() >= 1
 
 
 def test_partition_iid_is_balanced(small_adata):
     adata = small_adata.copy()
     dpsc.pp.partition(adata, 3)
-    counts = adata.obs["client"].value_counts()
+    counts = adata.obs["site"].value_counts()
     assert counts.sum() == adata.n_obs and counts.max() - counts.min() <= 1
 
 
 def test_partition_bad_input(small_adata):
     with pytest.raises(ValueError, match="cannot cover"):
-        dpsc.pp.partition(small_adata.copy(), 2, label_key="cell_type", types_per_client=1)
+        dpsc.pp.partition(small_adata.copy(), 2, label_key="cell_type", types_per_site=1)
     with pytest.raises(ValueError, match="label_key"):
-        dpsc.pp.partition(small_adata.copy(), 2, types_per_client=2)
+        dpsc.pp.partition(small_adata.copy(), 2, types_per_site=2)
 
 
 def test_ema_weight_and_update_on_toy_tensors():
@@ -87,7 +87,7 @@ def test_byol_loss_per_cell_and_training_lowers_it():
 def test_fit_federated_two_clients_two_rounds(small_adata):
     pytest.importorskip("flwr")
     adata = small_adata.copy()
-    dpsc.pp.partition(adata, 2, label_key="cell_type", types_per_client=4)
+    dpsc.pp.partition(adata, 2, label_key="cell_type", types_per_site=4)
     dpsc.tl.fit_federated(adata, epsilon=None, rounds=2, local_epochs=1, n_clusters=4)
     record = adata.uns["dpsc"]["X_fedsc"]
     assert adata.obsm["X_fedsc"].shape == (adata.n_obs, 60)
@@ -120,7 +120,7 @@ def test_pooled_gene_scaling_equals_statistics_of_all_cells():
 def test_fit_federated_with_pooled_gene_scaling(small_adata):
     pytest.importorskip("flwr")
     adata = small_adata.copy()
-    dpsc.pp.partition(adata, 2, label_key="cell_type", types_per_client=4)
+    dpsc.pp.partition(adata, 2, label_key="cell_type", types_per_site=4)
     dpsc.tl.fit_federated(adata, epsilon=None, rounds=2, local_epochs=1, n_clusters=4, scale_genes=True)
     record = adata.uns["dpsc"]["X_fedsc"]
     assert record["scale_genes"] and "per-gene sums" in record["privacy"]["statement"]
@@ -147,7 +147,7 @@ def test_fit_federated_bad_input(small_adata):
         dpsc.tl.fit_federated(adata, epsilon=None, method="fedprox")
     adata.obs["tiny"] = ["a"] + ["b"] * (adata.n_obs - 1)
     with pytest.raises(ValueError, match="fewer than 2 cells"):
-        dpsc.tl.fit_federated(adata, epsilon=None, client_key="tiny")
+        dpsc.tl.fit_federated(adata, epsilon=None, site_key="tiny")
     assert "X_fedsc" not in adata.obsm
 
 
@@ -205,7 +205,7 @@ def test_fit_federated_with_client_level_dp(small_adata, tmp_path):
     adata = out
     record = adata.uns["dpsc"]["X_fedsc"]
     privacy = record["privacy"]
-    assert set(privacy["epsilon_per_site"]) == set(adata.obs["client"].astype(str))
+    assert set(privacy["epsilon_per_site"]) == set(adata.obs["site"].astype(str))
     assert 0 < privacy["epsilon"] <= 4.0
     assert privacy["optimizer"] == "dpsignadam"
     assert record["scale_genes"] is False  # the default turns the noise-free sums off with epsilon

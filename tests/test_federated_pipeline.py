@@ -195,13 +195,13 @@ def test_secure_federated_clustering_reproduces_the_central_one(small_adata):
     adata = small_adata.copy()
     dpsc.pp.partition(adata, 3, random_state=0)
     fed, central = adata.copy(), adata.copy()
-    dpsc.tl.cluster_federated(fed, "client", 3, epsilon=8.0, noise_seed=5, markers=True)
+    dpsc.tl.cluster_federated(fed, "site", 3, epsilon=8.0, noise_seed=5, markers=True)
     dpsc.tl.cluster(central, 3, epsilon=8.0, noise_seed=5, markers=True)
     for group in ("0", "1", "2"):  # the marker table: the central one up to the sites' round-off
-        ours, theirs = fed.uns["rank_genes_groups"], central.uns["rank_genes_groups"]
+        ours, theirs = fed.uns["dp_kmeans_markers"], central.uns["dp_kmeans_markers"]
         assert list(ours["names"][group][:10]) == list(theirs["names"][group][:10])
         np.testing.assert_allclose(ours["scores"][group], theirs["scores"][group], rtol=1e-3, atol=1e-3)
-    np.testing.assert_allclose(fed.varm["PCs"], central.varm["PCs"], atol=1e-4)
+    np.testing.assert_allclose(fed.varm["dp_kmeans_loadings"], central.varm["dp_kmeans_loadings"], atol=1e-4)
     np.testing.assert_allclose(
         fed.uns["dpsc"]["dp_kmeans"]["centroids"], central.uns["dpsc"]["dp_kmeans"]["centroids"], atol=1e-4
     )
@@ -286,9 +286,9 @@ def test_loopback_deployment_in_separate_processes(sites, tmp_path):
     assert [r["contributors"] for r in summary["releases"]] == [2] * len(summary["releases"])
     for s in sites[:2]:
         out = ad.read_h5ad(s.output)
-        assert out.obs["dp_kmeans"].notna().all() and out.varm["PCs"].shape == (
+        assert out.obs["dp_kmeans"].notna().all() and out.varm["dp_kmeans_loadings"].shape == (
             200,
-            out.obsm["X_pca"].shape[1],
+            out.obsm["X_dp_kmeans"].shape[1],
         )
         claimed = out.uns["dpsc"]["dp_kmeans"]["privacy"]["epsilon"]
         assert 0 < claimed <= 8.0 and dpsc.privacy.spent(out).epsilon == pytest.approx(claimed, rel=0.05)

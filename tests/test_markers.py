@@ -155,7 +155,7 @@ def test_tl_cluster_releases_the_clusters_markers_inside_its_epsilon(small_adata
     adata = small_adata.copy()
     dpsc.tl.cluster(adata, 3, epsilon=8, markers=True, noise_seed=1)
     assert dpsc.privacy.spent(adata).epsilon == pytest.approx(8.0, rel=0.01)  # one budget, five releases
-    result = adata.uns["rank_genes_groups"]
+    result = adata.uns["dp_kmeans_markers"]
     assert result["params"]["groupby"] == "dp_kmeans" and set(result["names"].dtype.names) == {"0", "1", "2"}
     record = dpsc.privacy.get_record(adata, "dp_kmeans")
     assert "marker" in record["statement"] and record["guarantee"] == "proven"
@@ -165,4 +165,4 @@ def test_tl_cluster_releases_the_clusters_markers_inside_its_epsilon(small_adata
         8.0, 1e-5, n_vars=200, n_clusters=3, n_obs=300, markers=True
     )
     assert plan.schedule()[-1].kind == "markers" and plan.n_releases == len(plan.history()) + 2  # k-means: 3
-    assert "rank_genes_groups" not in without.uns
+    assert "dp_kmeans_markers" not in without.uns

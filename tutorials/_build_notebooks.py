@@ -339,8 +339,8 @@ adata = dpsc.datasets.pbmc4k()
 if FAST:
     sc.pp.subsample(adata, n_obs=400, random_state=0)
     sc.pp.filter_genes(adata, min_counts=1)
-dpsc.pp.partition(adata, n_clients=4, label_key="cell_type", types_per_client=2)
-pd.crosstab(adata.obs["cell_type"], adata.obs["client"])
+dpsc.pp.partition(adata, n_sites=4, label_key="cell_type", types_per_site=2)
+pd.crosstab(adata.obs["cell_type"], adata.obs["site"])
 """),
     code("""
 schedule = {"rounds": 2, "local_epochs": 1} if FAST else {}  # full run: the defaults, 250 × 1
@@ -372,7 +372,7 @@ a = results["fedsc"]
 sc.pp.neighbors(a, use_rep="X_fedsc", random_state=0)
 sc.tl.umap(a, random_state=0)
 fig, axes = plt.subplots(1, 3, figsize=(14, 4))
-for ax, key in zip(axes, ["fed_cluster", "cell_type", "client"]):
+for ax, key in zip(axes, ["fed_cluster", "cell_type", "site"]):
     dpsc.pl.embedding(a, color=key, ax=ax, show=False, title=key)
 fig.tight_layout()
 plt.show()

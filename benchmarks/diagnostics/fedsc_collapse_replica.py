@@ -81,8 +81,8 @@ def main() -> None:
     sc.pp.filter_genes(adata, min_counts=1)
     truth = adata.obs["label"].astype(str).to_numpy()
     k = len(set(truth))
-    dpsc.pp.partition(adata, 4, label_key="label", types_per_client=2, random_state=args.seed)
-    sites = adata.obs["client"].astype(str)
+    dpsc.pp.partition(adata, 4, label_key="label", types_per_site=2, random_state=args.seed)
+    sites = adata.obs["site"].astype(str)
     X = represent(adata.X, "zinb")
     parts = [X[(sites == s).to_numpy()] for s in sorted(sites.unique())]
     if args.variant == "zscore":  # what fit_federated(scale_genes=True) does

@@ -89,7 +89,7 @@ def summed_kmeans_sigma(adata, epsilon: float, rounds: int, local_epochs: int) -
     from dpsc.federated._ssl import SSLConfig
 
     sigmas = []
-    for size in adata.obs["client"].value_counts().to_numpy():
+    for size in adata.obs["site"].value_counts().to_numpy():
         q, per_epoch = dp_schedule(int(size), SSLConfig().batch_size)
         sigmas.append(fedsc_noise(epsilon, 1e-5, q, rounds * local_epochs * per_epoch)[1])
     return float(np.sqrt(np.sum(np.square(sigmas))))
@@ -112,7 +112,7 @@ def main() -> None:
     adata = dpsc.datasets.read_h5(args.data / "pbmc_10x_4k_top2000.h5")
     sc.pp.filter_genes(adata, min_counts=1)
     k, truth = adata.obs["label"].nunique(), adata.obs["label"].astype(str).to_numpy()
-    dpsc.pp.partition(adata, 4, label_key="label", types_per_client=2, random_state=args.seed)
+    dpsc.pp.partition(adata, 4, label_key="label", types_per_site=2, random_state=args.seed)
     start = time.perf_counter()
     dpsc.tl.fit_federated(
         adata,

@@ -12,6 +12,7 @@ its privacy ledger (:mod:`dpsc.privacy`) gains the entry as well, and nothing el
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import anndata as ad
@@ -63,3 +64,28 @@ def store_result(
     if return_model:
         return (annotated, model) if copy else model
     return annotated if copy else None
+
+
+REMOVED_IN = "0.4"
+"""The release that drops the argument names renamed in 0.3 (one minor version of warnings)."""
+
+
+def renamed_argument(
+    function: str, old: str, new: str, old_value: Any, new_value: Any, *, default: Any
+) -> Any:
+    """Return the value of an argument renamed from ``old`` to ``new``, warning when ``old`` was used.
+
+    The old name keeps working for one minor version with a :class:`FutureWarning` that says how to
+    move; passing both names is an error, since the call would be ambiguous.
+    """
+    if old_value is None:
+        return new_value
+    if new_value != default:
+        raise TypeError(f"{function} got both {old}= and {new}=; pass only {new}= ({old}= is its old name).")
+    warnings.warn(
+        f"{function}: {old}= is renamed {new}= and will be removed in dpsc {REMOVED_IN}; "
+        f"pass {new}={old_value!r}.",
+        FutureWarning,
+        stacklevel=3,
+    )
+    return old_value

@@ -98,6 +98,21 @@ DEFAULT_DELTA = 1e-5
 MAX_DEFAULT_BATCH = 4096
 
 
+def check_site_key(adata: ad.AnnData, site_key: str) -> None:
+    """Refuse a missing site column with the fix; reads metadata only."""
+    if site_key in adata.obs:
+        return
+    hint = ""
+    if site_key == "site" and "client" in adata.obs:
+        hint = (
+            " (obs['client'] is there: pass site_key='client', or rerun dpsc.pp.partition, "
+            "which now writes 'site')"
+        )
+    raise ValueError(
+        f"obs[{site_key!r}] is missing{hint}: assign cells to sites first, e.g. dpsc.pp.partition(adata, 4)."
+    )
+
+
 def default_batch_size(n_obs: int) -> int:
     """Return the expected Poisson batch of a default fit: 10 % of the cells, at most 4096.
 

@@ -372,6 +372,7 @@ def _score(adata, key: str | None, column: str) -> None:
 def _cluster(args: argparse.Namespace) -> int:
     adata, source = _load(args.input)
     from . import tl
+    from ._outputs import derived_key
     from .privacy import get_record
     from .tl._kmeans import few_clusters_message
 
@@ -401,7 +402,7 @@ def _cluster(args: argparse.Namespace) -> int:
     if in_use < args.n_clusters / 2:
         print(_wrap(few_clusters_message(in_use, args.n_clusters)))
     if args.markers:
-        names = adata.uns["rank_genes_groups"]["names"]
+        names = adata.uns[derived_key("dp_kmeans", "markers")]["names"]
         for group in names.dtype.names:
             print(f"  cluster {group}: " + ", ".join(str(g) for g in names[group][:5]))
     _score(adata, key, "dp_kmeans")

@@ -502,8 +502,8 @@ class Site:
     # -- the end of a run ------------------------------------------------------------------------------
     def write_results(self, result, plan: ClusterPlan, mode: str, threshold: int, n_sites: int) -> Path:
         """Label this site's cells with the released centroids; write them, the record and the ledger."""
+        from .._outputs import write_cluster_markers, write_clustering
         from ..privacy import attach_ledger, write_record
-        from ..tl._cluster import write_cluster_markers, write_clustering
 
         out = self.adata.copy()
         write_clustering(out, self.matrix, result, "dp_kmeans", plan.n_clusters)

@@ -15,6 +15,7 @@ import numpy as np
 from dpsc._docs import doc_params
 
 from .._api import DEFAULT_EPSILON, store_result
+from .._outputs import derived_key
 from .._validation import check_privacy_args, check_public_counts, get_matrix, resolve_delta
 from ..privacy import (
     COMMON_NOT_COVERED,
@@ -45,6 +46,13 @@ def hvg_record(sigma: float, epsilon: float, delta: float, n_obs: int, noise: No
         scope="gene statistics",
         max_grad_norm=mechanism.SENSITIVITY,
     )
+
+
+def _statistic_key(key_added: str, what: str) -> str:
+    """Return scanpy's ``var`` name of a statistic under the default key, else one from ``key_added``."""
+    if key_added == "highly_variable":
+        return {"rank": "highly_variable_rank"}.get(what, what)
+    return derived_key(key_added, what)
 
 
 def check_gene_selection(n_top_genes: int, n_vars: int) -> None:
@@ -134,7 +142,9 @@ def highly_variable_genes(
     ``None``, or the new AnnData with ``copy=True``. Writes, as :func:`scanpy.pp.highly_variable_genes`
     does, ``var[key_added]`` (bool), ``var["means"]``, ``var["variances"]`` (the *noisy*
     statistics of the unit-norm log expression) and ``var["highly_variable_rank"]`` (NaN for
-    genes not selected), plus the record in ``uns["dpsc"][key_added]``.
+    genes not selected), plus the record in ``uns["dpsc"][key_added]``. Under another
+    ``key_added`` the statistics are named from it (``var[f"{key_added}_means"]``,
+    ``..._variances``, ``..._rank``), so a scanpy selection already in ``var`` stays untouched.
     """
     delta = resolve_delta(delta, adata.n_obs)
     matrix = _check(adata, n_top_genes, epsilon, delta, layer, log_normalize, square_clip, flavor)
@@ -154,9 +164,8 @@ def highly_variable_genes(
 
         target = adata.copy() if copy else adata
         target.var[key_added] = ~np.isnan(rank)
-        target.var["means"] = means
-        target.var["variances"] = variances
-        target.var["highly_variable_rank"] = rank
+        for what, values in (("means", means), ("variances", variances), ("rank", rank)):
+            target.var[_statistic_key(key_added, what)] = values
         params = {
             "n_top_genes": n_top_genes,
             "layer": layer,

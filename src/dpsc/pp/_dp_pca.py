@@ -13,6 +13,7 @@ import numpy as np
 from dpsc._docs import doc_params
 
 from .._api import DEFAULT_EPSILON, store_result
+from .._outputs import derived_key
 from .._validation import check_privacy_args, check_public_counts, get_matrix, resolve_delta
 from ..privacy import (
     COMMON_NOT_COVERED,
@@ -131,7 +132,8 @@ def pca(
     -------
     ``None``, or the new AnnData with ``copy=True``. Writes the projections (cells × ``n_comps``)
     to ``obsm``, the loadings (genes × ``n_comps``, zero rows for the genes not kept) to ``varm``,
-    ``var["dp_pca_gene"]`` (the kept block), and the record and noisy eigenvalues to ``uns["dpsc"]``.
+    ``var["dp_pca_gene"]`` (the kept block; ``var[f"{key_added}_gene"]`` under a named key), and the
+    record and noisy eigenvalues to ``uns["dpsc"]``.
     A scanpy ``uns["pca"]`` (variance ratios of an earlier, non-private PCA) is removed when the
     default keys are overwritten, so no stale statistics stay beside the new components.
     """
@@ -149,7 +151,9 @@ def pca(
         target = adata.copy() if copy else adata
         target.obsm[obsm_key] = mechanism.project(matrix, pcs, log_normalize)
         target.varm[varm_key] = pcs
-        target.var["dp_pca_gene"] = np.isin(np.arange(adata.n_vars), keep)
+        target.var["dp_pca_gene" if key_added is None else derived_key(key_added, "gene")] = np.isin(
+            np.arange(adata.n_vars), keep
+        )
         if key_added is None:
             target.uns.pop("pca", None)
         params = {

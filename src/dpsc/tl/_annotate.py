@@ -12,7 +12,7 @@ import torch
 from dpsc._docs import doc_params
 
 from .. import _blocks, fm
-from .._api import DEFAULT_EPSILON, store_result
+from .._api import DEFAULT_EPSILON, renamed_argument, store_result
 from .._validation import get_matrix, resolve_delta
 from ..module._dcan import clean_input, input_representation
 from ..privacy import (
@@ -26,6 +26,10 @@ from ..privacy import (
 )
 
 METHODS = ("dpsgd", "pcdbn", "mlp")
+
+
+Classifier = fm.DPSGDClassifier | fm.PrivateDBN
+"""What ``tl.annotate(..., return_model=True)`` returns: the trained private classifier."""
 
 
 def annotation_record(model_record: dict[str, Any], method: str, n_reference: int) -> PrivacyRecord:
@@ -162,19 +166,20 @@ def annotate(
     epsilon: float | None = DEFAULT_EPSILON,
     method: Literal["dpsgd", "pcdbn", "mlp"] = "dpsgd",
     delta: float | None = None,
-    n_components: int = 8,
+    n_comps: int = 8,
     layer: str | None = None,
     log_normalize: bool = True,
     key_added: str = "dp_label",
     random_state: int = 0,
     copy: bool = False,
     return_model: bool = False,
+    n_components: int | None = None,
     **method_kwargs: Any,
-) -> Any:
+) -> ad.AnnData | Classifier | tuple[ad.AnnData, Classifier] | None:
     """Label query cells with a classifier trained on a private, labelled reference.
 
     Both data sets are log-normalised per cell (``log1p(10⁴ x / Σx)``, no cross-cell statistics);
-    a PCA with ``n_components`` is fitted on the **query** cells and applied to both, so the
+    a PCA with ``n_comps`` is fitted on the **query** cells and applied to both, so the
     feature map never reads the private reference. Then, by ``method``:
 
     - ``"dpsgd"`` (default): :class:`dpsc.fm.DPSGDClassifier` (Opacus DP-SGD MLP) on the PCA
@@ -199,8 +204,8 @@ def annotate(
         default of every dpsc workflow. For ``"dpsgd"``, ``epsilon=None`` with
         ``noise_multiplier=σ`` (and optionally ``max_epsilon``) trains with a fixed σ and records
         the ε spent. ``delta=None``: 10⁻⁵, or 1/(10 n) above 10⁴ reference cells.
-    n_components
-        PCA dimensions. pCDBN's moment tensors have ``n_components**degree`` entries.
+    n_comps
+        PCA dimensions. pCDBN's moment tensors have ``n_comps**degree`` entries.
     layer, log_normalize
         Where the counts are, and whether to log-normalise (``False`` for data already
         transformed).
@@ -216,6 +221,8 @@ def annotate(
     return_model
         {doc_return_model}
         The model is the fitted classifier.
+    n_components
+        Old name of ``n_comps`` (a :class:`FutureWarning`; removed in 0.4).
     **method_kwargs
         Passed to the classifier (e.g. ``hidden=(16,)``, ``epochs=50``, ``epsilon_split=...``).
 
@@ -230,11 +237,14 @@ def annotate(
     record. Nothing is written if an error occurs.
     """
     fixed_noise = method == "dpsgd" and method_kwargs.get("noise_multiplier") is not None and epsilon is None
+    n_comps = renamed_argument(
+        "dpsc.tl.annotate", "n_components", "n_comps", n_components, n_comps, default=8
+    )
     labels = _check_inputs(adata_ref, adata_query, label_key, 1.0 if fixed_noise else epsilon, method)
     genes = list(adata_ref.var_names)
-    if not 1 <= n_components <= min(len(genes), adata_query.n_obs):
+    if not 1 <= n_comps <= min(len(genes), adata_query.n_obs):
         limit = min(len(genes), adata_query.n_obs)
-        raise ValueError(f"n_components must be in [1, {limit}], got {n_components}.")
+        raise ValueError(f"n_comps must be in [1, {limit}], got {n_comps}.")
     delta = resolve_delta(delta, adata_ref.n_obs)
     planned = _planned_record(method, epsilon, delta, adata_ref.n_obs, method_kwargs)
     query = query_record(adata_query.n_obs)
@@ -242,7 +252,7 @@ def annotate(
         spending(adata_ref, planned, key_added) as ref_booking,
         spending(adata_query, query, key_added) as booking,
     ):
-        pca = QueryPCA(n_components).fit(_expression_blocks(adata_query, layer, genes, log_normalize))
+        pca = QueryPCA(n_comps).fit(_expression_blocks(adata_query, layer, genes, log_normalize))
         Z_ref = pca.transform(_expression_blocks(adata_ref, layer, genes, log_normalize))
         Z_query = pca.transform(_expression_blocks(adata_query, layer, genes, log_normalize))
         if method == "pcdbn":
@@ -265,7 +275,7 @@ def annotate(
             "n_reference": int(adata_ref.n_obs),
             "n_query": int(adata_query.n_obs),
             "n_genes": len(genes),
-            "features": f"log-normalised, PCA ({n_components} components) fitted on the query cells",
+            "features": f"log-normalised, PCA ({n_comps} components) fitted on the query cells",
         }
         target = adata_query.copy() if copy else adata_query
         target.obs[key_added] = pd.Categorical(np.asarray(model.classes_)[proba.argmax(1)])

@@ -12,11 +12,11 @@ from typing import Any
 
 import anndata as ad
 import numpy as np
-import pandas as pd
 
 from dpsc._docs import doc_params
 
 from .._api import DEFAULT_EPSILON, store_result
+from .._outputs import write_cluster_markers, write_clustering
 from .._validation import check_privacy_args, check_public_counts, get_matrix, resolve_delta
 from ..privacy import (
     COMMON_NOT_COVERED,
@@ -110,41 +110,6 @@ def cluster_record(plan: ClusterPlan, n_obs: int, noise: NoiseSource, tool: str 
     )
 
 
-def write_clustering(
-    target: ad.AnnData, matrix, result: ClusterResult, key_added: str, n_clusters: int
-) -> None:
-    """Write a clustering's released values and each cell's projection and label into ``target``."""
-    n_vars = target.n_vars
-    pcs = np.zeros((n_vars, result.loadings.shape[1]))
-    pcs[result.genes] = result.loadings
-    target.obsm["X_pca"] = result.projections(matrix)
-    target.varm["PCs"] = pcs
-    target.uns.pop("pca", None)  # scanpy's variance ratios of an earlier PCA would be stale
-    read = np.zeros(n_vars, dtype=bool)
-    read[result.genes] = True
-    target.var["dp_pca_gene"] = read
-    if result.gene_means is not None:
-        selected = np.zeros(n_vars, dtype=bool)
-        selected[result.genes] = True
-        target.var["highly_variable"] = selected
-        target.var["means"] = result.gene_means
-        target.var["variances"] = result.gene_variances
-    labels = result.labels(matrix).astype(str)
-    target.obs[key_added] = pd.Categorical(labels, categories=[str(i) for i in range(n_clusters)])
-
-
-def write_cluster_markers(
-    target: ad.AnnData, result: ClusterResult, plan: ClusterPlan, key_added: str
-) -> dict:
-    """Write the clusters' released marker statistics as ``uns["rank_genes_groups"]`` (scanpy's format)."""
-    from ._rank_genes_groups import write_markers
-
-    names = [str(i) for i in range(plan.n_clusters)]
-    release = plan.schedule()[-1].release()
-    bound = result.marker_bound
-    return write_markers(target, result.marker_table, release, names, key_added, sum_bound=bound)
-
-
 def store_clustering(
     adata: ad.AnnData,
     matrix,
@@ -221,12 +186,12 @@ def cluster(
     layer
         Layer with the counts; ``None`` for ``X``.
     key_added
-        ``obs`` column of the labels; the record goes to ``uns["dpsc"][key_added]``.
+        ``obs`` column of the labels; every other output is named from it (Returns), the record
+        goes to ``uns["dpsc"][key_added]``.
     markers
         Also release each cluster's marker statistics, inside the same ε (two last releases with a
         quarter share: the cells' expression bound, then the table; :func:`dpsc.tl.rank_genes_groups`
-        states the mechanism), and write
-        scanpy's ``uns["rank_genes_groups"]`` for the clusters.
+        states the mechanism), and write them in scanpy's format to ``uns[f"{key_added}_markers"]``.
     random_state
         Seed of the k-means projections and post-processing (public; never of the noise).
     noise_seed
@@ -236,13 +201,17 @@ def cluster(
 
     Returns
     -------
-    ``None``, or the new AnnData with ``copy=True``. Writes ``obs[key_added]`` (categorical: each
-    cell's nearest released centroid), ``obsm["X_pca"]`` (cells × 16), ``varm["PCs"]`` (zero rows
-    for the genes the PCA did not read; the first column is the released mean direction, the
-    others the top components of the cells' residuals), ``var["dp_pca_gene"]`` (the genes the PCA
-    read: all, or the selected ones), with gene selection also
-    ``var["highly_variable"]``, ``var["means"]`` and ``var["variances"]`` (noisy), and
-    ``uns["dpsc"][key_added]`` with the record, the parameters (``mean_weight``: the weight of
+    ``None``, or the new AnnData with ``copy=True``. Every output is named from ``key_added``
+    (``"dp_kmeans"`` below), so a scanpy PCA, gene selection or marker table already in ``adata``
+    stays untouched: ``obs["dp_kmeans"]`` (categorical: each cell's nearest released centroid),
+    ``obsm["X_dp_kmeans"]`` (cells × 16; ``sc.pp.neighbors(adata, use_rep="X_dp_kmeans")``),
+    ``varm["dp_kmeans_loadings"]`` (zero rows for the genes the PCA did not read; the first column
+    is the released mean direction, the others the top components of the cells' residuals),
+    ``var["dp_kmeans_gene"]`` (the genes the PCA read: all, or the selected ones), with gene
+    selection also ``var["dp_kmeans_means"]`` and ``var["dp_kmeans_variances"]`` (noisy), with
+    ``markers=True`` ``uns["dp_kmeans_markers"]`` (scanpy's format:
+    ``sc.pl.rank_genes_groups_dotplot(adata, key="dp_kmeans_markers")``), and
+    ``uns["dpsc"]["dp_kmeans"]`` with the record, the parameters (``mean_weight``: the weight of
     the first loading's coordinate in the k-means points), the ``centroids``, the noisy
     ``eigenvalues`` and ``clusters_in_use`` (as :func:`dpsc.tl.kmeans`).
 

@@ -1,6 +1,6 @@
 """``dpsc.tl.cluster_federated``: the proven private clustering across sites, in Flower's simulation.
 
-Each site (``obs[client_key]``) is one SuperNode holding only its cells, with its own settings
+Each site (``obs[site_key]``) is one SuperNode holding only its cells, with its own settings
 and ledger (:class:`~dpsc.federated.SiteSettings`); the server runs the plan of
 :func:`dpsc.tl.cluster` and obtains every release as a secure sum of the sites' noisy sums
 (:mod:`dpsc.federated._pipeline`). The same apps run in a real deployment with
@@ -19,23 +19,26 @@ import numpy as np
 
 from dpsc._docs import doc_params
 
-from .._api import DEFAULT_EPSILON
-from .._validation import check_privacy_args, check_public_counts, get_matrix, resolve_delta
+from .._api import DEFAULT_EPSILON, renamed_argument
+from .._validation import (
+    check_privacy_args,
+    check_public_counts,
+    check_site_key,
+    get_matrix,
+    resolve_delta,
+)
 from ..privacy import NoiseSource, spending
 from ._cluster import plan_for_cells, store_clustering
 
 MIN_SITE_CELLS = 2
 
 
-def _sites(adata: ad.AnnData, client_key: str) -> tuple[list[str], np.ndarray]:
-    if client_key not in adata.obs:
-        raise ValueError(
-            f"obs[{client_key!r}] is missing: assign cells to sites first, e.g. dpsc.pp.partition(adata, 4)."
-        )
-    sites = adata.obs[client_key].astype(str).to_numpy()
+def _sites(adata: ad.AnnData, site_key: str) -> tuple[list[str], np.ndarray]:
+    check_site_key(adata, site_key)
+    sites = adata.obs[site_key].astype(str).to_numpy()
     names = sorted(set(sites))
     if len(names) < 2:
-        raise ValueError(f"obs[{client_key!r}] has {len(names)} site(s); a federation needs at least 2.")
+        raise ValueError(f"obs[{site_key!r}] has {len(names)} site(s); a federation needs at least 2.")
     sizes = {name: int((sites == name).sum()) for name in names}
     small = [name for name, size in sizes.items() if size < MIN_SITE_CELLS]
     if small:
@@ -46,7 +49,7 @@ def _sites(adata: ad.AnnData, client_key: str) -> tuple[list[str], np.ndarray]:
 @doc_params
 def cluster_federated(
     adata: ad.AnnData,
-    client_key: str = "client",
+    site_key: str = "site",
     n_clusters: int = 8,
     *,
     epsilon: float | None = DEFAULT_EPSILON,
@@ -60,6 +63,7 @@ def cluster_federated(
     noise_seed: int | None = None,
     n_cpus: int = 2,
     copy: bool = False,
+    client_key: str | None = None,
 ) -> ad.AnnData | None:
     """Cluster cells held by several sites with the proven private pipeline, federated exactly.
 
@@ -70,7 +74,7 @@ def cluster_federated(
     ----------
     adata
         All sites' cells (a simulation: in a deployment each site holds only its own).
-    client_key
+    site_key
         ``obs`` column with each cell's site (:func:`dpsc.pp.partition`).
     n_clusters
         k (fixed in advance).
@@ -104,6 +108,8 @@ def cluster_federated(
         CPUs for Flower's simulation engine.
     copy
         {doc_copy}
+    client_key
+        Old name of ``site_key`` (a :class:`FutureWarning`; removed in 0.4).
 
     Returns
     -------
@@ -115,11 +121,11 @@ def cluster_federated(
     -----
     {doc_warns_few_clusters}
     """
-    from ..federated._pipeline import run_pipeline_simulation
-    from ..federated._site import SiteSettings, site_record
-
+    site_key = renamed_argument(
+        "dpsc.tl.cluster_federated", "client_key", "site_key", client_key, site_key, default="site"
+    )
     matrix = get_matrix(adata, layer)
-    names, sites = _sites(adata, client_key)
+    names, sites = _sites(adata, site_key)
     largest = max(int((sites == n).sum()) for n in names)
     delta = resolve_delta(delta, largest)
     check_privacy_args(epsilon, delta, largest)
@@ -129,12 +135,15 @@ def cluster_federated(
     n_sites = len(names)
     if mode == "secure" and n_sites < 2:
         raise ValueError(
-            f"Secure aggregation needs at least 2 sites; {client_key!r} names {n_sites}. Pass mode='plain' "
+            f"Secure aggregation needs at least 2 sites; {site_key!r} names {n_sites}. Pass mode='plain' "
             "(the site adds its full noise) or split the cells over more sites."
         )
     threshold = n_sites if threshold is None else int(threshold)
     if mode == "secure" and not 2 <= threshold <= n_sites:
         raise ValueError(f"threshold must be in [2, {n_sites}] (the number of sites), got {threshold}.")
+    from ..federated._pipeline import run_pipeline_simulation  # Flower: after the checks of the input
+    from ..federated._site import SiteSettings, site_record
+
     plan = plan_for_cells(adata, int(n_clusters), epsilon, delta, random_state, markers=bool(markers))
     noise = NoiseSource(noise_seed)
     record = site_record(

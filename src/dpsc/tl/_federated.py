@@ -17,8 +17,8 @@ import torch
 
 from dpsc._docs import doc_params
 
-from .._api import store_result
-from .._validation import check_matrix, get_matrix, resolve_delta
+from .._api import renamed_argument, store_result
+from .._validation import check_matrix, check_site_key, get_matrix, resolve_delta
 from ..federated import (
     METHODS,
     PER_CELL_METHODS,
@@ -135,7 +135,7 @@ def represent(matrix, likelihood: str) -> np.ndarray:
 @doc_params
 def fit_federated(
     adata: ad.AnnData,
-    client_key: str = "client",
+    site_key: str = "site",
     *,
     epsilon: float | None,
     method: Literal["fedsc", "fedbyol", "fedsimsiam", "fedsimclr", "fedmoco", "fedmocov2"] = "fedsc",
@@ -158,10 +158,11 @@ def fit_federated(
     noise_seed: int | None = None,
     copy: bool = False,
     return_model: bool = False,
-) -> Any:
+    client_key: str | None = None,
+) -> ad.AnnData | SSLNet | tuple[ad.AnnData, SSLNet] | None:
     """Train a self-supervised encoder across sites with Flower; cluster the cells across sites with it.
 
-    Each site (``obs[client_key]``) is one Flower SuperNode in the simulation engine; only the
+    Each site (``obs[site_key]``) is one Flower SuperNode in the simulation engine; only the
     online encoder and predictor travel. FedSC's sites pull the global model back with the
     divergence-aware EMA (:mod:`dpsc.federated._ema`); the baselines take it as is. Afterwards
     each site embeds its own cells with the global encoder and the sites run a federated k-means
@@ -173,7 +174,7 @@ def fit_federated(
     ----------
     adata
         Cells × genes, raw counts (``likelihood="zinb"``) or log-normalised (``"gaussian"``).
-    client_key
+    site_key
         ``obs`` column with the site of each cell (see :func:`dpsc.pp.partition`).
     method
         ``"fedsc"``, ``"fedbyol"``, ``"fedsimsiam"``, ``"fedsimclr"``, ``"fedmoco"`` (v1, in-batch
@@ -228,6 +229,8 @@ def fit_federated(
     return_model
         {doc_return_model}
         The model is the global encoder (:class:`dpsc.federated.SSLNet`).
+    client_key
+        Old name of ``site_key`` (a :class:`FutureWarning`; removed in 0.4).
 
     Returns
     -------
@@ -235,14 +238,17 @@ def fit_federated(
     Writes ``obsm[key_added]``, ``obs[cluster_key]`` and the record
     ``uns["dpsc"][key_added]`` (method, rounds, clients, per-round loss, wall time, privacy).
     """
-    _check_fedsc_args(adata, client_key, epsilon, method, scale_genes, optimizer, rounds, local_epochs)
+    site_key = renamed_argument(
+        "dpsc.tl.fit_federated", "client_key", "site_key", client_key, site_key, default="site"
+    )
+    _check_fedsc_args(adata, site_key, epsilon, method, scale_genes, optimizer, rounds, local_epochs)
     scale_genes = epsilon is None if scale_genes is None else scale_genes
     n_clusters = DEFAULT_N_CLUSTERS if n_clusters is None else n_clusters
     if not 2 <= n_clusters <= adata.n_obs:
         raise ValueError(f"n_clusters must be in [2, n_obs={adata.n_obs}], got {n_clusters}.")
     matrix = get_matrix(adata, layer)
     check_matrix(matrix, likelihood)
-    names, sizes = _sites(adata, client_key)
+    names, sizes = _sites(adata, site_key)
     delta = resolve_delta(delta, int(sizes.max()))
     if epsilon is not None and not 0 < delta < 1 / sizes.max():
         raise ValueError(
@@ -272,7 +278,7 @@ def fit_federated(
             "accountant": accountant,
         },
         dp_plan=None,
-        client_key=client_key,
+        site_key=site_key,
         privacy=FedSCPrivacy(
             epsilon=epsilon,
             delta=delta,
@@ -287,7 +293,7 @@ def fit_federated(
     if epsilon is not None:
         _plan_site_noise(run, float(epsilon), private_lr)
     X = represent(matrix, likelihood)
-    site_of_cell = adata.obs[client_key].astype(str)
+    site_of_cell = adata.obs[site_key].astype(str)
     parts = [X[(site_of_cell == name).to_numpy()] for name in names]
     planned = federated_record(run.dp_plan, run.privacy)
     with spending(adata, planned, key_added) as booking:
@@ -311,13 +317,13 @@ class FedSCRun:
     settings: dict[str, Any]
     #: per site: ((σ, q, steps) of DP-SGD, (σ, 1, steps) of its k-means tables); ``None``: no DP
     dp_plan: dict[str, tuple[tuple[float, float, int], tuple[float, float, int]]] | None
-    client_key: str
+    site_key: str
     privacy: FedSCPrivacy
 
 
 def _check_fedsc_args(
     adata: ad.AnnData,
-    client_key: str,
+    site_key: str,
     epsilon: float | None,
     method: str,
     scale_genes: bool | None,
@@ -343,22 +349,17 @@ def _check_fedsc_args(
             )
         if optimizer not in OPTIMIZERS:
             raise ValueError(f"Unknown optimizer {optimizer!r}; choose one of {OPTIMIZERS}.")
-    if client_key not in adata.obs:
-        raise ValueError(
-            f"obs[{client_key!r}] is missing: assign cells to sites first, e.g. dpsc.pp.partition(adata, 4)."
-        )
+    check_site_key(adata, site_key)
     if rounds < 1 or local_epochs < 1:
         raise ValueError("rounds and local_epochs must be at least 1.")
 
 
-def _sites(adata: ad.AnnData, client_key: str) -> tuple[list[str], pd.Series]:
+def _sites(adata: ad.AnnData, site_key: str) -> tuple[list[str], pd.Series]:
     """Return the sites' names (sorted) and numbers of cells; refuse fewer than 2 sites or tiny sites."""
-    sites = adata.obs[client_key].astype(str)
+    sites = adata.obs[site_key].astype(str)
     names = sorted(sites.unique())
     if len(names) < 2:
-        raise ValueError(
-            f"obs[{client_key!r}] has {len(names)} site(s); federated training needs at least 2."
-        )
+        raise ValueError(f"obs[{site_key!r}] has {len(names)} site(s); federated training needs at least 2.")
     sizes = sites.value_counts()
     small = sizes[sizes < MIN_CLIENT_CELLS]
     if len(small):
@@ -435,7 +436,7 @@ def _run_fedsc(
     net.load_shared(state)
     Z = embed(net, X)
     labels = np.empty(adata.n_obs, dtype=np.int64)
-    sites = adata.obs[run.client_key].astype(str).to_numpy()
+    sites = adata.obs[run.site_key].astype(str).to_numpy()
     for name, part_labels in zip(run.names, site_labels, strict=True):
         labels[sites == name] = part_labels
     target = adata.copy() if copy else adata

@@ -21,6 +21,7 @@ import torch
 from dpsc._docs import doc_params
 
 from .._api import DEFAULT_EPSILON, store_result
+from .._outputs import derived_key
 from .._validation import (
     LIKELIHOODS,
     check_choice,
@@ -157,8 +158,9 @@ def fit(
     (:func:`dpsc.privacy.get_record`), the parameters (with ``partition``: ``"clustering"`` or
     ``"model"``, the partition written to ``obs[cluster_key]``, and both ``partition_scores``),
     the released cluster frequencies, the released label counts and the clusters in use (counts
-    above twice their noise) in ``uns["dpsc"][key_added]``, ``var["dp_fit_gene"]`` when genes
-    were selected, and one entry of
+    above twice their noise) in ``uns["dpsc"][key_added]``, ``var["dpdcan_gene"]`` (the genes the
+    model reads; the name is ``key_added`` without ``X_``, then ``_gene``) when genes were
+    selected, and one entry of
     the AnnData's privacy ledger (:func:`dpsc.privacy.spent`). With a budget set
     (:func:`dpsc.privacy.set_budget`), a fit that would exceed it is refused before any work.
 
@@ -281,7 +283,7 @@ def fit(
             labels.astype(str), categories=[str(i) for i in range(n_clusters)]
         )
         if genes is not None:
-            target.var["dp_fit_gene"] = genes
+            target.var[derived_key(key_added, "gene")] = genes
         if label_counts is None:  # a non-private fit: the written labels, counted exactly
             label_counts = np.bincount(labels, minlength=n_clusters).astype(np.float64)
         in_use = clusters_above_noise(label_counts, count_noise)

@@ -18,6 +18,7 @@ import pandas as pd
 from dpsc._docs import doc_params
 
 from .._api import DEFAULT_EPSILON, store_result
+from .._outputs import write_markers
 from .._validation import check_privacy_args, check_public_counts, get_matrix, resolve_delta
 from ..privacy import (
     COMMON_NOT_COVERED,
@@ -101,67 +102,6 @@ def _group_codes(adata: ad.AnnData, groupby: str, groups: Sequence[str] | None) 
     lookup = {name: k for k, name in enumerate(names)}
     codes = np.array([lookup.get(str(v), -1) if pd.notna(v) else -1 for v in column], dtype=np.int64)
     return codes, names
-
-
-def _recarray(values: np.ndarray, names: list[str], dtype: str) -> np.recarray:
-    return np.rec.fromarrays(list(values), dtype=[(name, dtype) for name in names])
-
-
-def _scanpy_result(result, names, var_names, n_genes, groupby, layer, pts: bool) -> dict:
-    """Return what :func:`scanpy.tl.rank_genes_groups` writes (method ``"t-test"``, reference ``"rest"``)."""
-    top = result.order[:, :n_genes]
-    pick = lambda values: np.take_along_axis(values, top, axis=1)  # noqa: E731
-    out = {
-        "params": {
-            "groupby": groupby,
-            "reference": "rest",
-            "method": "t-test",
-            "use_raw": False,
-            "layer": layer,
-            "corr_method": "benjamini-hochberg",
-        },
-        "names": _recarray(np.asarray(var_names)[top].astype(object), names, "O"),
-        "scores": _recarray(pick(result.scores).astype(np.float32), names, "float32"),
-        "pvals": _recarray(pick(result.pvals), names, "float64"),
-        "pvals_adj": _recarray(pick(result.pvals_adj), names, "float64"),
-        "logfoldchanges": _recarray(pick(result.logfoldchanges).astype(np.float32), names, "float32"),
-    }
-    if pts:
-        out["pts"] = pd.DataFrame(result.pts.T, index=var_names, columns=names)
-        out["pts_rest"] = pd.DataFrame(result.pts_rest.T, index=var_names, columns=names)
-    return out
-
-
-def write_markers(
-    target: ad.AnnData,
-    released: np.ndarray,
-    release,
-    names: list[str],
-    groupby: str,
-    *,
-    n_genes: int | None = 100,
-    pts: bool = True,
-    layer: str | None = None,
-    key: str = "rank_genes_groups",
-    sum_bound: float | None = None,
-) -> dict:
-    """Rank a released marker table and write it to ``target.uns[key]`` in scanpy's format.
-
-    Post-processing only. Returns the parameters to record: the group sizes used and the groups
-    whose noisy size is below twice its noise (their markers are mostly noise).
-    """
-    table = mechanism.MarkerTable(len(names), target.n_vars, sum_bound)
-    result = mechanism.rank_markers(mechanism.group_statistics(released, table, release))
-    kept = target.n_vars if n_genes is None else min(int(n_genes), target.n_vars)
-    target.uns[key] = _scanpy_result(result, names, target.var_names, kept, groupby, layer, pts)
-    count_noise = release.noise_std * table.scale("count")
-    below = [name for name, size in zip(names, result.counts, strict=True) if size < 2 * count_noise]
-    return {
-        "n_genes": kept,
-        "group_sizes": result.counts.tolist(),
-        "groups_below_noise": below,
-        "expression_bound": table.bounds["sum"],
-    }
 
 
 @doc_params

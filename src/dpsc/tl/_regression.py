@@ -8,6 +8,7 @@ import anndata as ad
 import numpy as np
 import pandas as pd
 import scipy.sparse as sp
+from sklearn.base import RegressorMixin
 
 from dpsc._docs import doc_params
 
@@ -99,7 +100,7 @@ def private_regression(
     copy: bool = False,
     return_model: bool = False,
     **method_kwargs: Any,
-) -> Any:
+) -> ad.AnnData | RegressorMixin | tuple[ad.AnnData, RegressorMixin] | None:
     """Predict a per-sample response (e.g. a drug's ln IC50) from expression with ε-DP coefficients.
 
     Parameters

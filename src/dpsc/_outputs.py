@@ -1,0 +1,145 @@
+"""Where released results land in an AnnData: one naming rule and the writers that follow it.
+
+scanpy's rule, applied to every output: a tool's ``key_added`` names what it writes. The main
+result takes ``key_added`` itself (an ``obs`` column of labels, an ``obsm`` embedding, an ``uns``
+table); each further output takes the stem of ``key_added`` (the name without scanpy's ``X_``
+embedding prefix) and a suffix saying what it holds, so two runs with different keys never
+overwrite each other and a user's own scanpy results (``obsm["X_pca"]``, ``varm["PCs"]``,
+``var["highly_variable"]``, ``uns["rank_genes_groups"]``) stay untouched unless a function
+writing exactly those is called with its default key (:func:`dpsc.pp.pca`,
+:func:`dpsc.pp.highly_variable_genes`, :func:`dpsc.tl.rank_genes_groups`).
+
+Everything here is post-processing of released values (and of each cell's own row for its label
+and projection, written to that cell's own AnnData): no privacy cost. The central tools and the
+federated site (:mod:`dpsc.federated._site`) share these writers, so both write the same keys.
+"""
+
+from __future__ import annotations
+
+import anndata as ad
+import numpy as np
+import pandas as pd
+
+from .privacy import _markers as mechanism
+from .privacy._clustering import ClusterPlan, ClusterResult
+
+
+def stem(key_added: str) -> str:
+    """Return ``key_added`` without scanpy's ``X_`` embedding prefix (``"X_dpdcan"`` → ``"dpdcan"``)."""
+    return key_added[2:] if key_added.startswith("X_") and len(key_added) > 2 else key_added
+
+
+def derived_key(key_added: str, what: str) -> str:
+    """Return the name of a further output of the tool run under ``key_added``: ``f"{stem}_{what}"``."""
+    return f"{stem(key_added)}_{what}"
+
+
+def embedding_key(key_added: str) -> str:
+    """Return the ``obsm`` key of an embedding written under ``key_added``: ``f"X_{stem}"``.
+
+    ``sc.pl.embedding(adata, basis=stem)`` and ``sc.pp.neighbors(adata, use_rep=...)`` read it.
+    """
+    return f"X_{stem(key_added)}"
+
+
+def write_clustering(
+    target: ad.AnnData, matrix, result: ClusterResult, key_added: str, n_clusters: int
+) -> None:
+    """Write a released clustering and each cell's projection and label into ``target``.
+
+    ``obs[key_added]`` (labels), ``obsm[f"X_{key_added}"]`` (the k-means points' projections),
+    ``varm[f"{key_added}_loadings"]`` (zero rows for genes not read), ``var[f"{key_added}_gene"]``
+    (the genes read) and, when the genes were selected privately, the noisy
+    ``var[f"{key_added}_means"]`` and ``var[f"{key_added}_variances"]``.
+    """
+    n_vars = target.n_vars
+    loadings = np.zeros((n_vars, result.loadings.shape[1]))
+    loadings[result.genes] = result.loadings
+    read = np.zeros(n_vars, dtype=bool)
+    read[result.genes] = True
+    target.obsm[embedding_key(key_added)] = result.projections(matrix)
+    target.varm[derived_key(key_added, "loadings")] = loadings
+    target.var[derived_key(key_added, "gene")] = read
+    if result.gene_means is not None:
+        target.var[derived_key(key_added, "means")] = result.gene_means
+        target.var[derived_key(key_added, "variances")] = result.gene_variances
+    labels = result.labels(matrix).astype(str)
+    target.obs[key_added] = pd.Categorical(labels, categories=[str(i) for i in range(n_clusters)])
+
+
+def write_cluster_markers(
+    target: ad.AnnData, result: ClusterResult, plan: ClusterPlan, key_added: str
+) -> dict:
+    """Write the clusters' released marker table as ``uns[f"{key_added}_markers"]`` (scanpy's format)."""
+    names = [str(i) for i in range(plan.n_clusters)]
+    release = plan.schedule()[-1].release()
+    return write_markers(
+        target,
+        result.marker_table,
+        release,
+        names,
+        key_added,
+        key=derived_key(key_added, "markers"),
+        sum_bound=result.marker_bound,
+    )
+
+
+def _recarray(values: np.ndarray, names: list[str], dtype: str) -> np.recarray:
+    return np.rec.fromarrays(list(values), dtype=[(name, dtype) for name in names])
+
+
+def _scanpy_result(result, names, var_names, n_genes, groupby, layer, pts: bool) -> dict:
+    """Return what :func:`scanpy.tl.rank_genes_groups` writes (method ``"t-test"``, reference ``"rest"``)."""
+    top = result.order[:, :n_genes]
+    pick = lambda values: np.take_along_axis(values, top, axis=1)  # noqa: E731
+    out = {
+        "params": {
+            "groupby": groupby,
+            "reference": "rest",
+            "method": "t-test",
+            "use_raw": False,
+            "layer": layer,
+            "corr_method": "benjamini-hochberg",
+        },
+        "names": _recarray(np.asarray(var_names)[top].astype(object), names, "O"),
+        "scores": _recarray(pick(result.scores).astype(np.float32), names, "float32"),
+        "pvals": _recarray(pick(result.pvals), names, "float64"),
+        "pvals_adj": _recarray(pick(result.pvals_adj), names, "float64"),
+        "logfoldchanges": _recarray(pick(result.logfoldchanges).astype(np.float32), names, "float32"),
+    }
+    if pts:
+        out["pts"] = pd.DataFrame(result.pts.T, index=var_names, columns=names)
+        out["pts_rest"] = pd.DataFrame(result.pts_rest.T, index=var_names, columns=names)
+    return out
+
+
+def write_markers(
+    target: ad.AnnData,
+    released: np.ndarray,
+    release,
+    names: list[str],
+    groupby: str,
+    *,
+    n_genes: int | None = 100,
+    pts: bool = True,
+    layer: str | None = None,
+    key: str = "rank_genes_groups",
+    sum_bound: float | None = None,
+) -> dict:
+    """Rank a released marker table and write it to ``target.uns[key]`` in scanpy's format.
+
+    Post-processing only. Returns the parameters to record: the group sizes used and the groups
+    whose noisy size is below twice its noise (their markers are mostly noise).
+    """
+    table = mechanism.MarkerTable(len(names), target.n_vars, sum_bound)
+    result = mechanism.rank_markers(mechanism.group_statistics(released, table, release))
+    kept = target.n_vars if n_genes is None else min(int(n_genes), target.n_vars)
+    target.uns[key] = _scanpy_result(result, names, target.var_names, kept, groupby, layer, pts)
+    count_noise = release.noise_std * table.scale("count")
+    below = [name for name, size in zip(names, result.counts, strict=True) if size < 2 * count_noise]
+    return {
+        "n_genes": kept,
+        "group_sizes": result.counts.tolist(),
+        "groups_below_noise": below,
+        "expression_bound": table.bounds["sum"],
+    }

@@ -1,0 +1,180 @@
+"""One API shape: every ``pp``/``tl`` function follows scanpy's return rule and names what it writes.
+
+Each function runs on an AnnData that already holds a user's own scanpy results (a PCA, a gene
+selection, a marker table, a clustering) with ``key_added`` set to a name containing ``"mine"``:
+
+- in place it returns ``None`` and every new ``obs``/``obsm``/``var``/``varm``/``uns`` key contains
+  that name (``uns["dpsc"]``, the records and the ledger, aside);
+- the user's results are left exactly as they were;
+- with ``copy=True`` it returns a new AnnData and leaves the original's data alone (only its
+  privacy ledger gains the entry: the original cells were read).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+
+import anndata as ad
+import numpy as np
+import pandas as pd
+import pytest
+
+import dpsc
+
+SLOTS = ("obs", "obsm", "var", "varm", "uns")
+USER_KEYS = {
+    "obsm": ["X_pca"],
+    "varm": ["PCs"],
+    "var": ["highly_variable", "means", "variances"],
+    "uns": ["pca", "rank_genes_groups"],
+    "obs": ["leiden"],
+}
+
+
+def _with_user_results(adata: ad.AnnData) -> ad.AnnData:
+    """The AnnData a scanpy user brings: their own PCA, gene selection, markers and clustering."""
+    rng = np.random.default_rng(1)
+    adata = adata.copy()
+    adata.obsm["X_pca"] = rng.normal(size=(adata.n_obs, 5))
+    adata.varm["PCs"] = rng.normal(size=(adata.n_vars, 5))
+    adata.var["highly_variable"] = rng.random(adata.n_vars) < 0.5
+    adata.var["means"] = rng.random(adata.n_vars)
+    adata.var["variances"] = rng.random(adata.n_vars)
+    adata.uns["pca"] = {"variance_ratio": rng.random(5)}
+    adata.uns["rank_genes_groups"] = {"params": {"groupby": "leiden", "method": "wilcoxon"}}
+    adata.obs["leiden"] = pd.Categorical(rng.integers(0, 3, adata.n_obs).astype(str))
+    adata.obs["response"] = rng.normal(size=adata.n_obs)
+    return adata
+
+
+# scvi-tools' registration of the AnnData a model trained on (``setup_anndata``): the ecosystem's own
+# keys, which let ``model.get_latent_representation(adata)`` recognise it.
+SCVI_REGISTRY = {"_scvi_uuid", "_scvi_manager_uuid"}
+
+
+def _keys(adata: ad.AnnData) -> set[tuple[str, str]]:
+    skip = {"dpsc", *SCVI_REGISTRY}
+    return {(slot, key) for slot in SLOTS for key in getattr(adata, slot).keys() if key not in skip}
+
+
+def _value(adata: ad.AnnData, slot: str, key: str):
+    value = getattr(adata, slot)[key]
+    return value.to_numpy() if isinstance(value, pd.Series) else value
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    return np.array_equal(np.asarray(a), np.asarray(b))
+
+
+def _assert_untouched(before: ad.AnnData, after: ad.AnnData, keys) -> None:
+    for slot, key in keys:
+        assert (slot, key) in _keys(after), f"{slot}[{key!r}] was removed"
+        assert _same(_value(before, slot, key), _value(after, slot, key)), f"{slot}[{key!r}] was changed"
+
+
+def _reference(adata: ad.AnnData) -> ad.AnnData:
+    ref = adata.copy()
+    ref.obs["cell_type"] = pd.Categorical(ref.obs["cell_type"].astype(str))
+    return ref
+
+
+QUICK = {"instance_epochs": 2, "cluster_epochs": 1, "progress_bar": False, "accelerator": "cpu"}
+# name -> (call(adata, key, ref, **copy), the name every output must contain)
+CALLS: dict[str, Callable] = {
+    "pp.highly_variable_genes": lambda a, r, **kw: dpsc.pp.highly_variable_genes(
+        a, 50, key_added="mine", **kw
+    ),
+    "pp.pca": lambda a, r, **kw: dpsc.pp.pca(a, 5, key_added="mine", **kw),
+    "pp.partition": lambda a, r, **kw: dpsc.pp.partition(a, 3, key_added="mine", **kw),
+    "tl.cluster": lambda a, r, **kw: dpsc.tl.cluster(a, 3, markers=True, key_added="mine", **kw),
+    "tl.kmeans": lambda a, r, **kw: dpsc.tl.kmeans(a, 3, key_added="mine", **kw),
+    "tl.fit": lambda a, r, **kw: dpsc.tl.fit(
+        a, n_clusters=3, key_added="X_mine", cluster_key="mine_cluster", **QUICK, **kw
+    ),
+    "tl.rank_genes_groups": lambda a, r, **kw: dpsc.tl.rank_genes_groups(a, "leiden", key_added="mine", **kw),
+    "tl.annotate": lambda a, r, **kw: dpsc.tl.annotate(
+        r, a, "cell_type", epsilon=2.0, epochs=2, key_added="mine", **kw
+    ),
+    "tl.private_regression": lambda a, r, **kw: dpsc.tl.private_regression(
+        a,
+        "response",
+        epsilon=2.0,
+        genes=list(a.var_names[:2]),
+        y_center=0.0,
+        y_scale=1.0,
+        key_added="mine",
+        **kw,
+    ),
+}
+SLOW_CALLS: dict[str, Callable] = {
+    "tl.cluster_federated": lambda a, r, **kw: dpsc.tl.cluster_federated(
+        a, "leiden", 3, mode="plain", key_added="mine", **kw
+    ),
+}
+
+
+def _check_convention(call: Callable, small_adata: ad.AnnData) -> None:
+    reference = _reference(small_adata[:150])
+    user = _with_user_results(small_adata[150:])
+    user_keys = [(slot, key) for slot, keys in USER_KEYS.items() for key in keys]
+    before = user.copy()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # small-data and few-cluster notes
+        assert call(user, reference) is None
+    new = _keys(user) - _keys(before)
+    assert new, "the function wrote nothing"
+    assert all("mine" in key for _, key in new), f"outputs not named from key_added: {sorted(new)}"
+    _assert_untouched(before, user, user_keys)
+    if call is not CALLS["pp.partition"]:  # the one function that reads no cell keeps no record
+        assert any("mine" in key for key in user.uns["dpsc"]), "the record goes to uns['dpsc'][key_added]"
+
+    original = _with_user_results(small_adata[150:])
+    kept = original.copy()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        out = call(original, _reference(small_adata[:150]), copy=True)
+    assert isinstance(out, ad.AnnData) and out is not original
+    assert _keys(original) == _keys(kept)  # the original's data alone: only its ledger may grow
+    _assert_untouched(kept, original, _keys(kept))
+    assert all("mine" in key for _, key in _keys(out) - _keys(kept))
+    _assert_untouched(kept, out, user_keys)
+
+
+@pytest.mark.parametrize("name", list(CALLS))
+def test_every_tool_returns_by_scanpys_rule_and_names_its_outputs_from_key_added(name, small_adata):
+    _check_convention(CALLS[name], small_adata)
+
+
+@pytest.mark.slow
+@pytest.mark.optional_extra
+@pytest.mark.parametrize("name", list(SLOW_CALLS))
+def test_federated_tools_follow_the_same_rule(name, small_adata):
+    pytest.importorskip("flwr")
+    _check_convention(SLOW_CALLS[name], small_adata)
+
+
+def test_a_clustering_never_overwrites_a_scanpy_pca(small_adata):
+    """The bug the rule fixes: ``tl.cluster`` used to write obsm["X_pca"] and varm["PCs"]."""
+    adata = _with_user_results(small_adata)
+    pcs = adata.varm["PCs"].copy()
+    dpsc.tl.cluster(adata, 3, epsilon=8, noise_seed=0)
+    assert np.array_equal(adata.varm["PCs"], pcs) and "pca" in adata.uns
+    assert adata.obsm["X_dp_kmeans"].shape == (adata.n_obs, 16)
+    assert adata.varm["dp_kmeans_loadings"].shape == (adata.n_vars, 16)
+    assert adata.var["dp_kmeans_gene"].all()  # 200 genes: the plan reads them all
+
+
+def test_old_argument_names_warn_and_keep_working(small_adata):
+    new = dpsc.pp.partition(small_adata, n_sites=3, types_per_site=None, copy=True)
+    with pytest.warns(FutureWarning, match=r"n_clients= is renamed n_sites="):
+        old = dpsc.pp.partition(small_adata, n_clients=3, copy=True)
+    assert (old.obs["site"] == new.obs["site"]).all() and "site" not in small_adata.obs
+    with pytest.raises(TypeError, match="both n_clients= and n_sites="):
+        dpsc.pp.partition(small_adata, n_sites=5, n_clients=3, copy=True)
+    with pytest.raises(ValueError, match=r"pass site_key='client'"):
+        legacy = small_adata.copy()
+        legacy.obs["client"] = new.obs["site"].to_numpy()
+        dpsc.tl.cluster_federated(legacy, n_clusters=3)
