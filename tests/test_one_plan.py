@@ -74,3 +74,56 @@ def test_classifier_audit_and_federated_site_train_through_the_one_poisson_loop(
     site = len(loop_callers) - classifier - audit
     assert classifier > 0 and audit > 0 and site > 0
     assert set(loop_callers) == {"poisson_steps"}
+
+
+def test_calibration_and_accountant_steps_live_only_in_dpsc_privacy():
+    """The redesign's rule: every σ comes from a ReleasePlan and every accountant step from dpsc.privacy."""
+    import re
+    from pathlib import Path
+
+    root = Path(dpsc.__file__).parent
+    calls = re.compile(r"(split_budget|calibrate_noise_multiplier|get_noise_multiplier)\(|accountant\.step\(")
+    outside = [
+        f"{path.relative_to(root)}:{number}"
+        for path in sorted(root.rglob("*.py"))
+        if path.relative_to(root).parts[0] != "privacy"
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if calls.search(line) and not line.lstrip().startswith(("#", "``", ":"))
+    ]
+    assert outside == []
+
+
+def test_a_release_plan_calibrates_once_and_composes_to_the_asked_epsilon(calibrations):
+    from dpsc.privacy import PlannedRelease, ReleasePlan
+
+    plan = ReleasePlan.of(
+        PlannedRelease("sum", share=0.2),
+        PlannedRelease("steps", share=0.8, sample_rate=0.01, steps=500),
+    ).calibrate(4.0, 1e-5)
+    assert len(calibrations) == 2  # one σ search per release, then one common scale
+    assert plan.spent() == pytest.approx(4.0, rel=0.01) and plan.spent() <= 4.0 + 1e-9
+    assert list(plan.sigmas) == ["sum", "steps"] and plan.history()[1][1:] == (0.01, 500)
+    alone = ReleasePlan.of(PlannedRelease("one")).calibrate(2.0, 1e-5)
+    assert alone.spent() == pytest.approx(2.0, abs=0.02)
+    assert ReleasePlan.of(PlannedRelease("one")).calibrate(None, 1e-5).sigmas == {"one": 0.0}
+    stated = ReleasePlan.of(PlannedRelease("one")).with_sigmas(1e-5, one=3.0)
+    assert stated.sigma("one") == 3.0 and len(calibrations) == 3  # a stated σ searches nothing
+    with pytest.raises(ValueError, match="distinct names"):
+        ReleasePlan.of(PlannedRelease("a"), PlannedRelease("a"))
+    with pytest.raises(ValueError, match="not calibrated"):
+        ReleasePlan.of(PlannedRelease("a")).history()
+
+
+def test_spending_a_plan_books_first_and_refuses_releases_it_does_not_hold(small_adata):
+    from dpsc.pp._dp_pca import pca_record
+    from dpsc.privacy import NoiseSource, PlannedRelease, ReleasePlan
+
+    plan = ReleasePlan.of(PlannedRelease("pp.pca")).calibrate(1.0, 1e-5)
+    noise = NoiseSource(0)
+    record = pca_record(plan.sigma("pp.pca"), 1.0, 1e-5, small_adata.n_obs, noise)
+    with plan.spend(small_adata, record, "probe", noise) as releases:
+        assert dpsc.privacy.ledger_frame(small_adata)["key"].tolist() == ["probe"]  # booked before
+        releases.stream("pp.pca")
+        with pytest.raises(KeyError, match="not in the plan"):
+            releases.stream("pp.pca_again")
+        releases.booking.settle(record)

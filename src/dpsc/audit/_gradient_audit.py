@@ -15,7 +15,8 @@ from ..privacy import (
     DPSGDEngine,
     DPSGDSettings,
     NoiseSource,
-    calibrate_noise_multiplier,
+    PlannedRelease,
+    ReleasePlan,
     history_epsilon,
     poisson_steps,
 )
@@ -78,7 +79,8 @@ def gradient_canary_run(
     batch_size, q, steps = audit_schedule(n, epochs, batch_size)
     sigma = noise_multiplier
     if sigma is None:
-        sigma = 0.0 if epsilon is None else calibrate_noise_multiplier(epsilon, delta, q, steps, accountant)
+        plan = ReleasePlan.of(PlannedRelease("dpsgd", sample_rate=q, steps=steps), accountant=accountant)
+        sigma = plan.calibrate(epsilon, delta).sigma("dpsgd")
     claimed = float("inf") if epsilon is None else history_epsilon([(sigma, q, steps)], delta, accountant)
     if placement not in ("padding", "quiet", "random"):
         raise ValueError(f"Unknown placement {placement!r}; choose 'padding', 'quiet' or 'random'.")
@@ -86,16 +88,13 @@ def gradient_canary_run(
     pad = -(-n_canaries // n_hidden[0]) if placement == "padding" else 0
     torch.manual_seed(seed)
     module = DCANModule(n_input=n_genes + pad, n_clusters=2, n_latent=n_latent, n_hidden=n_hidden)
-    settings = DPSGDSettings.calibrated(
+    settings = DPSGDSettings.from_sigma(
         n_obs=n,
         sample_rate=q,
-        steps=steps,
-        epsilon=None,
-        delta=delta,
+        noise_multiplier=sigma * _noise_scale,
         max_grad_norm=max_grad_norm,
         accountant=accountant,
         noise=NoiseSource(noise_seed),
-        noise_multiplier=sigma * _noise_scale,
     )
     params = list(module.encoder.parameters())
     engine = DPSGDEngine([module.encoder], make_optimizer("sgd", params, lr), settings)

@@ -42,15 +42,14 @@ def fedsc_noise(
     epsilon: float, delta: float, sample_rate: float, steps: int, accountant: str = "rdp"
 ) -> tuple[float, float]:
     """``(σ_training, σ_kmeans)`` of a FedSC run at one site: its (ε, δ) split over training and k-means."""
-    from ..privacy import split_budget
+    from ..privacy import PlannedRelease, ReleasePlan
 
-    split = split_budget(
-        epsilon,
-        delta,
-        {"training": (TRAINING_SHARE, sample_rate, steps), "kmeans": (1 - TRAINING_SHARE, 1.0, KMEANS_STEPS)},
-        accountant,
-    )
-    return split["training"][1], split["kmeans"][1]
+    plan = ReleasePlan.of(
+        PlannedRelease("training", share=TRAINING_SHARE, sample_rate=sample_rate, steps=steps),
+        PlannedRelease("kmeans", share=1 - TRAINING_SHARE, steps=KMEANS_STEPS),
+        accountant=accountant,
+    ).calibrate(epsilon, delta)
+    return plan.sigma("training"), plan.sigma("kmeans")
 
 
 @dataclass

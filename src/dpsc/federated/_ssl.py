@@ -219,16 +219,13 @@ def local_train_private(
     n = data.shape[0]
     q, steps_per_epoch = dp_schedule(n, cfg.batch_size)
     mask_gen = torch.Generator().manual_seed(seed)
-    settings = DPSGDSettings.calibrated(
+    settings = DPSGDSettings.from_sigma(
         n_obs=n,
         sample_rate=q,
-        steps=epochs * steps_per_epoch,
-        epsilon=None,
-        delta=0.0,
+        noise_multiplier=dp.noise_multiplier,
         max_grad_norm=dp.max_grad_norm,
         accountant=dp.accountant,
         noise=NoiseSource(noise_seed),
-        noise_multiplier=dp.noise_multiplier,
     )
     private = [net.online, net.predictor]
     params = [p for m in private for p in m.parameters() if p.requires_grad]

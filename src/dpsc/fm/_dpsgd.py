@@ -12,6 +12,8 @@ from ..privacy import (
     DPSGDEngine,
     DPSGDSettings,
     NoiseSource,
+    PlannedRelease,
+    ReleasePlan,
     estimator_record,
     history_epsilon,
     poisson_steps,
@@ -90,16 +92,16 @@ class DPSGDClassifier:
     def _settings(self, n: int) -> tuple[DPSGDSettings, int]:
         q = min(1.0, self.batch_size / n)
         steps_per_epoch = max(1, round(1.0 / q))
-        settings = DPSGDSettings.calibrated(
-            n_obs=n,
-            sample_rate=q,
-            steps=self.epochs * steps_per_epoch,
-            epsilon=self.epsilon,
-            delta=self.delta,
-            max_grad_norm=self.max_grad_norm,
+        plan = ReleasePlan.of(
+            PlannedRelease("dpsgd", sample_rate=q, steps=self.epochs * steps_per_epoch),
             accountant=self.accountant,
-            noise=NoiseSource(self.noise_seed),
-            noise_multiplier=self.noise_multiplier,
+        )
+        if self.noise_multiplier is None:
+            plan = plan.calibrate(self.epsilon, self.delta)
+        else:  # a stated σ (the ε argument is then ignored)
+            plan = plan.with_sigmas(self.delta, dpsgd=self.noise_multiplier)
+        settings = plan.dpsgd_settings(
+            "dpsgd", n_obs=n, max_grad_norm=self.max_grad_norm, noise=NoiseSource(self.noise_seed)
         )
         return settings, steps_per_epoch
 

@@ -17,7 +17,7 @@ release of the gene second-moment matrix of its unit-norm cells (sensitivity 1, 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .._api import DEFAULT_EPSILON
 from .._validation import (
@@ -31,12 +31,13 @@ from ..privacy import (
     COMMON_NOT_COVERED,
     DPSGDSettings,
     NoiseSource,
+    PlannedRelease,
     PrivacyRecord,
+    ReleasePlan,
     epsilon_curve,
     history_epsilon,
     kmeans_release_steps,
     make_accountant,
-    split_budget,
 )
 from ..privacy._clustering import (
     KINDS,
@@ -306,8 +307,7 @@ class FitPlan:
     def step_full_release(self, noise_multiplier: float, steps: int = 1) -> None:
         """Tell the accountant of a private fit about ``steps`` releases of every cell (q = 1) at σ."""
         if self.settings is not None:
-            for _ in range(steps):
-                self.settings.accountant.step(noise_multiplier=noise_multiplier, sample_rate=1.0)
+            self.settings.record_full_release(noise_multiplier, steps)
 
     def params(self) -> dict:
         """Return the settings recorded in ``uns``: the plan options flat, the k-means ones nested."""
@@ -379,33 +379,23 @@ def plan_fit(
         )
         loadings_sigma = genes_sigma = None  # the clustering releases the genes and the loadings
     elif settings.epsilon is not None:
-        parts = {"training": (1.0, sample_rate, counts["total"])}
-        if input_pcs:
-            parts = {
-                "loadings": (LOADINGS_SHARE, 1.0, 1),
-                "training": (1 - LOADINGS_SHARE, sample_rate, counts["total"]),
-            }
-        if select_genes:
-            parts = {
-                "genes": (GENE_SELECTION_SHARE, 1.0, 1),
-                **{k: (w * (1 - GENE_SELECTION_SHARE), q, n) for k, (w, q, n) in parts.items()},
-            }
-        if len(parts) > 1:
-            split = split_budget(float(settings.epsilon), delta, parts, settings.accountant)
-            sigma = split["training"][1]
-            loadings_sigma = split["loadings"][1] if input_pcs else None
-            genes_sigma = split["genes"][1] if select_genes else None
+        releases = own_releases(
+            sample_rate, counts["total"], input_pcs=bool(input_pcs), select_genes=select_genes
+        )
+        calibrated = ReleasePlan.of(*releases, accountant=settings.accountant).calibrate(
+            settings.epsilon, delta
+        )
+        sigma = calibrated.sigma("training")
+        loadings_sigma = calibrated.sigma("loadings") if input_pcs else None
+        genes_sigma = calibrated.sigma("genes") if select_genes else None
     if settings.epsilon is not None:
-        dp = DPSGDSettings.calibrated(
+        dp = DPSGDSettings.from_sigma(
             n_obs=n_obs,
             sample_rate=sample_rate,
-            steps=counts["total"],
-            epsilon=float(settings.epsilon),
-            delta=delta,
+            noise_multiplier=sigma,
             max_grad_norm=settings.max_grad_norm,
             accountant=settings.accountant,
             noise=noise,
-            noise_multiplier=sigma,
         )
     return FitPlan(
         epsilon=settings.epsilon,
@@ -430,6 +420,28 @@ def plan_fit(
         start=start,
         selection_noise_multiplier=selection_sigma,
     )
+
+
+def own_releases(
+    sample_rate: float, steps: int, *, input_pcs: bool, select_genes: bool
+) -> list[PlannedRelease]:
+    """Return the releases of a fit that does not start from the clustering, with their shares.
+
+    DP-SGD's ``steps`` sampled steps; with ``input_pcs`` first the loadings
+    (:data:`LOADINGS_SHARE`), with ``select_genes`` before them the gene selection
+    (:data:`GENE_SELECTION_SHARE`, the others scaled down).
+    """
+    training = PlannedRelease("training", sample_rate=sample_rate, steps=steps)
+    releases = [training]
+    if input_pcs:
+        releases = [
+            PlannedRelease("loadings", share=LOADINGS_SHARE),
+            replace(training, share=1 - LOADINGS_SHARE),
+        ]
+    if select_genes:
+        scaled = [replace(r, share=r.share * (1 - GENE_SELECTION_SHARE)) for r in releases]
+        releases = [PlannedRelease("genes", share=GENE_SELECTION_SHARE), *scaled]
+    return releases
 
 
 def start_parts(
@@ -463,11 +475,15 @@ def start_parts(
 
     def split(kinds: tuple[str, ...]) -> dict[str, float]:
         total = sum(shares[k] for k in kinds)
-        parts = {k: (START_SHARE * shares[k] / total, 1.0, steps if k == "kmeans" else 1) for k in kinds}
-        parts["training"] = (TRAINING_SHARE, *training)
-        parts["selection"] = (1 - START_SHARE - TRAINING_SHARE, 1.0, 1)
-        found = split_budget(epsilon, delta, parts, settings.accountant)
-        return {name: sigma for name, (_, sigma) in found.items()}
+        releases = [
+            PlannedRelease(k, share=START_SHARE * shares[k] / total, steps=steps if k == "kmeans" else 1)
+            for k in kinds
+        ]
+        releases.append(
+            PlannedRelease("training", share=TRAINING_SHARE, sample_rate=training[0], steps=training[1])
+        )
+        releases.append(PlannedRelease("selection", share=1 - START_SHARE - TRAINING_SHARE))
+        return ReleasePlan.of(*releases, accountant=settings.accountant).calibrate(epsilon, delta).sigmas
 
     sigmas = split(KINDS if n_vars > MIN_GENES else KINDS[1:])
     n_genes = genes_for(n_obs, sigmas["pca"], n_vars)

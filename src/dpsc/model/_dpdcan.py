@@ -495,7 +495,7 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
             loadings = torch.as_tensor(loadings, dtype=module.input_loadings.dtype, device=device)
             module.set_input_loadings(broadcast_from_rank_zero(loadings))
             if plan.settings is not None:
-                plan.settings.accountant.step(noise_multiplier=sigma, sample_rate=1.0)
+                plan.settings.record_full_release(sigma)
 
         return release
 

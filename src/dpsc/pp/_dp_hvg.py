@@ -20,10 +20,10 @@ from .._validation import check_privacy_args, check_public_counts, get_matrix, r
 from ..privacy import (
     COMMON_NOT_COVERED,
     NoiseSource,
+    PlannedRelease,
     PrivacyRecord,
-    calibrate_noise_multiplier,
+    ReleasePlan,
     gaussian_release_record,
-    spending,
 )
 from ..privacy import _hvg as mechanism
 from ..privacy._hvg import DEFAULT_SQUARE_CLIP, FLAVORS, Flavor
@@ -148,13 +148,15 @@ def highly_variable_genes(
     """
     delta = resolve_delta(delta, adata.n_obs)
     matrix = _check(adata, n_top_genes, epsilon, delta, layer, log_normalize, square_clip, flavor)
-    sigma = calibrate_noise_multiplier(epsilon, delta, 1.0, 1)
+    plan = ReleasePlan.of(PlannedRelease("pp.highly_variable_genes")).calibrate(epsilon, delta)
+    sigma = plan.sigma("pp.highly_variable_genes")
     noise = NoiseSource(noise_seed)
     record = hvg_record(sigma, epsilon, delta, adata.n_obs, noise)
-    with spending(adata, record, key_added) as booking:
+    with plan.spend(adata, record, key_added, noise) as releases:
         release = mechanism.gene_statistics_release(adata.n_vars, sigma)
         released = release.release(
-            mechanism.gene_sums(matrix, log_normalize, square_clip), noise.stream("pp.highly_variable_genes")
+            mechanism.gene_sums(matrix, log_normalize, square_clip),
+            releases.stream("pp.highly_variable_genes"),
         )
         means, variances, eligible, order = mechanism.rank_genes(
             released, release, square_clip, min_mean_sd, flavor
@@ -175,7 +177,7 @@ def highly_variable_genes(
             "min_mean_sd": min_mean_sd,
             "eligible_genes": int(eligible.sum()),
         }
-        result = store_result(adata, target, key_added, record, params, copy=copy, booking=booking)
+        result = store_result(adata, target, key_added, record, params, copy=copy, booking=releases.booking)
     if subset:
         target._inplace_subset_var(np.asarray(target.var[key_added]))
     return result

@@ -18,10 +18,10 @@ from .._validation import check_privacy_args, check_public_counts, get_matrix, r
 from ..privacy import (
     COMMON_NOT_COVERED,
     NoiseSource,
+    PlannedRelease,
     PrivacyRecord,
-    calibrate_noise_multiplier,
+    ReleasePlan,
     gaussian_release_record,
-    spending,
 )
 from ..privacy import _pca as mechanism
 
@@ -141,12 +141,13 @@ def pca(
     matrix = _check(adata, n_comps, n_genes, epsilon, delta, layer, log_normalize, drop_mean_component)
     obsm_key, varm_key = (key_added, key_added) if key_added else ("X_pca", "PCs")
     record_key = key_added or "X_pca"
-    sigma = calibrate_noise_multiplier(epsilon, delta, 1.0, 1)
+    plan = ReleasePlan.of(PlannedRelease("pp.pca")).calibrate(epsilon, delta)
+    sigma = plan.sigma("pp.pca")
     noise = NoiseSource(noise_seed)
     record = pca_record(sigma, epsilon, delta, adata.n_obs, noise)
-    with spending(adata, record, record_key) as booking:
+    with plan.spend(adata, record, record_key, noise) as releases:
         pcs, keep, eigval = mechanism.released_loadings(
-            matrix, sigma, noise.stream("pp.pca"), n_comps, n_genes, drop_mean_component, log_normalize
+            matrix, sigma, releases.stream("pp.pca"), n_comps, n_genes, drop_mean_component, log_normalize
         )
         target = adata.copy() if copy else adata
         target.obsm[obsm_key] = mechanism.project(matrix, pcs, log_normalize)
@@ -166,5 +167,5 @@ def pca(
             "varm_key": varm_key,
         }
         return store_result(
-            adata, target, record_key, record, params, copy=copy, booking=booking, eigenvalues=eigval
+            adata, target, record_key, record, params, copy=copy, booking=releases.booking, eigenvalues=eigval
         )

@@ -355,12 +355,12 @@ def genes_for(n_obs: int, sigma_pca: float, n_vars: int) -> int:
 
 def _split(epsilon: float, delta: float, kinds: tuple[str, ...], steps: int, accountant: str) -> dict:
     """σ of each release kind, the shares of :data:`SHARES` composed to (ε, δ)."""
-    from ._accounting import split_budget
+    from ._plan import PlannedRelease, ReleasePlan
 
     norms = _markers.NORM_SHARE
     shares = {**SHARES, "marker_norms": MARKERS_SHARE * norms, "markers": MARKERS_SHARE * (1 - norms)}
-    parts = {name: (shares[name], 1.0, steps if name == "kmeans" else 1) for name in kinds}
-    return {name: sigma for name, (_, sigma) in split_budget(epsilon, delta, parts, accountant).items()}
+    releases = [PlannedRelease(k, share=shares[k], steps=steps if k == "kmeans" else 1) for k in kinds]
+    return ReleasePlan.of(*releases, accountant=accountant).calibrate(epsilon, delta).sigmas
 
 
 def plan_clustering(

@@ -56,7 +56,7 @@ from opacus.optimizers import (
 from opacus.optimizers.optimizer import _check_processed_flag, _mark_as_processed
 from torch import nn
 
-from ._accounting import calibrate_noise_multiplier, make_accountant
+from ._accounting import make_accountant
 from ._distributed import world
 from ._ghost import ModuleOutputs, ghost_clipped_backward, release_privacy_hooks
 from ._noise import NoiseSource
@@ -95,29 +95,19 @@ class DPSGDSettings:
     noise: NoiseSource
 
     @classmethod
-    def calibrated(
+    def from_sigma(
         cls,
         *,
         n_obs: int,
         sample_rate: float,
-        steps: int,
-        epsilon: float | None,
-        delta: float,
+        noise_multiplier: float,
         max_grad_norm: float,
         accountant: str = "rdp",
         noise: NoiseSource | None = None,
-        noise_multiplier: float | None = None,
     ) -> DPSGDSettings:
-        """Return settings whose ``steps`` Poisson steps at rate q spend at most ``(epsilon, delta)``.
-
-        σ is calibrated with :func:`~dpsc.privacy.calibrate_noise_multiplier` unless
-        ``noise_multiplier`` is given (then ``epsilon`` is ignored).
-        """
-        sigma = noise_multiplier
-        if sigma is None:
-            sigma = calibrate_noise_multiplier(epsilon, delta, sample_rate, steps, accountant)
+        """Return settings at a given σ (no calibration: a plan's σ, or one the caller states)."""
         return cls(
-            noise_multiplier=float(sigma),
+            noise_multiplier=float(noise_multiplier),
             max_grad_norm=float(max_grad_norm),
             sample_rate=float(sample_rate),
             expected_batch_size=max(1, round(sample_rate * n_obs)),
@@ -133,6 +123,11 @@ class DPSGDSettings:
     def record_release(self) -> None:
         """Tell the accountant about one non-SGD release with the same (σ, q) (k-means, frequencies)."""
         self.accountant.step(noise_multiplier=self.noise_multiplier, sample_rate=self.sample_rate)
+
+    def record_full_release(self, noise_multiplier: float, steps: int = 1) -> None:
+        """Tell the accountant about ``steps`` releases of every cell (q = 1) at their own σ."""
+        for _ in range(steps):
+            self.accountant.step(noise_multiplier=noise_multiplier, sample_rate=1.0)
 
 
 def _add_secure_noise(optimizer: DPOptimizerFastGradientClipping, rng: SecureRandom) -> None:

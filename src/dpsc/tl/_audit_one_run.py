@@ -14,8 +14,9 @@ from ..audit import gradient_canary_run, input_canary_run
 from ..audit._gradient_audit import audit_schedule
 from ..privacy import (
     NoiseSource,
+    PlannedRelease,
     PrivacyRecord,
-    calibrate_noise_multiplier,
+    ReleasePlan,
     gaussian_release_record,
     no_guarantee_record,
     planned_pure_record,
@@ -129,7 +130,8 @@ def one_run_audit(
     accountant = run_kwargs.get("accountant", "rdp")
     placement = run_kwargs.get("placement", "padding")
     _, q, steps = audit_schedule(adata.n_obs, run_kwargs.get("epochs", 5), run_kwargs.get("batch_size"))
-    sigma = 0.0 if epsilon is None else calibrate_noise_multiplier(epsilon, delta, q, steps, accountant)
+    plan = ReleasePlan.of(PlannedRelease("dpsgd", sample_rate=q, steps=steps), accountant=accountant)
+    sigma = plan.calibrate(epsilon, delta).sigma("dpsgd")
     noise = NoiseSource(noise_seed)
     record = one_run_record(sigma, q, steps, delta, accountant, placement, adata.n_obs, noise)
     with spending(adata, record, "audit") as booking:

@@ -385,7 +385,7 @@ def _dp_gene_selection(adata: ad.AnnData, layer: str | None, likelihood: str, pl
     released = release.release(sums, plan.noise.stream("fit.gene-selection")) if sigma else sums
     _, _, _, order = _hvg.rank_genes(released, release, clip, 3.0, "second_moment")
     if plan.settings is not None:
-        plan.settings.accountant.step(noise_multiplier=sigma, sample_rate=1.0)
+        plan.settings.record_full_release(sigma)
     selected = np.zeros(adata.n_vars, dtype=bool)
     selected[order[:MODEL_GENES]] = True
     return selected

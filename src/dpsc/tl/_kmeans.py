@@ -32,12 +32,12 @@ from .._validation import check_privacy_args, resolve_delta
 from ..privacy import (
     COMMON_NOT_COVERED,
     NoiseSource,
-    calibrate_noise_multiplier,
+    PlannedRelease,
+    ReleasePlan,
     central_table_release,
     dp_kmeans_centroids,
     gaussian_release_record,
     kmeans_release_steps,
-    spending,
 )
 from ..privacy._clustering import KMEANS_PLAN
 from ..privacy._kmeans import Metric, _nearest, kmeans_points
@@ -148,10 +148,11 @@ def kmeans(
     steps = kmeans_release_steps(
         *(KMEANS_DEFAULTS[k] for k in ("n_sketch_steps", "n_lloyd_rounds", "steps_per_round"))
     )
-    sigma = calibrate_noise_multiplier(epsilon, delta, 1.0, steps)
+    plan = ReleasePlan.of(PlannedRelease("tl.kmeans", steps=steps)).calibrate(epsilon, delta)
+    sigma = plan.sigma("tl.kmeans")
     noise = NoiseSource(noise_seed)
     record = kmeans_record(sigma, steps, epsilon, delta, adata.n_obs, noise)
-    with spending(adata, record, key_added) as booking:
+    with plan.spend(adata, record, key_added, noise) as releases:
         released = []
         centroids, in_use = dp_kmeans_centroids(
             central_table_release(
@@ -159,7 +160,7 @@ def kmeans(
                 clip_norm=clip_norm,
                 count_scale=KMEANS_DEFAULTS["count_scale"],
                 noise_multiplier=sigma,
-                draw_stream=lambda: noise.stream("tl.kmeans"),
+                draw_stream=lambda: releases.stream("tl.kmeans"),
                 on_release=lambda: released.append(1),
             ),
             n_clusters,
@@ -186,7 +187,7 @@ def kmeans(
         }
         released_values = {"centroids": centroids, "clusters_in_use": in_use}
         return store_result(
-            adata, target, key_added, record, params, copy=copy, booking=booking, **released_values
+            adata, target, key_added, record, params, copy=copy, booking=releases.booking, **released_values
         )
 
 

@@ -23,21 +23,22 @@ from .._validation import check_privacy_args, check_public_counts, get_matrix, r
 from ..privacy import (
     COMMON_NOT_COVERED,
     NoiseSource,
+    PlannedRelease,
     PrivacyRecord,
+    ReleasePlan,
     history_epsilon,
     no_guarantee_record,
-    spending,
-    split_budget,
 )
 from ..privacy import _markers as mechanism
 
+NORMS, TABLE = "tl.rank_genes_groups.norms", "tl.rank_genes_groups"
 
-def markers_sigmas(epsilon: float | None, delta: float) -> dict[str, float]:
-    """Return σ of the two releases (norm histogram, table), sharing (ε, δ) by ``NORM_SHARE``."""
-    if epsilon is None:
-        return {"norms": 0.0, "table": 0.0}
-    parts = {"norms": (mechanism.NORM_SHARE, 1.0, 1), "table": (1.0 - mechanism.NORM_SHARE, 1.0, 1)}
-    return {name: sigma for name, (_, sigma) in split_budget(epsilon, delta, parts).items()}
+
+def markers_plan(epsilon: float | None, delta: float) -> ReleasePlan:
+    """Return the two releases (norm histogram, table) sharing (ε, δ) by ``NORM_SHARE``, calibrated."""
+    norms = PlannedRelease(NORMS, share=mechanism.NORM_SHARE)
+    table = PlannedRelease(TABLE, share=1.0 - mechanism.NORM_SHARE)
+    return ReleasePlan.of(norms, table).calibrate(epsilon, delta)
 
 
 def markers_record(
@@ -79,9 +80,9 @@ def markers_record(
     )
 
 
-def release_sum_bound(matrix, sigma: float, noise: NoiseSource, stream: str) -> float:
-    """Release the histogram of the cells' norms and return :math:`C_x` from it."""
-    released = mechanism.norm_release(sigma).release(mechanism.norm_histogram(matrix), noise.stream(stream))
+def release_sum_bound(matrix, sigma: float, stream) -> float:
+    """Release the histogram of the cells' norms with noise from ``stream``; return :math:`C_x` from it."""
+    released = mechanism.norm_release(sigma).release(mechanism.norm_histogram(matrix), stream)
     return mechanism.released_sum_bound(released, matrix.shape[1])
 
 
@@ -176,17 +177,18 @@ def rank_genes_groups(
     if n_genes is not None and (isinstance(n_genes, bool) or int(n_genes) < 1):
         raise ValueError(f"n_genes must be a positive integer or None, got {n_genes!r}.")
     kept = adata.n_vars if n_genes is None else min(int(n_genes), adata.n_vars)
-    sigmas = markers_sigmas(epsilon, delta)
+    plan = markers_plan(epsilon, delta)
+    sigmas = {"norms": plan.sigma(NORMS), "table": plan.sigma(TABLE)}
     noise = NoiseSource(noise_seed)
     record = markers_record(sigmas, epsilon, delta, adata.n_obs, groupby, noise)
-    with spending(adata, record, key_added) as booking:
+    with plan.spend(adata, record, key_added, noise) as releases:
         bound = None  # without ε: the worst-case bound, which no cell reaches (exact statistics)
         if epsilon is not None:
-            bound = release_sum_bound(matrix, sigmas["norms"], noise, "tl.rank_genes_groups.norms")
+            bound = release_sum_bound(matrix, sigmas["norms"], releases.stream(NORMS))
         table = mechanism.MarkerTable(len(names), adata.n_vars, bound)
         release = mechanism.marker_release(table, sigmas["table"])
         exact = mechanism.group_table(matrix, codes, table)
-        released = exact if epsilon is None else release.release(exact, noise.stream("tl.rank_genes_groups"))
+        released = exact if epsilon is None else release.release(exact, releases.stream(TABLE))
         target = adata.copy() if copy else adata
         written = write_markers(
             target,
@@ -201,7 +203,7 @@ def rank_genes_groups(
             sum_bound=bound,
         )
         params = {"groupby": groupby, "groups": names, "layer": layer, **written}
-        return store_result(adata, target, key_added, record, params, copy=copy, booking=booking)
+        return store_result(adata, target, key_added, record, params, copy=copy, booking=releases.booking)
 
 
 __all__ = ["rank_genes_groups"]

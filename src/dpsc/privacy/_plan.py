@@ -1,0 +1,180 @@
+r"""A privacy plan is data: the ordered releases of a call, calibrated once, spent through one context.
+
+Every dpsc call that reads cells makes a fixed sequence of releases, each a (sub)sampled Gaussian
+mechanism: a sum over cells (or over a Poisson sample of them, rate :math:`q`) of per-cell
+contributions bounded by the release's sensitivity, with noise :math:`\mathcal N(0, \sigma^2\Delta^2)`,
+repeated ``steps`` times. A :class:`ReleasePlan` lists them in order (name, share of ε, q, steps).
+
+- :meth:`ReleasePlan.calibrate` is the one place where an (ε, δ) becomes noise multipliers: one
+  release is calibrated alone (:func:`~._accounting.calibrate_noise_multiplier`); several share
+  (ε, δ) by their shares (:func:`~._accounting.split_budget`: each calibrated once, then one
+  common scale so that their composition in one accountant spends at most ε at δ). Without ε
+  every σ is 0 (no noise, no guarantee).
+- :meth:`ReleasePlan.with_sigmas` makes a plan whose σ are given (a σ the caller states, or a
+  plan a federated site received and checks): no calibration, the history says what it costs.
+- :meth:`ReleasePlan.spend` books the call's record in the cells' ledger before anything is
+  released (:func:`~._ledger.spending`) and hands out each release's noise stream by its name;
+  a name the plan does not hold is refused.
+
+The privacy argument lives with each mechanism; the plan only composes: the history
+``[(σ, q, steps), …]`` is what the accountant composes, so the plan's :meth:`spent` is the ε of
+the whole call at δ.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._engine import DPSGDSettings
+    from ._ledger import Spending
+    from ._noise import NoiseSource
+    from ._random import SecureRandom
+    from ._record import PrivacyRecord
+
+
+@dataclass(frozen=True)
+class PlannedRelease:
+    """One release of a plan: its name (also its noise stream's), share of ε, rate, steps and σ."""
+
+    name: str
+    share: float = 1.0
+    sample_rate: float = 1.0
+    steps: int = 1
+    sigma: float | None = None  # None until calibrated; 0.0 without noise
+
+    def history(self) -> tuple[float, float, int]:
+        """Return ``(σ, q, steps)``, what an accountant composes for this release."""
+        if self.sigma is None:
+            raise ValueError(f"Release {self.name!r} is not calibrated; call ReleasePlan.calibrate first.")
+        return (float(self.sigma), float(self.sample_rate), int(self.steps))
+
+
+@dataclass(frozen=True)
+class ReleasePlan:
+    """The ordered releases of one call and, once calibrated, their noise (module docstring)."""
+
+    releases: tuple[PlannedRelease, ...]
+    epsilon: float | None = None
+    delta: float | None = None
+    accountant: str = "rdp"
+
+    @classmethod
+    def of(cls, *releases: PlannedRelease, accountant: str = "rdp") -> ReleasePlan:
+        """Return an uncalibrated plan of these releases, in this order (names must differ)."""
+        names = [r.name for r in releases]
+        if not releases or len(set(names)) != len(names):
+            raise ValueError(f"A plan needs at least one release and distinct names, got {names}.")
+        return cls(tuple(releases), accountant=accountant)
+
+    # -- calibration: the only caller of the σ search -----------------------------------------------
+    def calibrate(self, epsilon: float | None, delta: float) -> ReleasePlan:
+        """Return the plan with every σ set so that the whole plan spends at most (ε, δ)."""
+        from ._accounting import calibrate_noise_multiplier, split_budget
+
+        if epsilon is None:
+            sigmas = {r.name: 0.0 for r in self.releases}
+        elif len(self.releases) == 1:
+            (only,) = self.releases
+            sigma = calibrate_noise_multiplier(
+                float(epsilon), delta, only.sample_rate, only.steps, self.accountant
+            )
+            sigmas = {only.name: sigma}
+        else:
+            parts = {r.name: (r.share, r.sample_rate, r.steps) for r in self.releases}
+            split = split_budget(float(epsilon), delta, parts, self.accountant)
+            sigmas = {name: sigma for name, (_, sigma) in split.items()}
+        return self._set(sigmas, epsilon, delta)
+
+    def with_sigmas(self, delta: float | None = None, **sigmas: float) -> ReleasePlan:
+        """Return the plan with the given σ (every release named once; no calibration)."""
+        missing = {r.name for r in self.releases} - set(sigmas)
+        if missing or set(sigmas) - {r.name for r in self.releases}:
+            raise ValueError(f"with_sigmas needs exactly the plan's releases; missing {sorted(missing)}.")
+        return self._set(sigmas, None, delta)
+
+    def _set(self, sigmas: dict[str, float], epsilon: float | None, delta: float | None) -> ReleasePlan:
+        releases = tuple(replace(r, sigma=float(sigmas[r.name])) for r in self.releases)
+        return replace(self, releases=releases, epsilon=epsilon, delta=delta)
+
+    # -- reading the plan -----------------------------------------------------------------------------
+    def __getitem__(self, name: str) -> PlannedRelease:
+        for release in self.releases:
+            if release.name == name:
+                return release
+        raise KeyError(f"Release {name!r} is not in this plan; it holds {[r.name for r in self.releases]}.")
+
+    def __contains__(self, name: object) -> bool:
+        return any(r.name == name for r in self.releases)
+
+    def sigma(self, name: str) -> float:
+        """Return the calibrated σ of one release."""
+        return self[name].history()[0]
+
+    @property
+    def sigmas(self) -> dict[str, float]:
+        """Every release's σ by name, in plan order."""
+        return {r.name: r.history()[0] for r in self.releases}
+
+    def history(self) -> list[tuple[float, float, int]]:
+        """Return ``[(σ, q, steps), …]`` in plan order, what the accountant composes."""
+        return [r.history() for r in self.releases]
+
+    def spent(self, delta: float | None = None) -> float | None:
+        """Return the composed ε of the whole plan at δ (``None`` without noise)."""
+        from ._accounting import history_epsilon
+
+        history = self.history()
+        if any(sigma == 0 for sigma, _, _ in history):
+            return None
+        return history_epsilon(history, self.delta if delta is None else delta, self.accountant)
+
+    def dpsgd_settings(
+        self, name: str, *, n_obs: int, max_grad_norm: float, noise: NoiseSource | None = None
+    ) -> DPSGDSettings:
+        """Return the DP-SGD settings of a sampled release of this plan (its σ and q; no calibration)."""
+        from ._engine import DPSGDSettings
+
+        release = self[name]
+        return DPSGDSettings.from_sigma(
+            n_obs=n_obs,
+            sample_rate=release.sample_rate,
+            noise_multiplier=release.history()[0],
+            max_grad_norm=max_grad_norm,
+            accountant=self.accountant,
+            noise=noise,
+        )
+
+    # -- spending ------------------------------------------------------------------------------------
+    @contextmanager
+    def spend(
+        self, target: Any, record: PrivacyRecord, key: str, noise: NoiseSource
+    ) -> Iterator[PlanSpending]:
+        """Book ``record`` in ``target``'s ledger first, then hand out the plan's noise streams.
+
+        ``target`` is the AnnData whose cells are read. The booking is settled by the caller
+        (:func:`dpsc._api.store_result`); if the body raises first, the reservation stays booked
+        (what was released before the error is not known).
+        """
+        from ._ledger import spending
+
+        with spending(target, record, key) as booking:
+            yield PlanSpending(self, noise, booking)
+
+
+@dataclass
+class PlanSpending:
+    """The releases of a plan being spent: each release's noise stream, by the plan's names only."""
+
+    plan: ReleasePlan
+    noise: NoiseSource
+    booking: Spending
+
+    def stream(self, name: str, *index: int) -> SecureRandom:
+        """Return the secure noise stream of release ``name`` (refused when the plan lacks it)."""
+        if name not in self.plan:
+            raise KeyError(f"Release {name!r} is not in the plan; nothing was released.")
+        return self.noise.stream(name, *index)
