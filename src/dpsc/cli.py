@@ -275,7 +275,7 @@ def _fit(args: argparse.Namespace) -> int:
     adata, source = _load(args.input)
     from . import tl
     from .privacy import get_record
-    from .tl._fit import collapse_message
+    from .tl import collapse_message
 
     key = _label_key(adata, args.label_key)  # checked before any work
     if args.filter_genes:
@@ -374,7 +374,7 @@ def _cluster(args: argparse.Namespace) -> int:
     from . import tl
     from ._outputs import derived_key
     from .privacy import get_record
-    from .tl._kmeans import few_clusters_message
+    from .tl import few_clusters_message
 
     key = _label_key(adata, args.label_key)  # checked before any work
     epsilon = None if args.non_private else args.epsilon
@@ -432,10 +432,8 @@ def _load(path: str | None) -> tuple[ad.AnnData, str]:
 
 
 def _federate(args: argparse.Namespace) -> int:
-    from .federated._deploy import run_server, run_site, write_site_settings
-    from .federated._pipeline import read_result
-    from .federated._site import SiteSettings
-    from .tl._kmeans import few_clusters_message
+    from .federated import SiteSettings, read_result, run_server, run_site, write_site_settings
+    from .tl import few_clusters_message
 
     if args.role == "server":
         if not args.ssl_certfile and args.host not in ("127.0.0.1", "localhost"):

@@ -8,8 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from .._blocks import dense_blocks
-from ..module import DCANModule
-from ..module._dcan import clean_input, mask_views
+from ..module import DCANModule, clean_input, mask_views
 
 
 @torch.no_grad()

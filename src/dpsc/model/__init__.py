@@ -1,6 +1,12 @@
 """User-facing models (scvi-tools ``BaseModelClass`` subclasses) and shared-model loaders."""
 
 from ._dcan_privacy import DEFAULT_KMEANS_OPTIONS, DEFAULT_PLAN_OPTIONS, RELEASE_KINDS, planned_step_counts
+
+# dpsc.tl's interface to the fit's plan (not in __all__)
+from ._dcan_privacy import MODEL_GENES as MODEL_GENES
+from ._dcan_privacy import FitPlan as FitPlan
+from ._dcan_privacy import TrainSettings as TrainSettings
+from ._dcan_privacy import plan_fit as plan_fit
 from ._dpdcan import DPDCAN
 from ._shared import SharedEncoder
 

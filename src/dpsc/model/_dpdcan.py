@@ -20,8 +20,7 @@ from sklearn.cluster import KMeans
 from .. import _blocks
 from .._api import DEFAULT_EPSILON
 from .._validation import check_input_pcs, check_matrix, get_matrix
-from ..module import DEFAULT_LATENT_SCALE, DCANModule
-from ..module._dcan import clean_input
+from ..module import DEFAULT_LATENT_SCALE, DCANModule, clean_input
 from ..privacy import (
     Assignment,
     PrivacyRecord,
@@ -37,8 +36,7 @@ from ..privacy import (
     split_table,
     table_release,
 )
-from ..train import DCANTrainingPlan, PoissonDataSplitter
-from ..train._progress import FitProgress, quiet_training_logs
+from ..train import DCANTrainingPlan, FitProgress, PoissonDataSplitter, quiet_training_logs
 from ._dcan_privacy import (
     FitPlan,
     TrainSettings,

@@ -12,8 +12,7 @@ import torch
 
 from .. import _blocks
 from .._validation import get_matrix
-from ..module import DCANModule
-from ..module._dcan import clean_input
+from ..module import DCANModule, clean_input
 
 
 class SharedEncoder:

@@ -2,6 +2,8 @@
 
 from ._clustering import CentroidDistance
 from ._dcan import DEFAULT_LATENT_SCALE, DCANModule, clean_input
+from ._dcan import input_representation as input_representation  # for sibling packages
+from ._dcan import mask_views as mask_views
 from ._losses import (
     dec_kl_per_cell,
     gaussian_nll_per_cell,

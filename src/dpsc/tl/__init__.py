@@ -6,6 +6,8 @@ from ._cluster import cluster
 from ._cluster_federated import cluster_federated
 from ._federated import fit_federated
 from ._fit import DEFAULT_N_CLUSTERS, fit
+from ._fit import collapse_message as collapse_message  # for the command line (not in __all__)
+from ._kmeans import few_clusters_message as few_clusters_message
 from ._kmeans import kmeans
 from ._rank_genes_groups import rank_genes_groups
 from ._regression import private_regression

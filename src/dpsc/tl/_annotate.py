@@ -14,7 +14,7 @@ from dpsc._docs import doc_params
 from .. import _blocks, fm
 from .._api import DEFAULT_EPSILON, renamed_argument, store_result
 from .._validation import get_matrix, resolve_delta
-from ..module._dcan import clean_input, input_representation
+from ..module import clean_input, input_representation
 from ..privacy import (
     REPLACE_ONE,
     PrivacyRecord,

@@ -9,7 +9,7 @@ import pandas as pd
 
 from .._api import DEFAULT_EPSILON
 from .._validation import resolve_delta
-from ..audit._shadow import ATTACKS, shadow_audit
+from ..audit import ATTACKS, shadow_audit
 from ..privacy import PrivacyRecord, no_guarantee_record, spending, write_record
 from ._audit_one_run import one_run_audit
 from ._fit import fit

@@ -10,8 +10,7 @@ import anndata as ad
 import pandas as pd
 
 from .._validation import check_privacy_args, get_matrix
-from ..audit import gradient_canary_run, input_canary_run
-from ..audit._gradient_audit import audit_schedule
+from ..audit import audit_schedule, gradient_canary_run, input_canary_run
 from ..privacy import (
     NoiseSource,
     PlannedRelease,

@@ -141,8 +141,7 @@ def cluster_federated(
     threshold = n_sites if threshold is None else int(threshold)
     if mode == "secure" and not 2 <= threshold <= n_sites:
         raise ValueError(f"threshold must be in [2, {n_sites}] (the number of sites), got {threshold}.")
-    from ..federated._pipeline import run_pipeline_simulation  # Flower: after the checks of the input
-    from ..federated._site import SiteSettings, site_record
+    from ..federated import SiteSettings, run_pipeline_simulation, site_record  # after the input checks
 
     plan = plan_for_cells(adata, int(n_clusters), epsilon, delta, random_state, markers=bool(markers))
     noise = NoiseSource(noise_seed)

@@ -20,21 +20,22 @@ from dpsc._docs import doc_params
 from .._api import renamed_argument, store_result
 from .._validation import check_matrix, check_site_key, get_matrix, resolve_delta
 from ..federated import (
+    KMEANS_STEPS,
     METHODS,
     PER_CELL_METHODS,
+    SiteSettings,
     SSLConfig,
     SSLNet,
     apply_scaling,
     dp_schedule,
     embed,
+    fedsc_noise,
     read_scaling,
     require_flwr,
     run_federation,
     write_client_data,
 )
-from ..federated._fedsc_site import KMEANS_STEPS, fedsc_noise
-from ..federated._site import SiteSettings
-from ..module._dcan import input_representation
+from ..module import input_representation
 from ..optim import DEFAULT_PRIVATE_LRS, OPTIMIZERS
 from ..privacy import (
     NoiseSource,

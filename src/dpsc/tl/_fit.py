@@ -30,8 +30,7 @@ from .._validation import (
     check_public_counts,
     get_matrix,
 )
-from ..model import DPDCAN
-from ..model._dcan_privacy import MODEL_GENES, FitPlan, TrainSettings, plan_fit
+from ..model import DPDCAN, MODEL_GENES, FitPlan, TrainSettings, plan_fit
 from ..module import DEFAULT_LATENT_SCALE
 from ..privacy import _hvg, _selection, spending
 from ..privacy._clustering import (
