@@ -198,7 +198,6 @@ def fit(
     matrix = get_matrix(adata, layer)
     check_choice("likelihood", likelihood, LIKELIHOODS)
     model_kwargs = _model_kwargs(scope, input_pcs, adata.n_vars)
-    starts = _starts_from_clustering(scope, input_pcs, likelihood)
     run = {k: train_kwargs.pop(k) for k in RUN_OPTIONS if k in train_kwargs}
     settings = _settings(
         train_kwargs,
@@ -221,73 +220,34 @@ def fit(
         latent_scale=DEFAULT_LATENT_SCALE,
         likelihood=likelihood,
         select_genes=adata.n_vars > MODEL_GENES,
-        start_n_vars=adata.n_vars if starts else None,
+        start_n_vars=adata.n_vars if _starts_from_clustering(scope, input_pcs, likelihood) else None,
     )
-    start_selects = plan.start is not None and plan.start.select_genes
-    select_genes = plan.genes_noise_multiplier is not None or start_selects
     if plan.start is not None:
         model_kwargs["input_pcs"] = plan.start.n_comps
-    if plan.settings is None:
-        check_matrix(matrix, likelihood, training=not select_genes)
-    else:
-        check_public_counts(adata, layer, likelihood == "zinb", "dpsc.tl.fit", "likelihood='gaussian'")
-        message = small_data_message(
-            adata.n_obs,
-            plan.sample_rate,
-            plan.settings.noise_multiplier,
-            epsilon,
-            model_kwargs["input_pcs"] is not None,
-        )
-        if message:
-            warnings.warn(message, UserWarning, stacklevel=2)
+    _check_input_for(plan, adata, matrix, layer, likelihood, model_kwargs)
 
     with spending(adata, plan.planned_record(adata.n_obs), key_added) as booking:
         target = adata.copy() if copy else adata
-        start = _release_start(matrix, plan) if plan.start is not None else None
-        if start is not None:
-            genes = np.zeros(adata.n_vars, dtype=bool)
-            genes[start.genes] = True
-            genes = genes if plan.start.select_genes else None
-        else:
-            genes = _dp_gene_selection(target, layer, likelihood, plan) if select_genes else None
+        start, genes = _release_genes_and_start(target, matrix, layer, likelihood, plan)
         train_on = target if genes is None else target[:, genes].copy()
         DPDCAN.setup_anndata(train_on, layer=layer)
         torch.manual_seed(random_state)  # the module's weights are drawn when the model is built
         model = DPDCAN(train_on, n_clusters=n_clusters, likelihood=likelihood, **model_kwargs)
-        choice: dict[str, Any] = {}
+        choice: dict[str, _selection.Selection] = {}
+        after_training = None
         if start is not None:
-            weights = np.ones(start.loadings.shape[1])
-            weights[0] = MEAN_WEIGHT  # the model reads the clustering's k-means points
-            model.module.set_input_loadings(torch.as_tensor(start.loadings * weights))
-            model.start_from_partition(start.centroids)
+            _start_model_from(model, start)
 
             def after_training() -> None:
                 choice["selection"] = _choose_partition(matrix, start, model, plan)
 
         model.train(
-            plan=plan,
-            booking=booking,
-            progress_bar=progress_bar,
-            after_training=after_training if start is not None else None,
-            **run,
+            plan=plan, booking=booking, progress_bar=progress_bar, after_training=after_training, **run
         )
-        label_counts, count_noise = model.released_label_counts(), model.label_count_noise_
         selection = choice.get("selection")
-        if selection is not None:
-            if selection.kept == "clustering":
-                model.keep_start_partition()  # the model labels cells by the clustering's centroids
-            label_counts, count_noise = selection.kept_counts, selection.count_noise
-        target.obsm[key_added], labels = model.latent_and_labels()
-        target.obs[cluster_key] = pd.Categorical(
-            labels.astype(str), categories=[str(i) for i in range(n_clusters)]
+        label_counts, in_use = _write_embedding_and_labels(
+            target, model, selection, genes, key_added, cluster_key, epsilon
         )
-        if genes is not None:
-            target.var[derived_key(key_added, "gene")] = genes
-        if label_counts is None:  # a non-private fit: the written labels, counted exactly
-            label_counts = np.bincount(labels, minlength=n_clusters).astype(np.float64)
-        in_use = clusters_above_noise(label_counts, count_noise)
-        if in_use < n_clusters / 2:
-            warnings.warn(collapse_message(in_use, n_clusters, epsilon), UserWarning, stacklevel=2)
         params = {
             "method": "dpdcan",
             "epsilon": epsilon,
@@ -302,10 +262,8 @@ def fit(
             "cluster_key": cluster_key,
             "genes_selected": -1 if genes is None else int(genes.sum()),
             **model.train_params_,
+            **_partition_params(selection),
         }
-        if selection is not None:
-            params["partition"] = selection.kept
-            params["partition_scores"] = list(selection.scores)
         return store_result(
             adata,
             target,
@@ -320,6 +278,97 @@ def fit(
             label_counts=label_counts,
             clusters_in_use=in_use,
         )
+
+
+def _check_input_for(
+    plan: FitPlan, adata: ad.AnnData, matrix, layer, likelihood: str, model_kwargs: dict
+) -> None:
+    """Check the input as the plan needs it; warn when the cells are few for the noise (reads no cell)."""
+    start_selects = plan.start is not None and plan.start.select_genes
+    if plan.settings is None:
+        check_matrix(
+            matrix, likelihood, training=not (plan.genes_noise_multiplier is not None or start_selects)
+        )
+        return
+    check_public_counts(adata, layer, likelihood == "zinb", "dpsc.tl.fit", "likelihood='gaussian'")
+    message = small_data_message(
+        adata.n_obs,
+        plan.sample_rate,
+        plan.settings.noise_multiplier,
+        plan.epsilon,
+        model_kwargs["input_pcs"] is not None,
+    )
+    if message:
+        warnings.warn(message, UserWarning, stacklevel=3)
+
+
+def _release_genes_and_start(
+    target: ad.AnnData, matrix, layer, likelihood: str, plan: FitPlan
+) -> tuple[ClusterResult | None, np.ndarray | None]:
+    """Make the releases before training: the clustering the fit starts from, or the gene selection.
+
+    Returns the clustering (``None`` for a fit that does not start from it) and the genes the model
+    reads (``None``: all of them).
+    """
+    if plan.start is not None:
+        start = _release_start(matrix, plan)
+        if not plan.start.select_genes:
+            return start, None
+        genes = np.zeros(target.n_vars, dtype=bool)
+        genes[start.genes] = True
+        return start, genes
+    if plan.genes_noise_multiplier is not None:
+        return None, _dp_gene_selection(target, layer, likelihood, plan)
+    return None, None
+
+
+def _start_model_from(model: DPDCAN, start: ClusterResult) -> None:
+    """Make the encoder read the clustering's k-means points and start the centroids from its partition."""
+    weights = np.ones(start.loadings.shape[1])
+    weights[0] = MEAN_WEIGHT  # the model reads the clustering's k-means points
+    model.module.set_input_loadings(torch.as_tensor(start.loadings * weights))
+    model.start_from_partition(start.centroids)
+
+
+def _write_embedding_and_labels(
+    target: ad.AnnData,
+    model: DPDCAN,
+    selection: _selection.Selection | None,
+    genes: np.ndarray | None,
+    key_added: str,
+    cluster_key: str,
+    epsilon: float | None,
+) -> tuple[np.ndarray, int]:
+    """Write the embedding, the labels of the kept partition and the genes read; count clusters in use.
+
+    Returns the released label counts (exact for a non-private fit) and the clusters in use; warns
+    when fewer than half of the clusters are (released values only).
+    """
+    label_counts, count_noise = model.released_label_counts(), model.label_count_noise_
+    if selection is not None:
+        if selection.kept == "clustering":
+            model.keep_start_partition()  # the model labels cells by the clustering's centroids
+        label_counts, count_noise = selection.kept_counts, selection.count_noise
+    n_clusters = model.n_clusters
+    target.obsm[key_added], labels = model.latent_and_labels()
+    target.obs[cluster_key] = pd.Categorical(
+        labels.astype(str), categories=[str(i) for i in range(n_clusters)]
+    )
+    if genes is not None:
+        target.var[derived_key(key_added, "gene")] = genes
+    if label_counts is None:  # a non-private fit: the written labels, counted exactly
+        label_counts = np.bincount(labels, minlength=n_clusters).astype(np.float64)
+    in_use = clusters_above_noise(label_counts, count_noise)
+    if in_use < n_clusters / 2:
+        warnings.warn(collapse_message(in_use, n_clusters, epsilon), UserWarning, stacklevel=3)
+    return label_counts, in_use
+
+
+def _partition_params(selection: _selection.Selection | None) -> dict[str, Any]:
+    """Return the recorded choice between the clustering's partition and the model's (none without it)."""
+    if selection is None:
+        return {}
+    return {"partition": selection.kept, "partition_scores": list(selection.scores)}
 
 
 def _starts_from_clustering(scope: str, input_pcs: int | str | None, likelihood: str) -> bool:
