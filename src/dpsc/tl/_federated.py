@@ -237,7 +237,7 @@ def fit_federated(
     -------
     {doc_returns}
     Writes ``obsm[key_added]``, ``obs[cluster_key]`` and the record
-    ``uns["dpsc"][key_added]`` (method, rounds, clients, per-round loss, wall time, privacy).
+    ``uns["dpsc"][key_added]`` (method, rounds, cells per site, per-round loss, wall time, privacy).
     """
     site_key = renamed_argument(
         "dpsc.tl.fit_federated", "client_key", "site_key", client_key, site_key, default="site"
@@ -449,7 +449,7 @@ def _run_fedsc(
         "method": run.method,
         "rounds": run.rounds,
         "local_epochs": run.local_epochs,
-        "clients": {name: int(run.sizes[name]) for name in run.names},
+        "sites": {name: int(run.sizes[name]) for name in run.names},
         # under DP the sites send no loss (it would be an un-noised statistic of their cells)
         "loss": [history[r]["loss"] for r in rounds_done if "loss" in history[r]],
         "mu": [history[r].get("mu", 0.0) for r in rounds_done],
