@@ -36,5 +36,5 @@ def federated(
     target.plot(np.arange(1, len(loss) + 1), loss, marker="o", ms=3)
     target.set_xlabel("round")
     target.set_ylabel("mean local loss (last local epoch)")
-    target.set_title(f"{record['method']}, {len(record['clients'])} sites")
+    target.set_title(f"{record['method']}, {len(record['sites'])} sites")
     return finish(target, show, save)
