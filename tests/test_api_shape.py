@@ -178,3 +178,15 @@ def test_old_argument_names_warn_and_keep_working(small_adata):
         legacy = small_adata.copy()
         legacy.obs["client"] = new.obs["site"].to_numpy()
         dpsc.tl.cluster_federated(legacy, n_clusters=3)
+
+
+def test_renamed_arguments_of_the_tools_warn_before_anything_runs(small_adata):
+    ref, query = _reference(small_adata[:150]), small_adata[150:].copy()
+    with pytest.warns(FutureWarning, match=r"n_components= is renamed n_comps="):
+        dpsc.tl.annotate(ref, query, "cell_type", epsilon=2.0, epochs=1, n_components=4)
+    assert query.uns["dpsc"]["dp_label"]["features"].startswith("log-normalised, PCA (4 components)")
+    legacy = small_adata.copy()
+    legacy.obs["client"] = pd.Categorical(np.arange(legacy.n_obs) % 2)
+    with pytest.warns(FutureWarning, match=r"client_key= is renamed site_key="):
+        with pytest.raises(ValueError, match="Unknown method"):  # the warning comes first, then the checks
+            dpsc.tl.fit_federated(legacy, client_key="client", epsilon=None, method="fedprox")
