@@ -110,12 +110,7 @@ def report(path: Path) -> str:
         + "; ".join(f"{name}: {values}" for name, values in CANDIDATES.items())
         + ". The scanpy reference scales the genes and clusters 32 PCs (the clustering issue's).",
         "",
-        "```",
-        "OMP_NUM_THREADS=2 python benchmarks/cluster_lofo.py --data ../shared/data \\",
-        "    --out benchmarks/results/cluster_lofo.jsonl",
-        "python benchmarks/cluster_lofo.py --report benchmarks/results/cluster_lofo.jsonl \\",
-        "    > benchmarks/results/cluster_lofo.md",
-        "```",
+        *report_commands("cluster_lofo"),
         "",
         "| held-out file | chosen on the other five | scanpy ARI | "
         + " | ".join(f"ε = {c[:-2]}" if c != "none" else "no noise" for c in columns)
@@ -149,6 +144,18 @@ def report(path: Path) -> str:
     ]
     lines += candidate_table(means["ratio"], columns, columns)
     return "\n".join(lines) + "\n"
+
+
+def report_commands(script: str, options: str = "") -> list[str]:
+    """Markdown lines of the two commands that make a leave-one-file-out report (run, then report)."""
+    return [
+        "```",
+        f"OMP_NUM_THREADS=2 python benchmarks/{script}.py --data ../shared/data{options} \\",
+        f"    --out benchmarks/results/{script}.jsonl",
+        f"python benchmarks/{script}.py --report benchmarks/results/{script}.jsonl \\",
+        f"    > benchmarks/results/{script}.md",
+        "```",
+    ]
 
 
 def held_out_rows(files: list[str], epsilons: list, chosen_for, cell) -> list[str]:

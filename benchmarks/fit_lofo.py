@@ -7,7 +7,7 @@ rest, 0.05) and trains ``PC_MODEL_EPOCHS`` (``dpsc.tl._fit``). For each candidat
 noise, ``--runs`` runs); a fold holds one file out, chooses the candidate with the best mean ARI
 relative to scanpy over the other five (every ε) and reports the held-out file under it.
 
-    OMP_NUM_THREADS=2 python benchmarks/fit_lofo.py --data ../shared/data \
+    OMP_NUM_THREADS=2 python benchmarks/fit_lofo.py --data ../shared/data --epsilons 8 4 \
         --out benchmarks/results/fit_lofo.jsonl
     python benchmarks/fit_lofo.py --report benchmarks/results/fit_lofo.jsonl \
         > benchmarks/results/fit_lofo.md
@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pandas as pd
 from cluster_benchmark import FILES, per_file_main, score
-from cluster_lofo import candidate_table, held_out_rows, labelled_file
+from cluster_lofo import candidate_table, held_out_rows, labelled_file, report_commands
 
 FILES["cite_cbmc"] = "cite_cbmc_top2000.h5"
 EPOCHS = {"instance_epochs": 10, "cluster_epochs": 10}
@@ -102,12 +102,7 @@ def report(path: Path) -> str:
         + "; ".join(f"{name}: {values}" for name, values in CANDIDATES.items())
         + ".",
         "",
-        "```",
-        "OMP_NUM_THREADS=2 python benchmarks/fit_lofo.py --data ../shared/data \\",
-        "    --out benchmarks/results/fit_lofo.jsonl",
-        "python benchmarks/fit_lofo.py --report benchmarks/results/fit_lofo.jsonl \\",
-        "    > benchmarks/results/fit_lofo.md",
-        "```",
+        *report_commands("fit_lofo", " --epsilons 8 4"),
         "",
         "| held-out file | chosen on the other five | " + " | ".join(f"ε = {e:g}" for e in epsilons) + " |",
         "|---|---|" + "---|" * len(epsilons),

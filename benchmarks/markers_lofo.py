@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pandas as pd
 from cluster_benchmark import per_file_main
-from cluster_lofo import candidate_table, held_out_rows
+from cluster_lofo import candidate_table, held_out_rows, report_commands
 from markers_benchmark import run as markers_run
 
 CANDIDATES = {
@@ -66,12 +66,7 @@ def report(path: Path) -> str:
         + "; ".join(f"{name}: {values}" for name, values in CANDIDATES.items())
         + ".",
         "",
-        "```",
-        "OMP_NUM_THREADS=2 python benchmarks/markers_lofo.py --data ../shared/data \\",
-        "    --out benchmarks/results/markers_lofo.jsonl",
-        "python benchmarks/markers_lofo.py --report benchmarks/results/markers_lofo.jsonl \\",
-        "    > benchmarks/results/markers_lofo.md",
-        "```",
+        *report_commands("markers_lofo"),
         "",
         "| held-out file | chosen on the other five | " + " | ".join(f"ε = {e:g}" for e in epsilons) + " |",
         "|---|---|" + "---|" * len(epsilons),
