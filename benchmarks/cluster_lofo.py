@@ -107,7 +107,7 @@ def report(path: Path) -> str:
         "ARI relative to scanpy over them, every ε and no noise), reported on the held-out file.",
         "Cells: ARI / scanpy's ARI (the held-out file's ARI in brackets), mean over 3 runs with",
         "secret noise (1 run without noise). Candidates: "
-        + "; ".join(f"{name}: {values}" for name, values in CANDIDATES.items())
+        + candidates_text(CANDIDATES)
         + ". The scanpy reference scales the genes and clusters 32 PCs (the clustering issue's).",
         "",
         *report_commands("cluster_lofo"),
@@ -144,6 +144,19 @@ def report(path: Path) -> str:
     ]
     lines += candidate_table(means["ratio"], columns, columns)
     return "\n".join(lines) + "\n"
+
+
+def candidates_text(candidates: dict) -> str:
+    """The candidates of a leave-one-file-out run, as one sentence's list (name: constants)."""
+    return "; ".join(f"{name}: {values}" for name, values in candidates.items())
+
+
+def held_out_header(epsilons: list) -> list[str]:
+    """Markdown header rows of a held-out table with one column per ε."""
+    return [
+        "| held-out file | chosen on the other five | " + " | ".join(f"ε = {e:g}" for e in epsilons) + " |",
+        "|---|---|" + "---|" * len(epsilons),
+    ]
 
 
 def report_commands(script: str, options: str = "") -> list[str]:

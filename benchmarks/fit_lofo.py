@@ -30,7 +30,14 @@ from pathlib import Path
 
 import pandas as pd
 from cluster_benchmark import FILES, per_file_main, score
-from cluster_lofo import candidate_table, held_out_rows, labelled_file, report_commands
+from cluster_lofo import (
+    candidate_table,
+    candidates_text,
+    held_out_header,
+    held_out_rows,
+    labelled_file,
+    report_commands,
+)
 
 FILES["cite_cbmc"] = "cite_cbmc_top2000.h5"
 EPOCHS = {"instance_epochs": 10, "cluster_epochs": 10}
@@ -99,13 +106,12 @@ def report(path: Path) -> str:
         "Each row is one fold: the candidate chosen on the other five files (best mean ARI relative",
         "to scanpy over them, every ε), reported on the held-out file: ARI / scanpy's ARI (the",
         "file's ARI in brackets), mean over the runs with secret noise. Candidates: "
-        + "; ".join(f"{name}: {values}" for name, values in CANDIDATES.items())
+        + candidates_text(CANDIDATES)
         + ".",
         "",
         *report_commands("fit_lofo", " --epsilons 8 4"),
         "",
-        "| held-out file | chosen on the other five | " + " | ".join(f"ε = {e:g}" for e in epsilons) + " |",
-        "|---|---|" + "---|" * len(epsilons),
+        *held_out_header(epsilons),
     ]
 
     def chosen_for(name: str) -> str:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pandas as pd
 from cluster_benchmark import per_file_main
-from cluster_lofo import candidate_table, held_out_rows, report_commands
+from cluster_lofo import candidate_table, candidates_text, held_out_header, held_out_rows, report_commands
 from markers_benchmark import run as markers_run
 
 CANDIDATES = {
@@ -62,14 +62,11 @@ def report(path: Path) -> str:
         "Each row is one fold: the candidate chosen on the other five files (best mean top-10 overlap",
         "with scanpy's t-test markers over them, every ε, groups = labels and `tl.cluster`'s clusters,",
         "groups of at least 2 % of the cells), reported on the held-out file (mean over groups,",
-        "groupings and runs with secret noise). Candidates: "
-        + "; ".join(f"{name}: {values}" for name, values in CANDIDATES.items())
-        + ".",
+        "groupings and runs with secret noise). Candidates: " + candidates_text(CANDIDATES) + ".",
         "",
         *report_commands("markers_lofo"),
         "",
-        "| held-out file | chosen on the other five | " + " | ".join(f"ε = {e:g}" for e in epsilons) + " |",
-        "|---|---|" + "---|" * len(epsilons),
+        *held_out_header(epsilons),
     ]
 
     def chosen_for(name: str) -> str:
