@@ -114,6 +114,42 @@ def test_a_release_plan_calibrates_once_and_composes_to_the_asked_epsilon(calibr
         ReleasePlan.of(PlannedRelease("a")).history()
 
 
+def test_dropping_a_release_gives_its_share_to_the_others_without_a_new_search(calibrations):
+    from dpsc.privacy import PlannedRelease, ReleasePlan
+
+    plan = ReleasePlan.of(
+        PlannedRelease("genes", share=0.1),
+        PlannedRelease("sum", share=0.3),
+        PlannedRelease("steps", share=0.6, sample_rate=0.01, steps=500),
+    ).calibrate(4.0, 1e-5)
+    searched = len(calibrations)
+    rest = plan.without("genes")
+    assert len(calibrations) == searched  # one common scale, no σ search
+    assert list(rest.sigmas) == ["sum", "steps"]
+    assert rest.spent() <= 4.0 + 1e-9 and rest.spent() == pytest.approx(4.0, rel=0.01)
+    ratio = [rest.sigma(n) / plan.sigma(n) for n in ("sum", "steps")]
+    assert ratio[0] < 1 and ratio[0] == pytest.approx(ratio[1])  # less noise, proportions kept
+    with pytest.raises(KeyError, match="not one of several"):
+        plan.without("markers")
+    assert ReleasePlan.of(PlannedRelease("a"), PlannedRelease("b")).calibrate(None, 1e-5).without(
+        "a"
+    ).sigmas == {"b": 0.0}
+
+
+def test_a_fit_whose_gene_rule_keeps_every_gene_searches_each_sigma_once(calibrations):
+    """More genes than the rule's floor, so the plan first holds a gene release; enough cells that
+    the rule keeps every gene, so it is dropped by a common scale, not a second split."""
+    from dpsc.model._dcan_privacy import TrainSettings, start_parts
+
+    settings = TrainSettings(epsilon=8.0)
+    plan, training_sigma, choice_sigma = start_parts(
+        settings, 1e-5, n_obs=20_000, n_vars=300, n_clusters=8, training=(0.02, 200)
+    )
+    assert plan.n_genes == 300 and plan.sigmas["genes"] == 0.0
+    assert len(calibrations) == 6  # genes, cell sum, PCA, k-means, training, choice: once each
+    assert training_sigma > 0 and choice_sigma > 0
+
+
 def test_spending_a_plan_books_first_and_refuses_releases_it_does_not_hold(small_adata):
     from dpsc.pp._dp_pca import pca_record
     from dpsc.privacy import NoiseSource, PlannedRelease, ReleasePlan

@@ -461,8 +461,10 @@ def start_parts(
     :data:`START_SHARE`), the training's sampled steps (``training`` = (q, T)) with
     :data:`TRAINING_SHARE` and the choice between the two partitions
     (:mod:`dpsc.privacy._selection`) with the rest. The genes the clustering reads follow its own
-    rule (:func:`~dpsc.privacy._clustering.genes_for`) at the PCA's σ of this split. Reads no cell.
-    Without ε: the exact clustering plan and ``None`` for both σ.
+    rule (:func:`~dpsc.privacy._clustering.genes_for`) at the PCA's σ of this split; when the rule
+    keeps every gene, the gene release leaves the plan and its share goes to the others
+    (:meth:`~dpsc.privacy.ReleasePlan.without`: one common scale, no second σ search). Reads no
+    cell. Without ε: the exact clustering plan and ``None`` for both σ.
     """
     if settings.epsilon is None:
         plan = plan_clustering(
@@ -475,22 +477,21 @@ def start_parts(
     )
     shares = {kind: SHARES[kind] for kind in KINDS}
 
-    def split(kinds: tuple[str, ...]) -> dict[str, float]:
-        total = sum(shares[k] for k in kinds)
-        releases = [
-            PlannedRelease(k, share=START_SHARE * shares[k] / total, steps=steps if k == "kmeans" else 1)
-            for k in kinds
-        ]
-        releases.append(
-            PlannedRelease("training", share=TRAINING_SHARE, sample_rate=training[0], steps=training[1])
-        )
-        releases.append(PlannedRelease("selection", share=1 - START_SHARE - TRAINING_SHARE))
-        return ReleasePlan.of(*releases, accountant=settings.accountant).calibrate(epsilon, delta).sigmas
-
-    sigmas = split(KINDS if n_vars > MIN_GENES else KINDS[1:])
-    n_genes = genes_for(n_obs, sigmas["pca"], n_vars)
-    if n_genes == n_vars and "genes" in sigmas:  # the rule keeps every gene: no gene selection
-        sigmas = split(KINDS[1:])
+    kinds = KINDS if n_vars > MIN_GENES else KINDS[1:]
+    total = sum(shares[k] for k in kinds)
+    releases = [
+        PlannedRelease(k, share=START_SHARE * shares[k] / total, steps=steps if k == "kmeans" else 1)
+        for k in kinds
+    ]
+    releases.append(
+        PlannedRelease("training", share=TRAINING_SHARE, sample_rate=training[0], steps=training[1])
+    )
+    releases.append(PlannedRelease("selection", share=1 - START_SHARE - TRAINING_SHARE))
+    split = ReleasePlan.of(*releases, accountant=settings.accountant).calibrate(epsilon, delta)
+    n_genes = genes_for(n_obs, split.sigma("pca"), n_vars)
+    if n_genes == n_vars and "genes" in split:  # the rule keeps every gene: no gene selection
+        split = split.without("genes")  # its share goes to the rest, with no second σ search
+    sigmas = split.sigmas
     plan = ClusterPlan(
         epsilon,
         delta,

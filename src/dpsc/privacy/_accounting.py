@@ -159,20 +159,40 @@ def split_budget(
         for w, n in zip(weights, names, strict=True)
     ]
 
-    def composed(c: float) -> float:
-        history = [(c * s, parts[n][1], parts[n][2]) for s, n in zip(base, names, strict=True)]
-        return history_epsilon(history, delta, accountant)
+    scale = common_scale(
+        [(s, parts[n][1], parts[n][2]) for s, n in zip(base, names, strict=True)],
+        epsilon,
+        delta,
+        accountant,
+        tolerance,
+    )
+    return {
+        n: (history_epsilon([(scale * s, parts[n][1], parts[n][2])], part_delta, accountant), scale * s)
+        for s, n in zip(base, names, strict=True)
+    }
 
-    lo, hi = 0.05, 1.0  # c = 1 is feasible (basic composition); composition is tighter
+
+def common_scale(
+    history: History, epsilon: float, delta: float, accountant: str = "rdp", tolerance: float = 1e-3
+) -> float:
+    r"""Smallest factor :math:`c \le 1` such that the history with every σ times c spends at most ε at δ.
+
+    The history ``[(σ_k, q_k, T_k), …]`` must itself spend at most ε (c = 1 feasible). Bisection
+    to relative ``tolerance`` on c, each step one accountant evaluation of the composed history
+    (no σ search); the result is the upper end of the bracket, so the scaled history spends at
+    most ε.
+    """
+
+    def composed(c: float) -> float:
+        return history_epsilon([(c * s, q, n) for s, q, n in history], delta, accountant)
+
+    lo, hi = 0.05, 1.0
     if composed(lo) <= epsilon:
         hi = lo
     while hi - lo > tolerance * hi:
         mid = (lo + hi) / 2
         lo, hi = (lo, mid) if composed(mid) <= epsilon else (mid, hi)
-    return {
-        n: (history_epsilon([(hi * s, parts[n][1], parts[n][2])], part_delta, accountant), hi * s)
-        for s, n in zip(base, names, strict=True)
-    }
+    return hi
 
 
 def epsilon_curve(history: History, delta: float, accountant: str, n_points: int = 40) -> tuple[list, list]:

@@ -10,6 +10,8 @@ repeated ``steps`` times. A :class:`ReleasePlan` lists them in order (name, shar
   (ε, δ) by their shares (:func:`~._accounting.split_budget`: each calibrated once, then one
   common scale so that their composition in one accountant spends at most ε at δ). Without ε
   every σ is 0 (no noise, no guarantee).
+- :meth:`ReleasePlan.without` drops a release the call turns out not to need (decided from
+  public sizes and σ) and lowers the others' σ by one common factor, with no new σ search.
 - :meth:`ReleasePlan.with_sigmas` makes a plan whose σ are given (a σ the caller states, or a
   plan a federated site received and checks): no calibration, the history says what it costs.
 - :meth:`ReleasePlan.spend` books the call's record in the cells' ledger before anything is
@@ -88,6 +90,26 @@ class ReleasePlan:
             split = split_budget(float(epsilon), delta, parts, self.accountant)
             sigmas = {name: sigma for name, (_, sigma) in split.items()}
         return self._set(sigmas, epsilon, delta)
+
+    def without(self, name: str) -> ReleasePlan:
+        r"""Return the calibrated plan without release ``name``, its share given to the others.
+
+        The remaining σ are scaled by one common factor :math:`c \le 1`
+        (:func:`~._accounting.common_scale`: bisection on the composed history, no σ search), the
+        smallest with which the plan still spends at most its (ε, δ). Dropping a release only
+        removes a term of the composition, so c = 1 is feasible; the proportions between the
+        other releases are kept. Without noise the plan just loses the release.
+        """
+        from ._accounting import common_scale
+
+        rest = tuple(r for r in self.releases if r.name != name)
+        if len(rest) == len(self.releases) or not rest:
+            raise KeyError(f"Release {name!r} is not one of several in this plan.")
+        dropped = replace(self, releases=rest)
+        if self.epsilon is None:
+            return dropped
+        scale = common_scale(dropped.history(), float(self.epsilon), float(self.delta), self.accountant)
+        return dropped._set({r.name: scale * r.history()[0] for r in rest}, self.epsilon, self.delta)
 
     def with_sigmas(self, delta: float | None = None, **sigmas: float) -> ReleasePlan:
         """Return the plan with the given σ (every release named once; no calibration)."""
