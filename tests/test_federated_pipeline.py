@@ -187,6 +187,31 @@ def test_site_ledger_survives_a_restart_composes_and_refuses_past_the_budget(sit
     assert json.loads(text)["budget"]["epsilon"] == 9.0  # a plain, atomic JSON file beside the data
 
 
+def test_a_site_holding_its_cells_in_memory_checks_and_books_the_same_and_writes_no_file(sites, tmp_path):
+    from dpsc.privacy import MemoryLedger
+
+    cells = ad.read_h5ad(sites[2].data)
+    before = sorted(tmp_path.iterdir())
+    settings = SiteSettings(data=cells, epsilon=8.0)
+    assert settings.in_memory and settings.ledger is None and settings.refusal_file is None
+    site = Site(settings)
+    assert isinstance(site.ledger, MemoryLedger)
+    plan = _plan(settings)
+    state: dict = {}
+    site.contribute(plan, Request("sum", 0, plan.sigmas["sum"], genes=np.arange(200)), "plain", 1, 3, state)
+    assert len(site.ledger.entries()) == 1
+    with pytest.raises(SiteRefusal, match="each release is served once"):  # a replay, refused the same
+        site.contribute(
+            plan, Request("sum", 0, plan.sigmas["sum"], genes=np.arange(200)), "plain", 1, 3, state
+        )
+    with pytest.raises(SiteRefusal, match="budget refuses the run"):  # a second run passes one run's ε
+        site.contribute(plan, Request("sum", 0, plan.sigmas["sum"], genes=np.arange(200)), "plain", 1, 3, {})
+    assert len(site.ledger.entries()) == 1
+    assert site.write_results(None, plan, "plain", 1, 3) is None
+    assert sorted(tmp_path.iterdir()) == before  # no ledger, output or refusal file
+    assert not list(Path.cwd().glob("*.refusal"))
+
+
 # -- Flower: simulation and a real deployment ----------------------------------------------------
 @pytest.mark.slow
 @pytest.mark.optional_extra

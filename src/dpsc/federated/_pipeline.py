@@ -17,6 +17,7 @@ import contextlib
 import json
 import re
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ from ..privacy._clustering import ClusterPlan, ClusterResult, Request, plan_clus
 from ..privacy._kmeans import Assignment
 from ._requires import require_flwr
 from ._secagg import LIMBS, from_digit_means, secagg_workflow, to_digits, use_secure_masks
-from ._simulation import simulate
+from ._simulation import ray_session, shared, simulate
 from ._site import MODES, Site, SiteRefusal, SiteSettings
 
 #: The server's run configuration (``flwr run --run-config`` or :func:`make_pipeline_apps`).
@@ -51,8 +52,15 @@ RUN_STATE = "dpsc-site-run"  # what a site remembers between the messages of one
 _SITES: dict[str, Site] = {}  # one loaded site per settings, per process
 
 
+def _identity(value: Any) -> str:
+    """Name a setting JSON cannot write (cells held in memory) by the object it is, for the cache key."""
+    if hasattr(value, "hex") and type(value).__module__.startswith("ray"):
+        return f"ray:{value.hex()}"
+    return f"{type(value).__name__}@{id(value)}"
+
+
 def _site(settings: SiteSettings) -> Site:
-    key = json.dumps(settings.__dict__, sort_keys=True, default=str)
+    key = json.dumps(settings.__dict__, sort_keys=True, default=_identity)
     if key not in _SITES:
         _SITES[key] = Site(settings)
     return _SITES[key]
@@ -158,8 +166,9 @@ class SiteHandler:
         try:
             return self._answer(settings, parameters, config)
         except SiteRefusal as refusal:
-            with contextlib.suppress(OSError):
-                settings.refusal_file.write_text(str(refusal))
+            if settings.refusal_file is not None:
+                with contextlib.suppress(OSError):
+                    settings.refusal_file.write_text(str(refusal))
             raise
 
     def _answer(
@@ -345,8 +354,14 @@ class ReleaseLog:
         )
 
 
-def make_server_app(settings: dict[str, Any] | None = None):
-    """Return the server's ServerApp: plans the clustering, runs its releases over the sites, sends it."""
+def make_server_app(settings: dict[str, Any] | None = None, sink: dict[str, Any] | None = None):
+    """Return the server's ServerApp: plans the clustering, runs its releases over the sites, sends it.
+
+    The released result and the run's summary go to ``sink`` (``"result"``: a
+    :class:`~dpsc.privacy._clustering.ClusterResult`, ``"summary"``: a dict) when one is given,
+    as in a simulation in this process, else to ``result.npz`` and ``summary.json`` in the
+    run configuration's ``out-dir``.
+    """
     from flwr.serverapp import ServerApp
 
     base = {**SERVER_DEFAULTS, **(settings or {})}
@@ -363,8 +378,7 @@ def make_server_app(settings: dict[str, Any] | None = None):
         threshold = int(s["threshold"]) or n_sites
         if mode == "plain":
             threshold = 1
-        out = Path(s["out-dir"])
-        out.mkdir(parents=True, exist_ok=True)
+        save = _saver(sink, s["out-dir"])
         start = time.perf_counter()
         epsilon = None if float(s["epsilon"]) < 0 else float(s["epsilon"])
         needed = threshold if mode == "secure" else 1
@@ -404,23 +418,43 @@ def make_server_app(settings: dict[str, Any] | None = None):
             result = run_clustering(plan, release_sum)
         except RunStopped as stopped:
             summary |= {"releases": log.rows, "wall_s": time.perf_counter() - start, "error": str(stopped)}
-            (out / "summary.json").write_text(json.dumps(summary, indent=1))
+            save(summary, None)
             raise
         finish = {**common, "kind": "finish"}
         arrays = [result.genes, result.loadings, result.eigenvalues, result.centroids]
         if result.marker_table is not None:  # every site receives the released marker table
             arrays += [result.marker_table, np.array([result.marker_bound], dtype=np.float64)]
         rounds(finish, arrays, secure=False)
-        names = ("genes", "loadings", "eigenvalues", "centroids", "marker_table", "marker_bound")
-        np.savez(
-            out / "result.npz",
-            **dict(zip(names, arrays, strict=False)),
-            clusters_in_use=np.array(result.clusters_in_use),
-        )
         summary |= {"releases": log.rows, "wall_s": time.perf_counter() - start}
-        (out / "summary.json").write_text(json.dumps(summary, indent=1))
+        save(summary, result)
 
     return app
+
+
+def _saver(sink: dict[str, Any] | None, out_dir: str):
+    """Return ``save(summary, result)``: into ``sink``, or as files in ``out_dir``."""
+
+    def into_sink(summary: dict[str, Any], result: ClusterResult | None) -> None:
+        sink["summary"], sink["result"] = summary, result
+
+    def into_files(summary: dict[str, Any], result: ClusterResult | None) -> None:
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        if result is not None:
+            arrays = [result.genes, result.loadings, result.eigenvalues, result.centroids]
+            if result.marker_table is not None:
+                arrays += [result.marker_table, np.array([result.marker_bound], dtype=np.float64)]
+            names = ("genes", "loadings", "eigenvalues", "centroids", "marker_table", "marker_bound")
+            np.savez(
+                out / "result.npz",
+                **dict(zip(names, arrays, strict=False)),
+                clusters_in_use=np.array(result.clusters_in_use),
+            )
+        (out / "summary.json").write_text(json.dumps(summary, indent=1))
+
+    if sink is None and not out_dir:
+        raise ValueError("The server needs an out-dir (run configuration) to write its result to.")
+    return into_files if sink is None else into_sink
 
 
 class RunStopped(RuntimeError):
@@ -505,21 +539,27 @@ def _plan(rounds: Rounds, s: dict, epsilon, mode: str, threshold: int, n_sites: 
 def run_pipeline_simulation(
     server_settings: dict[str, Any], site_settings: list[SiteSettings], n_cpus: int = 2
 ) -> tuple[ClusterResult, dict[str, Any]]:
-    """Run the apps in Flower's simulation engine, one SuperNode per site; return the result and summary."""
+    """Run the apps in Flower's simulation engine, one SuperNode per site; return the result and summary.
+
+    Everything stays in memory: a site whose cells are an AnnData gets them through Ray's object
+    store (:func:`~._simulation.shared`), and the server hands its result back to this process.
+    """
     require_flwr()
-    out = Path(server_settings["out-dir"])
-    simulate(
-        make_server_app(server_settings),
-        make_client_app(dict(enumerate(site_settings))),
-        len(site_settings),
-        n_cpus,
-    )
-    if not (out / "summary.json").exists():
+    sink: dict[str, Any] = {}
+    with ray_session(n_cpus):
+        sites = [replace(s, data=shared(s.data)) if s.in_memory else s for s in site_settings]
+        simulate(
+            make_server_app(server_settings, sink),
+            make_client_app(dict(enumerate(sites))),
+            len(sites),
+            n_cpus,
+        )
+    if "summary" not in sink:
         raise RuntimeError("The federated clustering ended without a result; see the Flower log above.")
-    summary = json.loads((out / "summary.json").read_text())
+    summary = sink["summary"]
     if "error" in summary:
         raise RuntimeError(f"The federated clustering stopped. {summary['error']}")
-    return read_result(out), summary
+    return sink["result"], summary
 
 
 def read_result(out: str | Path) -> ClusterResult:

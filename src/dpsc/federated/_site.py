@@ -36,7 +36,10 @@ bound :math:`n\Delta` before noise is added.
 **The ledger** is a :class:`~dpsc.privacy.FileLedger` beside the data: it survives restarts, a
 second run composes with the first, writes are atomic. Each contribution is booked, checked
 against the budget, just before it is sent (so the ledger never shows less than what left the
-site; a crash between booking and sending leaves one booked release that was not sent).
+site; a crash between booking and sending leaves one booked release that was not sent). A site
+that :func:`dpsc.tl.cluster_federated` simulates holds its cells and its ledger in memory
+(:class:`~dpsc.privacy.MemoryLedger`) for the one run, whose record the user's own AnnData
+ledger holds: the same checks, and no file.
 
 **What a site's ε covers.** In *plain* mode each site adds the full noise σ to its own sum: its
 release is (ε, δ)-DP for its cells by itself, whatever the others do. In *secure* mode (SecAgg+,
@@ -64,6 +67,7 @@ from ..privacy import (
     ADD_REMOVE,
     BudgetExceededError,
     FileLedger,
+    MemoryLedger,
     NoiseSource,
     PrivacyRecord,
     no_guarantee_record,
@@ -77,6 +81,7 @@ from ..privacy._clustering import (
     plan_clustering,
 )
 from ..privacy._ledger import _check, compose, ledger_entry
+from ._simulation import resolve_shared
 from ._trust import budget_source, fallback_cap, fallback_epsilon, resolve_budget
 
 MODES = ("secure", "plain")
@@ -106,7 +111,10 @@ class SiteSettings:
     Attributes
     ----------
     data
-        Path of the site's ``.h5ad`` (raw counts).
+        Path of the site's ``.h5ad`` (raw counts); in a simulation inside one process
+        (:func:`dpsc.tl.cluster_federated`), the site's cells themselves: an AnnData, or a Ray
+        reference to one (:func:`~._simulation.shared`). Such a site keeps its ledger in memory
+        (:class:`~dpsc.privacy.MemoryLedger`) and writes no file.
     epsilon
         The largest ε the site spends on one run; ``None`` (``epsilon = "none"`` in a file): the
         site takes part in non-private runs only.
@@ -137,7 +145,7 @@ class SiteSettings:
         knows it) and its index among the sites. A seed sent by the server is always refused.
     """
 
-    data: str
+    data: str | Any
     epsilon: float | None = 8.0
     delta: float | None = None
     budget: float | None = None
@@ -165,14 +173,20 @@ class SiteSettings:
             )
         if self.honest_sites is not None and int(self.honest_sites) < 1:
             raise ValueError(f"honest_sites must be at least 1, got {self.honest_sites!r}.")
-        data = Path(self.data)
-        self.ledger = self.ledger or str(data.with_name(data.name + ".dpsc-ledger.json"))
-        self.output = self.output or str(data.with_name(data.stem + ".dpsc.h5ad"))
+        if not self.in_memory:
+            data = Path(self.data)
+            self.ledger = self.ledger or str(data.with_name(data.name + ".dpsc-ledger.json"))
+            self.output = self.output or str(data.with_name(data.stem + ".dpsc.h5ad"))
 
     @property
-    def refusal_file(self) -> Path:
+    def in_memory(self) -> bool:
+        """Whether the site's cells are held in memory (a simulation) rather than in a file."""
+        return not isinstance(self.data, str | Path)
+
+    @property
+    def refusal_file(self) -> Path | None:
         """Where the site writes the reason of its last refusal (read by ``dpsc federate site``)."""
-        return Path(str(self.ledger) + ".refusal")
+        return None if self.ledger is None else Path(str(self.ledger) + ".refusal")
 
     @classmethod
     def from_mapping(cls, values: dict[str, Any]) -> SiteSettings:
@@ -284,12 +298,15 @@ class Site:
 
     def __init__(self, settings: SiteSettings) -> None:
         self.settings = settings
-        path = Path(settings.data)
-        if not path.is_file():
-            raise FileNotFoundError(f"The site's data file {path} does not exist.")
-        self.ledger = FileLedger(settings.ledger)
+        if settings.in_memory:
+            self.ledger = FileLedger(settings.ledger) if settings.ledger else MemoryLedger()
+        else:
+            path = Path(settings.data)
+            if not path.is_file():
+                raise FileNotFoundError(f"The site's data file {path} does not exist.")
+            self.ledger = FileLedger(settings.ledger)
         self.budget = resolve_budget(settings, self.ledger)  # before reading a cell: fails fast
-        self.adata = ad.read_h5ad(path)
+        self.adata = resolve_shared(settings.data) if settings.in_memory else ad.read_h5ad(path)
         self.matrix = get_matrix(self.adata, settings.layer)
         self.noise = NoiseSource(settings.noise_seed)
         self.delta = resolve_delta(settings.delta, self.adata.n_obs)
@@ -395,8 +412,9 @@ class Site:
         """Word a budget refusal in the data manager's terms: spent, asked, cap and its source."""
         before = compose(self.ledger.entries()).epsilon
         left = max(self.budget - before, 0.0)
+        where = self.settings.ledger or "in memory"
         return (
-            f"This site's budget refuses the {what}: its ledger ({self.settings.ledger}) has spent "
+            f"This site's budget refuses the {what}: its ledger ({where}) has spent "
             f"epsilon {before:.3g}, the {what} asks for {asked:.3g}, and the cap is {self.budget:.3g} "
             f"({budget_source(self.settings, self.ledger)}); epsilon left: {left:.3g}. "
             "Nothing was sent. Ask the server for a smaller epsilon, or raise the site's budget (budget in "
@@ -500,10 +518,19 @@ class Site:
             raise SiteRefusal(self._budget_message(epsilon, "release")) from None
 
     # -- the end of a run ------------------------------------------------------------------------------
-    def write_results(self, result, plan: ClusterPlan, mode: str, threshold: int, n_sites: int) -> Path:
-        """Label this site's cells with the released centroids; write them, the record and the ledger."""
+    def write_results(
+        self, result, plan: ClusterPlan, mode: str, threshold: int, n_sites: int
+    ) -> Path | None:
+        """Label this site's cells with the released centroids; write them, the record and the ledger.
+
+        A site simulated in memory writes nothing (``None``): the simulation labels every cell
+        from the same released centroids in the user's own AnnData.
+        """
         from .._outputs import write_cluster_markers, write_clustering
         from ..privacy import attach_ledger, write_record
+
+        if self.settings.output is None:
+            return None
 
         out = self.adata.copy()
         write_clustering(out, self.matrix, result, "dp_kmeans", plan.n_clusters)

@@ -22,6 +22,7 @@ _WHERE = {
     "DPSGDEngine": "._engine",
     "DPSGDSettings": "._engine",
     "FileLedger": "._ledger",
+    "MemoryLedger": "._ledger",
     "GaussianSum": "._release",
     "LaplaceSum": "._release",
     "N_PUBLIC": "._record",

@@ -45,6 +45,7 @@ import json
 import math
 import os
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -233,6 +234,28 @@ class FileLedger:
         """Replace the reservation ``key`` by the entry of what was released."""
         with self._locked() as state:
             state["entries"][key] = _plain(entry)
+
+
+class MemoryLedger(FileLedger):
+    """A ledger held in memory: the same checks and bookings as :class:`FileLedger`, nothing on disk.
+
+    For a site simulated inside one process for one run (``dpsc.tl.cluster_federated``): the run's
+    record is booked in the user's own AnnData ledger first, so a ledger that outlives the run
+    would hold a second copy of it. ``path`` is ``None``.
+    """
+
+    def __init__(self) -> None:
+        self.path = None
+        self._state: dict[str, Any] = {"budget": None, "entries": {}}
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[dict[str, Any]]:
+        with self._lock:
+            yield self._state
+
+    def _read(self) -> dict[str, Any]:
+        return self._state
 
 
 def _json_default(value: Any) -> Any:

@@ -10,8 +10,6 @@ and ledger (:class:`~dpsc.federated.SiteSettings`); the server runs the plan of
 from __future__ import annotations
 
 import math
-import tempfile
-from pathlib import Path
 from typing import Literal
 
 import anndata as ad
@@ -148,26 +146,19 @@ def cluster_federated(
     record = site_record(
         plan, mode, threshold if mode == "secure" else 1, n_sites, adata.n_obs, noise, simulated=True
     )
-    with (
-        spending(adata, record, key_added) as booking,
-        tempfile.TemporaryDirectory(prefix="dpsc_fed_") as tmp,
-    ):
-        settings = []
-        for index, name in enumerate(names):
-            path = Path(tmp) / f"site_{index}.h5ad"
-            part = ad.AnnData(matrix[np.flatnonzero(sites == name)], var=adata.var[[]].copy())
-            part.write_h5ad(path)
-            settings.append(
-                SiteSettings(
-                    data=str(path),
-                    epsilon=epsilon,
-                    delta=delta,
-                    noise_seed=noise_seed,
-                    site_index=index if noise_seed is not None else None,
-                    # one user simulates every site: no cap on the fallback ε (the record states it)
-                    max_fallback_epsilon=math.inf,
-                )
+    with spending(adata, record, key_added) as booking:
+        settings = [
+            SiteSettings(
+                data=ad.AnnData(matrix[np.flatnonzero(sites == name)], var=adata.var[[]].copy()),
+                epsilon=epsilon,
+                delta=delta,
+                noise_seed=noise_seed,
+                site_index=index if noise_seed is not None else None,
+                # one user simulates every site: no cap on the fallback ε (the record states it)
+                max_fallback_epsilon=math.inf,
             )
+            for index, name in enumerate(names)
+        ]
         server = {
             "n-sites": n_sites,
             "mode": mode,
@@ -179,7 +170,6 @@ def cluster_federated(
             "n-obs": adata.n_obs,
             "random-state": random_state,
             "markers": int(bool(markers)),
-            "out-dir": str(Path(tmp) / "server"),
         }
         result, summary = run_pipeline_simulation(server, settings, n_cpus=n_cpus)
         params = {"n_clusters": int(n_clusters), "mode": mode, "threshold": threshold, "n_sites": n_sites}
