@@ -53,3 +53,17 @@ def test_no_package_reaches_into_another_packages_private_modules_except_privacy
             if parts[1] in SUBPACKAGES and parts[2].startswith("_"):
                 reached.append(f"{path.relative_to(ROOT)}:{line} {name}")
     assert reached == []
+
+
+def test_tools_write_no_temporary_files():
+    """``pp``/``tl`` are thin tools: no tool passes data through files (the federated simulation
+    keeps the sites' cells and the server's result in memory)."""
+    writes = ("tempfile", "write_h5ad", "np.save", "savez", "mkdtemp", "write_text")
+    found = [
+        f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+        for folder in ("pp", "tl")
+        for path in (ROOT / folder).rglob("*.py")
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if any(word in line for word in writes)
+    ]
+    assert found == []

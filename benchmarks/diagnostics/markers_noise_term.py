@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from cluster_benchmark import load
 from markers_benchmark import FILES, SMALL, compare, reference
 
-SCALES = (0.0, 0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0)
+SCALES = (0.0, 0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0)
 EPSILONS = (8.0, 2.0)
 
 

@@ -17,6 +17,7 @@ _WHERE = {
     "read_scaling": "._flower",
     "require_flwr": "._requires",
     "run_federation": "._flower",
+    "simulate_federation": "._flower",
     "write_client_data": "._flower",
     "apply_scaling": "._scaling",
     "pooled_scaling": "._scaling",
@@ -71,6 +72,7 @@ __all__ = [
     "run_pipeline_simulation",
     "run_server",
     "run_site",
+    "simulate_federation",
     "site_sums",
 ]
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from ..privacy import ADD_REMOVE, BudgetExceededError, FileLedger, NoiseSource, PrivacyRecord
+from ..privacy import ADD_REMOVE, BudgetExceededError, NoiseSource, PrivacyRecord
 from ..privacy._clustering import CLIP_NORM, KMEANS_PLAN
 from ..privacy._kmeans import Assignment, kmeans_points, kmeans_release_steps, kmeans_table, table_release
 from ..privacy._ledger import _check, ledger_entry
@@ -60,9 +60,10 @@ class FedSCGuard:
     n_cells: int
 
     def __post_init__(self) -> None:
+        from ._site import ledger_for
         from ._trust import resolve_budget
 
-        self.ledger = FileLedger(self.settings.ledger)
+        self.ledger = ledger_for(self.settings)
         budget = resolve_budget(self.settings, self.ledger)
         self.cap = None if budget is None else {"epsilon": budget, "delta": -1.0}
         self.noise = NoiseSource(self.settings.noise_seed)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ from ._fedsc_site import KMEANS_STEPS, FedSCGuard
 from ._pipeline import site_settings_from
 from ._requires import require_flwr
 from ._scaling import apply_scaling, pooled_scaling, site_sums
-from ._simulation import simulate
+from ._simulation import ray_session, resolve_shared, shared, simulate
 from ._site import SiteRefusal
 from ._ssl import ClientDP, SSLConfig, SSLNet, dp_schedule, embed, local_train, local_train_private
 
@@ -34,8 +35,10 @@ DEFAULTS: dict[str, Any] = {
     "local-epochs": 1,
     "alpha": 0.7,
     "seed": 0,
-    "data-dir": "",
-    "out-dir": "",
+    "data-dir": "",  # empty: the sites' cells come from their settings (a simulation in memory)
+    "out-dir": "",  # empty: the results go to the caller's sink (a simulation in memory)
+    "n-sites": 0,  # with no data-dir: the number of sites and of genes (else from data-dir/meta.json)
+    "n-genes": 0,
     "lr": 0.032,
     "batch-size": 128,
     "mask-rate": 0.2,
@@ -78,12 +81,19 @@ def check_settings(settings: dict[str, Any]) -> None:
         )
 
 
-def make_apps(settings: dict[str, Any], site_settings: dict[int, Any] | None = None):
+def make_apps(
+    settings: dict[str, Any], site_settings: dict[int, Any] | None = None, sink: dict[str, Any] | None = None
+):
     """Build the ``(ServerApp, ClientApp)`` pair for the given settings.
 
     ``site_settings`` maps a partition id to its site's :class:`~dpsc.federated.SiteSettings`
     (simulation); without it, each SuperNode's ``node_config`` names its settings file. A site's
     privacy comes from its settings, never from the run configuration (:mod:`._fedsc_site`).
+    A site whose settings hold its cells (``SiteSettings.in_memory``) reads them from there, not
+    from ``data-dir``. With ``sink`` (a simulation in this process) the server puts the global
+    model (``"state"``), the rounds' metrics (``"history"``), the pooled gene scaling
+    (``"scaling"``), the centroids and the k-means releases there instead of in ``out-dir``, and
+    the sites keep their labels to themselves (the caller labels its cells from the centroids).
     """
     require_flwr()
     from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
@@ -98,16 +108,18 @@ def make_apps(settings: dict[str, Any], site_settings: dict[int, Any] | None = N
     def server_main(grid: Grid, context: Context) -> None:
         s = {**base, **dict(context.run_config)}
         check_settings(s)
-        meta = json.loads((Path(s["data-dir"]) / "meta.json").read_text())
+        if s["data-dir"]:
+            meta = json.loads((Path(s["data-dir"]) / "meta.json").read_text())
+            n_genes, n = int(meta["n_genes"]), int(meta["n_clients"])
+        else:
+            n_genes, n = int(s["n-genes"]), int(s["n-sites"])
         torch.manual_seed(int(s["seed"]))
-        net = SSLNet(int(meta["n_genes"]), _ssl_config(s))
-        n = int(meta["n_clients"])
-        out = Path(s["out-dir"])
-        out.mkdir(parents=True, exist_ok=True)
+        net = SSLNet(n_genes, _ssl_config(s))
+        save = _fedsc_saver(sink, s["out-dir"])
         train_config = ConfigRecord({"local-epochs": int(s["local-epochs"])})
         if bool(s["scale-genes"]):
             mean, std = _pooled_gene_statistics(grid, n)
-            np.savez(out / "scaling.npz", mean=mean, std=std)
+            save(scaling=(mean, std))
             train_config["gene-mean"], train_config["gene-std"] = mean.tolist(), std.tolist()
         strategy = FedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=n, min_available_nodes=n)
         result = strategy.start(
@@ -116,15 +128,14 @@ def make_apps(settings: dict[str, Any], site_settings: dict[int, Any] | None = N
             num_rounds=int(s["rounds"]),
             train_config=train_config,
         )
-        torch.save(result.arrays.to_torch_state_dict(), out / "global.pt")
         history = {
             int(r): {k: float(v) for k, v in m.items()} for r, m in result.train_metrics_clientapp.items()
         }
-        (out / "history.json").write_text(json.dumps(history))
+        save(state=result.arrays.to_torch_state_dict(), history=history)
         centroids, releases = _federated_kmeans(grid, n, result.arrays, s, net.config.n_latent)
-        np.save(out / "centroids.npy", centroids)
+        save(centroids=centroids)
         _send(grid, n, {"task": "finish"}, result.arrays, extra={"centroids": centroids})
-        (out / "kmeans.json").write_text(json.dumps(releases))
+        save(kmeans=releases)
 
     def _send(grid: Grid, n: int, config: dict, arrays, extra: dict | None = None) -> list:
         """One Message-API query round to every site; the replies, or a clear error."""
@@ -191,8 +202,14 @@ def make_apps(settings: dict[str, Any], site_settings: dict[int, Any] | None = N
         settings = site_settings_from(dict(context.node_config), site_settings)
         return FedSCGuard(settings, n_cells)
 
+    def _raw_cells(s: dict, context: Context) -> np.ndarray:
+        pid = int(context.node_config["partition-id"])
+        if site_settings is not None and site_settings[pid].in_memory:
+            return resolve_shared(site_settings[pid].data)
+        return np.load(Path(s["data-dir"]) / f"client_{pid}.npy")
+
     def _cells(s: dict, context: Context) -> np.ndarray:
-        X = np.load(Path(s["data-dir"]) / f"client_{int(context.node_config['partition-id'])}.npy")
+        X = _raw_cells(s, context)
         if "scaling" in context.state:
             scaling = context.state["scaling"]
             X = apply_scaling(X, np.asarray(scaling["mean"]), np.asarray(scaling["std"]))
@@ -213,9 +230,10 @@ def make_apps(settings: dict[str, Any], site_settings: dict[int, Any] | None = N
         points = embed(net, X)
         extra = msg.content["extra"].to_torch_state_dict()
         if task == "finish":
-            labels = nearest_centroid(points, extra["centroids"].numpy())
-            pid = int(context.node_config["partition-id"])
-            np.save(Path(s["out-dir"]) / f"labels_{pid}.npy", labels)
+            if s["out-dir"]:  # a simulation in memory labels the cells from the centroids itself
+                labels = nearest_centroid(points, extra["centroids"].numpy())
+                pid = int(context.node_config["partition-id"])
+                np.save(Path(s["out-dir"]) / f"labels_{pid}.npy", labels)
             return Message(content=RecordDict({}), reply_to=msg)
         if task != "kmeans":
             raise SiteRefusal(f"Unknown request {task!r}; nothing was sent.")
@@ -232,7 +250,7 @@ def make_apps(settings: dict[str, Any], site_settings: dict[int, Any] | None = N
         torch.set_num_threads(1)
         s = {**base, **dict(context.run_config)}
         pid = int(context.node_config["partition-id"])
-        X = np.load(Path(s["data-dir"]) / f"client_{pid}.npy")
+        X = _raw_cells(s, context)
         config = msg.content["config"]
         if "gene-mean" in config:
             X = apply_scaling(X, np.asarray(config["gene-mean"]), np.asarray(config["gene-std"]))
@@ -285,6 +303,36 @@ def make_apps(settings: dict[str, Any], site_settings: dict[int, Any] | None = N
     return server_app, client_app
 
 
+def _fedsc_saver(sink: dict[str, Any] | None, out_dir: str):
+    """Return ``save(**results)``: into ``sink`` and/or as files in ``out_dir``.
+
+    ``sink``: a simulation in this process; ``out_dir``: ``global.pt``, ``history.json``,
+    ``scaling.npz``, ``centroids.npy``, ``kmeans.json``.
+    """
+    if sink is None and not out_dir:
+        raise ValueError("The server needs an out-dir (run configuration) to write its results to.")
+    out = Path(out_dir) if out_dir else None
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+
+    def save(**results: Any) -> None:
+        if sink is not None:
+            sink.update(results)
+        if out is None:
+            return
+        for name, value in results.items():
+            if name == "scaling":
+                np.savez(out / "scaling.npz", mean=value[0], std=value[1])
+            elif name == "state":
+                torch.save(value, out / "global.pt")
+            elif name == "centroids":
+                np.save(out / "centroids.npy", value)
+            else:  # history, kmeans
+                (out / f"{name}.json").write_text(json.dumps(value))
+
+    return save
+
+
 def write_client_data(data_dir: Path, parts: list[np.ndarray]) -> None:
     """Write each site's represented cells and a ``meta.json`` for the apps."""
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -299,17 +347,37 @@ def run_federation(
 ) -> tuple[dict, dict]:
     """Run the apps in Flower's simulation engine (Ray backend), one SuperNode per site.
 
-    Returns ``(global_state, history)`` where ``history`` maps round → aggregated client metrics.
+    Returns ``(global_state, history)`` where ``history`` maps round → aggregated client metrics
+    (:func:`simulate_federation` returns every result of the run).
+    """
+    results = simulate_federation(settings, n_clients, n_cpus, site_settings)
+    return results["state"], results["history"]
+
+
+def simulate_federation(
+    settings: dict[str, Any], n_clients: int, n_cpus: int = 2, site_settings: dict[int, Any] | None = None
+) -> dict[str, Any]:
+    """Run the apps in Flower's simulation engine and return the server's results, in memory.
+
+    A site whose settings hold its cells gets them through Ray's object store
+    (:func:`~._simulation.shared`); the server hands its results back to this process:
+    ``"state"`` (the global model), ``"history"`` (round → aggregated site metrics),
+    ``"centroids"``, ``"kmeans"`` (the releases) and, with ``scale-genes``, ``"scaling"`` (the
+    pooled gene mean and std). With an ``out-dir`` in ``settings`` the server also writes them there.
     """
     require_flwr()
-    server_app, client_app = make_apps(settings, site_settings)
-    simulate(server_app, client_app, n_clients, n_cpus)
-    out = Path(settings["out-dir"])
-    if not (out / "global.pt").exists():
+    sink: dict[str, Any] = {}
+    with ray_session(n_cpus):
+        if site_settings is not None:
+            site_settings = {
+                k: replace(v, data=shared(v.data)) if v.in_memory else v for k, v in site_settings.items()
+            }
+        server_app, client_app = make_apps(settings, site_settings, sink)
+        simulate(server_app, client_app, n_clients, n_cpus)
+    if "state" not in sink:
         raise RuntimeError("The Flower run ended without a global model; see the Flower log above.")
-    state = torch.load(out / "global.pt", weights_only=True)
-    history = {int(k): v for k, v in json.loads((out / "history.json").read_text()).items()}
-    return state, history
+    sink["history"] = {int(k): v for k, v in sink["history"].items()}
+    return sink
 
 
 def read_scaling(out_dir: str | Path) -> tuple[np.ndarray, np.ndarray] | None:

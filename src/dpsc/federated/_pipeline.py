@@ -28,7 +28,7 @@ from ..privacy._kmeans import Assignment
 from ._requires import require_flwr
 from ._secagg import LIMBS, from_digit_means, secagg_workflow, to_digits, use_secure_masks
 from ._simulation import ray_session, shared, simulate
-from ._site import MODES, Site, SiteRefusal, SiteSettings
+from ._site import MODES, Site, SiteRefusal, SiteSettings, data_identity
 
 #: The server's run configuration (``flwr run --run-config`` or :func:`make_pipeline_apps`).
 SERVER_DEFAULTS: dict[str, Any] = {
@@ -52,15 +52,8 @@ RUN_STATE = "dpsc-site-run"  # what a site remembers between the messages of one
 _SITES: dict[str, Site] = {}  # one loaded site per settings, per process
 
 
-def _identity(value: Any) -> str:
-    """Name a setting JSON cannot write (cells held in memory) by the object it is, for the cache key."""
-    if hasattr(value, "hex") and type(value).__module__.startswith("ray"):
-        return f"ray:{value.hex()}"
-    return f"{type(value).__name__}@{id(value)}"
-
-
 def _site(settings: SiteSettings) -> Site:
-    key = json.dumps(settings.__dict__, sort_keys=True, default=_identity)
+    key = json.dumps(settings.__dict__, sort_keys=True, default=data_identity)
     if key not in _SITES:
         _SITES[key] = Site(settings)
     return _SITES[key]
@@ -359,8 +352,8 @@ def make_server_app(settings: dict[str, Any] | None = None, sink: dict[str, Any]
 
     The released result and the run's summary go to ``sink`` (``"result"``: a
     :class:`~dpsc.privacy._clustering.ClusterResult`, ``"summary"``: a dict) when one is given,
-    as in a simulation in this process, else to ``result.npz`` and ``summary.json`` in the
-    run configuration's ``out-dir``.
+    as in a simulation in this process, and to ``result.npz`` and ``summary.json`` in the run
+    configuration's ``out-dir`` when it names one.
     """
     from flwr.serverapp import ServerApp
 
@@ -432,12 +425,18 @@ def make_server_app(settings: dict[str, Any] | None = None, sink: dict[str, Any]
 
 
 def _saver(sink: dict[str, Any] | None, out_dir: str):
-    """Return ``save(summary, result)``: into ``sink``, or as files in ``out_dir``."""
+    """Return ``save(summary, result)``: into ``sink`` and/or as files in ``out_dir``.
 
-    def into_sink(summary: dict[str, Any], result: ClusterResult | None) -> None:
-        sink["summary"], sink["result"] = summary, result
+    ``sink``: a simulation in this process; ``out_dir``: ``result.npz`` and ``summary.json``.
+    """
+    if sink is None and not out_dir:
+        raise ValueError("The server needs an out-dir (run configuration) to write its result to.")
 
-    def into_files(summary: dict[str, Any], result: ClusterResult | None) -> None:
+    def save(summary: dict[str, Any], result: ClusterResult | None) -> None:
+        if sink is not None:
+            sink["summary"], sink["result"] = summary, result
+        if not out_dir:
+            return
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         if result is not None:
@@ -452,9 +451,7 @@ def _saver(sink: dict[str, Any] | None, out_dir: str):
             )
         (out / "summary.json").write_text(json.dumps(summary, indent=1))
 
-    if sink is None and not out_dir:
-        raise ValueError("The server needs an out-dir (run configuration) to write its result to.")
-    return into_files if sink is None else into_sink
+    return save
 
 
 class RunStopped(RuntimeError):
@@ -542,7 +539,8 @@ def run_pipeline_simulation(
     """Run the apps in Flower's simulation engine, one SuperNode per site; return the result and summary.
 
     Everything stays in memory: a site whose cells are an AnnData gets them through Ray's object
-    store (:func:`~._simulation.shared`), and the server hands its result back to this process.
+    store (:func:`~._simulation.shared`), and the server hands its result back to this process
+    (it also writes it to ``out-dir`` when ``server_settings`` names one).
     """
     require_flwr()
     sink: dict[str, Any] = {}

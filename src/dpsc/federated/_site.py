@@ -210,6 +210,23 @@ class SiteSettings:
         return cls.from_mapping(values)
 
 
+_MEMORY_LEDGERS: dict[str, MemoryLedger] = {}  # simulated sites' ledgers, one per site, per process
+
+
+def data_identity(value: Any) -> str:
+    """Name a site's in-memory cells by the object they are (a Ray reference by its id)."""
+    if hasattr(value, "hex") and type(value).__module__.startswith("ray"):
+        return f"ray:{value.hex()}"
+    return f"{type(value).__name__}@{id(value)}"
+
+
+def ledger_for(settings: SiteSettings) -> FileLedger:
+    """Return the site's ledger: its file, or (cells in memory, no file named) one kept in memory."""
+    if settings.ledger is not None:
+        return FileLedger(settings.ledger)
+    return _MEMORY_LEDGERS.setdefault(data_identity(settings.data), MemoryLedger())
+
+
 def run_fallback_epsilon(plan: ClusterPlan, mode: str, threshold: int) -> float | None:
     """Return a site's ε for the run should the other sites of the threshold collude (:mod:`._trust`)."""
     if plan.epsilon is None:
@@ -298,13 +315,11 @@ class Site:
 
     def __init__(self, settings: SiteSettings) -> None:
         self.settings = settings
-        if settings.in_memory:
-            self.ledger = FileLedger(settings.ledger) if settings.ledger else MemoryLedger()
-        else:
+        if not settings.in_memory:
             path = Path(settings.data)
             if not path.is_file():
                 raise FileNotFoundError(f"The site's data file {path} does not exist.")
-            self.ledger = FileLedger(settings.ledger)
+        self.ledger = ledger_for(settings)
         self.budget = resolve_budget(settings, self.ledger)  # before reading a cell: fails fast
         self.adata = resolve_shared(settings.data) if settings.in_memory else ad.read_h5ad(path)
         self.matrix = get_matrix(self.adata, settings.layer)

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import json
-import tempfile
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal
 
 import anndata as ad
@@ -30,10 +28,8 @@ from ..federated import (
     dp_schedule,
     embed,
     fedsc_noise,
-    read_scaling,
     require_flwr,
-    run_federation,
-    write_client_data,
+    simulate_federation,
 )
 from ..module import input_representation
 from ..optim import DEFAULT_PRIVATE_LRS, OPTIMIZERS
@@ -41,6 +37,7 @@ from ..privacy import (
     NoiseSource,
     PrivacyRecord,
     history_epsilon,
+    nearest_centroid,
     no_guarantee_record,
     spending,
 )
@@ -409,26 +406,19 @@ def _run_fedsc(
     """Run the Flower simulation, embed and cluster, and write the results (inside the booking)."""
     start = time.perf_counter()
     privacy, settings = run.privacy, run.settings
-    with tempfile.TemporaryDirectory(prefix="dpsc_fed_") as tmp:
-        data_dir = Path(tmp) / "data"
-        write_client_data(data_dir, parts)
-        out = Path(tmp) / "out"
-        settings.update({"data-dir": str(data_dir), "out-dir": str(out)})
-        site_settings = {
-            k: SiteSettings(
-                data=str(data_dir / f"client_{k}.npy"),
-                epsilon=None if run.dp_plan is None else float(privacy.epsilon),
-                delta=privacy.delta,
-                noise_seed=privacy.noise.noise_seed,
-            )
-            for k in range(len(parts))
-        }
-        state, history = run_federation(settings, len(parts), n_cpus=run.n_cpus, site_settings=site_settings)
-        scaling = read_scaling(settings["out-dir"])
-        site_labels = [
-            np.load(out / f"labels_{k}.npy") for k in range(len(parts))
-        ]  # each site, its own cells
-        kmeans_releases = json.loads((out / "kmeans.json").read_text())
+    settings.update({"n-sites": len(parts), "n-genes": int(X.shape[1])})
+    site_settings = {
+        k: SiteSettings(
+            data=np.asarray(part, dtype=np.float32),
+            epsilon=None if run.dp_plan is None else float(privacy.epsilon),
+            delta=privacy.delta,
+            noise_seed=privacy.noise.noise_seed,
+        )
+        for k, part in enumerate(parts)
+    }
+    results = simulate_federation(settings, len(parts), n_cpus=run.n_cpus, site_settings=site_settings)
+    state, history, kmeans_releases = results["state"], results["history"], results["kmeans"]
+    scaling = results.get("scaling")
     wall = time.perf_counter() - start
     if scaling is not None:
         X = apply_scaling(X, *scaling)
@@ -436,10 +426,7 @@ def _run_fedsc(
     net = SSLNet(X.shape[1], SSLConfig(method=run.method))
     net.load_shared(state)
     Z = embed(net, X)
-    labels = np.empty(adata.n_obs, dtype=np.int64)
-    sites = adata.obs[run.site_key].astype(str).to_numpy()
-    for name, part_labels in zip(run.names, site_labels, strict=True):
-        labels[sites == name] = part_labels
+    labels = nearest_centroid(Z, np.asarray(results["centroids"]))  # what each site computes for its cells
     target = adata.copy() if copy else adata
     target.obsm[run.key_added] = Z
     categories = [str(i) for i in range(run.n_clusters)]
