@@ -84,6 +84,12 @@ def report(path: Path) -> str:
         "    --out benchmarks/results/markers_noise_term.jsonl",
         "```",
         "",
+        "The known noise variance of each mean sits under the root of the t-test's standard error",
+        "(`dpsc.privacy._markers.rank_markers`); λ scales it. Groups = the true labels, groups of at",
+        "least 2 % of the cells, 2 seeded runs, the same noise for every λ. Without the term (λ = 0)",
+        "noise-made differences rank first; λ = 1, what dpsc uses, is within 0.03 of the best λ on",
+        "every file and ε.",
+        "",
         head,
         "|" + "---|" * (len(SCALES) + 2),
     ]
