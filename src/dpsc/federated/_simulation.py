@@ -30,7 +30,13 @@ class _DropInternalNotices(logging.Filter):
 
 
 def _init_args(n_cpus: int) -> dict[str, Any]:
-    return {"num_cpus": n_cpus, "include_dashboard": False, "log_to_driver": False}
+    # Ray's own INFO lines ("Started a local Ray instance") say nothing about the user's run
+    return {
+        "num_cpus": n_cpus,
+        "include_dashboard": False,
+        "log_to_driver": False,
+        "logging_level": logging.WARNING,
+    }
 
 
 @contextlib.contextmanager
