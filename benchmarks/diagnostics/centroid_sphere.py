@@ -19,7 +19,6 @@ every variant), ARI / NMI against the labels and the clusters the labels use:
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -30,14 +29,14 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from cluster_benchmark import load
-from markers_benchmark import FILES
+from cluster_benchmark import FILES, load, per_file_main
 
+FILES["cite_cbmc"] = "cite_cbmc_top2000.h5"  # the six labelled count files
 VARIANTS = ("plane", "sphere", "final")
-EPSILONS = (8.0, 4.0, 2.0, 1.0)
 
 
-def run(data: Path, names: list[str], out: Path, runs: int = 3) -> None:
+def run(data: Path, name: str, epsilons: list[float], runs: int, commit: str) -> list[dict]:
+    """Rows of one file: ARI, NMI and clusters used of each variant, ε and seeded run."""
     from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
 
     import dpsc
@@ -53,24 +52,22 @@ def run(data: Path, names: list[str], out: Path, runs: int = 3) -> None:
             centroids = centroids / np.maximum(np.linalg.norm(centroids, axis=1, keepdims=True), 1e-12)
         return centroids, in_use
 
+    adata = load(data, name)
+    truth = adata.obs["label"].to_numpy()
+    k = len(set(truth))
+    rows = []
     _kmeans.dp_kmeans_centroids = final_on_sphere
-    with out.open("w") as sink:
-        for name in names:
-            adata = load(data, name)
-            truth = adata.obs["label"].to_numpy()
-            k = len(set(truth))
-            for epsilon in EPSILONS:
-                for variant in VARIANTS:
-                    _clustering.KMEANS_PLAN.clear()
-                    _clustering.KMEANS_PLAN.update(
-                        plan, **({"sphere_radius": 1.0} if variant == "sphere" else {})
-                    )
-                    mode["final"] = variant == "final"
-                    for run_index in range(runs):
-                        cells = adata.copy()
-                        dpsc.tl.cluster(cells, k, epsilon=epsilon, noise_seed=20 + run_index)
-                        labels = cells.obs["dp_kmeans"].to_numpy()
-                        row = {
+    try:
+        for epsilon in epsilons:
+            for variant in VARIANTS:
+                _clustering.KMEANS_PLAN.update(plan, sphere_radius=1.0 if variant == "sphere" else None)
+                mode["final"] = variant == "final"
+                for run_index in range(runs):
+                    cells = adata.copy()
+                    dpsc.tl.cluster(cells, k, epsilon=epsilon, noise_seed=20 + run_index)
+                    labels = cells.obs["dp_kmeans"].to_numpy()
+                    rows.append(
+                        {
                             "dataset": name,
                             "epsilon": epsilon,
                             "variant": variant,
@@ -80,10 +77,12 @@ def run(data: Path, names: list[str], out: Path, runs: int = 3) -> None:
                             "clusters_used": len(set(labels)),
                             "n_clusters": k,
                         }
-                        sink.write(json.dumps(row) + "\n")
-    _clustering.KMEANS_PLAN.clear()
-    _clustering.KMEANS_PLAN.update(plan)
-    _kmeans.dp_kmeans_centroids = shipped
+                    )
+    finally:
+        _clustering.KMEANS_PLAN.clear()
+        _clustering.KMEANS_PLAN.update(plan)
+        _kmeans.dp_kmeans_centroids = shipped
+    return rows
 
 
 def report(path: Path) -> str:
@@ -107,7 +106,7 @@ def report(path: Path) -> str:
         "|" + "---|" * (len(VARIANTS) + 3),
     ]
     for name in dict.fromkeys(row["dataset"] for row in rows):
-        for epsilon in EPSILONS:
+        for epsilon in sorted({row["epsilon"] for row in rows}, reverse=True):
             parts = []
             for variant in VARIANTS:
                 group = cells[(name, epsilon, variant)]
@@ -121,18 +120,7 @@ def report(path: Path) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--data", type=Path, default=Path("../shared/data"))
-    parser.add_argument("--datasets", nargs="*", default=list(FILES))
-    parser.add_argument("--out", type=Path)
-    parser.add_argument("--report", type=Path)
-    args = parser.parse_args()
-    if args.report:
-        print(report(args.report), end="")
-    else:
-        run(args.data, args.datasets, args.out)
+    per_file_main(__doc__, "benchmarks/results/centroid_sphere.jsonl", report, run)
 
 
 if __name__ == "__main__":

@@ -7,14 +7,13 @@ the term by λ and prints, per file and ε, the top-10 overlap with scanpy's t-t
 true labels, groups of at least 2 %, 2 seeded runs; the same noise for every λ):
 
     OMP_NUM_THREADS=2 python benchmarks/diagnostics/markers_noise_term.py --data ../shared/data \
-        --out benchmarks/results/markers_noise_term.jsonl
+        --epsilons 8 2 --runs 2 --out benchmarks/results/markers_noise_term.jsonl
     python benchmarks/diagnostics/markers_noise_term.py --report benchmarks/results/markers_noise_term.jsonl \
         > benchmarks/results/markers_noise_term.md
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import warnings
@@ -24,50 +23,47 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from cluster_benchmark import load
-from markers_benchmark import FILES, SMALL, compare, reference
+from cluster_benchmark import load, per_file_main
+from markers_benchmark import SMALL, compare, reference
 
 SCALES = (0.0, 0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0)
-EPSILONS = (8.0, 2.0)
 
 
-def run(data: Path, names: list[str], out: Path, runs: int = 2) -> None:
+def run(data: Path, name: str, epsilons: list[float], runs: int, commit: str) -> list[dict]:
+    """Rows of one file: the top-10 overlap at every ε, run and λ (the same noise for every λ)."""
     import dpsc
     from dpsc.privacy import _markers
 
     warnings.filterwarnings("ignore")
     moments = _markers._moments
-    with out.open("w") as sink:
-        for name in names:
-            adata = load(data, name)
-            adata.obs["labels"] = adata.obs["label"].astype("category")
-            sizes = adata.obs["labels"].value_counts()
-            cells = adata[adata.obs["labels"].isin(sizes.index[sizes >= 2])].copy()
-            cells.obs["labels"] = cells.obs["labels"].cat.remove_unused_categories()
-            shares = cells.obs["labels"].value_counts() / cells.n_obs
-            ref = reference(cells, "labels")
-            for epsilon in EPSILONS:
-                for r in range(runs):
-                    for scale in SCALES:
+    adata = load(data, name)
+    adata.obs["labels"] = adata.obs["label"].astype("category")
+    sizes = adata.obs["labels"].value_counts()
+    cells = adata[adata.obs["labels"].isin(sizes.index[sizes >= 2])].copy()
+    cells.obs["labels"] = cells.obs["labels"].cat.remove_unused_categories()
+    shares = cells.obs["labels"].value_counts() / cells.n_obs
+    ref = reference(cells, "labels")
+    rows = []
+    for epsilon in epsilons:
+        for r in range(runs):
+            for scale in SCALES:
 
-                        def scaled(sums, squares, counts, sd, scale=scale):
-                            mean, variance, n, noise = moments(sums, squares, counts, sd)
-                            return mean, variance, n, scale * noise
+                def scaled(sums, squares, counts, sd, scale=scale):
+                    mean, variance, n, noise = moments(sums, squares, counts, sd)
+                    return mean, variance, n, scale * noise
 
-                        _markers._moments = scaled
-                        target = cells.copy()
-                        dpsc.tl.rank_genes_groups(
-                            target, "labels", epsilon=epsilon, n_genes=None, noise_seed=100 + r
-                        )
-                        _markers._moments = moments
-                        rows = [
-                            row
-                            for row in compare(target.uns["rank_genes_groups"], ref)
-                            if shares.get(row["group"], 0.0) >= SMALL
-                        ]
-                        top10 = float(np.mean([row["top10"] for row in rows]))
-                        line = {"dataset": name, "epsilon": epsilon, "run": r, "scale": scale, "top10": top10}
-                        sink.write(json.dumps(line) + "\n")
+                _markers._moments = scaled
+                target = cells.copy()
+                dpsc.tl.rank_genes_groups(target, "labels", epsilon=epsilon, n_genes=None, noise_seed=100 + r)
+                _markers._moments = moments
+                kept = [
+                    row
+                    for row in compare(target.uns["rank_genes_groups"], ref)
+                    if shares.get(row["group"], 0.0) >= SMALL
+                ]
+                top10 = float(np.mean([row["top10"] for row in kept]))
+                rows.append({"dataset": name, "epsilon": epsilon, "run": r, "scale": scale, "top10": top10})
+    return rows
 
 
 def report(path: Path) -> str:
@@ -81,7 +77,7 @@ def report(path: Path) -> str:
         "",
         "```",
         "OMP_NUM_THREADS=2 python benchmarks/diagnostics/markers_noise_term.py --data ../shared/data \\",
-        "    --out benchmarks/results/markers_noise_term.jsonl",
+        "    --epsilons 8 2 --runs 2 --out benchmarks/results/markers_noise_term.jsonl",
         "```",
         "",
         "The known noise variance of each mean sits under the root of the t-test's standard error",
@@ -94,25 +90,14 @@ def report(path: Path) -> str:
         "|" + "---|" * (len(SCALES) + 2),
     ]
     for name in dict.fromkeys(row["dataset"] for row in rows):
-        for epsilon in EPSILONS:
+        for epsilon in dict.fromkeys(row["epsilon"] for row in rows):
             values = [np.mean(cells[(name, epsilon, s)]) for s in SCALES]
             lines.append(f"| {name} | {epsilon:g} | " + " | ".join(f"{v:.2f}" for v in values) + " |")
     return "\n".join(lines) + "\n"
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--data", type=Path, default=Path("../shared/data"))
-    parser.add_argument("--datasets", nargs="*", default=list(FILES))
-    parser.add_argument("--out", type=Path)
-    parser.add_argument("--report", type=Path)
-    args = parser.parse_args()
-    if args.report:
-        print(report(args.report), end="")
-    else:
-        run(args.data, args.datasets, args.out)
+    per_file_main(__doc__, "benchmarks/results/markers_noise_term.jsonl", report, run)
 
 
 if __name__ == "__main__":
