@@ -90,10 +90,11 @@ def make_apps(
     (simulation); without it, each SuperNode's ``node_config`` names its settings file. A site's
     privacy comes from its settings, never from the run configuration (:mod:`._fedsc_site`).
     A site whose settings hold its cells (``SiteSettings.in_memory``) reads them from there, not
-    from ``data-dir``. With ``sink`` (a simulation in this process) the server puts the global
-    model (``"state"``), the rounds' metrics (``"history"``), the pooled gene scaling
-    (``"scaling"``), the centroids and the k-means releases there instead of in ``out-dir``, and
-    the sites keep their labels to themselves (the caller labels its cells from the centroids).
+    from ``data-dir``. With ``sink`` (a simulation in this process) the server also puts the
+    global model (``"state"``), the rounds' metrics (``"history"``), the pooled gene scaling
+    (``"scaling"``), the centroids and the k-means releases there; with no ``out-dir`` it writes
+    no file, and the sites keep their labels to themselves (the caller labels its cells from the
+    centroids).
     """
     require_flwr()
     from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
