@@ -68,9 +68,14 @@ def shared(value: Any) -> Any:
     return ray.put(value)
 
 
+def is_shared(value: Any) -> bool:
+    """Whether ``value`` is a :func:`shared` reference (a Ray object reference)."""
+    return type(value).__module__.startswith("ray") and hasattr(value, "hex")
+
+
 def resolve_shared(value: Any) -> Any:
     """Return the object a :func:`shared` reference points to; any other value unchanged."""
-    if type(value).__module__.startswith("ray"):
+    if is_shared(value):
         import ray
 
         return ray.get(value)

@@ -81,7 +81,7 @@ from ..privacy._clustering import (
     plan_clustering,
 )
 from ..privacy._ledger import _check, compose, ledger_entry
-from ._simulation import resolve_shared
+from ._simulation import is_shared, resolve_shared
 from ._trust import budget_source, fallback_cap, fallback_epsilon, resolve_budget
 
 MODES = ("secure", "plain")
@@ -210,20 +210,28 @@ class SiteSettings:
         return cls.from_mapping(values)
 
 
-_MEMORY_LEDGERS: dict[str, MemoryLedger] = {}  # simulated sites' ledgers, one per site, per process
+#: Simulated sites' ledgers in this process, by the Ray reference of their cells (unique per run).
+_MEMORY_LEDGERS: dict[str, MemoryLedger] = {}
 
 
 def data_identity(value: Any) -> str:
     """Name a site's in-memory cells by the object they are (a Ray reference by its id)."""
-    if hasattr(value, "hex") and type(value).__module__.startswith("ray"):
+    if is_shared(value):
         return f"ray:{value.hex()}"
     return f"{type(value).__name__}@{id(value)}"
 
 
 def ledger_for(settings: SiteSettings) -> FileLedger:
-    """Return the site's ledger: its file, or (cells in memory, no file named) one kept in memory."""
+    """Return the site's ledger: its file, or (cells in memory, no file named) one kept in memory.
+
+    A simulated site's messages may each build a new site object in the same worker process, so
+    the ledger of cells shared through Ray is kept by their reference (unique for the run); cells
+    held directly get a ledger of their own (an object id can be reused once the object is gone).
+    """
     if settings.ledger is not None:
         return FileLedger(settings.ledger)
+    if not is_shared(settings.data):
+        return MemoryLedger()
     return _MEMORY_LEDGERS.setdefault(data_identity(settings.data), MemoryLedger())
 
 
