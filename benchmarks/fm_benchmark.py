@@ -63,7 +63,7 @@ def part_annotation(args, emit) -> None:
             for method, eps in runs:
                 start = time.perf_counter()
                 dpsc.tl.annotate(
-                    ref, query, "label", epsilon=eps, method=method, random_state=seed, noise_seed=seed
+                    query, ref, "label", epsilon=eps, method=method, random_state=seed, noise_seed=seed
                 )
                 row = {"part": "annotation", "dataset": name, "seed": seed, "method": method, "epsilon": eps}
                 row.update(score(query.obs["label"], query.obs["dp_label"]))
@@ -81,7 +81,7 @@ def part_noiseless(args, emit) -> None:
         for seed in args.seeds:
             ref, query = split(adata, seed)
             dpsc.tl.annotate(
-                ref, query, "label", epsilon=1e9, method="pcdbn", random_state=seed, noise_seed=seed
+                query, ref, "label", epsilon=1e9, method="pcdbn", random_state=seed, noise_seed=seed
             )
             row = {"part": "noiseless", "dataset": name, "seed": seed, "method": "pcdbn"}
             row.update(score(query.obs["label"], query.obs["dp_label"]))
@@ -99,7 +99,7 @@ def part_epochs(args, emit) -> None:
         ref, query = split(adata, seed)
         for epochs in (1, 10, 50, 100, 200, 400):
             dpsc.tl.annotate(
-                ref, query, "label", epsilon=budget, method="pcdbn", epochs=epochs, random_state=seed,
+                query, ref, "label", epsilon=budget, method="pcdbn", epochs=epochs, random_state=seed,
                 noise_seed=seed,
             )  # fmt: skip
             row = {
@@ -122,7 +122,7 @@ def part_epochs(args, emit) -> None:
         )
         for epochs in (1, 2, 5, 10, 20, 50):
             dpsc.tl.annotate(
-                ref, query, "label", epsilon=None, method="dpsgd", noise_multiplier=sigma, max_epsilon=budget,
+                query, ref, "label", epsilon=None, method="dpsgd", noise_multiplier=sigma, max_epsilon=budget,
                 epochs=epochs, batch_size=batch, random_state=seed, noise_seed=seed,
             )  # fmt: skip
             record = query.uns["dpsc"]["dp_label"]["reference"]

@@ -96,7 +96,7 @@ CALLS: dict[str, Callable] = {
     ),
     "tl.rank_genes_groups": lambda a, r, **kw: dpsc.tl.rank_genes_groups(a, "leiden", key_added="mine", **kw),
     "tl.annotate": lambda a, r, **kw: dpsc.tl.annotate(
-        r, a, "cell_type", epsilon=2.0, epochs=2, key_added="mine", **kw
+        a, r, "cell_type", epsilon=2.0, epochs=2, key_added="mine", **kw
     ),
     "tl.private_regression": lambda a, r, **kw: dpsc.tl.private_regression(
         a,
@@ -180,10 +180,30 @@ def test_old_argument_names_warn_and_keep_working(small_adata):
         dpsc.tl.cluster_federated(legacy, n_clusters=3)
 
 
+def test_annotate_takes_the_cells_to_label_first_and_still_reads_the_old_order(small_adata):
+    """``annotate(adata, adata_ref, key)`` as ``sc.tl.ingest``; the reference-first order warns and works."""
+    ref = _reference(small_adata[:150])
+    query = small_adata[150:].copy()
+    del query.obs["cell_type"]  # only the reference is labelled: the order of the old call is unambiguous
+    kwargs = {"epsilon": 2.0, "epochs": 1, "noise_seed": 3}
+    dpsc.tl.annotate(query, ref, "cell_type", **kwargs)
+    new = query.obs["dp_label"].copy()
+    assert "dp_label" in ref.uns["dpsc"] and "dp_label" not in ref.obs
+    old_query = small_adata[150:].copy()
+    del old_query.obs["cell_type"]
+    with pytest.warns(FutureWarning, match=r"cells to label first and the labelled reference second"):
+        dpsc.tl.annotate(_reference(small_adata[:150]), old_query, "cell_type", **kwargs)
+    assert (old_query.obs["dp_label"] == new).all()
+    renamed = small_adata[150:].copy()
+    with pytest.warns(FutureWarning, match=r"adata_query= is renamed adata"):
+        dpsc.tl.annotate(None, _reference(small_adata[:150]), "cell_type", adata_query=renamed, **kwargs)
+    assert (renamed.obs["dp_label"] == new).all()
+
+
 def test_renamed_arguments_of_the_tools_warn_before_anything_runs(small_adata):
     ref, query = _reference(small_adata[:150]), small_adata[150:].copy()
     with pytest.warns(FutureWarning, match=r"n_components= is renamed n_comps="):
-        dpsc.tl.annotate(ref, query, "cell_type", epsilon=2.0, epochs=1, n_components=4)
+        dpsc.tl.annotate(query, ref, "cell_type", epsilon=2.0, epochs=1, n_components=4)
     assert query.uns["dpsc"]["dp_label"]["features"].startswith("log-normalised, PCA (4 components)")
     legacy = small_adata.copy()
     legacy.obs["client"] = pd.Categorical(np.arange(legacy.n_obs) % 2)

@@ -36,7 +36,7 @@ SCRIPT = textwrap.dedent(
 
     def run(adata, tool):
         if tool == "annotate":
-            dpsc.tl.annotate(adata, adata[:500].to_memory(), "cell_type", epsilon=8, epochs=1)
+            dpsc.tl.annotate(adata[:500].to_memory(), adata, "cell_type", epsilon=8, epochs=1)
         elif tool == "regression":
             genes = list(adata.var_names[:10])
             dpsc.tl.private_regression(

@@ -131,6 +131,28 @@ def test_site_refuses_what_its_settings_do_not_allow(sites):
 
 
 @pytest.mark.optional_extra
+def test_a_round_carries_a_request_and_a_reply_unchanged(sites):
+    """The one layout of a round (``_rounds``): what the server sends is what a site's handler
+    reads, and what the site answers is what the server reads back (both modes use it)."""
+    pytest.importorskip("flwr")
+    from flwr.app import Context, RecordDict
+
+    from dpsc.federated._pipeline import SiteHandler
+    from dpsc.federated._rounds import read_reply, read_request, reply_content, request_content
+
+    plan = _plan(sites[0])
+    config = {"task": "pipeline", "mode": "plain", "threshold": 1, "n-sites": 3, **plan.to_config()}
+    config |= {"kind": "describe", "index": 0, "sigma": 0.5}
+    payload = [np.arange(200), np.full((200, 1), 200**-0.5), np.zeros((0, 0))]
+    arrays, received = read_request(request_content(config, payload))
+    assert received == config and all(np.array_equal(a, b) for a, b in zip(arrays, payload, strict=True))
+    context = Context(run_id=1, node_id=1, node_config={"partition-id": 1}, state=RecordDict(), run_config={})
+    answer, _, _ = SiteHandler(context, dict(enumerate(sites))).fit(arrays, received)
+    (described,) = read_reply(reply_content(answer))
+    assert described.tolist() == [200, 100]  # the site's genes and cells, public facts of the plan
+
+
+@pytest.mark.optional_extra
 def test_site_handler_refuses_a_server_seed_and_a_secure_request_outside_secagg(sites):
     pytest.importorskip("flwr")
     from flwr.app import Context, RecordDict

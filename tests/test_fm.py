@@ -194,7 +194,7 @@ def ref_query(pbmc_full):
 @pytest.mark.parametrize("method", ["pcdbn", "dpsgd"])
 def test_annotate_writes_valid_labels_and_records(ref_query, method, tmp_path):
     ref, query = ref_query
-    dpsc.tl.annotate(ref, query, "cell_type", epsilon=1.0, method=method, epochs=5)
+    dpsc.tl.annotate(query, ref, "cell_type", epsilon=1.0, method=method, epochs=5)
     assert set(query.obs["dp_label"].astype(str)) <= set(ref.obs["cell_type"].astype(str))
     conf = query.obs["dp_label_confidence"].to_numpy()
     assert np.all((conf > 0) & (conf <= 1))
@@ -216,18 +216,18 @@ def test_annotate_bad_input_is_rejected_and_leaves_data_untouched(ref_query):
     ref, query = ref_query
     obs_before, uns_before = query.obs.copy(), dict(query.uns)
     with pytest.raises(ValueError, match="epsilon must be > 0"):
-        dpsc.tl.annotate(ref, query, "cell_type", epsilon=0)
+        dpsc.tl.annotate(query, ref, "cell_type", epsilon=0)
     with pytest.raises(ValueError, match="not a column"):
-        dpsc.tl.annotate(ref, query, "nope")
+        dpsc.tl.annotate(query, ref, "nope")
     ref_missing = ref.copy()
     ref_missing.obs["cell_type"] = ref_missing.obs["cell_type"].astype(object)
     ref_missing.obs.iloc[0, ref_missing.obs.columns.get_loc("cell_type")] = np.nan
     with pytest.raises(ValueError, match="have no 'cell_type'"):
-        dpsc.tl.annotate(ref_missing, query, "cell_type")
+        dpsc.tl.annotate(query, ref_missing, "cell_type")
     with pytest.raises(ValueError, match="Genes differ"):
         dpsc.tl.annotate(ref, query[:, :250].copy(), "cell_type")
     with pytest.raises(ValueError, match="Unknown method"):
-        dpsc.tl.annotate(ref, query, "cell_type", method="svm")
+        dpsc.tl.annotate(query, ref, "cell_type", method="svm")
     assert query.obs.equals(obs_before) and dict(query.uns) == uns_before
     assert "annotation" not in ref.uns.get("dpsc", {})
 

@@ -43,7 +43,7 @@ def test_regression_and_annotation_write_and_read_back(small_adata, tmp_path):
     assert dpsc.privacy.get_record(back, "response_dp_pred")["relation"] == "replace-one"
     ref, query = small_adata[:200].copy(), small_adata[200:].copy()
     ref.obs["cell_type"] = pd.Categorical(ref.obs["cell_type"].astype(str))
-    dpsc.tl.annotate(ref, query, "cell_type", epsilon=2.0, epochs=2)
+    dpsc.tl.annotate(query, ref, "cell_type", epsilon=2.0, epochs=2)
     _round_trip(ref, tmp_path)
     _round_trip(query, tmp_path)
 

@@ -67,3 +67,18 @@ def test_tools_write_no_temporary_files():
         if any(word in line for word in writes)
     ]
     assert found == []
+
+
+def test_one_federated_frame():
+    """Both federated methods are Message-API apps that talk to their sites through ``_rounds``: no
+    legacy client (``client_fn``, ``NumPyClient``), and Flower's legacy fit round only inside the
+    SecAgg+ adapter."""
+    legacy = ("client_fn", "NumPyClient", "LegacyContext", "DefaultWorkflow", "send_and_receive")
+    found = [
+        f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+        for path in (ROOT / "federated").rglob("*.py")
+        if path.name != "_rounds.py"
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if any(word in line for word in legacy)
+    ]
+    assert found == []

@@ -75,7 +75,7 @@ def test_annotate_with_a_fixed_noise_multiplier_is_refused_past_the_budget(small
     set_budget(ref, 1.0)  # the review: σ given, epsilon=None, under a budget of 1 spent 81
     assert_refused_and_untouched(
         ref,
-        lambda: dpsc.tl.annotate(ref, query, "cell_type", epsilon=None, noise_multiplier=0.5, epochs=2),
+        lambda: dpsc.tl.annotate(query, ref, "cell_type", epsilon=None, noise_multiplier=0.5, epochs=2),
     )
     assert "dp_label" not in query.obs
 

@@ -523,7 +523,7 @@ from sklearn.metrics import accuracy_score, f1_score
 epochs = 20 if FAST else 200
 rows, records = [], {}
 for method, eps, kwargs in [("pcdbn", 1.0, {"epochs": epochs}), ("dpsgd", 1.0, {}), ("mlp", None, {})]:
-    dpsc.tl.annotate(reference, query, "cell_type", epsilon=eps, method=method, **kwargs)
+    dpsc.tl.annotate(query, reference, "cell_type", epsilon=eps, method=method, **kwargs)
     truth, pred = query.obs["cell_type"].astype(str), query.obs["dp_label"].astype(str)
     records[method] = query.uns["dpsc"]["dp_label"]["reference"]
     rows.append({"method": method, "ε spent": records[method]["epsilon"],
@@ -570,10 +570,10 @@ steps = -(-reference.n_obs // batch)  # one epoch of Poisson batches
 sigma = calibrate_noise_multiplier(budget, 1e-5, sample_rate=1 / steps, steps=10 * steps, accountant="prv")
 curve = []
 for epochs_asked in ((1, 5, 20) if FAST else (1, 10, 50, 200)):
-    dpsc.tl.annotate(reference, query, "cell_type", epsilon=budget, method="pcdbn", epochs=epochs_asked)
+    dpsc.tl.annotate(query, reference, "cell_type", epsilon=budget, method="pcdbn", epochs=epochs_asked)
     curve.append({"method": "pCDBN", "epochs": epochs_asked, "ε spent": query.uns["dpsc"]["dp_label"]["reference"]["epsilon"],
                   "accuracy": accuracy_score(query.obs["cell_type"].astype(str), query.obs["dp_label"].astype(str))})
-dpsc.tl.annotate(reference, query, "cell_type", epsilon=None, method="dpsgd", noise_multiplier=sigma,
+dpsc.tl.annotate(query, reference, "cell_type", epsilon=None, method="dpsgd", noise_multiplier=sigma,
                  max_epsilon=budget, epochs=50, batch_size=batch)
 history = query.uns["dpsc"]["dp_label"]["reference"]["epsilon_history"]
 fig, ax = plt.subplots(figsize=(5, 3.5))

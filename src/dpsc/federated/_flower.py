@@ -1,4 +1,4 @@
-"""Flower ``ServerApp`` / ``ClientApp`` of FedSC (Message API) and the simulation launcher.
+"""Flower apps of FedSC (Message API; rounds through :mod:`._rounds`) and the simulation launcher.
 
 The apps read their settings from a dict given to :func:`make_apps`, overridden by Flower's
 ``run_config``; each site reads its cells from ``{data-dir}/client_{partition-id}.npy``. The
@@ -9,7 +9,6 @@ deployment (``flwr run`` with one SuperNode per site; see the docs).
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from ._ema import calibrate_lambda, divergence, divergence_aware_update, ema_wei
 from ._fedsc_site import KMEANS_STEPS, FedSCGuard
 from ._pipeline import site_settings_from
 from ._requires import require_flwr
+from ._rounds import send_to_sites
 from ._scaling import apply_scaling, pooled_scaling, site_sums
 from ._simulation import ray_session, resolve_shared, shared, simulate
 from ._site import SiteRefusal
@@ -139,17 +139,11 @@ def make_apps(
         save(kmeans=releases)
 
     def _send(grid: Grid, n: int, config: dict, arrays, extra: dict | None = None) -> list:
-        """One Message-API query round to every site; the replies, or a clear error."""
-        while len(nodes := list(grid.get_node_ids())) < n:
-            time.sleep(0.1)
+        """One query round to every site (:func:`~._rounds.send_to_sites`); the replies, or a clear error."""
         payload = {"weights": arrays, "config": ConfigRecord(config)}
         if extra:
             payload["extra"] = ArrayRecord({k: torch.as_tensor(v) for k, v in extra.items()})
-        messages = [
-            Message(content=RecordDict(payload), dst_node_id=node, message_type="query") for node in nodes
-        ]
-        replies = list(grid.send_and_receive(messages))
-        failed = [reply.error.reason for reply in replies if reply.has_error()]
+        replies, failed, _ = send_to_sites(grid, RecordDict(payload), "query", n, None)
         if failed:
             raise RuntimeError(f"{config['task']}: {len(failed)} site(s) refused or failed: {failed}")
         return replies
@@ -189,13 +183,9 @@ def make_apps(
         return centroids, releases
 
     def _pooled_gene_statistics(grid: Grid, n: int) -> tuple[np.ndarray, np.ndarray]:
-        while len(nodes := list(grid.get_node_ids())) < n:  # SuperNodes register asynchronously
-            time.sleep(0.1)
-        queries = [Message(content=RecordDict({}), dst_node_id=node, message_type="query") for node in nodes]
-        replies = list(grid.send_and_receive(queries))
-        failed = [reply.error for reply in replies if reply.has_error()]
-        if failed or len(replies) != len(nodes):
-            missing = len(nodes) - len(replies)
+        replies, failed, sent = send_to_sites(grid, RecordDict({}), "query", n, None)
+        if failed or len(replies) != sent:
+            missing = sent - len(replies)
             raise RuntimeError(f"Gene statistics: {missing} site(s) did not reply; errors: {failed}")
         return pooled_scaling([reply.content["sums"].to_torch_state_dict() for reply in replies])
 

@@ -7,7 +7,7 @@ the total through SecAgg+ (``mode="secure"``, :mod:`dpsc.federated._secagg`) or 
 sites' fully noised vectors (``mode="plain"``). A last round sends the released genes, loadings and
 centroids to the sites, which label their own cells and write them into their own ``.h5ad``.
 
-The same apps run in Flower's simulation engine (:func:`dpsc.tl.fit_federated`) and in a real
+The same apps run in Flower's simulation engine (:func:`dpsc.tl.cluster_federated`) and in a real
 deployment (``dpsc federate server`` / ``dpsc federate site``, one SuperNode per site).
 """
 
@@ -26,7 +26,8 @@ import numpy as np
 from ..privacy._clustering import ClusterPlan, ClusterResult, Request, plan_clustering, run_clustering
 from ..privacy._kmeans import Assignment
 from ._requires import require_flwr
-from ._secagg import LIMBS, from_digit_means, secagg_workflow, to_digits, use_secure_masks
+from ._rounds import RoundResult, plain_round, read_request, reply_content, secure_round
+from ._secagg import LIMBS, from_digit_means, to_digits, use_secure_masks
 from ._simulation import ray_session, shared, simulate
 from ._site import MODES, Site, SiteRefusal, SiteSettings, data_identity
 
@@ -221,84 +222,27 @@ class SiteHandler:
 
 
 def make_client_app(site_settings: dict[int, SiteSettings] | None = None):
-    """Return the site's ClientApp: release requests and the final labelling (:class:`SiteHandler`)."""
-    from flwr.client import NumPyClient
+    """Return the site's ClientApp: release requests and the final labelling (:class:`SiteHandler`).
+
+    One Message-API handler answers every request, plain or inside SecAgg+ (whose mod masks the
+    reply); requests and replies use the fit layout of :mod:`._rounds`.
+    """
+    from flwr.app import Message
     from flwr.clientapp import ClientApp
 
-    class SiteClient(NumPyClient):
-        def __init__(self, context) -> None:
-            self.handler = SiteHandler(context, site_settings)
+    app = ClientApp(mods=[dpsc_secagg_mod])
 
-        def fit(self, parameters, config):
-            return self.handler.fit(parameters, config)
+    @app.train()
+    def answer(message, context):
+        arrays, config = read_request(message.content)
+        vectors, _, _ = SiteHandler(context, site_settings).fit(arrays, config)
+        return Message(content=reply_content(vectors), reply_to=message)
 
-    def client_fn(context):
-        return SiteClient(context).to_client()
-
-    return ClientApp(client_fn=client_fn, mods=[dpsc_secagg_mod])
-
-
-class _RoundStrategy:
-    """One Flower round that sends ``config`` and ``payload`` to every site and keeps the replies.
-
-    It first waits (up to ``timeout`` seconds, polling every 0.2 s) until at least ``n_wait`` sites
-    are connected, then sends to all connected sites.
-    """
-
-    def __new__(cls, *args, **kwargs):
-        from flwr.server.strategy import Strategy
-
-        class RoundStrategy(Strategy):
-            def __init__(
-                self, config: dict[str, Any], payload: list[np.ndarray], n_wait: int, timeout: float
-            ):
-                self.config, self.payload, self.n_wait, self.timeout = config, payload, n_wait, timeout
-                self.replies: list[list[np.ndarray]] = []
-                self.failures: list[str] = []
-                self.sent = 0  # sites the round was sent to
-                self.aggregated = False  # whether Flower got as far as aggregating
-
-            def initialize_parameters(self, client_manager):
-                from flwr.common import ndarrays_to_parameters
-
-                return ndarrays_to_parameters(self.payload)
-
-            def configure_fit(self, server_round, parameters, client_manager):
-                from flwr.common import FitIns
-
-                # ``num_available`` asks the SuperLink for its node list (Flower's compat layer
-                # refreshes it on that call, otherwise only every 5 s): poll it, not ``wait_for``.
-                deadline = time.monotonic() + self.timeout
-                while client_manager.num_available() < self.n_wait and time.monotonic() < deadline:
-                    time.sleep(0.2)
-                clients = list(client_manager.all().values())
-                self.sent = len(clients)
-                return [(client, FitIns(parameters, dict(self.config))) for client in clients]
-
-            def aggregate_fit(self, server_round, results, failures):
-                from flwr.common import parameters_to_ndarrays
-
-                self.aggregated = True
-                self.replies = [parameters_to_ndarrays(res.parameters) for _, res in results]
-                self.failures = [
-                    str(f if isinstance(f, BaseException) else f[1].status.message) for f in failures
-                ]
-                return None, {}
-
-            def configure_evaluate(self, server_round, parameters, client_manager):
-                return []
-
-            def aggregate_evaluate(self, server_round, results, failures):
-                return None, {}
-
-            def evaluate(self, server_round, parameters):
-                return None
-
-        return RoundStrategy(*args, **kwargs)
+    return app
 
 
 class Rounds:
-    """The run's Flower rounds, one per message to the sites (through SecAgg+ when ``secure``).
+    """The run's rounds, one per message to the sites (:func:`~._rounds.secure_round` when ``secure``).
 
     The first round waits up to the run's timeout for all ``n_sites`` to connect; later rounds
     wait only until ``needed`` sites are connected (a secure release's threshold; one site for a
@@ -313,19 +257,16 @@ class Rounds:
         self.needed = needed
         self.joined = False
 
-    def __call__(self, config: dict[str, Any], payload: list[np.ndarray], secure: bool):
-        """Run one round; return the strategy with the replies and failures."""
-        from flwr.server import ServerConfig
-        from flwr.server.compat import LegacyContext
-        from flwr.server.workflow import DefaultWorkflow
-
+    def __call__(self, config: dict[str, Any], payload: list[np.ndarray], secure: bool) -> RoundResult:
+        """Run one round; return the replies and failures."""
         n_wait = self.needed if self.joined else self.n_sites
-        strategy = _RoundStrategy(config, payload, n_wait, self.timeout)
-        legacy = LegacyContext(context=self.context, config=ServerConfig(num_rounds=1), strategy=strategy)
-        fit_workflow = secagg_workflow(int(config["threshold"]), self.timeout) if secure else None
-        DefaultWorkflow(fit_workflow=fit_workflow)(self.grid, legacy)
+        if secure:
+            threshold = int(config["threshold"])
+            result = secure_round(self.grid, self.context, config, payload, n_wait, self.timeout, threshold)
+        else:
+            result = plain_round(self.grid, config, payload, n_wait, self.timeout)
         self.joined = True
-        return strategy
+        return result
 
 
 class ReleaseLog:
@@ -392,10 +333,10 @@ def make_server_app(settings: dict[str, Any] | None = None, sink: dict[str, Any]
                 config["assignment"] = request.assignment.kind
             if request.bound is not None:
                 config["bound"] = float(request.bound)
-            strategy = rounds(config, _payload(request), secure=mode == "secure")
-            replies = strategy.replies
+            round_ = rounds(config, _payload(request), secure=mode == "secure")
+            replies = round_.replies
             if len(replies) < needed:
-                raise RunStopped(release_failure(request, strategy, needed, mode))
+                raise RunStopped(release_failure(request, round_, needed, mode))
             spec = request.release(plan.n_vars)
             if mode == "secure":
                 total = from_digit_means(replies[0][:LIMBS], len(replies))
@@ -403,7 +344,7 @@ def make_server_app(settings: dict[str, Any] | None = None, sink: dict[str, Any]
             else:
                 total = np.sum([np.asarray(r[0], dtype=np.int64) for r in replies], axis=0)
                 sent = spec.size * 8
-            log.add(request, len(replies), strategy.failures, sent)
+            log.add(request, len(replies), round_.failures, sent)
             return spec.decode(total)
 
         summary = {"plan": plan.to_config(), "mode": mode, "threshold": threshold, "n_sites": n_sites}
@@ -472,22 +413,22 @@ def site_failures(failures: list[str]) -> list[str]:
     return reasons
 
 
-def release_failure(request: Request, strategy, needed: int, mode: str) -> str:
+def release_failure(request: Request, round_: RoundResult, needed: int, mode: str) -> str:
     """Say which release failed, how many sites contributed and why the others did not."""
-    contributed, reasons = len(strategy.replies), site_failures(strategy.failures)
-    silent = max(strategy.sent - contributed - len(reasons), 0)
+    contributed, reasons = len(round_.replies), site_failures(round_.failures)
+    silent = max(round_.sent - contributed - len(reasons), 0)
     parts = [
-        f"Release {request.index} ({request.kind}): {contributed} of the {strategy.sent} connected sites "
+        f"Release {request.index} ({request.kind}): {contributed} of the {round_.sent} connected sites "
         f"contributed, fewer than the {needed} the run needs; the run stops and nothing more is released."
     ]
-    if mode == "secure" and not strategy.aggregated:
+    if mode == "secure" and not round_.aggregated:
         parts.append(
             f"Secure aggregation (SecAgg+) halted: it needs {needed} sites (the threshold) to answer each "
             "of its stages, and fewer did."
         )
     if reasons:
         parts.append("Sites that answered with an error: " + "; ".join(r.rstrip(".") for r in reasons) + ".")
-    if silent and strategy.aggregated:
+    if silent and round_.aggregated:
         parts.append(f"{silent} site(s) did not answer in time (stopped, disconnected or too slow).")
     elif not reasons:
         parts.append("No site reported an error: a site stopped, disconnected or timed out (see its log).")

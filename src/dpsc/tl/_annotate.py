@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Literal
 
 import anndata as ad
@@ -12,7 +13,7 @@ import torch
 from dpsc._docs import doc_params
 
 from .. import _blocks, fm
-from .._api import DEFAULT_EPSILON, renamed_argument, store_result
+from .._api import DEFAULT_EPSILON, REMOVED_IN, renamed_argument, store_result
 from .._validation import get_matrix, resolve_delta
 from ..module import clean_input, input_representation
 from ..privacy import (
@@ -120,10 +121,52 @@ def _planned_record(method: str, epsilon, delta: float, n_ref: int, kwargs: dict
     )
 
 
+def _query_and_reference(
+    adata: ad.AnnData | None, adata_ref: ad.AnnData, label_key: str, adata_query: ad.AnnData | None
+) -> tuple[ad.AnnData, ad.AnnData]:
+    """Return ``(query, reference)`` from the arguments, reading dpsc 0.2's order and name with a warning.
+
+    dpsc 0.2 took the reference first. A call whose first data set holds ``obs[label_key]`` and
+    whose second does not can only mean that order: the two are swapped, with a
+    :class:`FutureWarning` (the metadata decides; no cell is read).
+    """
+    if adata_query is not None:
+        if adata is not None:
+            raise TypeError(
+                "dpsc.tl.annotate got both adata and adata_query=; pass only adata (the cells to label)."
+            )
+        warnings.warn(
+            "dpsc.tl.annotate: adata_query= is renamed adata (the first argument, as in sc.tl.ingest) and "
+            f"will be removed in dpsc {REMOVED_IN}; call dpsc.tl.annotate(adata, adata_ref, label_key).",
+            FutureWarning,
+            stacklevel=3,
+        )
+        return adata_query, adata_ref
+    if adata is None:
+        raise TypeError(
+            "dpsc.tl.annotate needs the cells to label: dpsc.tl.annotate(adata, adata_ref, label_key)."
+        )
+    if (
+        isinstance(adata, ad.AnnData)
+        and isinstance(adata_ref, ad.AnnData)
+        and label_key in adata.obs
+        and label_key not in adata_ref.obs
+    ):
+        warnings.warn(
+            f"dpsc.tl.annotate takes the cells to label first and the labelled reference second, as "
+            f"sc.tl.ingest: call dpsc.tl.annotate(adata, adata_ref, {label_key!r}). The reference-first "
+            f"order is read from which data set holds obs[{label_key!r}] until dpsc {REMOVED_IN}.",
+            FutureWarning,
+            stacklevel=3,
+        )
+        return adata_ref, adata
+    return adata, adata_ref
+
+
 def _check_inputs(
     adata_ref: ad.AnnData, adata_query: ad.AnnData, label_key: str, epsilon: float | None, method: str
 ) -> np.ndarray:
-    for name, adata in (("adata_ref", adata_ref), ("adata_query", adata_query)):
+    for name, adata in (("adata_ref", adata_ref), ("adata", adata_query)):
         if not isinstance(adata, ad.AnnData):
             raise TypeError(f"{name} must be an AnnData object, got {type(adata).__name__}.")
     if method not in METHODS:
@@ -151,16 +194,15 @@ def _check_inputs(
             f"Genes differ between reference and query: {len(missing)} reference genes are not in the "
             f"query (e.g. {list(missing[:3])}) and {len(extra)} query genes are not in the reference. "
             "Subset both to the shared genes first: genes = adata_ref.var_names.intersection("
-            "adata_query.var_names); adata_ref, adata_query = adata_ref[:, genes].copy(), "
-            "adata_query[:, genes].copy()."
+            "adata.var_names); adata, adata_ref = adata[:, genes].copy(), adata_ref[:, genes].copy()."
         )
     return labels.astype(str).to_numpy()
 
 
 @doc_params
 def annotate(
+    adata: ad.AnnData | None,
     adata_ref: ad.AnnData,
-    adata_query: ad.AnnData,
     label_key: str,
     *,
     epsilon: float | None = DEFAULT_EPSILON,
@@ -174,9 +216,10 @@ def annotate(
     copy: bool = False,
     return_model: bool = False,
     n_components: int | None = None,
+    adata_query: ad.AnnData | None = None,
     **method_kwargs: Any,
 ) -> ad.AnnData | Classifier | tuple[ad.AnnData, Classifier] | None:
-    """Label query cells with a classifier trained on a private, labelled reference.
+    """Label cells with a classifier trained on a private, labelled reference (as ``sc.tl.ingest``).
 
     Both data sets are log-normalised per cell (``log1p(10⁴ x / Σx)``, no cross-cell statistics);
     a PCA with ``n_comps`` is fitted on the **query** cells and applied to both, so the
@@ -191,10 +234,10 @@ def annotate(
 
     Parameters
     ----------
+    adata
+        Cells to label (the query: yours, not protected), first as in ``sc.tl.ingest``.
     adata_ref
         Labelled reference cells (the private data), counts in ``X`` or ``layers[layer]``.
-    adata_query
-        Cells to label (yours; not protected).
     label_key
         Column of ``adata_ref.obs`` with the labels.
     method
@@ -210,32 +253,37 @@ def annotate(
         Where the counts are, and whether to log-normalise (``False`` for data already
         transformed).
     key_added
-        ``adata_query.obs`` columns ``key_added`` (label) and ``f"{key_added}_confidence"``
+        ``adata.obs`` columns ``key_added`` (label) and ``f"{key_added}_confidence"``
         (predicted probability of that label).
     random_state
         Seed of the query PCA and of the classifier's initialisation; never of the noise, which
         is secret unless ``noise_seed=`` is passed in ``method_kwargs`` (tests and benchmarks only).
     copy
-        Leave ``adata_query`` untouched and return an annotated copy (the reference's privacy
+        Leave ``adata`` untouched and return an annotated copy (the reference's privacy
         ledger records the training either way).
     return_model
         {doc_return_model}
         The model is the fitted classifier.
     n_components
         Old name of ``n_comps`` (a :class:`FutureWarning`; removed in 0.4).
+    adata_query
+        Old name of ``adata`` (a :class:`FutureWarning`; removed in 0.4). The reference-first
+        order of dpsc 0.2, ``annotate(adata_ref, adata_query, label_key)``, still works until then
+        with a :class:`FutureWarning` when only the first holds ``obs[label_key]``.
     **method_kwargs
         Passed to the classifier (e.g. ``hidden=(16,)``, ``epochs=50``, ``epsilon_split=...``).
 
     Returns
     -------
-    ``None``; the annotated copy of ``adata_query`` with ``copy=True``; the classifier (or
+    ``None``; the annotated copy of ``adata`` with ``copy=True``; the classifier (or
     ``(copy, classifier)``) with ``return_model=True``. Writes the labels to
-    ``adata_query.obs[key_added]``, the
+    ``adata.obs[key_added]``, the
     classifier's privacy record to ``adata_ref.uns["dpsc"][key_added]`` (and a ledger entry
-    for the reference cells), and to ``adata_query.uns["dpsc"][key_added]`` a record with
+    for the reference cells), and to ``adata.uns["dpsc"][key_added]`` a record with
     ``guarantee="none"`` for the query cells (the PCA is fitted on them) plus the reference's
     record. Nothing is written if an error occurs.
     """
+    adata_query, adata_ref = _query_and_reference(adata, adata_ref, label_key, adata_query)
     fixed_noise = method == "dpsgd" and method_kwargs.get("noise_multiplier") is not None and epsilon is None
     n_comps = renamed_argument(
         "dpsc.tl.annotate", "n_components", "n_comps", n_components, n_comps, default=8
