@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> None:
                         X = apply_scaling(X, *pooled_scaling([site_sums(X)]))
                     torch.manual_seed(seed)
                     net = SSLNet(X.shape[1], SSLConfig(method="fedbyol"))
-                    local_train(net, X, args.rounds * args.local_epochs, seed=seed)
+                    local_train(net, X, args.rounds * args.local_epochs, random_state=seed)
                     Z = embed(net, X)
                     pred = KMeans(k, n_init=10, random_state=seed).fit_predict(Z)
                 else:

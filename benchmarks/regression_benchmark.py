@@ -105,7 +105,9 @@ def gdsc(data: Path, eps_values, n_splits, n_public=10, n_test=15, n_genes=10):
                             "n_private": int(priv.size),
                             "spearman": linear.spearman(y_all[test], pred),
                             "pc": linear.probabilistic_c_index(y_all[test], pred),
-                            "null_pc_sd": linear.null_pc_sd(y_all[test], n_permutations=100, seed=split),
+                            "null_pc_sd": linear.null_pc_sd(
+                                y_all[test], n_permutations=100, random_state=split
+                            ),
                         }
                     )
         print(f"gdsc {drug} done", file=sys.stderr, flush=True)

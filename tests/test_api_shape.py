@@ -210,3 +210,56 @@ def test_renamed_arguments_of_the_tools_warn_before_anything_runs(small_adata):
     with pytest.warns(FutureWarning, match=r"client_key= is renamed site_key="):
         with pytest.raises(ValueError, match="Unknown method"):  # the warning comes first, then the checks
             dpsc.tl.fit_federated(legacy, client_key="client", epsilon=None, method="fedprox")
+
+
+OLD_NAMES = {
+    "seed": "random_state",
+    "n_clients": "n_sites",
+    "client_key": "site_key",
+    "n_components": "n_comps",
+}
+
+
+def test_one_name_per_concept_across_the_public_api():
+    """Every public function and class names a seed ``random_state``, sites ``n_sites``/``site_key`` and
+    components ``n_comps``; an old name survives only as a deprecated keyword beside the new one."""
+    import importlib
+    import inspect
+
+    found = []
+    for package in (
+        "tl",
+        "pp",
+        "pl",
+        "privacy",
+        "federated",
+        "fm",
+        "linear",
+        "model",
+        "audit",
+        "datasets",
+        "optim",
+    ):
+        module = importlib.import_module(f"dpsc.{package}")
+        for name in module.__all__:
+            obj = getattr(module, name)
+            target = obj.__init__ if inspect.isclass(obj) else obj
+            if not callable(target):
+                continue
+            try:
+                parameters = inspect.signature(target).parameters
+            except (TypeError, ValueError):
+                continue
+            for old, new in OLD_NAMES.items():
+                if old in parameters and (parameters[old].default is not None or new not in parameters):
+                    found.append(f"dpsc.{package}.{name}({old}=)")
+    assert found == []
+
+
+def test_old_seed_and_site_names_warn_and_give_the_same_result():
+    y = np.linspace(-1.0, 1.0, 30)
+    with pytest.warns(FutureWarning, match=r"seed= is renamed random_state="):
+        old = dpsc.linear.null_pc_sd(y, n_permutations=20, seed=3)
+    assert old == dpsc.linear.null_pc_sd(y, n_permutations=20, random_state=3)
+    with pytest.raises(TypeError, match="both seed= and random_state="):
+        dpsc.linear.null_pc_sd(y, n_permutations=20, random_state=2, seed=3)

@@ -113,7 +113,35 @@ def test_many_clusters_get_enough_buckets():
     assert np.isfinite(centroids).all()
 
 
-@pytest.mark.parametrize("bad", [{"oversampling": 0}, {"count_scale": 0.0}])
+def test_refine_rounds_are_lloyd_rounds_of_the_k_reduced_centroids():
+    """The last ``refine_rounds`` tables have k rows (after the reduction of m = 3k), the releases
+    still number :func:`kmeans_release_steps`, and separated groups are still recovered."""
+    z, truth = _blobs_on_sphere()
+    rows = []
+    d = z.shape[1]
+
+    def release_table(assignment):
+        rows.append((assignment.kind, assignment.n_rows))
+        table = kmeans_table(z, assignment, RADIUS, 1.0)
+        return split_table(table, assignment.n_rows, d, RADIUS, 1.0)
+
+    plan = {"n_sketch_steps": 1, "n_lloyd_rounds": 3, "steps_per_round": 1, "oversampling": 3}
+    centroids = dp_kmeans_centroids(
+        release_table,
+        4,
+        d,
+        noise_multiplier=0.0,
+        clip_norm=RADIUS,
+        sphere_radius=RADIUS,
+        refine_rounds=1,
+        **plan,
+    )
+    assert [r for _, r in rows[1:]] == [12, 12, 4] and len(rows) == kmeans_release_steps(1, 3, 1)
+    labels = torch.cdist(z.float(), torch.as_tensor(centroids)).argmin(1).numpy()
+    assert adjusted_rand_score(truth, labels) == 1.0
+
+
+@pytest.mark.parametrize("bad", [{"oversampling": 0}, {"count_scale": 0.0}, {"refine_rounds": 9}])
 def test_bad_options_are_refused(bad):
     z, _ = _blobs_on_sphere()
     with pytest.raises(ValueError, match=next(iter(bad))):
@@ -130,3 +158,19 @@ def test_unknown_kmeans_option_is_refused_before_training(small_adata):
     with pytest.raises(ValueError, match="plan_kwargs does not take"):
         model.train(epsilon=8.0, plan_kwargs={"lr": 3}, progress_bar=False, accelerator="cpu")
     assert not model.is_trained_
+
+
+def test_a_clustering_plan_with_a_refine_round_schedules_it_and_runs_it(small_adata, monkeypatch):
+    """With ``refine_rounds`` in the plan the last k-means release has k rows in the schedule (what a
+    federated site serves), the plan is calibrated for every release, and the run follows it."""
+    from dpsc.privacy import _clustering
+
+    monkeypatch.setitem(_clustering.KMEANS_PLAN, "n_lloyd_rounds", 3)
+    monkeypatch.setitem(_clustering.KMEANS_PLAN, "refine_rounds", 1)
+    plan = _clustering.plan_clustering(
+        8.0, 1e-5, n_vars=small_adata.n_vars, n_clusters=3, n_obs=small_adata.n_obs
+    )
+    tables = [entry for entry in plan.schedule() if entry.kind == "kmeans"]
+    assert [entry.rows for entry in tables[1:]] == [12, 12, 3] and plan.kmeans_steps == 4
+    result = _clustering.run_clustering(plan, _clustering.central_release_sum(small_adata.X, NoiseSource(1)))
+    assert result.centroids.shape == (3, plan.n_comps) and result.releases == plan.n_releases

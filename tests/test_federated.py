@@ -77,8 +77,8 @@ def test_byol_loss_per_cell_and_training_lowers_it():
         torch.manual_seed(0)
         net = SSLNet(30, SSLConfig(method=method, batch_size=32))
         assert set(net.shared_state()) == {k for k in net.state_dict() if not k.startswith("target.")}
-        first = local_train(net, X, 1, seed=0)
-        last = local_train(net, X, 15, seed=1)
+        first = local_train(net, X, 1, random_state=0)
+        last = local_train(net, X, 15, random_state=1)
         assert np.isfinite(first) and np.isfinite(last)
 
 

@@ -19,7 +19,7 @@ for label in ("non-private", "DP-SGD (ghost clipping)"):
     net = SSLNet(X.shape[1], SSLConfig(method="fedsc"))
     start = time.perf_counter()
     if label == "non-private":
-        local_train(net, X, 3, seed=0)
+        local_train(net, X, 3, random_state=0)
     else:
         local_train_private(net, X, 3, seed=0, dp=ClientDP(1.0, 1.0, "sgd", 0.032))
     times[label] = time.perf_counter() - start

@@ -22,6 +22,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from .._api import renamed_argument
+
 
 class GradientCanaries:
     """Dirac gradient canaries attached to a :class:`~dpsc.privacy.DPSGDEngine` as a probe.
@@ -38,13 +40,15 @@ class GradientCanaries:
         q of the run.
     noise_multiplier, expected_batch_size
         σ and B of the run, to put each noisy coordinate on the scale of one canary.
-    seed
+    random_state
         The auditor's seed (coordinates, signs, inclusion, per-step sampling): the auditor knows
         these, the run's own noise stays secret.
     candidates
         Flat coordinates (over ``parameters`` concatenated) to place the canaries in; ``None``:
         all. Coordinates where the cells' own gradients are small make the canaries easier to
         see; the bound is valid wherever they are placed.
+    seed
+        Old name of ``random_state`` (a :class:`FutureWarning`; removed in 0.4).
     """
 
     def __init__(
@@ -56,14 +60,18 @@ class GradientCanaries:
         sample_rate: float,
         noise_multiplier: float,
         expected_batch_size: int,
-        seed: int = 0,
+        random_state: int = 0,
         candidates: np.ndarray | None = None,
+        seed: int | None = None,
     ) -> None:
+        random_state = renamed_argument(
+            "dpsc.audit.GradientCanaries", "seed", "random_state", seed, random_state, default=0
+        )
         sizes = np.array([p.numel() for p in parameters])
         pool = np.arange(int(sizes.sum())) if candidates is None else np.asarray(candidates)
         if not 1 <= n_canaries <= pool.size:
             raise ValueError(f"n_canaries must be in [1, {pool.size}] (coordinates to place them in).")
-        rng = np.random.default_rng(seed)
+        rng = np.random.default_rng(random_state)
         coords = rng.choice(pool, n_canaries, replace=False)
         offsets = np.concatenate([[0], np.cumsum(sizes)])
         self.param_index = np.searchsorted(offsets, coords, side="right") - 1

@@ -8,6 +8,7 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
+from .._api import renamed_argument
 from .._blocks import row_blocks
 from ..module import DCANModule
 from ..optim import make_optimizer
@@ -45,12 +46,13 @@ def gradient_canary_run(
     n_hidden: tuple[int, ...] = (256, 64),
     n_latent: int = 32,
     lr: float = 1.0,
-    seed: int = 0,
+    random_state: int = 0,
     noise_seed: int | None = None,
     placement: Literal["padding", "quiet", "random"] = "padding",
     accountant: Literal["rdp", "prv"] = "rdp",
     noise_multiplier: float | None = None,
     _noise_scale: float = 1.0,
+    seed: int | None = None,
 ) -> dict[str, Any]:
     r"""Train DP-DCAN's encoder (instance stage) with DP-SGD and Dirac canaries; bound ε from one run.
 
@@ -73,8 +75,12 @@ def gradient_canary_run(
     case in which a one-run audit can come closest to the claim (docs/privacy.md).
     ``noise_multiplier`` skips the calibration (the caller calibrated with the same arguments).
     ``_noise_scale`` multiplies the noise while the claim stays the same: a deliberately broken
-    mechanism, for tests only.
+    mechanism, for tests only. ``seed`` is the old name of ``random_state`` (a
+    :class:`FutureWarning`; removed in 0.4).
     """
+    random_state = renamed_argument(
+        "dpsc.audit.gradient_canary_run", "seed", "random_state", seed, random_state, default=0
+    )
     n = counts.shape[0]
     batch_size, q, steps = audit_schedule(n, epochs, batch_size)
     sigma = noise_multiplier
@@ -86,7 +92,7 @@ def gradient_canary_run(
         raise ValueError(f"Unknown placement {placement!r}; choose 'padding', 'quiet' or 'random'.")
     n_genes = counts.shape[1]
     pad = -(-n_canaries // n_hidden[0]) if placement == "padding" else 0
-    torch.manual_seed(seed)
+    torch.manual_seed(random_state)
     module = DCANModule(n_input=n_genes + pad, n_clusters=2, n_latent=n_latent, n_hidden=n_hidden)
     settings = DPSGDSettings.from_sigma(
         n_obs=n,
@@ -105,11 +111,11 @@ def gradient_canary_run(
         sample_rate=q,
         noise_multiplier=sigma,
         expected_batch_size=batch_size,
-        seed=seed,
+        random_state=random_state,
         candidates=_candidates(placement, counts, n_canaries, n_hidden[0], pad),
     )
     engine.probes.append(canaries)
-    masks = torch.Generator().manual_seed(seed)
+    masks = torch.Generator().manual_seed(random_state)
     module.train()
 
     def per_cell_loss(indices: torch.Tensor) -> torch.Tensor:

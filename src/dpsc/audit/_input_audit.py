@@ -31,6 +31,7 @@ import anndata as ad
 import numpy as np
 import scipy.sparse as sp
 
+from .._api import renamed_argument
 from ._features import encoder_features, reconstruction_loss
 from ._one_run import one_run_bound
 
@@ -65,9 +66,10 @@ def input_canary_run(
     n_canaries: int = 1000,
     guess_fraction: float = 0.1,
     confidence: float = 0.95,
-    seed: int = 0,
+    random_state: int = 0,
     noise_seed: int | None = None,
     layer: str | None = None,
+    seed: int | None = None,
     **fit_kwargs: Any,
 ) -> dict[str, Any]:
     """Train one DP-DCAN fit with input canaries and bound its ε from the released model.
@@ -75,23 +77,27 @@ def input_canary_run(
     ``fit`` is :func:`dpsc.tl.fit` (passed in, so that this module does not import ``dpsc.tl``).
     Returns ``rows`` (one per score: ``score``, ``epsilon_lower``, ``ceiling``, ``n_guesses``,
     ``n_correct``, ``n_canaries``, ``confidence``), ``epsilon_claimed``, ``guarantee`` and the fit's
-    privacy ``record``.
+    privacy ``record``. ``random_state`` seeds the canaries and the fit (``seed``: its old name, a
+    :class:`FutureWarning`; removed in 0.4).
     """
     from ..model import SharedEncoder
     from ..privacy import get_record
 
-    rng = np.random.default_rng(seed)
+    random_state = renamed_argument(
+        "dpsc.audit.input_canary_run", "seed", "random_state", seed, random_state, default=0
+    )
+    rng = np.random.default_rng(random_state)
     cells = sp.csr_matrix(adata.layers[layer] if layer else adata.X, dtype=np.float32)
     canaries = make_input_canaries(cells, n_canaries, rng)
     included = rng.random(n_canaries) < 0.5
     train = ad.AnnData(sp.vstack([cells, canaries[included]]).tocsr())
     train.var_names = adata.var_names.copy()
-    options = {"progress_bar": False, "random_state": seed, "noise_seed": noise_seed, **fit_kwargs}
+    options = {"progress_bar": False, "random_state": random_state, "noise_seed": noise_seed, **fit_kwargs}
     model = fit(train, epsilon=epsilon, delta=delta, return_model=True, **options)
     record = get_record(train, "X_dpdcan")
     with tempfile.TemporaryDirectory() as tmp:
         shared = SharedEncoder.load(model.export_shared(tmp))
-    _, agreement = encoder_features(shared.module, canaries, seed=seed)
+    _, agreement = encoder_features(shared.module, canaries, random_state=random_state)
     scores = {"view agreement": agreement, "reconstruction": -reconstruction_loss(model.module, canaries)}
     k = int(guess_fraction * n_canaries)
     per_test = 1 - (1 - confidence) / len(scores)

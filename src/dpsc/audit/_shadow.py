@@ -49,7 +49,7 @@ def _train(fit: Callable, adata: ad.AnnData, idx: np.ndarray, epsilon, fit_kwarg
 
 def _features(module: Any, X: Any, features: str, seed: int) -> dict[str, np.ndarray]:
     """Attack feature sets and single scores of each cell (decoder ones only if asked)."""
-    feat, agree = encoder_features(module, X, seed=seed)
+    feat, agree = encoder_features(module, X, random_state=seed)
     out = {"encoder": feat, "agreement": agree}
     if features == "encoder+decoder":
         recon = reconstruction_loss(module, X)

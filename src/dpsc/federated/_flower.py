@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._api import renamed_argument
 from ..privacy import dp_kmeans_centroids, split_table
 from ..privacy._clustering import CLIP_NORM, KMEANS_PLAN
 from ..privacy._kmeans import Assignment, nearest_centroid, table_release
@@ -286,7 +287,7 @@ def make_apps(
                 net, X, epochs, seed, dp, noise_seed=guard.settings.noise_seed
             )
         else:
-            metrics["loss"] = local_train(net, X, epochs, seed=seed)
+            metrics["loss"] = local_train(net, X, epochs, random_state=seed)
         context.state["local"] = ArrayRecord(net.state_dict())
         reply = RecordDict({"arrays": ArrayRecord(net.shared_state()), "metrics": MetricRecord(metrics)})
         return Message(content=reply, reply_to=msg)
@@ -334,19 +335,33 @@ def write_client_data(data_dir: Path, parts: list[np.ndarray]) -> None:
 
 
 def run_federation(
-    settings: dict[str, Any], n_clients: int, n_cpus: int = 2, site_settings: dict[int, Any] | None = None
+    settings: dict[str, Any],
+    n_sites: int | None = None,
+    n_cpus: int = 2,
+    site_settings: dict[int, Any] | None = None,
+    *,
+    n_clients: int | None = None,
 ) -> tuple[dict, dict]:
     """Run the apps in Flower's simulation engine (Ray backend), one SuperNode per site.
 
     Returns ``(global_state, history)`` where ``history`` maps round → aggregated client metrics
-    (:func:`simulate_federation` returns every result of the run).
+    (:func:`simulate_federation` returns every result of the run). ``n_clients``: the old name of
+    ``n_sites`` (a :class:`FutureWarning`; removed in 0.4).
     """
-    results = simulate_federation(settings, n_clients, n_cpus, site_settings)
+    n_sites = renamed_argument(
+        "dpsc.federated.run_federation", "n_clients", "n_sites", n_clients, n_sites, default=None
+    )
+    results = simulate_federation(settings, n_sites, n_cpus, site_settings)
     return results["state"], results["history"]
 
 
 def simulate_federation(
-    settings: dict[str, Any], n_clients: int, n_cpus: int = 2, site_settings: dict[int, Any] | None = None
+    settings: dict[str, Any],
+    n_sites: int | None = None,
+    n_cpus: int = 2,
+    site_settings: dict[int, Any] | None = None,
+    *,
+    n_clients: int | None = None,
 ) -> dict[str, Any]:
     """Run the apps in Flower's simulation engine and return the server's results, in memory.
 
@@ -355,7 +370,14 @@ def simulate_federation(
     ``"state"`` (the global model), ``"history"`` (round → aggregated site metrics),
     ``"centroids"``, ``"kmeans"`` (the releases) and, with ``scale-genes``, ``"scaling"`` (the
     pooled gene mean and std). With an ``out-dir`` in ``settings`` the server also writes them there.
+    ``n_sites``: the sites (SuperNodes) of the run; ``n_clients`` is its old name (a
+    :class:`FutureWarning`; removed in 0.4).
     """
+    n_sites = renamed_argument(
+        "dpsc.federated.simulate_federation", "n_clients", "n_sites", n_clients, n_sites, default=None
+    )
+    if n_sites is None:
+        raise TypeError("simulate_federation needs n_sites, the number of sites (SuperNodes) to simulate.")
     require_flwr()
     sink: dict[str, Any] = {}
     with ray_session(n_cpus):
@@ -364,7 +386,7 @@ def simulate_federation(
                 k: replace(v, data=shared(v.data)) if v.in_memory else v for k, v in site_settings.items()
             }
         server_app, client_app = make_apps(settings, site_settings, sink)
-        simulate(server_app, client_app, n_clients, n_cpus)
+        simulate(server_app, client_app, n_sites, n_cpus)
     if "state" not in sink:
         raise RuntimeError("The Flower run ended without a global model; see the Flower log above.")
     sink["history"] = {int(k): v for k, v in sink["history"].items()}

@@ -14,6 +14,7 @@ from itertools import product
 import numpy as np
 from scipy.stats import spearmanr
 
+from .._api import renamed_argument
 from ..privacy import SecureRandom
 from ..privacy._random import derive_key
 from ._private_fit import _fit_private_mean
@@ -58,7 +59,8 @@ def choose_bounds_and_split(
     omegas: tuple[float, ...] = DEFAULT_OMEGAS,
     n_repeats: int = 10,
     n_test: int = 500,
-    seed: int = 0,
+    random_state: int = 0,
+    seed: int | None = None,
 ) -> tuple[tuple[float, float], tuple[float, float, float], float]:
     r"""Grid-search :math:`(\omega_x, \omega_y)` (and the split) for the best synthetic Spearman.
 
@@ -68,10 +70,14 @@ def choose_bounds_and_split(
     mean over ``n_repeats`` synthetic data sets. The random draws are shared by all candidates.
     The result is a deterministic function of public quantities, so it is cached.
 
-    Returns ``((omega_x, omega_y), split, score)``.
+    Returns ``((omega_x, omega_y), split, score)``. ``seed``: the old name of ``random_state`` (a
+    :class:`FutureWarning`; removed in 0.4).
     """
+    random_state = renamed_argument(
+        "dpsc.linear.choose_bounds_and_split", "seed", "random_state", seed, random_state, default=0
+    )
     split_grid = [tuple(s) for s in (splits if splits is not None else DEFAULT_SPLITS)]
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(random_state)
     draws = []
     for _ in range(n_repeats):
         X, y = synthetic_auxiliary(n_private + n_public + n_test, d, rng)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._api import renamed_argument
+
 
 def nearest_psd(matrix: np.ndarray) -> np.ndarray:
     """Project a symmetric matrix onto the PSD cone by clipping negative eigenvalues (post-processing)."""
@@ -41,7 +43,8 @@ def gamma_prior_posterior_mean(
     rate: float = 2.0,
     n_steps: int = 1500,
     n_samples: int = 500,
-    seed: int = 0,
+    random_state: int = 0,
+    seed: int | None = None,
 ) -> np.ndarray:
     r"""Posterior mean of :math:`\beta` with Gamma priors on both precisions, by variational inference.
 
@@ -56,8 +59,12 @@ def gamma_prior_posterior_mean(
     onto the PSD cone first so that the quadratic form is non-negative for every :math:`\beta`.
     Fitted with Pyro's SVI and a multivariate-normal guide (on the log precisions); the returned
     vector averages ``n_samples`` posterior draws of :math:`\beta`. Pyro's RNG is forked, so the
-    caller's global torch RNG state is not changed.
+    caller's global torch RNG state is not changed. ``seed``: the old name of ``random_state`` (a
+    :class:`FutureWarning`; removed in 0.4).
     """
+    random_state = renamed_argument(
+        "dpsc.linear.gamma_prior_posterior_mean", "seed", "random_state", seed, random_state, default=0
+    )
     import pyro
     import pyro.distributions as dist
     import torch
@@ -82,7 +89,7 @@ def gamma_prior_posterior_mean(
         pyro.factor("likelihood", 0.5 * n * torch.log(lam / (2 * torch.pi)) - 0.5 * lam * quad)
 
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+        torch.manual_seed(random_state)
         pyro.clear_param_store()
         guide = AutoMultivariateNormal(model)
         svi = SVI(model, guide, pyro.optim.Adam({"lr": 0.02}), loss=Trace_ELBO())

@@ -55,4 +55,6 @@ def _fit_private_mean(
         details.update(sensitivities=sens, laplace_scales=scales, budget_split=used)
     if prior == "fixed":
         return fixed_precision_posterior(combined.xx, combined.xy, prior_precision, noise_precision)[0]
-    return gamma_prior_posterior_mean(combined.xx, combined.xy, combined.yy, combined.n, seed=rng.seed())
+    return gamma_prior_posterior_mean(
+        combined.xx, combined.xy, combined.yy, combined.n, random_state=rng.seed()
+    )

@@ -281,8 +281,12 @@ class ClusterPlan:
         sketch_rows = 2**self.sketch_bits
         for _ in range(k["n_sketch_steps"]):
             entries.append(("kmeans", sketch_rows * (d + 1), sensitivity, "sketch", sketch_rows, d))
-        for _ in range(k["n_lloyd_rounds"] * k["steps_per_round"]):
+        refine = int(k.get("refine_rounds", 0))
+        for _ in range((k["n_lloyd_rounds"] - refine) * k["steps_per_round"]):
             entries.append(("kmeans", m * (d + 1), sensitivity, "nearest", m, d))
+        for _ in range(refine * k["steps_per_round"]):
+            rows = self.n_clusters
+            entries.append(("kmeans", rows * (d + 1), sensitivity, "nearest", rows, d))
         if self.markers:
             table = _markers.MarkerTable(self.n_clusters, self.n_vars)
             entries.append(("marker_norms", _markers.NORM_BINS, 1.0, None, 0, 0))

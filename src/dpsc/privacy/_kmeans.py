@@ -23,7 +23,9 @@ cell, only what ``release_table`` returns):
    whose noisy count is below twice its noise is re-seeded next to the most populated one;
 3. when :math:`m > k`, weighted k-means of the :math:`m` noisy centroids (weights: their last
    noisy counts; ``reduction_starts`` starts, the lowest weighted objective kept) reduces them
-   to :math:`k`.
+   to :math:`k`;
+4. the last ``refine_rounds`` of the ``n_lloyd_rounds`` (default none) are Lloyd iterations of
+   the :math:`k` reduced centroids: each becomes the noisy mean of the cells nearest to it.
 
 With ``sphere_radius`` every noisy mean is projected back onto that sphere (spherical k-means:
 noise shrinks means toward the origin). The centroids are (ε, δ)-DP under the accountant that
@@ -193,6 +195,7 @@ def dp_kmeans_centroids(
     count_scale: float = 1.0,
     sphere_radius: float | None = None,
     reduction_starts: int = 20,
+    refine_rounds: int = 0,
     random_state: int = 0,
     return_in_use: bool = False,
 ) -> np.ndarray | tuple[np.ndarray, int]:
@@ -223,6 +226,9 @@ def dp_kmeans_centroids(
     reduction_starts
         Starts of the weighted k-means that reduces the :math:`m` Lloyd centroids to :math:`k`
         (post-processing: more starts cost time, not privacy).
+    refine_rounds
+        How many of the ``n_lloyd_rounds`` run after the reduction, with the :math:`k` centroids
+        (step 4 of the module docstring; the table of such a round has :math:`k` rows).
     random_state
         Seed of the projections and of the post-processing k-means runs (public).
     return_in_use
@@ -239,6 +245,10 @@ def dp_kmeans_centroids(
         raise ValueError(f"count_scale must be > 0, got {count_scale}.")
     if oversampling < 1:
         raise ValueError(f"oversampling must be an integer >= 1, got {oversampling}.")
+    if not 0 <= refine_rounds <= n_lloyd_rounds:
+        raise ValueError(
+            f"refine_rounds must be in [0, n_lloyd_rounds={n_lloyd_rounds}], got {refine_rounds}."
+        )
     n_coreset = oversampling * n_clusters
     rng = np.random.default_rng(random_state)
 
@@ -270,7 +280,7 @@ def dp_kmeans_centroids(
     centroids = to_sphere(torch.as_tensor(seeds.cluster_centers_, dtype=torch.float64))
 
     counts = torch.ones(len(centroids), dtype=torch.float64)
-    for _ in range(n_lloyd_rounds):
+    for _ in range(n_lloyd_rounds - refine_rounds):
         sums, counts, count_noise = accumulate(
             Assignment("nearest", centroids.numpy().copy()), steps_per_round
         )
@@ -288,6 +298,13 @@ def dp_kmeans_centroids(
         reduce.fit(centroids.numpy(), sample_weight=counts.clamp(min=1e-3).numpy())
         centroids = to_sphere(torch.as_tensor(reduce.cluster_centers_, dtype=torch.float64))
         merged = reduce.labels_
+    for _ in range(refine_rounds):  # Lloyd rounds of the k reduced centroids
+        sums, counts, count_noise = accumulate(
+            Assignment("nearest", centroids.numpy().copy()), steps_per_round
+        )
+        update = counts > 2.0 * count_noise
+        centroids[update] = to_sphere(sums[update] / counts[update][:, None])
+        merged = np.arange(len(centroids))
     if not return_in_use:
         return centroids.float().numpy()
     in_use = len(centroids)

@@ -121,7 +121,7 @@ def one_run_audit(
         "n_canaries": n_canaries,
         "guess_fraction": guess_fraction,
         "confidence": confidence,
-        "seed": random_state,
+        "random_state": random_state,
         "noise_seed": noise_seed,
     }
     if canaries == "input":
@@ -158,7 +158,7 @@ def _input_audit(
     """Black-box one-run audit (:func:`dpsc.audit.input_canary_run`); booked before any work.
 
     ``request`` holds :func:`one_run_audit`'s ``epsilon``, ``delta``, ``n_canaries``,
-    ``guess_fraction``, ``confidence``, ``seed`` and ``noise_seed``.
+    ``guess_fraction``, ``confidence``, ``random_state`` and ``noise_seed``.
     """
     epsilon, delta = request["epsilon"], request["delta"]
     planned = (
