@@ -104,7 +104,7 @@ DEFAULT_PLAN_OPTIONS: dict[str, object] = {
 #: Options of the DP k-means start (:func:`~dpsc.privacy.dp_kmeans_centroids`) unless
 #: ``kmeans_kwargs`` overrides them: clipping radius (``None``: the latent sphere's radius, which
 #: clips nothing), 40 sketch releases with 2^6 buckets, 4 noisy Lloyd rounds of 40 releases with
-#: 3k centroids reduced to k, count column weighted 0.3·R (``benchmarks/results/dpdcan.md``).
+#: 3k centroids reduced to k, count column weighted 0.3·R (docs, Benchmarks: "DP-DCAN benchmark results").
 DEFAULT_KMEANS_OPTIONS: dict[str, object] = {
     "clip_norm": None,
     "n_sketch_steps": 40,
@@ -118,8 +118,8 @@ DEFAULT_KMEANS_OPTIONS: dict[str, object] = {
 #: A fit that starts from the private clustering (``tl.fit``'s default model) splits its ε over
 #: the clustering's releases (:data:`START_SHARE`), the training (:data:`TRAINING_SHARE`) and the
 #: choice between the clustering's partition and the trained model's (the rest), by
-#: :func:`start_parts`. Leave one file out over 0.6 … 0.9 (docs: benchmarks,
-#: ``benchmarks/results/fit_lofo.md``) ranks 0.85 and 0.9 level on the labels, which are the
+#: :func:`start_parts`. Leave one file out over 0.6 … 0.9 (docs, Benchmarks: "The default
+#: ``tl.fit``'s constants by leave-one-file-out") ranks 0.85 and 0.9 level on the labels, which are the
 #: clustering's in every run; 0.85 keeps twice the training's ε for the embedding the labels
 #: do not measure.
 START_SHARE = 0.85

@@ -46,7 +46,7 @@ def input_representation(x: torch.Tensor, likelihood: Likelihood) -> torch.Tenso
     For counts (``likelihood="zinb"``): :math:`\log(1 + 10^4\, x_{ig} / \sum_{g'} x_{ig'})`.
     No gene-wise centring or scaling, which would need statistics of the whole (private) data
     set; the reference scripts' z-scoring did not help DP-DCAN even with exact statistics
-    (``benchmarks/results/gene_scaling_oracle.md``). For non-count data (``"gaussian"``) the
+    (docs, Benchmarks: "Gene z-scoring of DP-DCAN's input"). For non-count data (``"gaussian"``) the
     values are used as given.
     """
     if likelihood == "gaussian":

@@ -16,7 +16,7 @@ DEFAULT_PRIVATE_LRS: dict[str, dict[str, float]] = {
     # The one table of learning rates of DP parameters, per update rule and per use:
     # DP-DCAN's instance and cluster stages, and the federated sites' local DP-SGD.
     # sgd/dpdcan: chosen on PBMC 4k (public, labelled): at cluster-stage lr 0.1 the DP fits
-    # collapse to 3-4 of 8 clusters, at 0.01 they keep 6-8 (benchmarks/results/dpdcan.md);
+    # collapse to fewer clusters than at 0.01 (docs, Benchmarks: "DP-DCAN benchmark results");
     # federated: the paper's local SGD rate. The others are starting points, not tuned on
     # private data.
     "sgd": {"dpdcan_instance": 1.0, "dpdcan_cluster": 0.01, "federated": 0.032},

@@ -61,7 +61,7 @@ N_COMPS = 16  # loadings the cells are projected on: the mean direction and 15 r
 #: PCA noise: a direction off by an angle θ leaves :math:`\approx n\lVert\bar z\rVert^2\theta^2` of
 #: the mean in the residuals, θ ≈ σ_sum √G / (n‖z̄‖); at 0.1 (σ_sum ≈ 3.6 σ_pca) that leak stays below
 #: the noise edge 2σ_pca√G for n ≥ 2,000 at ε ≥ 1. 0.05 and 0.1 were compared on all five labelled
-#: files (``benchmarks/results/cluster_residual.md``): within 1 sd on 12 of 15 (file, ε) cells.
+#: files and are mostly within one sd of each other (docs, Benchmarks: "``tl.cluster``'s residual PCA").
 SHARES = {"genes": 0.2, "sum": 0.1, "pca": 0.38, "kmeans": 0.32}
 KINDS = ("genes", "sum", "pca", "kmeans")  # the releases, in order
 #: ε share of the marker releases when a plan also releases each cluster's markers
@@ -76,14 +76,15 @@ MARKER_KINDS = ("marker_norms", "markers")  # the marker releases, in order
 #: cells near the mean from cells far from it (weight 0 loses that, without noise too). Chosen
 #: between 1 and 0.5 with the Paul 2015 and PBMC 4k labels; the other three
 #: labelled files confirm it at ε = 1 and 4 and are level at ε = 8
-#: (``benchmarks/results/cluster_residual.md``).
+#: (docs, Benchmarks: "``tl.cluster``'s residual PCA").
 MEAN_WEIGHT = 0.5
 #: DP k-means plan: one sketch release (2^10 buckets), two Lloyd releases with 4k centroids reduced
 #: to k, the count column weighted 0.3·R; points on the unit sphere (R = 1). Chosen with PBMC 4k
 #: labels together with the cosine metric; the mouse bladder files confirm it except bladder
-#: top-2000 at ε = 4 (``benchmarks/results/dp_pipeline.md``). The reduction to k takes the best of
-#: 100 starts of the weighted k-means (post-processing): with 20, 2 of 10 runs on PBMC 4k without
-#: noise ended in a worse optimum of that objective (``benchmarks/results/cluster.md``).
+#: top-2000 at ε = 4 (docs, Benchmarks: "Private clustering: DP pipeline vs the quick DP
+#: baseline"). The reduction to k takes the best of 100 starts of the weighted k-means
+#: (post-processing): with 20, some runs on PBMC 4k without noise ended in a worse optimum of that
+#: objective (docs, Benchmarks: "The proven private clustering in one call").
 KMEANS_PLAN = {
     "n_sketch_steps": 1,
     "n_lloyd_rounds": 2,

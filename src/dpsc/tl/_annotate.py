@@ -227,7 +227,7 @@ def annotate(
 
     - ``"dpsgd"`` (default): :class:`dpsc.fm.DPSGDClassifier` (Opacus DP-SGD MLP) on the PCA
       scores divided by the query's per-component standard deviation; ``(epsilon, delta)``-DP.
-      The more accurate of the two private methods in ``benchmarks/results/fm.md``.
+      The more accurate of the two private methods (docs, Benchmarks: "Functional mechanism").
     - ``"pcdbn"``: :class:`dpsc.fm.PrivateDBN` (functional mechanism; each cell's PCA vector
       is scaled to unit L1 norm, the bound the sensitivity assumes); ``epsilon`` is pure ε-DP.
     - ``"mlp"``: the same MLP without privacy (a reference point, no guarantee).

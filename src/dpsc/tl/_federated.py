@@ -181,11 +181,11 @@ def fit_federated(
         k-means clusters (default 8, fixed).
     rounds, local_epochs
         Federated rounds and local epochs per round. The paper uses 300 × 5; the default
-        250 × 1 does a sixth of its local training, in about 0.5 s per round (2 min in all) on
-        PBMC 4k with 4 sites on 2 CPU cores. One local epoch per round keeps the sites' models
+        250 × 1 does a sixth of its local training (times on the docs' Benchmarks page). One
+        local epoch per round keeps the sites' models
         close to the average on non-IID sites: with the pooled gene scaling it clusters PBMC 4k
         (2 cell types per site) better than 50 × 5 and 300 × 5, and mouse bladder better than
-        50 × 5 (``benchmarks/results/federated.md``).
+        50 × 5 (docs, Benchmarks: "FedSC benchmark").
     alpha
         FedSC's EMA scale α (λ is set so that μ = α the first time a site compares models).
     epsilon, delta
@@ -195,7 +195,7 @@ def fit_federated(
         with per-cell losses (``"fedsc"``, ``"fedbyol"``, ``"fedsimsiam"``). ``None``: no DP.
         ``delta=None``: 10⁻⁵, or 1/(10 n_k) for the largest site above 10⁴ cells.
         The one dpsc tool without the default ε = 8: at 8 per site the clustering is not yet
-        useful (``benchmarks/results/federated.md``), and a silent non-private default would be
+        useful (docs, Benchmarks: "FedSC benchmark"), and a silent non-private default would be
         worse, so the choice is yours to state.
     optimizer, max_grad_norm, private_lr
         Update rule on the noisy gradient (``"sgd"``, ``"adam"``, ``"dpsignsgd"``,
@@ -219,7 +219,7 @@ def fit_federated(
         with the pooled mean and standard deviation (:mod:`dpsc.federated._scaling`); the final
         embedding uses the same scaling. ``None`` (default): on without ``epsilon``, off with it.
         Without it FedSC and FedBYOL collapse on PBMC 4k for seeds 1 and 2
-        (``benchmarks/results/federated.md``). The sums carry no noise, so ``True`` is refused
+        (docs, Benchmarks: "FedSC benchmark"). The sums carry no noise, so ``True`` is refused
         together with ``epsilon``.
 
     copy
