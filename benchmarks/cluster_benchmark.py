@@ -104,6 +104,49 @@ def score(truth, pred) -> dict:
     }
 
 
+def seeded_cluster_rows(
+    adata, truth, name: str, epsilon: float, variant: str, runs: int, **extra
+) -> list[dict]:
+    """``tl.cluster`` with k = the number of labels and noise seeds 20, 21, …: one scored row per run."""
+    import dpsc
+
+    k = len(set(truth))
+    rows = []
+    for run_index in range(runs):
+        cells = adata.copy()
+        dpsc.tl.cluster(cells, k, epsilon=epsilon, noise_seed=20 + run_index)
+        labels = cells.obs["dp_kmeans"].to_numpy()
+        row = {"dataset": name, "epsilon": epsilon, "variant": variant, "run": run_index}
+        rows.append({**row, **score(truth, labels), "n_clusters": k, **extra})
+    return rows
+
+
+def variant_table_rows(rows: list[dict], variants, used_text) -> list[str]:
+    """Markdown rows ``| file | k | ε | ARI / NMI (clusters used) | …`` of seeded variant runs.
+
+    One row per file and ε (files in their order, ε decreasing), one cell per variant: the mean
+    ARI and NMI over its runs and ``used_text(clusters used in each run)``.
+    """
+    import statistics
+    from collections import defaultdict
+
+    cells = defaultdict(list)
+    for row in rows:
+        cells[(row["dataset"], row["epsilon"], row["variant"])].append(row)
+    lines = []
+    for name in dict.fromkeys(row["dataset"] for row in rows):
+        for epsilon in sorted({row["epsilon"] for row in rows}, reverse=True):
+            parts = []
+            for variant in variants:
+                group = cells[(name, epsilon, variant)]
+                ari = statistics.mean(r["ari"] for r in group)
+                nmi = statistics.mean(r["nmi"] for r in group)
+                parts.append(f"{ari:.3f} / {nmi:.3f} ({used_text([r['clusters_used'] for r in group])})")
+            k = cells[(name, epsilon, next(iter(variants)))][0]["n_clusters"]
+            lines.append(f"| {name} | {k} | {epsilon:g} | " + " | ".join(parts) + " |")
+    return lines
+
+
 def scanpy_reference(adata, k: int, seed: int) -> np.ndarray:
     import scanpy as sc
     from sklearn.cluster import KMeans

@@ -20,16 +20,14 @@ every variant), ARI / NMI against the labels and the clusters the labels use:
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 import warnings
-from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from cluster_benchmark import FILES, load, per_file_main
+from cluster_benchmark import FILES, load, per_file_main, seeded_cluster_rows, variant_table_rows
 
 FILES["cite_cbmc"] = "cite_cbmc_top2000.h5"  # the six labelled count files
 VARIANTS = ("plane", "sphere", "final")
@@ -37,9 +35,6 @@ VARIANTS = ("plane", "sphere", "final")
 
 def run(data: Path, name: str, epsilons: list[float], runs: int, commit: str) -> list[dict]:
     """Rows of one file: ARI, NMI and clusters used of each variant, ε and seeded run."""
-    from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
-
-    import dpsc
     from dpsc.privacy import _clustering, _kmeans
 
     warnings.filterwarnings("ignore")
@@ -54,7 +49,6 @@ def run(data: Path, name: str, epsilons: list[float], runs: int, commit: str) ->
 
     adata = load(data, name)
     truth = adata.obs["label"].to_numpy()
-    k = len(set(truth))
     rows = []
     _kmeans.dp_kmeans_centroids = final_on_sphere
     try:
@@ -62,22 +56,7 @@ def run(data: Path, name: str, epsilons: list[float], runs: int, commit: str) ->
             for variant in VARIANTS:
                 _clustering.KMEANS_PLAN.update(plan, sphere_radius=1.0 if variant == "sphere" else None)
                 mode["final"] = variant == "final"
-                for run_index in range(runs):
-                    cells = adata.copy()
-                    dpsc.tl.cluster(cells, k, epsilon=epsilon, noise_seed=20 + run_index)
-                    labels = cells.obs["dp_kmeans"].to_numpy()
-                    rows.append(
-                        {
-                            "dataset": name,
-                            "epsilon": epsilon,
-                            "variant": variant,
-                            "run": run_index,
-                            "ari": float(adjusted_rand_score(truth, labels)),
-                            "nmi": float(normalized_mutual_info_score(truth, labels)),
-                            "clusters_used": len(set(labels)),
-                            "n_clusters": k,
-                        }
-                    )
+                rows += seeded_cluster_rows(adata, truth, name, epsilon, variant, runs)
     finally:
         _clustering.KMEANS_PLAN.clear()
         _clustering.KMEANS_PLAN.update(plan)
@@ -87,9 +66,6 @@ def run(data: Path, name: str, epsilons: list[float], runs: int, commit: str) ->
 
 def report(path: Path) -> str:
     rows = [json.loads(line) for line in path.read_text().splitlines()]
-    cells = defaultdict(list)
-    for row in rows:
-        cells[(row["dataset"], row["epsilon"], row["variant"])].append(row)
     lines = [
         "# DP k-means centroids off the unit sphere: two tried fixes (probe)",
         "",
@@ -105,17 +81,7 @@ def report(path: Path) -> str:
         "| file | k | ε | " + " | ".join(VARIANTS) + " |",
         "|" + "---|" * (len(VARIANTS) + 3),
     ]
-    for name in dict.fromkeys(row["dataset"] for row in rows):
-        for epsilon in sorted({row["epsilon"] for row in rows}, reverse=True):
-            parts = []
-            for variant in VARIANTS:
-                group = cells[(name, epsilon, variant)]
-                ari = statistics.mean(r["ari"] for r in group)
-                nmi = statistics.mean(r["nmi"] for r in group)
-                used = ", ".join(str(r["clusters_used"]) for r in group)
-                parts.append(f"{ari:.3f} / {nmi:.3f} ({used})")
-            k = cells[(name, epsilon, VARIANTS[0])][0]["n_clusters"]
-            lines.append(f"| {name} | {k} | {epsilon:g} | " + " | ".join(parts) + " |")
+    lines += variant_table_rows(rows, VARIANTS, lambda used: ", ".join(str(u) for u in used))
     return "\n".join(lines) + "\n"
 
 

@@ -24,7 +24,7 @@ from collections import defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from cluster_benchmark import FILES, load, per_file_main
+from cluster_benchmark import FILES, load, per_file_main, seeded_cluster_rows, variant_table_rows
 
 FILES["cite_cbmc"] = "cite_cbmc_top2000.h5"  # the six labelled count files
 VARIANTS = {"shipped": {}, "refine": {"n_lloyd_rounds": 3, "refine_rounds": 1}}
@@ -32,38 +32,18 @@ VARIANTS = {"shipped": {}, "refine": {"n_lloyd_rounds": 3, "refine_rounds": 1}}
 
 def run(data: Path, name: str, epsilons: list[float], runs: int, commit: str) -> list[dict]:
     """Rows of one file: ARI, NMI and clusters used of each variant, ε and seeded run."""
-    from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
-
-    import dpsc
     from dpsc.privacy import _clustering
 
     warnings.filterwarnings("ignore")
     shipped = dict(_clustering.KMEANS_PLAN)
     adata = load(data, name)
     truth = adata.obs["label"].to_numpy()
-    k = len(set(truth))
     rows = []
     try:
         for epsilon in epsilons:
             for variant, change in VARIANTS.items():
                 _clustering.KMEANS_PLAN.update(shipped, **change)
-                for run_index in range(runs):
-                    cells = adata.copy()
-                    dpsc.tl.cluster(cells, k, epsilon=epsilon, noise_seed=20 + run_index)
-                    labels = cells.obs["dp_kmeans"].to_numpy()
-                    rows.append(
-                        {
-                            "dataset": name,
-                            "epsilon": epsilon,
-                            "variant": variant,
-                            "run": run_index,
-                            "ari": float(adjusted_rand_score(truth, labels)),
-                            "nmi": float(normalized_mutual_info_score(truth, labels)),
-                            "clusters_used": len(set(labels)),
-                            "n_clusters": k,
-                            "source": commit,
-                        }
-                    )
+                rows += seeded_cluster_rows(adata, truth, name, epsilon, variant, runs, source=commit)
     finally:
         _clustering.KMEANS_PLAN.clear()
         _clustering.KMEANS_PLAN.update(shipped)
@@ -94,17 +74,7 @@ def report(path: Path) -> str:
         "| file | k | ε | shipped | refine |",
         "|---|---|---|---|---|",
     ]
-    for name in files:
-        for epsilon in epsilons:
-            parts = []
-            for variant in VARIANTS:
-                group = cells[(name, epsilon, variant)]
-                ari = statistics.mean(r["ari"] for r in group)
-                nmi = statistics.mean(r["nmi"] for r in group)
-                used = [r["clusters_used"] for r in group]
-                parts.append(f"{ari:.3f} / {nmi:.3f} ({min(used)}–{max(used)})")
-            k = cells[(name, epsilon, "shipped")][0]["n_clusters"]
-            lines.append(f"| {name} | {k} | {epsilon:g} | " + " | ".join(parts) + " |")
+    lines += variant_table_rows(rows, VARIANTS, lambda used: f"{min(used)}–{max(used)}")
     lines += ["", "Mean over the files (ARI / NMI):", "", "| ε | shipped | refine |", "|---|---|---|"]
     for epsilon in epsilons:
         parts = []
