@@ -40,6 +40,8 @@ _WHERE = {
     "run_pipeline_simulation": "._pipeline",
     "site_record": "._site",
     "KMEANS_STEPS": "._fedsc_site",
+    "FedSCPrivacy": "._fedsc_site",
+    "federated_record": "._fedsc_site",
     "fedsc_noise": "._fedsc_site",
     "run_server": "._deploy",
     "write_site_settings": "._deploy",

@@ -26,7 +26,14 @@ from typing import Any
 
 import numpy as np
 
-from ..privacy import ADD_REMOVE, BudgetExceededError, NoiseSource, PrivacyRecord
+from ..privacy import (
+    ADD_REMOVE,
+    BudgetExceededError,
+    NoiseSource,
+    PrivacyRecord,
+    history_epsilon,
+    no_guarantee_record,
+)
 from ..privacy._clustering import CLIP_NORM, KMEANS_PLAN
 from ..privacy._kmeans import Assignment, kmeans_points, kmeans_release_steps, kmeans_table, table_release
 from ..privacy._ledger import _check, ledger_entry
@@ -169,3 +176,82 @@ class FedSCGuard:
             vector = vector + spec.noise(self.noise.stream("fedsc.kmeans", index))
         self.book([(sigma, 1.0, 1)], f"k-means release {index}", 1.0 / (total_steps + KMEANS_STEPS))
         return vector
+
+
+FEDERATED_NOT_COVERED = (
+    "the embeddings and clusters written to this AnnData (computed on the cells themselves), the "
+    "number of cells per site (treated as public), and site-level privacy (whether a site took part, "
+    "or its whole data set)"
+)
+
+
+@dataclass(frozen=True)
+class FedSCPrivacy:
+    """The privacy options of one ``fit_federated`` run, as the user gave them (ε of each site)."""
+
+    epsilon: float | None
+    delta: float
+    optimizer: str
+    accountant: str
+    max_grad_norm: float
+    n_obs: int
+    noise: NoiseSource
+    scale_genes: bool
+
+
+def federated_record(
+    plan: dict[str, tuple[tuple[float, float, int], tuple[float, float, int]]] | None, options: FedSCPrivacy
+) -> PrivacyRecord:
+    """Record of a federated fit: per-site DP-SGD and DP k-means (parallel composition), or none.
+
+    A cell belongs to one site, so it is protected by its own site's (ε_k, δ): the ledger entry
+    carries the worst site's history, max_k ε_k (parallel composition, McSherry 2009).
+    """
+    delta, accountant, optimizer = options.delta, options.accountant, options.optimizer
+    n_obs, noise, scale_genes = options.n_obs, options.noise, options.scale_genes
+    unit = f"adding or removing one cell of its site ({n_obs} cells in all)"
+    if plan is None:
+        covered = "the global model, the final clustering and every message a site sent" + (
+            ", including each site's per-gene sums" if scale_genes else ""
+        )
+        return no_guarantee_record("fit_federated", unit=unit, covered=covered)
+    per_site = {name: history_epsilon(list(entries), delta, accountant) for name, entries in plan.items()}
+    worst = max(per_site, key=per_site.get)
+    covered = (
+        "every message a site sends (the weights after each round and its noisy k-means tables, hence "
+        "everything the server and the other sites see), the final global model and the centroids "
+        "(post-processing); each cell by its own site's ε (per site in 'epsilon_per_site')"
+    )
+    training, kmeans = plan[worst]
+    return PrivacyRecord.stated(
+        "fit_federated",
+        guarantee="proven",
+        epsilon=per_site[worst],
+        delta=delta,
+        unit=unit,
+        mechanism=f"DP-SGD at every site ({optimizer} update on the noisy gradient, Poisson sampling) "
+        f"and DP k-means tables with each site's full noise, composed by the Opacus {accountant.upper()} "
+        "accountant; each site calibrates its own noise, drawn by each site, never by the server",
+        covered=covered,
+        not_covered=FEDERATED_NOT_COVERED,
+        noise=noise,
+        accountant=accountant,
+        mechanisms=[
+            f"site {k}: DP-SGD sigma={v[0][0]:.4g}, q={v[0][1]:.4g}; k-means sigma={v[1][0]:.4g}"
+            for k, v in plan.items()
+        ],
+        history=[training, kmeans],
+        noise_multiplier=training[0],
+        sample_rate=training[1],
+        steps=training[2] + kmeans[2],
+        max_grad_norm=options.max_grad_norm,
+        scope="site",
+        details={
+            "epsilon_per_site": per_site,
+            "noise_multiplier_per_site": {k: v[0][0] for k, v in plan.items()},
+            "kmeans_noise_multiplier_per_site": {k: v[1][0] for k, v in plan.items()},
+            "sample_rate_per_site": {k: v[0][1] for k, v in plan.items()},
+            "steps_per_site": {k: v[0][2] for k, v in plan.items()},
+            "optimizer": optimizer,
+        },
+    )
