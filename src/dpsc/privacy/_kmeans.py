@@ -280,12 +280,18 @@ def dp_kmeans_centroids(
     centroids = to_sphere(torch.as_tensor(seeds.cluster_centers_, dtype=torch.float64))
 
     counts = torch.ones(len(centroids), dtype=torch.float64)
-    for _ in range(n_lloyd_rounds - refine_rounds):
+
+    def lloyd_round(centroids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:
+        """One noisy Lloyd round in place: a centroid above twice its count's noise moves to its mean."""
         sums, counts, count_noise = accumulate(
             Assignment("nearest", centroids.numpy().copy()), steps_per_round
         )
         update = counts > 2.0 * count_noise
         centroids[update] = to_sphere(sums[update] / counts[update][:, None])
+        return update, counts, count_noise
+
+    for _ in range(n_lloyd_rounds - refine_rounds):
+        update, counts, count_noise = lloyd_round(centroids)
         dead = torch.nonzero(~update).reshape(-1)
         if len(dead):  # split the most populated cluster (post-processing of noisy counts)
             largest = centroids[int(torch.argmax(counts))]
@@ -299,11 +305,7 @@ def dp_kmeans_centroids(
         centroids = to_sphere(torch.as_tensor(reduce.cluster_centers_, dtype=torch.float64))
         merged = reduce.labels_
     for _ in range(refine_rounds):  # Lloyd rounds of the k reduced centroids
-        sums, counts, count_noise = accumulate(
-            Assignment("nearest", centroids.numpy().copy()), steps_per_round
-        )
-        update = counts > 2.0 * count_noise
-        centroids[update] = to_sphere(sums[update] / counts[update][:, None])
+        _, counts, count_noise = lloyd_round(centroids)
         merged = np.arange(len(centroids))
     if not return_in_use:
         return centroids.float().numpy()
