@@ -163,3 +163,41 @@ def test_spending_a_plan_books_first_and_refuses_releases_it_does_not_hold(small
         with pytest.raises(KeyError, match="not in the plan"):
             releases.stream("pp.pca_again")
         releases.booking.settle(record)
+
+
+def test_a_plan_writes_its_own_record():
+    """The record's ε is the plan's composed history at δ; a release without noise means no guarantee."""
+    from dpsc.privacy import NoiseSource, PlannedRelease, ReleasePlan
+
+    plan = ReleasePlan.of(PlannedRelease("a", share=0.3), PlannedRelease("b", share=0.7, steps=3))
+    plan = plan.calibrate(2.0, 1e-5)
+    words = {"unit": "one cell", "mechanism": "two Gaussian sums", "covered": "the sums"}
+    record = plan.record("probe", noise=NoiseSource(0), **words)
+    assert record.guarantee == "proven" and record.epsilon == pytest.approx(plan.spent())
+    assert record.history == plan.history() and record.steps == 4 and record.target_epsilon == 2.0
+    assert record.mechanisms == [f"{name}: sigma={sigma:.4g}" for name, sigma in plan.sigmas.items()]
+    exact = plan.calibrate(None, 1e-5).record("probe", **words)
+    assert exact.guarantee == "none" and exact.spent == float("inf")
+
+
+def test_the_clustering_and_the_fit_are_plans_of_the_one_plan_type(small_adata):
+    """`tl.cluster`'s record is its plan's; a fit's planned history is its ReleasePlan's, in order."""
+    from dpsc.model._dcan_privacy import TrainSettings, plan_fit
+    from dpsc.tl._cluster import plan_for_cells
+
+    adata = small_adata.copy()
+    dpsc.tl.cluster(adata, 4, epsilon=4.0, noise_seed=0)
+    record = adata.uns["dpsc"]["dp_kmeans"]["privacy"]
+    plan = plan_for_cells(adata, 4, 4.0, record["delta"], 0)
+    assert record["epsilon"] == pytest.approx(plan.releases.spent()) == pytest.approx(plan.spent())
+    assert [tuple(h) for h in record["history"]] == [tuple(h) for h in plan.releases.history()]
+    assert [r.name for r in plan.releases.releases] == ["sum", "pca", "kmeans"]  # 200 genes: no selection
+
+    fit = plan_fit(
+        TrainSettings(epsilon=8.0), 20_000, n_clusters=8, input_pcs=None, latent_scale=1.0, start_n_vars=300
+    )
+    names = [r.name for r in fit.releases.releases]
+    assert names[-2:] == ["training", "selection"] and names[: len(fit.start.kinds)] == list(fit.start.kinds)
+    assert fit.planned_history() == fit.releases.history()
+    assert fit.planned_record(20_000).epsilon == pytest.approx(fit.releases.spent())
+    assert fit.releases.spent() <= 8.0 + 1e-6

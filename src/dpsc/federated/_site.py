@@ -70,7 +70,6 @@ from ..privacy import (
     MemoryLedger,
     NoiseSource,
     PrivacyRecord,
-    no_guarantee_record,
 )
 from ..privacy._clustering import (
     MEAN_WEIGHT,
@@ -270,8 +269,7 @@ def site_record(
             "every message this site sent (its noisy sums), hence the released genes, loadings and centroids"
         )
     if plan.epsilon is None:
-        return no_guarantee_record("federated clustering", unit=unit, covered=covered)
-    spent = plan.spent()
+        return plan.releases.record("federated clustering", unit=unit, mechanism="", covered=covered)
     fallback = run_fallback_epsilon(plan, mode, threshold)
     if mode == "secure":
         assumption = (
@@ -293,20 +291,13 @@ def site_record(
         "cells of each site (treated as public), and site-level privacy (whether "
         f"{'a' if simulated else 'this'} site took part)"
     )
-    return PrivacyRecord.stated(
+    return plan.releases.record(
         "federated clustering",
-        guarantee="proven",
-        epsilon=spent,
-        delta=plan.delta,
         unit=unit,
         mechanism=f"{plan.n_releases} discrete Gaussian releases of sums, {assumption}",
         covered=covered,
         not_covered=not_covered,
         noise=noise,
-        target_epsilon=float(plan.epsilon),
-        accountant="rdp",
-        history=plan.history(),
-        steps=plan.n_releases,
         scope=f"site ({mode})",
         details={"mode": mode, "threshold": threshold, "n_sites": n_sites, "fallback_epsilon": fallback},
     )

@@ -35,7 +35,6 @@ from ..privacy import (
     PrivacyRecord,
     ReleasePlan,
     epsilon_curve,
-    history_epsilon,
     kmeans_release_steps,
     make_accountant,
 )
@@ -284,27 +283,38 @@ class FitPlan:
     start: ClusterPlan | None = None
     selection_noise_multiplier: float | None = None
 
+    @property
+    def releases(self) -> ReleasePlan | None:
+        """Every planned release of a private fit as the one plan type, in order (``None``: not private).
+
+        The gene selection and the input loadings (when the fit makes them), or the clustering the
+        fit starts from; the DP-SGD steps (σ, q, every planned step); the choice between the two
+        partitions (after a start).
+        """
+        if self.settings is None:
+            return None
+        releases = []
+        if self.genes_noise_multiplier is not None:
+            releases.append(PlannedRelease("genes", sigma=self.genes_noise_multiplier))
+        if self.loadings_noise_multiplier is not None:
+            releases.append(PlannedRelease("loadings", sigma=self.loadings_noise_multiplier))
+        if self.start is not None:
+            releases += self.start.releases.releases
+        sigma, steps = self.settings.noise_multiplier, self.counts["total"]
+        releases.append(PlannedRelease("training", sample_rate=self.sample_rate, steps=steps, sigma=sigma))
+        if self.start is not None:
+            releases.append(PlannedRelease("selection", sigma=self.selection_noise_multiplier))
+        return ReleasePlan.of(*releases, accountant=self.accountant, epsilon=self.epsilon, delta=self.delta)
+
     def planned_history(self) -> list[tuple[float, float, int]]:
         """Return the Opacus history the fit will have if every planned step runs."""
-        if self.settings is None:
-            return []
-        history = [(self.settings.noise_multiplier, self.sample_rate, self.counts["total"])]
-        if self.start is not None:
-            history = [*self.start.history(), *history, (self.selection_noise_multiplier, 1.0, 1)]
-        if self.loadings_noise_multiplier is not None:
-            history.insert(0, (self.loadings_noise_multiplier, 1.0, 1))
-        if self.genes_noise_multiplier is not None:
-            history.insert(0, (self.genes_noise_multiplier, 1.0, 1))
-        return history
+        return [] if self.releases is None else self.releases.history()
 
     def planned_record(self, n_obs: int) -> PrivacyRecord:
         """Return the record the fit will write if every planned step runs (for the budget check)."""
-        if self.settings is None:
+        if self.releases is None:
             return dcan_record(self, n_obs, spent=None)
-        history = self.planned_history()
-        return dcan_record(
-            self, n_obs, spent=history_epsilon(history, self.delta, self.accountant), history=history
-        )
+        return dcan_record(self, n_obs, spent=self.releases.spent(), history=self.releases.history())
 
     def step_full_release(self, noise_multiplier: float, steps: int = 1) -> None:
         """Tell the accountant of a private fit about ``steps`` releases of every cell (q = 1) at σ."""

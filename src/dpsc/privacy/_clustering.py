@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 
 from . import _hvg, _kmeans, _markers, _pca
+from ._plan import PlannedRelease, ReleasePlan
 from ._release import GaussianSum
 
 MAX_GENES = 2000  # genes the PCA reads without noise (scanpy's usual number of variable genes)
@@ -299,19 +300,31 @@ class ClusterPlan:
             for index, (kind, size, delta, assignment, rows, width) in enumerate(entries)
         )
 
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """The kinds of release the plan makes, in order (the gene selection only when it selects)."""
+        made = KINDS if self.select_genes else KINDS[1:]
+        return (*made, *MARKER_KINDS) if self.markers else made
+
+    @property
+    def releases(self) -> ReleasePlan:
+        """The plan's releases as the one plan type (:class:`~._plan.ReleasePlan`), σ set, q = 1.
+
+        The k-means release counts :attr:`kmeans_steps` steps; every other kind is one release.
+        """
+        releases = (
+            PlannedRelease(kind, steps=self.kmeans_steps if kind == "kmeans" else 1, sigma=self.sigmas[kind])
+            for kind in self.kinds
+        )
+        return ReleasePlan.of(*releases, epsilon=self.epsilon, delta=self.delta)
+
     def history(self) -> list[tuple[float, float, int]]:
         """Return the Opacus history of the whole clustering (every release reads all cells: q = 1)."""
-        history = [(self.sigmas["genes"], 1.0, 1)] if self.select_genes else []
-        history += [(self.sigmas["sum"], 1.0, 1), (self.sigmas["pca"], 1.0, 1)]
-        history.append((self.sigmas["kmeans"], 1.0, self.kmeans_steps))
-        markers = [(self.sigmas[kind], 1.0, 1) for kind in MARKER_KINDS]
-        return [*history, *markers] if self.markers else history
+        return self.releases.history()
 
-    def spent(self, accountant: str = "rdp") -> float | None:
+    def spent(self) -> float | None:
         """ε of the whole plan at δ (``None`` without privacy)."""
-        from ._accounting import history_epsilon
-
-        return None if self.epsilon is None else history_epsilon(self.history(), self.delta, accountant)
+        return None if self.epsilon is None else self.releases.spent()
 
     def to_config(self) -> dict[str, Any]:
         """Return the plan as flat scalars (a Flower ConfigRecord)."""
@@ -360,8 +373,6 @@ def genes_for(n_obs: int, sigma_pca: float, n_vars: int) -> int:
 
 def _split(epsilon: float, delta: float, kinds: tuple[str, ...], steps: int, accountant: str) -> dict:
     """σ of each release kind, the shares of :data:`SHARES` composed to (ε, δ)."""
-    from ._plan import PlannedRelease, ReleasePlan
-
     norms = _markers.NORM_SHARE
     shares = {**SHARES, "marker_norms": MARKERS_SHARE * norms, "markers": MARKERS_SHARE * (1 - norms)}
     releases = [PlannedRelease(k, share=shares[k], steps=steps if k == "kmeans" else 1) for k in kinds]

@@ -14,6 +14,9 @@ repeated ``steps`` times. A :class:`ReleasePlan` lists them in order (name, shar
   public sizes and σ) and lowers the others' σ by one common factor, with no new σ search.
 - :meth:`ReleasePlan.with_sigmas` makes a plan whose σ are given (a σ the caller states, or a
   plan a federated site received and checks): no calibration, the history says what it costs.
+- :meth:`ReleasePlan.record` writes the call's record from the plan: its ε is the composition of
+  the plan's history at δ, the history and σ are the plan's, and the words (what a cell is, the
+  mechanism, what is covered) are the tool's. Without noise it is a record with no guarantee.
 - :meth:`ReleasePlan.spend` books the call's record in the cells' ledger before anything is
   released (:func:`~._ledger.spending`) and hands out each release's noise stream by its name;
   a name the plan does not hold is refused.
@@ -65,12 +68,22 @@ class ReleasePlan:
     accountant: str = "rdp"
 
     @classmethod
-    def of(cls, *releases: PlannedRelease, accountant: str = "rdp") -> ReleasePlan:
-        """Return an uncalibrated plan of these releases, in this order (names must differ)."""
+    def of(
+        cls,
+        *releases: PlannedRelease,
+        accountant: str = "rdp",
+        epsilon: float | None = None,
+        delta: float | None = None,
+    ) -> ReleasePlan:
+        """Return a plan of these releases, in this order (names must differ).
+
+        Uncalibrated unless every release states its σ; ``epsilon`` and ``delta`` are then the
+        target the σ were calibrated for (a plan rebuilt from its σ, e.g. one a site received).
+        """
         names = [r.name for r in releases]
         if not releases or len(set(names)) != len(names):
             raise ValueError(f"A plan needs at least one release and distinct names, got {names}.")
-        return cls(tuple(releases), accountant=accountant)
+        return cls(tuple(releases), epsilon=epsilon, delta=delta, accountant=accountant)
 
     # -- calibration: the only caller of the σ search -----------------------------------------------
     def calibrate(self, epsilon: float | None, delta: float) -> ReleasePlan:
@@ -153,6 +166,52 @@ class ReleasePlan:
         if any(sigma == 0 for sigma, _, _ in history):
             return None
         return history_epsilon(history, self.delta if delta is None else delta, self.accountant)
+
+    def record(
+        self,
+        tool: str,
+        *,
+        unit: str,
+        mechanism: str,
+        covered: str,
+        not_covered: str = "",
+        noise: NoiseSource | None = None,
+        **fields: Any,
+    ) -> PrivacyRecord:
+        r"""Return the call's proven record: ε composed from the plan's history at δ, in the tool's words.
+
+        The history :math:`[(\sigma, q, T), \dots]`, the steps, the target ε, the accountant and
+        each release's σ (``mechanisms``, ``details["noise_multipliers"]``) come from the plan; the
+        tool states what one cell is (``unit``), the mechanism, what the ε covers and what it does
+        not. ``fields`` add to or replace the record's other fields. A plan with a release without
+        noise (σ = 0: no ε was asked) writes a record with no guarantee (ε = ∞ in the ledger).
+        """
+        from ._record import PrivacyRecord, no_guarantee_record
+
+        spent = self.spent()  # None when a release has no noise
+        if spent is None:
+            return no_guarantee_record(tool, unit=unit, covered=covered)
+        history = self.history()
+        stated: dict[str, Any] = {
+            "target_epsilon": None if self.epsilon is None else float(self.epsilon),
+            "accountant": self.accountant,
+            "mechanisms": [f"{r.name}: sigma={r.sigma:.4g}" for r in self.releases],
+            "history": history,
+            "steps": int(sum(steps for _, _, steps in history)),
+            "details": {"noise_multipliers": self.sigmas},
+        }
+        return PrivacyRecord.stated(
+            tool,
+            guarantee="proven",
+            epsilon=spent,
+            delta=float(self.delta),
+            unit=unit,
+            mechanism=mechanism,
+            covered=covered,
+            not_covered=not_covered,
+            noise=noise,
+            **{**stated, **fields},
+        )
 
     def dpsgd_settings(
         self, name: str, *, n_obs: int, max_grad_norm: float, noise: NoiseSource | None = None

@@ -362,27 +362,27 @@ def gaussian_release_record(
     max_grad_norm: float = 0.0,
     accountant_name: str = "rdp",
 ) -> PrivacyRecord:
-    """Proven record of ``steps`` Gaussian releases (σ, q), its ε from the named Opacus accountant."""
-    from ._accounting import history_epsilon
+    """Proven record of ``steps`` Gaussian releases (σ, q): the record of their one-release plan.
 
-    spent = history_epsilon([(sigma, sample_rate, steps)], delta, accountant_name)
-    return PrivacyRecord.stated(
+    The ε is the plan's (:meth:`~._plan.ReleasePlan.record`: the named Opacus accountant composes
+    the history ``[(σ, q, steps)]`` at δ); the DP-SGD fields say σ, q, steps and the clip norm.
+    """
+    from ._plan import PlannedRelease, ReleasePlan
+
+    release = PlannedRelease(tool, sample_rate=sample_rate, steps=steps, sigma=sigma)
+    plan = ReleasePlan.of(release, accountant=accountant_name, epsilon=target_epsilon, delta=delta)
+    return plan.record(
         tool,
-        guarantee="proven",
-        epsilon=spent,
-        delta=delta,
         unit=unit,
         mechanism=mechanism,
         covered=covered,
         not_covered=not_covered,
         noise=noise,
         target_epsilon=None if target_epsilon is None else float(target_epsilon),
-        accountant=accountant_name,
         mechanisms=[f"Gaussian, sigma={sigma:.4g} x sensitivity, q={sample_rate:g}, {steps} release(s)"],
-        history=[(sigma, sample_rate, steps)],
         noise_multiplier=sigma,
         sample_rate=sample_rate,
-        steps=steps,
         max_grad_norm=max_grad_norm,
         scope=scope,
+        details={},
     )

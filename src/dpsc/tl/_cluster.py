@@ -23,7 +23,6 @@ from ..privacy import (
     NoiseSource,
     PrivacyRecord,
     Spending,
-    no_guarantee_record,
     spending,
 )
 from ..privacy._clustering import (
@@ -71,9 +70,6 @@ def cluster_record(plan: ClusterPlan, n_obs: int, noise: NoiseSource, tool: str 
     not_covered = (
         "the projections and labels written for these cells (computed from each cell); " + COMMON_NOT_COVERED
     )
-    if plan.epsilon is None:
-        return no_guarantee_record(tool, unit=unit, covered=covered)
-    spent = plan.spent()
     sums = ", ".join(
         [
             *(["gene statistics"] if plan.select_genes else []),
@@ -89,24 +85,14 @@ def cluster_record(plan: ClusterPlan, n_obs: int, noise: NoiseSource, tool: str 
         f"{plan.n_genes} of the {plan.n_vars} genes, a number chosen from the public n, ε, δ and "
         "number of genes, never from the cells"
     )
-    history = plan.history()
-    return PrivacyRecord.stated(
+    return plan.releases.record(
         tool,
-        guarantee="proven",
-        epsilon=spent,
-        delta=plan.delta,
         unit=unit,
         mechanism=mechanism,
         covered=covered,
         not_covered=not_covered,
         noise=noise,
-        target_epsilon=float(plan.epsilon),
-        accountant="rdp",
-        mechanisms=[f"{name}: sigma={sigma:.4g}" for name, sigma in plan.sigmas.items() if sigma],
-        history=history,
-        steps=int(sum(h[2] for h in history)),
         scope="genes, loadings, centroids",
-        details={"noise_multipliers": dict(plan.sigmas)},
     )
 
 

@@ -26,8 +26,6 @@ from ..privacy import (
     PlannedRelease,
     PrivacyRecord,
     ReleasePlan,
-    history_epsilon,
-    no_guarantee_record,
 )
 from ..privacy import _markers as mechanism
 
@@ -41,24 +39,17 @@ def markers_plan(epsilon: float | None, delta: float) -> ReleasePlan:
     return ReleasePlan.of(norms, table).calibrate(epsilon, delta)
 
 
-def markers_record(
-    sigmas: dict[str, float],
-    epsilon: float | None,
-    delta: float,
-    n_obs: int,
-    groupby: str,
-    noise: NoiseSource,
-) -> PrivacyRecord:
+def markers_record(plan: ReleasePlan, n_obs: int, groupby: str, noise: NoiseSource) -> PrivacyRecord:
     """Record of the two Gaussian releases (norm histogram, group table): proven (ε, δ)-DP; none without ε."""
-    covered = f"the marker table in uns (every gene's statistics in every group of obs[{groupby!r}])"
-    if epsilon is None:
-        return no_guarantee_record("tl.rank_genes_groups", unit=f"one of the {n_obs} cells", covered=covered)
-    history = [(sigmas["norms"], 1.0, 1), (sigmas["table"], 1.0, 1)]
-    return PrivacyRecord.stated(
+    tool, covered = (
         "tl.rank_genes_groups",
-        guarantee="proven",
-        epsilon=history_epsilon(history, delta),
-        delta=delta,
+        f"the marker table in uns (every gene's statistics in every group of obs[{groupby!r}])",
+    )
+    if plan.epsilon is None:
+        return plan.record(tool, unit=f"one of the {n_obs} cells", mechanism="", covered=covered)
+    sigmas = {"norms": plan.sigma(NORMS), "table": plan.sigma(TABLE)}
+    return plan.record(
+        tool,
         unit=f"adding or removing one of the {n_obs} cells (with its value of obs[{groupby!r}])",
         mechanism="two discrete Gaussian releases composed by the Opacus RDP accountant: a histogram of "
         "the cells' expression norms, which sets the bound of the expression sums, then per-group sums of "
@@ -69,14 +60,10 @@ def markers_record(
         "each cell: when it comes from a private clustering, that clustering's ε covers it); plots "
         "such as sc.pl.rank_genes_groups_dotplot, which read the cells again on this machine",
         noise=noise,
-        target_epsilon=float(epsilon),
-        accountant="rdp",
         mechanisms=[f"{name}: sigma={sigma:.4g}" for name, sigma in sigmas.items()],
-        history=history,
-        steps=2,
         max_grad_norm=mechanism.SENSITIVITY,
         scope="marker genes",
-        details={"noise_multipliers": dict(sigmas)},
+        details={"noise_multipliers": sigmas},
     )
 
 
@@ -180,7 +167,7 @@ def rank_genes_groups(
     plan = markers_plan(epsilon, delta)
     sigmas = {"norms": plan.sigma(NORMS), "table": plan.sigma(TABLE)}
     noise = NoiseSource(noise_seed)
-    record = markers_record(sigmas, epsilon, delta, adata.n_obs, groupby, noise)
+    record = markers_record(plan, adata.n_obs, groupby, noise)
     with plan.spend(adata, record, key_added, noise) as releases:
         bound = None  # without ε: the worst-case bound, which no cell reaches (exact statistics)
         if epsilon is not None:
