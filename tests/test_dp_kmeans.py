@@ -160,13 +160,12 @@ def test_unknown_kmeans_option_is_refused_before_training(small_adata):
     assert not model.is_trained_
 
 
-def test_a_clustering_plan_with_a_refine_round_schedules_it_and_runs_it(small_adata, monkeypatch):
-    """With ``refine_rounds`` in the plan the last k-means release has k rows in the schedule (what a
-    federated site serves), the plan is calibrated for every release, and the run follows it."""
+def test_a_clustering_plan_schedules_its_refine_round_and_runs_it(small_adata, monkeypatch):
+    """The clustering's k-means ends with ``REFINE_ROUNDS`` Lloyd releases of the k centroids: the last
+    release has k rows in the schedule (what a federated site serves), the plan is calibrated for
+    every release, and the run follows it; without refine rounds the schedule loses that release."""
     from dpsc.privacy import _clustering
 
-    monkeypatch.setitem(_clustering.KMEANS_PLAN, "n_lloyd_rounds", 3)
-    monkeypatch.setitem(_clustering.KMEANS_PLAN, "refine_rounds", 1)
     plan = _clustering.plan_clustering(
         8.0, 1e-5, n_vars=small_adata.n_vars, n_clusters=3, n_obs=small_adata.n_obs
     )
@@ -174,3 +173,10 @@ def test_a_clustering_plan_with_a_refine_round_schedules_it_and_runs_it(small_ad
     assert [entry.rows for entry in tables[1:]] == [12, 12, 3] and plan.kmeans_steps == 4
     result = _clustering.run_clustering(plan, _clustering.central_release_sum(small_adata.X, NoiseSource(1)))
     assert result.centroids.shape == (3, plan.n_comps) and result.releases == plan.n_releases
+    monkeypatch.setattr(_clustering, "REFINE_ROUNDS", 0)
+    plain = _clustering.plan_clustering(
+        8.0, 1e-5, n_vars=small_adata.n_vars, n_clusters=3, n_obs=small_adata.n_obs
+    )
+    tables = [entry for entry in plain.schedule() if entry.kind == "kmeans"]
+    assert [entry.rows for entry in tables[1:]] == [12, 12] and plain.kmeans_steps == 3
+    assert plain.sigmas["kmeans"] < plan.sigmas["kmeans"]  # one release fewer shares the k-means' ε

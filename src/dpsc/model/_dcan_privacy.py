@@ -40,13 +40,14 @@ from ..privacy import (
 )
 from ..privacy._clustering import (
     KINDS,
-    KMEANS_PLAN,
     MARKER_KINDS,
     MIN_GENES,
     N_COMPS,
     SHARES,
     ClusterPlan,
     genes_for,
+    kmeans_plan,
+    kmeans_steps,
     plan_clustering,
 )
 
@@ -482,9 +483,8 @@ def start_parts(
         )
         return plan, None, None
     epsilon = float(settings.epsilon)
-    steps = kmeans_release_steps(
-        *(KMEANS_PLAN[k] for k in ("n_sketch_steps", "n_lloyd_rounds", "steps_per_round"))
-    )
+    kmeans = kmeans_plan()
+    steps = kmeans_steps(kmeans)
     shares = {kind: SHARES[kind] for kind in KINDS}
 
     kinds = KINDS if n_vars > MIN_GENES else KINDS[1:]
@@ -511,6 +511,7 @@ def start_parts(
         min(N_COMPS, n_genes - 1),
         {kind: sigmas.get(kind, 0.0) for kind in (*KINDS, *MARKER_KINDS)},
         settings.random_state,
+        kmeans,
     )
     return plan, sigmas["training"], sigmas["selection"]
 

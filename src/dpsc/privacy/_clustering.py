@@ -12,7 +12,8 @@ Every step reads the cells only through a release of a sum over cells (:mod:`._r
    :data:`N_COMPS` − 1 eigenvectors are the other loadings (:func:`~._pca.residual_loadings`);
 4. DP k-means (:mod:`._kmeans`) on each cell's projection, the mean direction's coordinate
    weighted :data:`MEAN_WEIGHT`, scaled to unit norm (cosine; :func:`cell_points`): one sketch
-   release and :data:`KMEANS_PLAN` Lloyd releases.
+   release, :data:`KMEANS_PLAN` Lloyd releases of 4k centroids reduced to k, then
+   :data:`REFINE_ROUNDS` Lloyd releases of the k centroids (:func:`kmeans_plan`).
 
 Why the residual (step 3) rather than one release of :math:`\sum_i z_i z_i^\top`: the mean
 direction holds a large share of the cells' squared norm (24–70 % on the labelled files), and a
@@ -95,6 +96,12 @@ KMEANS_PLAN = {
     "count_scale": 0.3,
     "reduction_starts": 100,
 }
+#: Lloyd releases of the k reduced centroids that end the clustering's DP k-means (each one more
+#: release in the plan): each final centroid becomes the noisy mean of the cells nearest to it, a
+#: sum over about n/k cells, where the reduction of the 4k noisy centroids alone leaves each
+#: centroid a weighted mean of noisy means. Chosen by leave one file out against none, on every
+#: fold (docs, Benchmarks: "``tl.cluster`` by leave-one-file-out").
+REFINE_ROUNDS = 1
 CLIP_NORM = 1.0
 
 
@@ -235,7 +242,7 @@ class ClusterPlan:
     n_comps: int
     sigmas: dict[str, float]
     random_state: int = 0
-    kmeans: dict[str, Any] = field(default_factory=lambda: dict(KMEANS_PLAN))
+    kmeans: dict[str, Any] = field(default_factory=lambda: kmeans_plan())
     markers: bool = False  # a last release: each cluster's marker statistics (:mod:`._markers`)
 
     @property
@@ -246,10 +253,7 @@ class ClusterPlan:
     @property
     def kmeans_steps(self) -> int:
         """Releases of the k-means step."""
-        plan = self.kmeans
-        return _kmeans.kmeans_release_steps(
-            plan["n_sketch_steps"], plan["n_lloyd_rounds"], plan["steps_per_round"]
-        )
+        return kmeans_steps(self.kmeans)
 
     @property
     def n_releases(self) -> int:
@@ -353,8 +357,27 @@ class ClusterPlan:
             n_comps=int(config["n-comps"]),
             sigmas={k: float(config.get(f"sigma-{k}", 0.0)) for k in (*KINDS, *MARKER_KINDS)},
             random_state=int(config["random-state"]),
+            kmeans=kmeans_plan(),
             markers=bool(int(config.get("markers", 0))),
         )
+
+
+def kmeans_plan() -> dict[str, Any]:
+    """Return the DP k-means settings of a private clustering (public constants; reads no cell).
+
+    :data:`KMEANS_PLAN`'s sketch and Lloyd rounds of 4k centroids, then :data:`REFINE_ROUNDS`
+    Lloyd rounds of the k reduced centroids (:func:`~._kmeans.dp_kmeans_centroids`).
+    """
+    plan = dict(KMEANS_PLAN)
+    plan.update(n_lloyd_rounds=int(plan["n_lloyd_rounds"]) + REFINE_ROUNDS, refine_rounds=REFINE_ROUNDS)
+    return plan
+
+
+def kmeans_steps(kmeans: dict[str, Any]) -> int:
+    """Releases of a DP k-means with these settings (sketch steps, then every Lloyd round's steps)."""
+    return _kmeans.kmeans_release_steps(
+        kmeans["n_sketch_steps"], kmeans["n_lloyd_rounds"], kmeans["steps_per_round"]
+    )
 
 
 def genes_for(n_obs: int, sigma_pca: float, n_vars: int) -> int:
@@ -403,9 +426,8 @@ def plan_clustering(
     extra = MARKER_KINDS if markers else ()
     if n_vars < 3:
         raise ValueError(f"A clustering needs at least 3 genes, got {n_vars}.")
-    steps = _kmeans.kmeans_release_steps(
-        KMEANS_PLAN["n_sketch_steps"], KMEANS_PLAN["n_lloyd_rounds"], KMEANS_PLAN["steps_per_round"]
-    )
+    kmeans = kmeans_plan()
+    steps = kmeans_steps(kmeans)
     with_selection: dict[str, float] = {}  # σ of a plan with gene selection, when the rule needs it
     if n_genes is None:
         if epsilon is not None and n_vars > MIN_GENES:
@@ -422,7 +444,7 @@ def plan_clustering(
         sigmas.update(with_selection if reuse else _split(float(epsilon), delta, kinds, steps, accountant))
     n_comps = min(N_COMPS, n_genes - 1)
     return ClusterPlan(
-        epsilon, delta, n_vars, n_clusters, n_genes, n_comps, sigmas, random_state, markers=markers
+        epsilon, delta, n_vars, n_clusters, n_genes, n_comps, sigmas, random_state, kmeans, markers=markers
     )
 
 
