@@ -309,13 +309,15 @@ class FitPlan:
 
     def planned_history(self) -> list[tuple[float, float, int]]:
         """Return the Opacus history the fit will have if every planned step runs."""
-        return [] if self.releases is None else self.releases.history()
+        releases = self.releases
+        return [] if releases is None else releases.history()
 
     def planned_record(self, n_obs: int) -> PrivacyRecord:
         """Return the record the fit will write if every planned step runs (for the budget check)."""
-        if self.releases is None:
+        releases = self.releases  # built once
+        if releases is None:
             return dcan_record(self, n_obs, spent=None)
-        return dcan_record(self, n_obs, spent=self.releases.spent(), history=self.releases.history())
+        return dcan_record(self, n_obs, spent=releases.spent(), history=releases.history())
 
     def step_full_release(self, noise_multiplier: float, steps: int = 1) -> None:
         """Tell the accountant of a private fit about ``steps`` releases of every cell (q = 1) at σ."""
