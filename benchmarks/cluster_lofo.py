@@ -35,7 +35,10 @@ CANDIDATES = {
     "mean weight 1": {"MEAN_WEIGHT": 1.0, "EDGE_SHARE": 0.02, "REFINE_ROUNDS": 0},
     "edge share 0.01": {"MEAN_WEIGHT": 0.5, "EDGE_SHARE": 0.01, "REFINE_ROUNDS": 0},
     "edge share 0.05": {"MEAN_WEIGHT": 0.5, "EDGE_SHARE": 0.05, "REFINE_ROUNDS": 0},
+    # two rounds of the k centroids; between them an empty one re-seeds next to a populated one
+    "refine 2": {"MEAN_WEIGHT": 0.5, "EDGE_SHARE": 0.02, "REFINE_ROUNDS": 2},
 }
+ONLY: list[str] = []  # --candidates: the candidates this run makes rows for (empty: all)
 
 
 def use_constants(constants: dict) -> None:
@@ -83,6 +86,8 @@ def run(data: Path, name: str, epsilons: list[float], runs: int, commit: str) ->
     rows = []
     shipped = shipped_constants()
     for candidate, constants in CANDIDATES.items():
+        if ONLY and candidate not in ONLY:
+            continue
         use_constants({**shipped, **constants})
         for epsilon in [*epsilons, None]:
             for r in range(1 if epsilon is None else runs):
@@ -255,7 +260,11 @@ def candidate_table(ratio: pd.Series, columns: list, headers: list[str]) -> list
 
 def main() -> None:
     parser = per_file_parser(__doc__, "benchmarks/results/cluster_lofo.jsonl")
+    parser.add_argument(
+        "--candidates", nargs="+", default=None, help="Run only these candidates (add rows with --append)."
+    )
     args = parser.parse_args()
+    ONLY.extend(args.candidates or [])
     if args.report:
         print(report(args.report), end="")
         return

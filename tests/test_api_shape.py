@@ -263,3 +263,26 @@ def test_old_seed_and_site_names_warn_and_give_the_same_result():
     assert old == dpsc.linear.null_pc_sd(y, n_permutations=20, random_state=3)
     with pytest.raises(TypeError, match="both seed= and random_state="):
         dpsc.linear.null_pc_sd(y, n_permutations=20, random_state=2, seed=3)
+
+
+def test_epsilon_is_a_keyword_everywhere_and_a_positional_one_still_reaches_the_fit(small_adata):
+    """scanpy's shape ``(adata, <method arguments>, *, epsilon=…)``: ε is keyword-only in every tool;
+    ``tl.fit(adata, 8)`` of 0.2 warns and passes its value on as ``epsilon``."""
+    import inspect
+
+    positional = [
+        f"dpsc.{package}.{name}"
+        for package in ("pp", "tl")
+        for name in getattr(dpsc, package).__all__
+        if callable(getattr(getattr(dpsc, package), name))
+        and "epsilon" in inspect.signature(getattr(getattr(dpsc, package), name)).parameters
+        and inspect.signature(getattr(getattr(dpsc, package), name)).parameters["epsilon"].kind
+        is not inspect.Parameter.KEYWORD_ONLY
+    ]
+    assert positional == []
+    with pytest.warns(FutureWarning, match=r"pass epsilon=-1\.0"):
+        with pytest.raises(ValueError, match="epsilon"):  # the value arrived as epsilon and was checked
+            dpsc.tl.fit(small_adata, -1.0, n_clusters=3)
+    with pytest.raises(TypeError, match="one positional argument"):
+        dpsc.tl.fit(small_adata, 8.0, epsilon=8.0)
+    assert "dp_cluster" not in small_adata.obs

@@ -12,12 +12,16 @@ its privacy ledger (:mod:`dpsc.privacy`) gains the entry as well, and nothing el
 
 from __future__ import annotations
 
+import functools
 import warnings
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import anndata as ad
 
 from .privacy import PrivacyRecord, Spending, write_record
+
+Function = TypeVar("Function", bound=Callable[..., Any])
 
 DEFAULT_EPSILON = 8.0
 """The default ε of every dpsc call that reads private cells: each call spends 8 unless told
@@ -89,3 +93,32 @@ def renamed_argument(
         stacklevel=3,
     )
     return old_value
+
+
+def epsilon_by_keyword(function: Function) -> Function:
+    """Let ``function(adata, epsilon)`` keep working for one minor version, with a :class:`FutureWarning`.
+
+    ``epsilon`` is keyword-only in every ``pp``/``tl`` function (scanpy's shape:
+    ``(adata, <method arguments>, *, epsilon=…)``); a function whose ε was its second positional
+    argument before 0.3 is wrapped by this, so that an old call still means what it meant.
+    """
+    name = f"dpsc.tl.{function.__name__}"
+
+    @functools.wraps(function)
+    def wrapper(adata: Any, *args: Any, **kwargs: Any) -> Any:
+        if args:
+            if len(args) > 1 or "epsilon" in kwargs:
+                raise TypeError(
+                    f"{name} takes one positional argument (adata); pass the rest by keyword, "
+                    "e.g. epsilon=8, n_clusters=10."
+                )
+            warnings.warn(
+                f"{name}: epsilon as the second positional argument is deprecated and will be an error "
+                f"in dpsc {REMOVED_IN}; pass epsilon={args[0]!r}.",
+                FutureWarning,
+                stacklevel=2,
+            )
+            kwargs["epsilon"] = args[0]
+        return function(adata, **kwargs)
+
+    return wrapper  # type: ignore[return-value]

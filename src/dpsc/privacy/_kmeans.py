@@ -25,7 +25,10 @@ cell, only what ``release_table`` returns):
    noisy counts; ``reduction_starts`` starts, the lowest weighted objective kept) reduces them
    to :math:`k`;
 4. the last ``refine_rounds`` of the ``n_lloyd_rounds`` (default none) are Lloyd iterations of
-   the :math:`k` reduced centroids: each becomes the noisy mean of the cells nearest to it.
+   the :math:`k` reduced centroids: each becomes the noisy mean of the cells nearest to it;
+   between two such rounds the :math:`i`-th centroid whose noisy count is below twice its noise
+   is re-seeded next to the :math:`i`-th most populated one, so the next round splits that
+   cluster instead of leaving an empty one.
 
 With ``sphere_radius`` every noisy mean is projected back onto that sphere (spherical k-means:
 noise shrinks means toward the origin). The centroids are (ε, δ)-DP under the accountant that
@@ -290,22 +293,33 @@ def dp_kmeans_centroids(
         centroids[update] = to_sphere(sums[update] / counts[update][:, None])
         return update, counts, count_noise
 
+    def reseed(dead: torch.Tensor, counts: torch.Tensor, targets: int) -> None:
+        """Move each dead centroid next to one of the ``targets`` most populated ones (noisy counts).
+
+        Post-processing: the next Lloyd round splits each such cluster between the two centroids.
+        """
+        populated = torch.argsort(counts, descending=True)[:targets]
+        for i, j in enumerate(dead.tolist()):
+            nearby = centroids[int(populated[i % len(populated)])]
+            jitter = torch.as_tensor(rng.normal(size=d), dtype=torch.float64) / np.sqrt(d)
+            centroids[j] = to_sphere(nearby + 0.1 * (nearby.norm() + 1e-3) * jitter)
+
     for _ in range(n_lloyd_rounds - refine_rounds):
         update, counts, count_noise = lloyd_round(centroids)
         dead = torch.nonzero(~update).reshape(-1)
-        if len(dead):  # split the most populated cluster (post-processing of noisy counts)
-            largest = centroids[int(torch.argmax(counts))]
-            spread = 0.1 * (largest.norm() + 1e-3)
-            jitter = torch.as_tensor(rng.normal(size=(len(dead), d)), dtype=torch.float64)
-            centroids[dead] = to_sphere(largest + spread * jitter / np.sqrt(d))
+        if len(dead):  # split the most populated cluster
+            reseed(dead, counts, targets=1)
     merged = np.arange(len(centroids))  # which final centroid each Lloyd centroid became
     if len(centroids) > n_clusters:
         reduce = KMeans(n_clusters=n_clusters, n_init=reduction_starts, random_state=random_state)
         reduce.fit(centroids.numpy(), sample_weight=counts.clamp(min=1e-3).numpy())
         centroids = to_sphere(torch.as_tensor(reduce.cluster_centers_, dtype=torch.float64))
         merged = reduce.labels_
-    for _ in range(refine_rounds):  # Lloyd rounds of the k reduced centroids
-        _, counts, count_noise = lloyd_round(centroids)
+    for round_ in range(refine_rounds):  # Lloyd rounds of the k reduced centroids
+        update, counts, count_noise = lloyd_round(centroids)
+        dead = torch.nonzero(~update).reshape(-1)
+        if round_ < refine_rounds - 1 and len(dead):  # split the most populated clusters, one each
+            reseed(dead, counts, targets=len(dead))
         merged = np.arange(len(centroids))
     if not return_in_use:
         return centroids.float().numpy()

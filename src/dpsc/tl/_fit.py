@@ -20,7 +20,7 @@ import torch
 
 from dpsc._docs import doc_params
 
-from .._api import DEFAULT_EPSILON, store_result
+from .._api import DEFAULT_EPSILON, epsilon_by_keyword, store_result
 from .._outputs import derived_key
 from .._validation import (
     LIKELIHOODS,
@@ -59,11 +59,12 @@ RUN_OPTIONS = ("accelerator", "devices", "strategy")
 PLAN_OPTIONS = ("instance_epochs", "cluster_epochs", "max_grad_norm", "plan_kwargs", "kmeans_kwargs")
 
 
+@epsilon_by_keyword
 @doc_params
 def fit(
     adata: ad.AnnData,
-    epsilon: float | None = DEFAULT_EPSILON,
     *,
+    epsilon: float | None = DEFAULT_EPSILON,
     delta: float | None = None,
     n_clusters: int | None = None,
     scope: Literal["encoder", "full", "paper"] = "encoder",
