@@ -12,6 +12,7 @@ selection, a marker table, a clustering) with ``key_added`` set to a name contai
 
 from __future__ import annotations
 
+import re
 import warnings
 from collections.abc import Callable
 
@@ -286,3 +287,17 @@ def test_epsilon_is_a_keyword_everywhere_and_a_positional_one_still_reaches_the_
     with pytest.raises(TypeError, match="one positional argument"):
         dpsc.tl.fit(small_adata, 8.0, epsilon=8.0)
     assert "dp_cluster" not in small_adata.obs
+
+
+def test_the_federated_and_privacy_apis_export_what_the_docs_document():
+    """``__all__`` of ``dpsc.federated`` and ``dpsc.privacy`` is the documented API, no more: FedSC's
+    losses and training steps stay importable for dpsc's own code, outside the API."""
+    from pathlib import Path
+
+    api = (Path(__file__).parents[1] / "docs" / "api.md").read_text()
+    for package in ("federated", "privacy"):
+        exported = set(getattr(dpsc, package).__all__)
+        documented = set(re.findall(rf"dpsc\.{package}\.(\w+)", api))
+        assert exported == documented, (exported - documented, documented - exported)
+    assert {"byol_loss", "nt_xent", "local_train"}.isdisjoint(dpsc.federated.__all__)
+    assert callable(dpsc.federated.byol_loss)  # still importable

@@ -49,33 +49,22 @@ _WHERE = {
     "run_site": "._deploy",
 }
 
-#: What users call (each documented in docs/api.md). The other names of ``_WHERE`` serve dpsc's
-#: own packages and tests: importable, but not part of the API and free to change.
+#: What users call (each documented in docs/api.md): a site and a server, the FedSC federation
+#: (deployed or simulated) and its settings. The other names of ``_WHERE`` (FedSC's network, losses,
+#: local training, EMA and scaling steps) serve dpsc's own packages, tests and benchmarks:
+#: importable, but not part of the API and free to change.
 __all__ = [
     "METHODS",
     "SSLConfig",
-    "SSLNet",
     "Site",
     "SiteRefusal",
     "SiteSettings",
-    "apply_scaling",
-    "byol_loss",
-    "calibrate_lambda",
-    "divergence",
-    "divergence_aware_update",
-    "ema_weight",
-    "embed",
-    "info_nce",
-    "local_train",
     "make_apps",
-    "nt_xent",
-    "pooled_scaling",
     "run_federation",
     "run_pipeline_simulation",
     "run_server",
     "run_site",
     "simulate_federation",
-    "site_sums",
 ]
 
 

@@ -147,7 +147,7 @@ def fit_federated(
         {doc_copy}
     return_model
         {doc_return_model}
-        The model is the global encoder (:class:`dpsc.federated.SSLNet`).
+        The model is the global encoder (FedSC's ``SSLNet``).
     client_key
         Old name of ``site_key`` (a :class:`FutureWarning`; removed in 0.4).
 
