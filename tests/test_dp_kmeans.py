@@ -141,6 +141,32 @@ def test_refine_rounds_are_lloyd_rounds_of_the_k_reduced_centroids():
     assert adjusted_rand_score(truth, labels) == 1.0
 
 
+def test_between_refine_rounds_an_empty_centroid_moves_next_to_a_populated_one():
+    """Two point masses and k = 4: the first refine round leaves two centroids without cells; before
+    the second, each is re-seeded next to a different populated centroid (post-processing only)."""
+    d = 8
+    z = torch.as_tensor(np.repeat(RADIUS * np.eye(d)[:2], [200, 100], axis=0))
+    tables = []
+
+    def release_table(assignment):
+        table = kmeans_table(z, assignment, RADIUS, 1.0)
+        tables.append((assignment, split_table(table, assignment.n_rows, d, RADIUS, 1.0)[1].numpy()))
+        return split_table(table, assignment.n_rows, d, RADIUS, 1.0)
+
+    plan = {"n_sketch_steps": 1, "n_lloyd_rounds": 4, "steps_per_round": 1, "oversampling": 3}
+    dp_kmeans_centroids(
+        release_table, 4, d, noise_multiplier=1e-9, clip_norm=RADIUS, sphere_radius=RADIUS, refine_rounds=2, **plan
+    )
+    (_, counts), (second, _) = tables[-2], tables[-1]
+    empty, populated = np.flatnonzero(counts == 0), np.flatnonzero(counts > 0)
+    assert len(empty) == 2 and len(populated) == 2
+    means = second.matrix[populated]  # the first round moved each populated centroid to its cells' mean
+    assert np.allclose(np.sort(means, axis=0), np.sort(RADIUS * np.eye(d)[:2], axis=0), atol=1e-5)
+    distances = np.linalg.norm(second.matrix[empty][:, None, :] - means[None, :, :], axis=2)
+    assert (distances.min(1) < 0.25 * RADIUS).all()  # jittered by 0.1 × the norm, then on the sphere
+    assert len(set(distances.argmin(1))) == 2  # next to a different populated centroid each
+
+
 @pytest.mark.parametrize("bad", [{"oversampling": 0}, {"count_scale": 0.0}, {"refine_rounds": 9}])
 def test_bad_options_are_refused(bad):
     z, _ = _blobs_on_sphere()
