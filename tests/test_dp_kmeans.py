@@ -155,7 +155,14 @@ def test_between_refine_rounds_an_empty_centroid_moves_next_to_a_populated_one()
 
     plan = {"n_sketch_steps": 1, "n_lloyd_rounds": 4, "steps_per_round": 1, "oversampling": 3}
     dp_kmeans_centroids(
-        release_table, 4, d, noise_multiplier=1e-9, clip_norm=RADIUS, sphere_radius=RADIUS, refine_rounds=2, **plan
+        release_table,
+        4,
+        d,
+        noise_multiplier=1e-9,
+        clip_norm=RADIUS,
+        sphere_radius=RADIUS,
+        refine_rounds=2,
+        **plan,
     )
     (_, counts), (second, _) = tables[-2], tables[-1]
     empty, populated = np.flatnonzero(counts == 0), np.flatnonzero(counts > 0)

@@ -201,3 +201,17 @@ def test_the_clustering_and_the_fit_are_plans_of_the_one_plan_type(small_adata):
     assert fit.planned_history() == fit.releases.history()
     assert fit.planned_record(20_000).epsilon == pytest.approx(fit.releases.spent())
     assert fit.releases.spent() <= 8.0 + 1e-6
+
+
+def test_a_federated_fits_record_is_its_worst_sites_plan():
+    """FedSC's record is written by the plan of the site that spent most (parallel composition)."""
+    from dpsc.federated._fedsc_site import FedSCPrivacy, federated_record, site_plan
+
+    sites = {"0": ((1.1, 0.01, 300), (2.0, 1.0, 5)), "1": ((0.9, 0.02, 200), (2.5, 1.0, 5))}
+    options = FedSCPrivacy(8.0, 1e-5, "sgd", "rdp", 1.0, 1000, dpsc.privacy.NoiseSource(3), False)
+    record = federated_record(sites, options)
+    spent = {name: site_plan(entries, 1e-5, "rdp").spent() for name, entries in sites.items()}
+    worst = max(spent, key=spent.get)
+    assert spent["0"] != pytest.approx(spent["1"]) and record.epsilon == pytest.approx(spent[worst])
+    assert [tuple(h) for h in record.history] == site_plan(sites[worst], 1e-5, "rdp").history()
+    assert record.details["epsilon_per_site"] == pytest.approx(spent)

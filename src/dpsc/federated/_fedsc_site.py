@@ -30,8 +30,9 @@ from ..privacy import (
     ADD_REMOVE,
     BudgetExceededError,
     NoiseSource,
+    PlannedRelease,
     PrivacyRecord,
-    history_epsilon,
+    ReleasePlan,
     no_guarantee_record,
 )
 from ..privacy._clustering import CLIP_NORM, KMEANS_PLAN
@@ -199,6 +200,19 @@ class FedSCPrivacy:
     scale_genes: bool
 
 
+def site_plan(
+    entries: tuple[tuple[float, float, int], tuple[float, float, int]], delta: float, accountant: str
+) -> ReleasePlan:
+    """One site's plan as it ran: its DP-SGD training and its k-means tables, each ``(σ, q, steps)``."""
+    (training, kmeans) = entries
+    return ReleasePlan.of(
+        PlannedRelease("training", sample_rate=training[1], steps=int(training[2]), sigma=training[0]),
+        PlannedRelease("kmeans", sample_rate=kmeans[1], steps=int(kmeans[2]), sigma=kmeans[0]),
+        accountant=accountant,
+        delta=delta,
+    )
+
+
 def federated_record(
     plan: dict[str, tuple[tuple[float, float, int], tuple[float, float, int]]] | None, options: FedSCPrivacy
 ) -> PrivacyRecord:
@@ -215,19 +229,17 @@ def federated_record(
             ", including each site's per-gene sums" if scale_genes else ""
         )
         return no_guarantee_record("fit_federated", unit=unit, covered=covered)
-    per_site = {name: history_epsilon(list(entries), delta, accountant) for name, entries in plan.items()}
+    plans = {name: site_plan(entries, delta, accountant) for name, entries in plan.items()}
+    per_site = {name: site.spent() for name, site in plans.items()}
     worst = max(per_site, key=per_site.get)
     covered = (
         "every message a site sends (the weights after each round and its noisy k-means tables, hence "
         "everything the server and the other sites see), the final global model and the centroids "
         "(post-processing); each cell by its own site's ε (per site in 'epsilon_per_site')"
     )
-    training, kmeans = plan[worst]
-    return PrivacyRecord.stated(
+    training, _ = plan[worst]
+    return plans[worst].record(
         "fit_federated",
-        guarantee="proven",
-        epsilon=per_site[worst],
-        delta=delta,
         unit=unit,
         mechanism=f"DP-SGD at every site ({optimizer} update on the noisy gradient, Poisson sampling) "
         f"and DP k-means tables with each site's full noise, composed by the Opacus {accountant.upper()} "
@@ -235,15 +247,12 @@ def federated_record(
         covered=covered,
         not_covered=FEDERATED_NOT_COVERED,
         noise=noise,
-        accountant=accountant,
         mechanisms=[
             f"site {k}: DP-SGD sigma={v[0][0]:.4g}, q={v[0][1]:.4g}; k-means sigma={v[1][0]:.4g}"
             for k, v in plan.items()
         ],
-        history=[training, kmeans],
         noise_multiplier=training[0],
         sample_rate=training[1],
-        steps=training[2] + kmeans[2],
         max_grad_norm=options.max_grad_norm,
         scope="site",
         details={
