@@ -2,6 +2,8 @@ import matplotlib
 
 matplotlib.use("Agg")
 
+import re
+
 import anndata as ad
 import pytest
 import scanpy as sc
@@ -47,7 +49,8 @@ def test_cli_cluster_prints_a_plain_summary_first(small_adata, tmp_path, capsys)
     small_adata.write_h5ad(src)
     assert main(["cluster", str(src), "--n-clusters", "3", "--markers", "--output", str(out)]) == 0
     text = " ".join(capsys.readouterr().out.split())
-    assert "Privacy: epsilon 8.00 at delta 1e-05, proven, per cell. Covered:" in text
+    # at most the asked 8 (the common scale of the releases' noise is found to 0.1 %)
+    assert re.search(r"Privacy: epsilon (7\.99|8\.00) at delta 1e-05, proven, per cell\. Covered:", text)
     assert " of 3 in use" in text and "cluster 0:" in text and "--verbose" in text
     assert "What this covers" not in text  # the full statement only with --verbose
     back = ad.read_h5ad(out)

@@ -143,7 +143,7 @@ def test_a_round_carries_a_request_and_a_reply_unchanged(sites):
     plan = _plan(sites[0])
     config = {"task": "pipeline", "mode": "plain", "threshold": 1, "n-sites": 3, **plan.to_config()}
     config |= {"kind": "describe", "index": 0, "sigma": 0.5}
-    payload = [np.arange(200), np.full((200, 1), 200**-0.5), np.zeros((0, 0))]
+    payload = [np.arange(200), np.full((200, 1), 200**-0.5), np.zeros((0, 0)), np.zeros(0)]
     arrays, received = read_request(request_content(config, payload))
     assert received == config and all(np.array_equal(a, b) for a, b in zip(arrays, payload, strict=True))
     context = Context(run_id=1, node_id=1, node_config={"partition-id": 1}, state=RecordDict(), run_config={})
@@ -164,14 +164,14 @@ def test_site_handler_refuses_a_server_seed_and_a_secure_request_outside_secagg(
     plan = _plan(sites[0])
     config = {"task": "pipeline", "mode": "secure", "threshold": 3, "n-sites": 3, **plan.to_config()}
     config |= {"kind": "sum", "index": 0, "sigma": plan.sigmas["sum"]}
-    payload = [np.arange(200), np.zeros((0, 0)), np.zeros((0, 0))]  # the genes of the cell sum
+    payload = [np.arange(200), np.zeros((0, 0)), np.zeros((0, 0)), np.zeros(0)]  # the genes of the cell sum
     with pytest.raises(SiteRefusal, match="Malformed"):
         pca = {**config, "mode": "plain", "kind": "pca", "sigma": plan.sigmas["pca"]}  # not release 0
-        handler.fit([np.arange(200), np.full((200, 1), 200**-0.5), np.zeros((0, 0))], pca)
-    short = [np.arange(150), np.zeros((0, 0)), np.zeros((0, 0))]  # not the plan's 200 genes
+        handler.fit([np.arange(200), np.full((200, 1), 200**-0.5), np.zeros((0, 0)), np.zeros(0)], pca)
+    short = [np.arange(150), np.zeros((0, 0)), np.zeros((0, 0)), np.zeros(0)]  # not the plan's 200 genes
     with pytest.raises(SiteRefusal, match="plan reads 200 distinct genes"):
         handler.fit(short, {**config, "mode": "plain"})
-    repeated = [np.zeros(200, dtype=np.int64), payload[1], payload[2]]
+    repeated = [np.zeros(200, dtype=np.int64), *payload[1:]]
     with pytest.raises(SiteRefusal, match="distinct genes"):
         handler.fit(repeated, {**config, "mode": "plain"})
     with pytest.raises(SiteRefusal, match="noise seed"):

@@ -143,11 +143,25 @@ def test_the_marker_release_is_scheduled_and_checked(neighbours, tmp_path):
     hostile = dataclasses.replace(requests[-1], assignment=Assignment("nearest", centroids))
     steps = honest_steps(plan, [*requests[:-1], hostile])
     assert check_both(neighbours, tmp_path, steps) == [True] * (plan.n_releases - 1) + [False]
-    assert requests[-2].kind == "marker_norms" and 0 < requests[-1].bound
-    for bound in (np.inf, np.nan, 0.0, -1.0, 1e6, None):  # the expression bound is a public input too
-        hostile = dataclasses.replace(requests[-1], bound=bound)
+    assert [r.kind for r in requests][-3:-1] == ["marker_center", "marker_norms"]
+    frame = requests[-1].frame
+    assert 0 < frame.sum_bound and 0 < frame.square_bound
+    hostile_frames = [  # the centre and the bounds are public inputs too
+        *(dataclasses.replace(frame, sum_bound=b) for b in (np.inf, np.nan, 0.0, -1.0, 1e6, None)),
+        dataclasses.replace(frame, square_bound=None),
+        dataclasses.replace(frame, center=np.full_like(frame.center, -1.0)),
+        dataclasses.replace(frame, center=frame.center[:-1]),
+        None,
+    ]
+    for hostile_frame in hostile_frames:
+        hostile = dataclasses.replace(requests[-1], frame=hostile_frame)
         steps = honest_steps(plan, [*requests[:-1], hostile])
         assert check_both(neighbours, tmp_path, steps) == [True] * (plan.n_releases - 1) + [False]
+    histograms = dataclasses.replace(
+        requests[-2], frame=dataclasses.replace(frame, center=frame.center * 0 + 99)
+    )
+    steps = honest_steps(plan, [*requests[:-2], histograms])
+    assert check_both(neighbours, tmp_path, steps) == [True] * (plan.n_releases - 2) + [False]
     without = plan_for()  # a plan without markers: no marker release is served
     extra = dataclasses.replace(requests[-1], index=without.n_releases)
     steps = honest_steps(without, [*honest_requests(without, neighbours[0]), extra])

@@ -24,55 +24,85 @@ def grouped(small_adata):
     return adata
 
 
-def test_one_cell_moves_the_table_by_at_most_the_sensitivity():
-    """Adding any one cell, however extreme, to any group changes the exact table by at most Δ."""
+EXTREME_CELLS = [
+    np.eye(50)[0] * 1e9,  # every count in one gene
+    np.ones(50),  # counts spread evenly
+    np.zeros(50),  # no counts
+    np.r_[np.full(25, np.nan), np.full(25, 3.0)],  # not finite values read as 0
+    -np.ones(50),
+    np.random.default_rng(3).poisson(50.0, 50).astype(float),
+]
+
+
+@pytest.mark.parametrize("framed", [False, True])
+def test_one_cell_moves_the_table_by_at_most_the_sensitivity(framed):
+    """Adding any one cell, however extreme, to any group changes the exact table by at most Δ, with the
+    worst-case bounds and centre 0 or with a released centre and small bounds."""
     rng = np.random.default_rng(1)
-    table = mechanism.MarkerTable(3, 50)
+    frame = mechanism.MarkerFrame(rng.uniform(0, 3, 50), 2.0, 5.0) if framed else None
+    table = mechanism.MarkerTable(3, 50, frame)
     base = rng.poisson(2.0, size=(40, 50)).astype(float)
     groups = rng.integers(0, 3, 40)
     before = mechanism.group_table(base, groups, table)
-    extremes = [
-        np.eye(50)[0] * 1e9,  # every count in one gene
-        np.ones(50),  # counts spread evenly
-        np.zeros(50),  # no counts
-        np.r_[np.full(25, np.nan), np.full(25, 3.0)],  # not finite values read as 0
-        -np.ones(50),
-        rng.poisson(50.0, 50).astype(float),
-    ]
-    for cell in extremes:
+    for cell in EXTREME_CELLS:
         for group in range(3):
             after = mechanism.group_table(np.vstack([base, cell]), np.r_[groups, group], table)
             assert np.linalg.norm(after - before) <= table.sensitivity * (1 + 1e-9)
-    outside = mechanism.group_table(np.vstack([base, extremes[0]]), np.r_[groups, -1], table)
+    outside = mechanism.group_table(np.vstack([base, EXTREME_CELLS[0]]), np.r_[groups, -1], table)
     np.testing.assert_array_equal(outside, before)  # a cell in no group adds nothing
 
 
-def test_the_expression_bound_is_released_from_a_histogram_of_the_norms():
-    """One cell moves the histogram by exactly 1; the bound is the quantile bin's upper edge, at most B2."""
+def test_the_centre_and_the_bounds_are_released_with_their_stated_sensitivities():
+    """One cell moves the centre's sums by at most 1 and the two histograms by exactly sqrt(2); each bound is
+    its quantile bin's upper edge, below the worst case; the centre is the mean, shrunk by its noise."""
     rng = np.random.default_rng(2)
     base = rng.poisson(0.3, size=(200, 50)).astype(float)
-    before = mechanism.norm_histogram(base)
-    assert before.sum() == 200 and before.shape == (mechanism.NORM_BINS,)
-    extremes = [
-        np.eye(50)[0] * 1e9,
-        np.ones(50),
-        np.zeros(50),
-        -np.ones(50),
-        np.r_[np.full(25, np.nan), [3.0] * 25],
-    ]
-    for cell in extremes:
-        after = mechanism.norm_histogram(np.vstack([base, cell]))
-        assert np.linalg.norm(after - before) == pytest.approx(1.0)
-    norms = np.sqrt((mechanism._log_expression(base) ** 2).sum(1))
-    edges = mechanism.norm_edges(50)
-    bound = mechanism.released_sum_bound(before, 50)
-    below = edges[np.searchsorted(edges, bound) - 1]  # the bin's lower edge
-    assert np.mean(norms <= bound) >= mechanism.NORM_QUANTILE > np.mean(norms <= below)
-    assert bound < 0.8 * mechanism.expression_bound(50)  # below the worst case: less noise on the sums
-    assert mechanism.released_sum_bound(-before, 50) == pytest.approx(mechanism.expression_bound(50))
-    for hostile in (float("inf"), float("nan"), 0.0, -1.0, 1e9, True, "3"):
-        with pytest.raises(mechanism.BoundError):
-            mechanism.MarkerTable(3, 50, hostile)
+    center_before = mechanism.center_sum(base)
+    exact = mechanism.center_release(50, 0.0)
+    center = mechanism.released_center(center_before, exact)
+    np.testing.assert_allclose(center, mechanism._log_expression(base).mean(0), atol=1e-12)
+    before = mechanism.norm_histograms(base, center)
+    assert before.shape == (2 * mechanism.NORM_BINS,) and before.sum() == 400
+    for cell in EXTREME_CELLS:
+        grown = np.vstack([base, cell])
+        assert np.linalg.norm(mechanism.center_sum(grown) - center_before) <= 1.0 + 1e-9
+        after = mechanism.norm_histograms(grown, center)
+        assert np.linalg.norm(after - before) == pytest.approx(np.sqrt(2.0))
+    frame = mechanism.released_frame(before, center)
+    y = mechanism._log_expression(base) - center
+    for bound, norms, worst in zip(frame.bounds, (y, y**2), frame.worst, strict=True):
+        norms = np.sqrt((norms**2).sum(1))
+        edges = mechanism.norm_edges(worst)
+        below = edges[np.searchsorted(edges, bound) - 1]  # the bin's lower edge
+        assert np.mean(norms <= bound) >= mechanism.NORM_QUANTILE > np.mean(norms <= below)
+        assert bound < 0.8 * worst  # below the worst case: less noise on the sums
+    assert frame.bounds[0] < np.percentile(np.sqrt((mechanism._log_expression(base) ** 2).sum(1)), 95)
+    noisy = mechanism.center_release(50, 1e6)  # a centre within its noise is shrunk to 0: no centring
+    drawn = center_before + np.r_[noisy.noise_std * rng.normal(size=50), 0.0]  # the count kept exact
+    assert not mechanism.released_center(drawn, noisy).any()
+    assert mechanism.released_frame(-before, center).bounds == pytest.approx(frame.worst)
+
+
+@pytest.mark.parametrize(
+    "hostile",
+    [
+        {"sum_bound": float("inf")},
+        {"sum_bound": float("nan")},
+        {"sum_bound": 0.0},
+        {"square_bound": -1.0},
+        {"square_bound": 1e9},
+        {"sum_bound": True},
+        {"sum_bound": "3"},
+        {"center": np.full(50, -1.0)},
+        {"center": np.full(50, 20.0)},
+        {"center": np.full(49, 1.0)},
+        {"center": np.r_[np.nan, np.ones(49)]},
+    ],
+)
+def test_a_frame_outside_the_proofs_bounds_is_refused(hostile):
+    frame = {"center": np.ones(50), "sum_bound": 3.0, "square_bound": 4.0, **hostile}
+    with pytest.raises(mechanism.BoundError):
+        mechanism.MarkerTable(3, 50, mechanism.MarkerFrame(**frame))
 
 
 def test_without_noise_it_is_scanpys_t_test(grouped):
@@ -116,7 +146,7 @@ def test_private_markers_in_scanpys_format_plots_and_ledger(grouped, tmp_path):
     record = dpsc.privacy.get_record(adata, "rank_genes_groups")
     assert record["guarantee"] == "proven" and record["epsilon"] == pytest.approx(8.0, rel=0.01)
     assert record["max_grad_norm"] == pytest.approx(mechanism.SENSITIVITY)  # the table's Δ is recorded
-    assert len(record["history"]) == 2  # the histogram of the norms, then the table: both accounted
+    assert len(record["history"]) == 3  # the centre, the histograms of the norms, the table: all accounted
     params = adata.uns["dpsc"]["rank_genes_groups"]["params"]
     assert 0 < params["expression_bound"] < mechanism.expression_bound(adata.n_vars)
     assert dpsc.privacy.spent(adata).epsilon == pytest.approx(record["epsilon"])

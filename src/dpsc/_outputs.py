@@ -80,7 +80,7 @@ def write_cluster_markers(
         names,
         key_added,
         key=derived_key(key_added, "markers"),
-        sum_bound=result.marker_bound,
+        frame=result.marker_frame,
     )
 
 
@@ -124,14 +124,14 @@ def write_markers(
     pts: bool = True,
     layer: str | None = None,
     key: str = "rank_genes_groups",
-    sum_bound: float | None = None,
+    frame: mechanism.MarkerFrame | None = None,
 ) -> dict:
     """Rank a released marker table and write it to ``target.uns[key]`` in scanpy's format.
 
     Post-processing only. Returns the parameters to record: the group sizes used and the groups
     whose noisy size is below twice its noise (their markers are mostly noise).
     """
-    table = mechanism.MarkerTable(len(names), target.n_vars, sum_bound)
+    table = mechanism.MarkerTable(len(names), target.n_vars, frame)
     result = mechanism.rank_markers(mechanism.group_statistics(released, table, release))
     kept = target.n_vars if n_genes is None else min(int(n_genes), target.n_vars)
     target.uns[key] = _scanpy_result(result, names, target.var_names, kept, groupby, layer, pts)
@@ -142,4 +142,5 @@ def write_markers(
         "group_sizes": result.counts.tolist(),
         "groups_below_noise": below,
         "expression_bound": table.bounds["sum"],
+        "square_bound": table.bounds["squares"],
     }

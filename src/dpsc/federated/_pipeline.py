@@ -25,6 +25,7 @@ import numpy as np
 
 from ..privacy._clustering import ClusterPlan, ClusterResult, Request, plan_clustering, run_clustering
 from ..privacy._kmeans import Assignment
+from ..privacy._markers import MarkerFrame
 from ._requires import require_flwr
 from ._rounds import RoundResult, plain_round, read_request, reply_content, secure_round
 from ._secagg import LIMBS, from_digit_means, to_digits, use_secure_masks
@@ -107,14 +108,18 @@ def _payload(request: Request) -> list[np.ndarray]:
         request.loadings if request.loadings is not None else np.zeros((0, 0)), dtype=np.float64
     )
     assignment = request.assignment.matrix if request.assignment is not None else np.zeros((0, 0))
-    return [genes, loadings, np.asarray(assignment, dtype=np.float64)]
+    frame = request.frame.to_array() if request.frame is not None else np.zeros(0)
+    return [genes, loadings, np.asarray(assignment, dtype=np.float64), frame]
+
+
+NO_GENES = ("genes", "marker_center", "marker_norms")  # releases whose request carries no gene list
 
 
 def _request(config: dict[str, Any], arrays: list[np.ndarray]) -> Request:
     """Return the request a site received (refused with a message when malformed)."""
     try:
         kind, index, sigma = str(config["kind"]), int(config["index"]), float(config["sigma"])
-        genes, loadings, matrix = arrays
+        genes, loadings, matrix, frame = arrays
         assignment = None
         if kind in ("pca", "kmeans", "markers") and (
             np.ndim(loadings) != 2 or np.shape(loadings)[0] != len(genes)
@@ -126,10 +131,10 @@ def _request(config: dict[str, Any], arrays: list[np.ndarray]) -> Request:
             kind,
             index,
             sigma,
-            genes=np.asarray(genes, dtype=np.int64) if kind not in ("genes", "marker_norms") else None,
+            genes=np.asarray(genes, dtype=np.int64) if kind not in NO_GENES else None,
             loadings=np.asarray(loadings, dtype=np.float64) if kind in ("pca", "kmeans", "markers") else None,
             assignment=assignment,
-            bound=float(config["bound"]) if kind == "markers" else None,
+            frame=MarkerFrame.from_array(frame) if kind in ("marker_norms", "markers") else None,
         )
     except (KeyError, ValueError, TypeError) as err:
         raise SiteRefusal(f"Malformed request from the server ({err!r}); nothing was sent.") from None
@@ -193,7 +198,7 @@ class SiteHandler:
             genes, loadings, eigenvalues, centroids, *markers = parameters
             result = ClusterResult(genes.astype(np.int64), loadings, eigenvalues, centroids)
             if plan.markers and len(markers) == 2:
-                result.marker_table, result.marker_bound = markers[0], float(np.ravel(markers[1])[0])
+                result.marker_table, result.marker_frame = markers[0], MarkerFrame.from_array(markers[1])
             site.write_results(result, plan, mode, threshold, n_sites)
             return [], 1, {}
         if mode == "secure":
@@ -331,8 +336,6 @@ def make_server_app(settings: dict[str, Any] | None = None, sink: dict[str, Any]
             config = {**common, "kind": request.kind, "index": request.index, "sigma": request.sigma}
             if request.assignment is not None:
                 config["assignment"] = request.assignment.kind
-            if request.bound is not None:
-                config["bound"] = float(request.bound)
             round_ = rounds(config, _payload(request), secure=mode == "secure")
             replies = round_.replies
             if len(replies) < needed:
@@ -357,7 +360,7 @@ def make_server_app(settings: dict[str, Any] | None = None, sink: dict[str, Any]
         finish = {**common, "kind": "finish"}
         arrays = [result.genes, result.loadings, result.eigenvalues, result.centroids]
         if result.marker_table is not None:  # every site receives the released marker table
-            arrays += [result.marker_table, np.array([result.marker_bound], dtype=np.float64)]
+            arrays += [result.marker_table, result.marker_frame.to_array()]
         rounds(finish, arrays, secure=False)
         summary |= {"releases": log.rows, "wall_s": time.perf_counter() - start}
         save(summary, result)
@@ -383,8 +386,8 @@ def _saver(sink: dict[str, Any] | None, out_dir: str):
         if result is not None:
             arrays = [result.genes, result.loadings, result.eigenvalues, result.centroids]
             if result.marker_table is not None:
-                arrays += [result.marker_table, np.array([result.marker_bound], dtype=np.float64)]
-            names = ("genes", "loadings", "eigenvalues", "centroids", "marker_table", "marker_bound")
+                arrays += [result.marker_table, result.marker_frame.to_array()]
+            names = ("genes", "loadings", "eigenvalues", "centroids", "marker_table", "marker_frame")
             np.savez(
                 out / "result.npz",
                 **dict(zip(names, arrays, strict=False)),
@@ -511,5 +514,5 @@ def read_result(out: str | Path) -> ClusterResult:
             saved["centroids"],
             clusters_in_use=int(saved["clusters_in_use"]) if "clusters_in_use" in saved else None,
             marker_table=saved["marker_table"] if "marker_table" in saved else None,
-            marker_bound=float(saved["marker_bound"][0]) if "marker_bound" in saved else None,
+            marker_frame=MarkerFrame.from_array(saved["marker_frame"]) if "marker_frame" in saved else None,
         )

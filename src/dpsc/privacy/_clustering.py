@@ -67,10 +67,11 @@ N_COMPS = 16  # loadings the cells are projected on: the mean direction and 15 r
 SHARES = {"genes": 0.2, "sum": 0.1, "pca": 0.38, "kmeans": 0.32}
 KINDS = ("genes", "sum", "pca", "kmeans")  # the releases, in order
 #: ε share of the marker releases when a plan also releases each cluster's markers
-#: (:mod:`._markers`): after the centroids, the histogram of the cells' norms (its share
-#: :data:`~._markers.NORM_SHARE` of this one) and every gene's per-cluster statistics.
+#: (:mod:`._markers`): after the centroids, the cells' mean expression (its share
+#: :data:`~._markers.CENTER_SHARE` of this one), the histograms of the cells' norms from it
+#: (:data:`~._markers.NORM_SHARE`) and every gene's per-cluster statistics.
 MARKERS_SHARE = 0.25
-MARKER_KINDS = ("marker_norms", "markers")  # the marker releases, in order
+MARKER_KINDS = ("marker_center", "marker_norms", "markers")  # the marker releases, in order
 #: Weight of the mean direction's coordinate in the k-means points. Every cell lies near the mean
 #: direction (median :math:`z_i^\top u` 0.50–0.84 on the labelled files), so with weight 1 the
 #: unit-norm points crowd in a cap around it and the clusters' spread is small against the DP k-means noise
@@ -118,6 +119,7 @@ RELEASE_NAMES = {
     "sum": "cell sum",
     "pca": "second moment",
     "kmeans": "k-means table",
+    "marker_center": "marker centre",
     "marker_norms": "marker norms",
     "markers": "marker statistics",
 }
@@ -176,18 +178,29 @@ class ScheduledRelease:
                 f"release {self.index} ({self.kind}) asks for noise multiplier {request.sigma!r}; the plan's "
                 f"is {self.sigma!r}"
             )
-        if self.kind in ("genes", "marker_norms"):
+        if self.kind in ("genes", "marker_center"):
             return
-        if self.kind == "markers":
-            try:
-                _markers.check_sum_bound(request.bound, n_vars)
-            except _markers.BoundError as err:
-                raise ScheduleError(str(err)) from None
+        if self.kind in ("marker_norms", "markers"):
+            _check_frame(request.frame, n_vars, bounds=self.kind == "markers")
+        if self.kind == "marker_norms":
+            return
         _check_gene_list(request.genes, n_vars, n_genes)
         if self.width:
             _check_loadings(request.loadings, n_genes, self.width)
         if self.assignment is not None:
             _check_assignment(request.assignment, self.assignment, self.rows, self.width)
+
+
+def _check_frame(frame: Any, n_vars: int, bounds: bool) -> None:
+    """Refuse a marker frame unless its centre (and, for the table, both bounds) are in range."""
+    if not isinstance(frame, _markers.MarkerFrame):
+        raise ScheduleError(f"a marker frame of type {type(frame).__name__}")
+    if bounds and (frame.sum_bound is None or frame.square_bound is None):
+        raise ScheduleError("a marker table request without its released bounds")
+    try:
+        frame.check(n_vars)
+    except _markers.BoundError as err:
+        raise ScheduleError(str(err)) from None
 
 
 def _check_gene_list(genes: Any, n_vars: int, n_genes: int) -> None:
@@ -258,7 +271,7 @@ class ClusterPlan:
     @property
     def n_releases(self) -> int:
         """Every release of the plan, in order."""
-        return int(self.select_genes) + 2 + self.kmeans_steps + 2 * int(self.markers)
+        return int(self.select_genes) + 2 + self.kmeans_steps + len(MARKER_KINDS) * int(self.markers)
 
     @property
     def coreset_size(self) -> int:
@@ -295,7 +308,9 @@ class ClusterPlan:
             entries.append(("kmeans", rows * (d + 1), sensitivity, "nearest", rows, d))
         if self.markers:
             table = _markers.MarkerTable(self.n_clusters, self.n_vars)
-            entries.append(("marker_norms", _markers.NORM_BINS, 1.0, None, 0, 0))
+            entries.append(("marker_center", self.n_vars + 1, 1.0, None, 0, 0))
+            norms = _markers.norm_release(0.0)
+            entries.append(("marker_norms", norms.size, norms.sensitivity, None, 0, 0))
             entries.append(
                 ("markers", self.n_clusters * table.width, table.sensitivity, "nearest", self.n_clusters, d)
             )
@@ -396,8 +411,13 @@ def genes_for(n_obs: int, sigma_pca: float, n_vars: int) -> int:
 
 def _split(epsilon: float, delta: float, kinds: tuple[str, ...], steps: int, accountant: str) -> dict:
     """σ of each release kind, the shares of :data:`SHARES` composed to (ε, δ)."""
-    norms = _markers.NORM_SHARE
-    shares = {**SHARES, "marker_norms": MARKERS_SHARE * norms, "markers": MARKERS_SHARE * (1 - norms)}
+    center, norms = _markers.CENTER_SHARE, _markers.NORM_SHARE
+    shares = {
+        **SHARES,
+        "marker_center": MARKERS_SHARE * center,
+        "marker_norms": MARKERS_SHARE * norms,
+        "markers": MARKERS_SHARE * (1 - center - norms),
+    }
     releases = [PlannedRelease(k, share=shares[k], steps=steps if k == "kmeans" else 1) for k in kinds]
     return ReleasePlan.of(*releases, accountant=accountant).calibrate(epsilon, delta).sigmas
 
@@ -455,8 +475,9 @@ class Request:
     ``kind`` is one of :data:`KINDS`; ``index`` counts the plan's releases; ``genes`` (indices of the
     genes the PCA reads), ``loadings`` (those genes × the loadings released so far: the mean
     direction for ``"pca"``, all of them for ``"kmeans"``) and ``assignment`` (the k-means rows) are
-    set for the steps that need them; ``bound`` (the released bound of the cells' expression,
-    :func:`~._markers.released_sum_bound`) for ``"markers"``.
+    set for the steps that need them; ``frame`` (the released centre, and for ``"markers"`` the
+    released bounds of the cells' expression, :class:`~._markers.MarkerFrame`) for the marker
+    histograms and table.
     """
 
     kind: str
@@ -465,7 +486,7 @@ class Request:
     genes: np.ndarray | None = None
     loadings: np.ndarray | None = None
     assignment: _kmeans.Assignment | None = None
-    bound: float | None = None
+    frame: _markers.MarkerFrame | None = None
 
     def release(self, n_vars: int, count_scale: float = KMEANS_PLAN["count_scale"]) -> GaussianSum:
         """Return the :class:`GaussianSum` this request's sum is released with."""
@@ -478,10 +499,12 @@ class Request:
         if self.kind == "kmeans":
             d = self.loadings.shape[1]
             return _kmeans.table_release(self.assignment.n_rows, d, CLIP_NORM, count_scale, self.sigma)
+        if self.kind == "marker_center":
+            return _markers.center_release(n_vars, self.sigma)
         if self.kind == "marker_norms":
             return _markers.norm_release(self.sigma)
         if self.kind == "markers":
-            table = _markers.MarkerTable(self.assignment.n_rows, n_vars, self.bound)
+            table = _markers.MarkerTable(self.assignment.n_rows, n_vars, self.frame)
             return _markers.marker_release(table, self.sigma)
         raise ValueError(f"Unknown release {self.kind!r}; the clustering has {KINDS}.")
 
@@ -499,13 +522,15 @@ def contribution(
     if request.kind == "kmeans":
         points = cell_points(matrix, request.genes, request.loadings)
         return _kmeans.kmeans_table(points, request.assignment, CLIP_NORM, count_scale)
+    if request.kind == "marker_center":
+        return _markers.center_sum(matrix)
     if request.kind == "marker_norms":
-        return _markers.norm_histogram(matrix)
+        return _markers.norm_histograms(matrix, request.frame.center)
     if request.kind == "markers":  # each cell's cluster: its nearest released centroid (a per-cell map)
         labels = _kmeans.nearest_centroid(
             cell_points(matrix, request.genes, request.loadings), request.assignment.matrix
         )
-        table = _markers.MarkerTable(request.assignment.n_rows, matrix.shape[1], request.bound)
+        table = _markers.MarkerTable(request.assignment.n_rows, matrix.shape[1], request.frame)
         return _markers.group_table(matrix, labels, table)
     raise ValueError(f"Unknown release {request.kind!r}; the clustering has {KINDS}.")
 
@@ -534,7 +559,7 @@ class ClusterResult:
     releases: int = 0
     clusters_in_use: int | None = None  # centroids above the noise of their released counts
     marker_table: np.ndarray | None = None  # the released per-cluster marker statistics (:mod:`._markers`)
-    marker_bound: float | None = None  # the released bound of the cells' expression in that table
+    marker_frame: _markers.MarkerFrame | None = None  # the released centre and bounds of that table
 
     def labels(self, matrix: Any) -> np.ndarray:
         """Each cell's nearest released centroid (post-processing; computed from each cell)."""
@@ -601,16 +626,21 @@ def run_clustering(plan: ClusterPlan, release_sum: ReleaseSum) -> ClusterResult:
         return_in_use=True,
         **plan.kmeans,
     )
-    marker_table = marker_bound = None
+    marker_table = marker_frame = None
     if plan.markers:
-        norms = release_sum(Request("marker_norms", index, plan.sigmas["marker_norms"]))
-        marker_bound = _markers.released_sum_bound(norms, plan.n_vars)
-        if plan.epsilon is None:  # no privacy: the worst-case bound, which no cell reaches (exact sums)
-            marker_bound = _markers.expression_bound(plan.n_vars)
+        request = Request("marker_center", index, plan.sigmas["marker_center"])
+        released = release_sum(request)
+        center = _markers.released_center(released, request.release(plan.n_vars))
+        index += 1
+        frame = _markers.MarkerFrame(center)
+        request = Request("marker_norms", index, plan.sigmas["marker_norms"], frame=frame)
+        marker_frame = _markers.released_frame(release_sum(request), center)
+        if plan.epsilon is None:  # no privacy: the worst-case bounds, which no cell reaches (exact sums)
+            marker_frame = _markers.MarkerFrame(center)
         index += 1
         nearest = _kmeans.Assignment("nearest", np.asarray(centroids, dtype=np.float64))
         marker_table = release_sum(
-            Request("markers", index, plan.sigmas["markers"], genes, loadings, nearest, marker_bound)
+            Request("markers", index, plan.sigmas["markers"], genes, loadings, nearest, marker_frame)
         )
         index += 1
     if index != plan.n_releases:
@@ -618,7 +648,7 @@ def run_clustering(plan: ClusterPlan, release_sum: ReleaseSum) -> ClusterResult:
             f"The clustering made {index} releases, its plan {plan.n_releases}; nothing is released."
         )
     return ClusterResult(
-        genes, loadings, eigenvalues, centroids, means, variances, index, in_use, marker_table, marker_bound
+        genes, loadings, eigenvalues, centroids, means, variances, index, in_use, marker_table, marker_frame
     )
 
 

@@ -1,42 +1,43 @@
-r"""Private marker genes: one Gaussian release of per-group sums, then scanpy's t-test on them.
+r"""Private marker genes: Gaussian releases of per-group sums, then scanpy's t-test on them.
 
 **Per-cell contribution.** Cell :math:`i` of group :math:`g(i)` is represented by its log
 expression :math:`x_i = \log(1 + 10^4 c_i / \sum_j c_{ij})` over the G genes (scanpy's
 ``normalize_total`` + ``log1p``; a negative or non-finite count reads as 0, a cell without counts
-is 0), its squares :math:`x_i^2` and its detection :math:`d_i = [x_i > 0]`. Each part is clipped
-to an L2 bound that reads only the number of genes G (a per-cell map, so the bound holds for
-every cell whatever its counts):
+is 0), measured from a released centre :math:`m` (the cells' mean expression): :math:`y_i = x_i -
+m`, its squares :math:`y_i^2` and its detection :math:`d_i = [x_i > 0]`. Three releases, in order:
 
-* :math:`C_s = B_4(G)` with
-  :math:`B_p(G) = \max_{1\le k\le G} \sqrt k\,\log(1 + 10^4/k)^{p/2}`
-  (:func:`expression_bound`): the norms of a cell whose counts are spread evenly over k genes,
-  the largest over k (about 80 and 219). A cell's log expression is largest when its counts are
-  even, so the clip never binds;
-* :math:`C_x`, the expression's bound, is *released* (:func:`released_sum_bound`): a first release
-  of the histogram of the cells' norms :math:`\lVert x_i\rVert_2` on :data:`NORM_BINS` bins spaced
-  geometrically up to :math:`B_2(G)` (public edges, :func:`norm_edges`; each cell adds 1 to one bin:
-  sensitivity 1, :func:`norm_histogram`), and :math:`C_x` the upper edge of the bin where the noisy
-  cumulative count first reaches :data:`NORM_QUANTILE` of the noisy total (post-processing; at
-  most :math:`B_2(G)`). The noise of every mean is proportional to :math:`C_x`, and most cells'
-  norms lie well below the worst case :math:`B_2(G)`, so the small share :data:`NORM_SHARE` of the
-  budget this release costs buys a smaller bound for the sums that carry the marker signal; the
-  few cells above it are scaled down to it (their group's mean is then slightly low);
-* :math:`C_d = \sqrt{\min(G, 2000)}` (:data:`DETECTION_GENES`) for the detection vector, of norm
-  :math:`\sqrt{\#\text{detected}}` (a cell detecting more genes has it scaled down, so its group's
-  fraction expressing is slightly low).
+1. **the centre** (:func:`center_sum`, :func:`released_center`): the sum of
+   :math:`(x_i / B_2(G), 1) / \sqrt 2` over the cells (the expression sums and the count), with
+   :math:`B_p(G) = \max_{1\le k\le G} \sqrt k\,\log(1 + 10^4/k)^{p/2}`
+   (:func:`expression_bound`; the norm of a cell whose counts are spread evenly over k genes, the
+   largest over k, so :math:`\lVert x_i\rVert_2 \le B_2(G)` always and the sensitivity is 1).
+   :math:`m` is the noisy mean, shrunk toward 0 by its noise (:math:`m = \max(0, 1 - 2 G s^2 /
+   \lVert\tilde m\rVert^2)\,\tilde m`, s the noise sd of a coordinate) and clipped to
+   :math:`[0, \log(1 + 10^4)]`: post-processing. Measured from the mean, a cell's vector is
+   shorter than from 0, so the bounds below, and the noise proportional to them, are smaller;
+2. **the bounds** (:func:`norm_histograms`, :func:`released_frame`): histograms of
+   :math:`\lVert y_i\rVert_2` and :math:`\lVert y_i^2\rVert_2` on :data:`NORM_BINS` bins each,
+   spaced geometrically up to their worst cases :math:`B_2(G) + \lVert m\rVert` and
+   :math:`B_4(G) + \lVert m^2\rVert` (for :math:`x, m \ge 0`, :math:`(x - m)^2 \le x^2 + m^2`);
+   each cell adds 1 to one bin of each (sensitivity :math:`\sqrt 2`). :math:`C_y` and :math:`C_q`
+   are the upper edges of the bins where the noisy cumulative counts first reach
+   :data:`NORM_QUANTILE` of their noisy totals (post-processing; at most the worst cases);
+3. **the table**: the row :math:`e_{g(i)} \otimes (w_x \mathrm{clip}_{C_y}(y_i) / C_y,\ w_s
+   \mathrm{clip}_{C_q}(y_i^2) / C_q,\ w_d \mathrm{clip}_{C_d}(d_i) / C_d,\ w_n)` of a groups ×
+   (3G + 1) table (weights :data:`WEIGHTS`; :math:`C_d = \sqrt{\min(G, 2000)}`,
+   :data:`DETECTION_GENES`). The few cells above a bound are scaled down to it (their group's
+   statistics are then slightly shrunk toward the centre). A cell adds to its own group's row
+   only, so adding or removing one cell changes the table by at most
+   :math:`\Delta = \sqrt{w_x^2 + w_s^2 + w_d^2 + w_n^2}` in L2, whatever the groups, the centre
+   and the bounds are (all public when the table is released; a cell in no group adds nothing).
 
-The contribution is the row :math:`e_{g(i)} \otimes (w_x x_i / C_x,\ w_s x_i^2 / C_s,\ w_d d_i /
-C_d,\ w_n)` of a groups × (3G + 1) table (weights :data:`WEIGHTS`). A cell adds to its own group's
-row only, so adding or removing one cell changes the table by at most
-:math:`\Delta = \sqrt{w_x^2 + w_s^2 + w_d^2 + w_n^2}` in L2, whatever the groups are (a cell's
-group is part of the cell; a cell in no group adds nothing).
+**Sum and noise.** Each release is a :class:`~dpsc.privacy.GaussianSum` (:func:`center_release`,
+:func:`norm_release`, :func:`marker_release`): three releases composed by the accountant. Over
+sites each is the sum of the sites' ones.
 
-**Sum and noise.** :func:`group_table` sums the rows; :func:`marker_release` is the
-:class:`~dpsc.privacy.GaussianSum` of the table (one release, history :math:`(\sigma, 1, 1)`),
-after the histogram's release (:func:`norm_release`, :math:`(\sigma_h, 1, 1)`): two releases,
-composed by the accountant. Over sites the histogram and the table are sums of the sites' ones.
-
-**Post-processing** (:func:`rank_markers`): noisy counts :math:`\tilde n_g` clipped to at least 1,
+**Post-processing** (:func:`group_statistics`, :func:`rank_markers`): the sums back in the data's
+units (:math:`\sum x = \sum y + \tilde n m`, :math:`\sum x^2 = \sum y^2 + 2 m \sum y + \tilde n
+m^2`); noisy counts :math:`\tilde n_g` clipped to at least 1,
 means :math:`\mu = S/\tilde n`, second moments, variances clipped to at least 0, the rest of the
 cells as the sum of the other groups; the t-test score of scanpy,
 :math:`(\mu_g - \mu_r)/\sqrt{v_g/n_g + v_r/n_r}`, with the known variance of the noise of the two
@@ -70,8 +71,14 @@ NORM_BINS = 64
 #: :math:`C_x` is the released norm below which this share of the cells lie: a bound most cells
 #: keep (their sums are exact), set by the mechanism rather than by a data set.
 NORM_QUANTILE = 0.9
-#: Share of the markers' ε spent on the histogram of the norms (the table gets the rest).
+#: Share of the markers' ε spent on the histograms of the norms.
 NORM_SHARE = 0.1
+#: Share of the markers' ε spent on the centre (the table gets what the centre and the histograms
+#: leave). The centre only sets where the cells are measured from: its noise costs the table
+#: nothing but a longer vector, and a centre within its noise is shrunk to 0 (no centring).
+CENTER_SHARE = 0.05
+#: The largest log expression, :math:`\log(1 + 10^4)`: a centre coordinate lies in [0, this].
+MAX_LOG_EXPRESSION = math.log1p(1e4)
 
 
 def expression_bound(n_genes: int, power: int = 2) -> float:
@@ -80,30 +87,113 @@ def expression_bound(n_genes: int, power: int = 2) -> float:
     return float(np.max(np.sqrt(k) * np.log1p(1e4 / k) ** (power / 2)))
 
 
+class BoundError(ValueError):
+    """A centre or bound of the marker table that breaks the bounds the proof assumes."""
+
+
+@dataclass(frozen=True)
+class MarkerFrame:
+    r"""Where the table measures the cells from, and the bounds of its two expression parts (public).
+
+    ``center``: the released centre :math:`m` (G values in :math:`[0, \log(1 + 10^4)]`);
+    ``sum_bound`` and ``square_bound``: :math:`C_y` and :math:`C_q` (``None``: the worst cases,
+    which no cell reaches).
+    """
+
+    center: np.ndarray
+    sum_bound: float | None = None
+    square_bound: float | None = None
+
+    @property
+    def worst(self) -> tuple[float, float]:
+        r"""The worst cases :math:`B_2(G) + \lVert m\rVert` and :math:`B_4(G) + \lVert m^2\rVert`."""
+        center = np.asarray(self.center, dtype=np.float64)
+        n_genes = len(center)
+        return (
+            expression_bound(n_genes) + float(np.linalg.norm(center)),
+            expression_bound(n_genes, 4) + float(np.linalg.norm(center**2)),
+        )
+
+    @property
+    def bounds(self) -> tuple[float, float]:
+        """:math:`C_y, C_q` (the worst cases where not released)."""
+        worst = self.worst
+        return (
+            worst[0] if self.sum_bound is None else float(self.sum_bound),
+            worst[1] if self.square_bound is None else float(self.square_bound),
+        )
+
+    def check(self, n_genes: int) -> None:
+        """Raise :class:`BoundError` unless the centre and bounds are within the proof's bounds."""
+        center = np.asarray(self.center)
+        if (
+            center.shape != (n_genes,)
+            or not np.issubdtype(center.dtype, np.number)
+            or not np.isfinite(center).all()
+            or center.min(initial=0.0) < 0.0
+            or center.max(initial=0.0) > MAX_LOG_EXPRESSION
+        ):
+            raise BoundError(
+                f"a marker centre of shape {center.shape} with values outside [0, {MAX_LOG_EXPRESSION:.4g}] "
+                f"where {n_genes} finite values in that range are allowed"
+            )
+        parts = zip(("sum", "square"), (self.sum_bound, self.square_bound), self.worst, strict=True)
+        for name, bound, worst in parts:
+            if bound is None:
+                continue
+            if (
+                isinstance(bound, bool)
+                or not isinstance(bound, float | int | np.floating | np.integer)
+                or not math.isfinite(float(bound))
+                or not 0.0 < float(bound) <= worst * (1 + 1e-12)
+            ):
+                raise BoundError(f"a {name} bound of {bound!r} where (0, {worst:.6g}] is allowed")
+
+    def to_array(self) -> np.ndarray:
+        """``[C_y, C_q, m…]`` (NaN for a bound not released): how a frame travels to sites."""
+        bounds = [np.nan if b is None else float(b) for b in (self.sum_bound, self.square_bound)]
+        return np.concatenate([bounds, np.asarray(self.center, dtype=np.float64)])
+
+    @classmethod
+    def from_array(cls, values: np.ndarray) -> MarkerFrame:
+        """Return the frame written by :meth:`to_array`."""
+        values = np.asarray(values, dtype=np.float64).ravel()
+        if values.size < 3:
+            raise BoundError(f"a marker frame of {values.size} values")
+        bound = lambda v: None if np.isnan(v) else float(v)  # noqa: E731
+        return cls(values[2:].copy(), bound(values[0]), bound(values[1]))
+
+
 @dataclass(frozen=True)
 class MarkerTable:
-    """The layout and bounds of the per-group table (all public: groups, genes, weights, bound).
+    """The layout and bounds of the per-group table (all public: groups, genes, weights, frame).
 
-    ``sum_bound``: :math:`C_x`, the released bound of the expression part
-    (:func:`released_sum_bound`); ``None``: the worst case :math:`B_2(G)`.
+    ``frame``: the released centre and bounds (:class:`MarkerFrame`); ``None``: centre 0 and the
+    worst-case bounds (exact statistics, no privacy).
     """
 
     n_groups: int
     n_genes: int
-    sum_bound: float | None = None
+    frame: MarkerFrame | None = None
 
     def __post_init__(self) -> None:
-        if self.sum_bound is not None:
-            check_sum_bound(self.sum_bound, self.n_genes)
+        if self.frame is not None:
+            self.frame.check(self.n_genes)
+
+    @property
+    def center(self) -> np.ndarray:
+        """The centre :math:`m` the cells are measured from."""
+        return np.zeros(self.n_genes) if self.frame is None else np.asarray(self.frame.center, np.float64)
 
     @property
     def bounds(self) -> dict[str, float]:
-        """:math:`C_x, C_s, C_d`: the L2 bounds of a cell's expression, squares and detection."""
-        c_d = math.sqrt(min(self.n_genes, DETECTION_GENES))
+        """:math:`C_y, C_q, C_d`: the L2 bounds of a cell's expression, squares and detection."""
+        frame = self.frame if self.frame is not None else MarkerFrame(np.zeros(self.n_genes))
+        sum_bound, square_bound = frame.bounds
         return {
-            "sum": expression_bound(self.n_genes) if self.sum_bound is None else float(self.sum_bound),
-            "squares": expression_bound(self.n_genes, 4),
-            "detected": c_d,
+            "sum": sum_bound,
+            "squares": square_bound,
+            "detected": math.sqrt(min(self.n_genes, DETECTION_GENES)),
         }
 
     @property
@@ -123,67 +213,109 @@ class MarkerTable:
         return self.bounds[part] / WEIGHTS[part]
 
 
-class BoundError(ValueError):
-    """A bound of the expression part that is not a finite number in :math:`(0, B_2(G)]`."""
+# -- 1. the centre ------------------------------------------------------------------------------------
+def center_sum(matrix: Any) -> np.ndarray:
+    r"""Return the exact sum over the cells of :math:`(x_i / B_2(G), 1) / \sqrt 2` (each of norm at most 1).
 
-
-def check_sum_bound(bound: object, n_genes: int) -> None:
-    """Raise :class:`BoundError` unless ``bound`` is a finite number in :math:`(0, B_2(G)]` (public input)."""
-    worst = expression_bound(n_genes)
-    if (
-        isinstance(bound, bool)
-        or not isinstance(bound, float | int | np.floating | np.integer)
-        or not math.isfinite(float(bound))
-        or not 0.0 < float(bound) <= worst * (1 + 1e-12)
-    ):
-        raise BoundError(f"an expression bound of {bound!r} where (0, {worst:.6g}] is allowed")
-
-
-def norm_edges(n_genes: int) -> np.ndarray:
-    r"""Return the histogram's :data:`NORM_BINS` + 1 public edges, geometric from 1 to :math:`B_2(G)`."""
-    return np.geomspace(1.0, expression_bound(n_genes), NORM_BINS + 1)
-
-
-def norm_histogram(matrix: Any) -> np.ndarray:
-    r"""Return the exact histogram of :math:`\lVert x_i\rVert_2` over the cells (bins of :func:`norm_edges`).
-
-    Bin j counts the cells with norm in :math:`(e_j, e_{j+1}]`; the first bin also holds the norms
-    at most :math:`e_0 = 1` (empty or nearly empty cells). One cell adds 1 to one bin.
+    G + 1 values: the scaled sums of the log expression, then the scaled number of cells.
     """
-    edges = norm_edges(matrix.shape[1])
-    counts = np.zeros(NORM_BINS)
-    chunk = max(256, int(DENSE_VALUES // max(matrix.shape[1], 1)))
-    for block in _blocks.row_blocks(matrix):
-        for rows in _blocks.row_blocks(block, chunk):
-            norms = np.sqrt((_log_expression(rows) ** 2).sum(1))
-            bins = np.clip(np.searchsorted(edges[1:], norms, side="left"), 0, NORM_BINS - 1)
-            counts += np.bincount(bins, minlength=NORM_BINS)
+    scale = expression_bound(matrix.shape[1]) * math.sqrt(2.0)
+    total = np.zeros(matrix.shape[1] + 1)
+    for rows in _rows(matrix, matrix.shape[1]):
+        total[:-1] += _log_expression(rows).sum(0) / scale
+        total[-1] += rows.shape[0] / math.sqrt(2.0)
+    return total
+
+
+def center_release(n_genes: int, noise_multiplier: float) -> GaussianSum:
+    """Return the Gaussian release of the centre's sum and count (sensitivity 1)."""
+    return GaussianSum("marker centre", n_genes + 1, 1.0, noise_multiplier)
+
+
+def released_center(values: np.ndarray, release: GaussianSum) -> np.ndarray:
+    r"""Return the centre :math:`m` from the released sums: the noisy mean, shrunk by its noise, clipped.
+
+    Post-processing of the release: :math:`\tilde m = B_2 \tilde S / \tilde n`, each coordinate's
+    noise sd :math:`s \approx \sqrt 2 B_2 \sigma_{\text{noise}} / \tilde n`, then
+    :math:`\max(0, 1 - 2 G s^2 / \lVert\tilde m\rVert^2)\,\tilde m` in :math:`[0, \log(1 + 10^4)]`:
+    a mean whose squared norm is within twice the noise's (:math:`G s^2`) is no centre (0).
+    """
+    values = np.asarray(values, dtype=np.float64) * math.sqrt(2.0)
+    sums, count = values[:-1], max(float(values[-1]), 1.0)
+    scale = expression_bound(len(sums)) / count
+    mean, noise = sums * scale, release.noise_std * math.sqrt(2.0) * scale
+    norm2 = float((mean**2).sum())
+    shrink = 0.0 if norm2 <= 0 else max(0.0, 1.0 - 2.0 * len(mean) * noise**2 / norm2)
+    return np.clip(shrink * mean, 0.0, MAX_LOG_EXPRESSION)
+
+
+# -- 2. the bounds ------------------------------------------------------------------------------------
+def norm_edges(worst: float) -> np.ndarray:
+    """Return a histogram's :data:`NORM_BINS` + 1 public edges, geometric from 1 to ``worst``."""
+    return np.geomspace(1.0, max(float(worst), 1.0 + 1e-9), NORM_BINS + 1)
+
+
+def norm_histograms(matrix: Any, center: np.ndarray) -> np.ndarray:
+    r"""Return the exact histograms of :math:`\lVert y_i\rVert_2` and :math:`\lVert y_i^2\rVert_2`, joined.
+
+    :math:`y_i = x_i - m`. Bin j of each counts the cells with norm in :math:`(e_j, e_{j+1}]`
+    (edges :func:`norm_edges` of the frame's worst cases); the first bin also holds the norms at
+    most 1. One cell adds 1 to one bin of each.
+    """
+    center = np.asarray(center, dtype=np.float64)
+    counts = np.zeros(2 * NORM_BINS)
+    edges = [norm_edges(w)[1:] for w in MarkerFrame(center).worst]
+    for rows in _rows(matrix, matrix.shape[1]):
+        y = _log_expression(rows) - center
+        for part, values in enumerate((y, y**2)):
+            norms = np.sqrt((values**2).sum(1))
+            bins = np.clip(np.searchsorted(edges[part], norms, side="left"), 0, NORM_BINS - 1)
+            counts[part * NORM_BINS : (part + 1) * NORM_BINS] += np.bincount(bins, minlength=NORM_BINS)
     return counts
 
 
 def norm_release(noise_multiplier: float) -> GaussianSum:
-    """Return the Gaussian release of the histogram of the norms (sensitivity 1)."""
-    return GaussianSum("marker norms", NORM_BINS, 1.0, noise_multiplier)
+    r"""Return the Gaussian release of the two histograms (a cell: one bin of each, Δ = :math:`\sqrt 2`)."""
+    return GaussianSum("marker norms", 2 * NORM_BINS, math.sqrt(2.0), noise_multiplier)
 
 
-def released_sum_bound(histogram: np.ndarray, n_genes: int, quantile: float | None = None) -> float:
-    r"""Return :math:`C_x`: the upper edge of the bin where the cumulative count reaches ``quantile``.
+def released_bound(histogram: np.ndarray, worst: float, quantile: float | None = None) -> float:
+    """Return the upper edge of the bin where the cumulative count reaches ``quantile`` (at most ``worst``).
 
-    ``quantile`` defaults to :data:`NORM_QUANTILE`. Post-processing of the released histogram:
-    negative noisy counts read as 0; with no count left the bound is the worst case :math:`B_2(G)`.
+    ``quantile`` defaults to :data:`NORM_QUANTILE`. Post-processing of a released histogram:
+    negative noisy counts read as 0; with no count left the bound is ``worst``.
     """
     quantile = NORM_QUANTILE if quantile is None else quantile
-    edges = norm_edges(n_genes)
+    edges = norm_edges(worst)
     cumulative = np.cumsum(np.maximum(np.asarray(histogram, dtype=np.float64), 0.0))
     if not np.isfinite(cumulative[-1]) or cumulative[-1] <= 0:
-        return float(edges[-1])
+        return float(worst)
     reached = int(np.searchsorted(cumulative, quantile * cumulative[-1], side="left"))
-    return float(min(edges[min(reached, NORM_BINS - 1) + 1], edges[-1]))
+    return float(min(edges[min(reached, NORM_BINS - 1) + 1], worst))
 
 
+def released_frame(histograms: np.ndarray, center: np.ndarray) -> MarkerFrame:
+    """Return the frame of the table: the centre and the two bounds read from the released histograms."""
+    values = np.asarray(histograms, dtype=np.float64)
+    worst = MarkerFrame(center).worst
+    return MarkerFrame(
+        np.asarray(center, dtype=np.float64),
+        released_bound(values[:NORM_BINS], worst[0]),
+        released_bound(values[NORM_BINS:], worst[1]),
+    )
+
+
+# -- 3. the table -------------------------------------------------------------------------------------
 def marker_release(table: MarkerTable, noise_multiplier: float) -> GaussianSum:
     """Return the Gaussian release of the whole groups × (3G + 1) table."""
     return GaussianSum("marker statistics", table.n_groups * table.width, table.sensitivity, noise_multiplier)
+
+
+def _rows(matrix: Any, width: int):
+    """Row blocks of the matrix, at most :data:`DENSE_VALUES` values densified at once."""
+    chunk = max(256, int(DENSE_VALUES // max(width, 1)))
+    for block in _blocks.row_blocks(matrix):
+        yield from _blocks.row_blocks(block, chunk)
 
 
 def _log_expression(block: Any) -> np.ndarray:
@@ -202,12 +334,16 @@ def _clip(rows: np.ndarray, bound: float) -> np.ndarray:
 
 
 def cell_rows(x: np.ndarray, table: MarkerTable) -> np.ndarray:
-    """Each cell's scaled (expression, squares, detection, count) row, every part clipped to its bound."""
+    """Each cell's scaled (expression, squares, detection, count) row, measured from the table's centre.
+
+    Every part is clipped to its bound (module docstring, release 3).
+    """
     bounds = table.bounds
+    y = x - table.center
     return np.hstack(
         [
-            _clip(x, bounds["sum"]) * (WEIGHTS["sum"] / bounds["sum"]),
-            _clip(x**2, bounds["squares"]) * (WEIGHTS["squares"] / bounds["squares"]),
+            _clip(y, bounds["sum"]) * (WEIGHTS["sum"] / bounds["sum"]),
+            _clip(y**2, bounds["squares"]) * (WEIGHTS["squares"] / bounds["squares"]),
             _clip((x > 0).astype(np.float64), bounds["detected"])
             * (WEIGHTS["detected"] / bounds["detected"]),
             np.full((len(x), 1), WEIGHTS["count"]),
@@ -223,20 +359,18 @@ def group_table(matrix: Any, groups: np.ndarray, table: MarkerTable) -> np.ndarr
     """
     groups = np.asarray(groups, dtype=np.int64)
     total = np.zeros((table.n_groups, table.width))
-    chunk = max(256, int(DENSE_VALUES // table.width))  # rows densified at once (about 64 MB)
     start = 0
-    for block in _blocks.row_blocks(matrix):
-        for rows in _blocks.row_blocks(block, chunk):
-            codes = groups[start : start + rows.shape[0]]
-            start += rows.shape[0]
-            member = np.flatnonzero(codes >= 0)
-            if member.size:
-                contribution = cell_rows(_log_expression(rows[member]), table)
-                onehot = sp.csr_matrix(
-                    (np.ones(member.size), (codes[member], np.arange(member.size))),
-                    shape=(table.n_groups, member.size),
-                )
-                total += onehot @ contribution
+    for rows in _rows(matrix, table.width):  # about 64 MB densified at once
+        codes = groups[start : start + rows.shape[0]]
+        start += rows.shape[0]
+        member = np.flatnonzero(codes >= 0)
+        if member.size:
+            contribution = cell_rows(_log_expression(rows[member]), table)
+            onehot = sp.csr_matrix(
+                (np.ones(member.size), (codes[member], np.arange(member.size))),
+                shape=(table.n_groups, member.size),
+            )
+            total += onehot @ contribution
     return total.reshape(-1)
 
 
@@ -252,13 +386,21 @@ class GroupStatistics:
 
 
 def group_statistics(released: np.ndarray, table: MarkerTable, release: GaussianSum) -> GroupStatistics:
-    """Split a released (or exact) table into its parts, back in the data's units."""
+    r"""Split a released (or exact) table into its parts, back in the data's units.
+
+    Sums of :math:`y = x - m` are shifted back with the noisy counts: :math:`\sum x = \sum y +
+    \tilde n m` and :math:`\sum x^2 = \sum y^2 + 2 m \sum y + \tilde n m^2` (post-processing).
+    """
     G = table.n_genes
     values = np.asarray(released, dtype=np.float64).reshape(table.n_groups, table.width)
+    counts = values[:, -1] * table.scale("count")
+    sums = values[:, :G] * table.scale("sum")
+    squares = values[:, G : 2 * G] * table.scale("squares")
+    m, n = table.center[None, :], np.maximum(counts, 1.0)[:, None]
     return GroupStatistics(
-        counts=values[:, -1] * table.scale("count"),
-        sums=values[:, :G] * table.scale("sum"),
-        squares=values[:, G : 2 * G] * table.scale("squares"),
+        counts=counts,
+        sums=sums + n * m,
+        squares=squares + 2.0 * m * sums + n * m**2,
         detected=values[:, 2 * G : 3 * G] * table.scale("detected"),
         sum_noise_sd=release.noise_std * table.scale("sum"),
     )

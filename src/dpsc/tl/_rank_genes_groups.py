@@ -29,33 +29,35 @@ from ..privacy import (
 )
 from ..privacy import _markers as mechanism
 
-NORMS, TABLE = "tl.rank_genes_groups.norms", "tl.rank_genes_groups"
+CENTER, NORMS, TABLE = "tl.rank_genes_groups.center", "tl.rank_genes_groups.norms", "tl.rank_genes_groups"
 
 
 def markers_plan(epsilon: float | None, delta: float) -> ReleasePlan:
-    """Return the two releases (norm histogram, table) sharing (ε, δ) by ``NORM_SHARE``, calibrated."""
+    """Return the three releases (centre, norm histograms, table) sharing (ε, δ), calibrated."""
+    center = PlannedRelease(CENTER, share=mechanism.CENTER_SHARE)
     norms = PlannedRelease(NORMS, share=mechanism.NORM_SHARE)
-    table = PlannedRelease(TABLE, share=1.0 - mechanism.NORM_SHARE)
-    return ReleasePlan.of(norms, table).calibrate(epsilon, delta)
+    table = PlannedRelease(TABLE, share=1.0 - mechanism.CENTER_SHARE - mechanism.NORM_SHARE)
+    return ReleasePlan.of(center, norms, table).calibrate(epsilon, delta)
 
 
 def markers_record(plan: ReleasePlan, n_obs: int, groupby: str, noise: NoiseSource) -> PrivacyRecord:
-    """Record of the two Gaussian releases (norm histogram, group table): proven (ε, δ)-DP; none without ε."""
+    """Record of the three Gaussian releases (centre, norm histograms, group table); none without ε."""
     tool, covered = (
         "tl.rank_genes_groups",
         f"the marker table in uns (every gene's statistics in every group of obs[{groupby!r}])",
     )
     if plan.epsilon is None:
         return plan.record(tool, unit=f"one of the {n_obs} cells", mechanism="", covered=covered)
-    sigmas = {"norms": plan.sigma(NORMS), "table": plan.sigma(TABLE)}
+    sigmas = {"center": plan.sigma(CENTER), "norms": plan.sigma(NORMS), "table": plan.sigma(TABLE)}
     return plan.record(
         tool,
         unit=f"adding or removing one of the {n_obs} cells (with its value of obs[{groupby!r}])",
-        mechanism="two discrete Gaussian releases composed by the Opacus RDP accountant: a histogram of "
-        "the cells' expression norms, which sets the bound of the expression sums, then per-group sums of "
-        "each cell's log1p(CP10k) expression, its squares and its detected genes, and the group sizes "
-        "(each cell adds to its own group only; every part bounded)",
-        covered=f"{covered}, the released expression bound, and anything computed from them",
+        mechanism="three discrete Gaussian releases composed by the Opacus RDP accountant: the cells' mean "
+        "log1p(CP10k) expression (the centre the cells are measured from), histograms of the cells' norms "
+        "from it (which set the bounds of the sums), then per-group sums of each cell's expression from the "
+        "centre, its squares and its detected genes, and the group sizes (each cell adds to its own group "
+        "only; every part bounded)",
+        covered=f"{covered}, the released centre and bounds, and anything computed from them",
         not_covered=f"{COMMON_NOT_COVERED}; the groups themselves (obs[{groupby!r}] is read as part of "
         "each cell: when it comes from a private clustering, that clustering's ε covers it); plots "
         "such as sc.pl.rank_genes_groups_dotplot, which read the cells again on this machine",
@@ -67,10 +69,23 @@ def markers_record(plan: ReleasePlan, n_obs: int, groupby: str, noise: NoiseSour
     )
 
 
-def release_sum_bound(matrix, sigma: float, stream) -> float:
-    """Release the histogram of the cells' norms with noise from ``stream``; return :math:`C_x` from it."""
-    released = mechanism.norm_release(sigma).release(mechanism.norm_histogram(matrix), stream)
-    return mechanism.released_sum_bound(released, matrix.shape[1])
+def release_frame(matrix, sigmas: dict[str, float], releases) -> mechanism.MarkerFrame:
+    """Release the centre, then the histograms of the norms from it; return the table's frame.
+
+    Without ε (every σ 0) the centre is the exact mean and the bounds the worst cases, which no
+    cell reaches: the table's statistics are exact.
+    """
+    center_release = mechanism.center_release(matrix.shape[1], sigmas["center"])
+    exact = mechanism.center_sum(matrix)
+    private = sigmas["table"] > 0
+    released = center_release.release(exact, releases.stream(CENTER)) if private else exact
+    center = mechanism.released_center(released, center_release)
+    if not private:
+        return mechanism.MarkerFrame(center)
+    histograms = mechanism.norm_release(sigmas["norms"]).release(
+        mechanism.norm_histograms(matrix, center), releases.stream(NORMS)
+    )
+    return mechanism.released_frame(histograms, center)
 
 
 def _group_codes(adata: ad.AnnData, groupby: str, groups: Sequence[str] | None) -> tuple[np.ndarray, list]:
@@ -110,11 +125,13 @@ def rank_genes_groups(
     """Rank marker genes of each group from a differentially private release, as scanpy does.
 
     A Gaussian release of a groups × (3G + 1) table: per group, the sums of each cell's
-    log1p(CP10k) expression, of its squares and of its detected genes, and the group's size
-    (:mod:`dpsc.privacy._markers` states the bounds; each cell adds to its own group only, so one
-    cell moves the table by at most Δ whatever the groups are). The expression's bound is itself
-    released first, from a histogram of the cells' norms (a tenth of ε): the noise of every mean
-    is proportional to it. Then scanpy's t-test of each
+    log1p(CP10k) expression measured from the cells' mean, of its squares and of its detected
+    genes, and the group's size (:mod:`dpsc.privacy._markers` states the bounds; each cell adds to
+    its own group only, so one cell moves the table by at most Δ whatever the groups are). The
+    mean (a twentieth of ε) and the bounds of the two expression parts (histograms of the cells'
+    norms from the mean, a tenth of ε) are released first: the noise of every mean and variance
+    is proportional to those bounds, and a cell is shorter measured from the mean than from 0.
+    Then scanpy's t-test of each
     group against the rest on the noisy statistics (post-processing), with the known noise of the
     two means added to the standard error so that differences within the noise do not rank high;
     log fold changes and the fraction of cells expressing each gene as scanpy computes them.
@@ -165,14 +182,12 @@ def rank_genes_groups(
         raise ValueError(f"n_genes must be a positive integer or None, got {n_genes!r}.")
     kept = adata.n_vars if n_genes is None else min(int(n_genes), adata.n_vars)
     plan = markers_plan(epsilon, delta)
-    sigmas = {"norms": plan.sigma(NORMS), "table": plan.sigma(TABLE)}
+    sigmas = {"center": plan.sigma(CENTER), "norms": plan.sigma(NORMS), "table": plan.sigma(TABLE)}
     noise = NoiseSource(noise_seed)
     record = markers_record(plan, adata.n_obs, groupby, noise)
     with plan.spend(adata, record, key_added, noise) as releases:
-        bound = None  # without ε: the worst-case bound, which no cell reaches (exact statistics)
-        if epsilon is not None:
-            bound = release_sum_bound(matrix, sigmas["norms"], releases.stream(NORMS))
-        table = mechanism.MarkerTable(len(names), adata.n_vars, bound)
+        frame = release_frame(matrix, sigmas, releases)
+        table = mechanism.MarkerTable(len(names), adata.n_vars, frame)
         release = mechanism.marker_release(table, sigmas["table"])
         exact = mechanism.group_table(matrix, codes, table)
         released = exact if epsilon is None else release.release(exact, releases.stream(TABLE))
@@ -187,7 +202,7 @@ def rank_genes_groups(
             pts=pts,
             layer=layer,
             key=key_added,
-            sum_bound=bound,
+            frame=frame,
         )
         params = {"groupby": groupby, "groups": names, "layer": layer, **written}
         return store_result(adata, target, key_added, record, params, copy=copy, booking=releases.booking)
