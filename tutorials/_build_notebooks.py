@@ -603,8 +603,9 @@ write("07_markers.ipynb", [
 # What is each cluster? Private marker genes
 
 After clustering, a scanpy workflow asks which genes mark each cluster. `dpsc.tl.rank_genes_groups`
-answers from one private release of per-cluster sums (each cell's log expression, its squares, its
-detected genes and the cluster sizes) and writes scanpy's own result structure, so scanpy's tables
+answers from private releases of per-cluster sums (each cell's log expression measured from the
+cells' released mean, its squares, its detected genes and the cluster sizes, after the mean and the
+bounds of each cell's part) and writes scanpy's own result structure, so scanpy's tables
 and plots read it unchanged. This notebook clusters the pancreas endocrinogenesis counts
 (Bastidas-Ponce et al. 2019; 3,696 cells × 2,000 genes, in `shared/data` beside the repository)
 with `tl.cluster`, ranks each cluster's markers privately, and names the clusters from a public
