@@ -222,7 +222,8 @@ def center_sum(matrix: Any) -> np.ndarray:
     scale = expression_bound(matrix.shape[1]) * math.sqrt(2.0)
     total = np.zeros(matrix.shape[1] + 1)
     for rows in _rows(matrix, matrix.shape[1]):
-        total[:-1] += _log_expression(rows).sum(0) / scale
+        x = _sparse_log_expression(rows) if sp.issparse(rows) else _log_expression(rows)
+        total[:-1] += np.asarray(x.sum(0)).ravel() / scale
         total[-1] += rows.shape[0] / math.sqrt(2.0)
     return total
 
@@ -266,9 +267,12 @@ def norm_histograms(matrix: Any, center: np.ndarray) -> np.ndarray:
     counts = np.zeros(2 * NORM_BINS)
     edges = [norm_edges(w)[1:] for w in MarkerFrame(center).worst]
     for rows in _rows(matrix, matrix.shape[1]):
-        y = _log_expression(rows) - center
-        for part, values in enumerate((y, y**2)):
-            norms = np.sqrt((values**2).sum(1))
+        if sp.issparse(rows):
+            parts = _sparse_norms(_sparse_log_expression(rows), center)
+        else:
+            y = _log_expression(rows) - center
+            parts = (np.sqrt((y**2).sum(1)), np.sqrt((y**4).sum(1)))
+        for part, norms in enumerate(parts):
             bins = np.clip(np.searchsorted(edges[part], norms, side="left"), 0, NORM_BINS - 1)
             counts[part * NORM_BINS : (part + 1) * NORM_BINS] += np.bincount(bins, minlength=NORM_BINS)
     return counts
@@ -327,6 +331,66 @@ def _log_expression(block: Any) -> np.ndarray:
     return np.log1p(X * (1e4 / totals)[:, None])
 
 
+def _sparse_log_expression(block: Any) -> sp.csr_matrix:
+    """log1p(CP10k) of a sparse row block, kept sparse (the same values as :func:`_log_expression`)."""
+    X = sp.csr_matrix(block, dtype=np.float64, copy=True)
+    X.data[~(np.isfinite(X.data) & (X.data > 0))] = 0.0
+    X.eliminate_zeros()
+    totals = np.asarray(X.sum(1)).ravel()
+    totals[totals <= 0] = 1.0
+    X.data = np.log1p(X.data * np.repeat(1e4 / totals, np.diff(X.indptr)))
+    return X
+
+
+def _sparse_norms(x: sp.csr_matrix, center: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    r"""Return :math:`\lVert x_i - m\rVert_2` and :math:`\lVert (x_i - m)^2\rVert_2` of sparse rows, exactly.
+
+    :math:`\lVert x - m\rVert^2 = \lVert x\rVert^2 - 2 x^\top m + \lVert m\rVert^2` and
+    :math:`\sum_j (x_j - m_j)^4 = \sum_{x_j \ne 0} [(x_j - m_j)^4 - m_j^4] + \sum_j m_j^4`: the zeros of
+    x are read through m alone, so the rows are never densified.
+    """
+    squares = np.asarray(x.multiply(x).sum(1)).ravel()
+    norm2 = squares - 2.0 * (x @ center) + float(center @ center)
+    shifted = x.copy()
+    at = center[shifted.indices]
+    shifted.data = (shifted.data - at) ** 4 - at**4
+    fourth = np.asarray(shifted.sum(1)).ravel() + float((center**4).sum())
+    return np.sqrt(np.maximum(norm2, 0.0)), np.sqrt(np.maximum(fourth, 0.0))
+
+
+def _sparse_group_table(x: sp.csr_matrix, codes: np.ndarray, table: MarkerTable) -> np.ndarray:
+    r"""Return the table of :func:`cell_rows` summed per group, for sparse rows, never densified.
+
+    Each part of a cell's row is the cell's vector times its clip factor, so a group's sums are
+    :math:`\sum_i a_i (x_i - m) = \sum_i a_i x_i - (\sum_i a_i) m` and :math:`\sum_i b_i (x_i - m)^2
+    = \sum_i b_i x_i^2 - 2 m \sum_i b_i x_i + (\sum_i b_i) m^2` (the same values as the dense rows).
+    """
+    bounds, m = table.bounds, table.center
+    norm_y, norm_y2 = _sparse_norms(x, m)
+    detected = np.sqrt(np.diff(x.indptr).astype(np.float64))
+
+    def factor(norms: np.ndarray, part: str) -> np.ndarray:  # each cell's clip factor × weight / bound
+        return WEIGHTS[part] * np.minimum(1.0, bounds[part] / np.maximum(norms, 1e-12)) / bounds[part]
+
+    member = np.flatnonzero(codes >= 0)
+    rows = np.arange(len(codes))[member]
+    shape = (table.n_groups, len(codes))
+    weighted = lambda w: sp.csr_matrix((w[member], (codes[member], rows)), shape=shape)  # noqa: E731
+    sums_by, squares_by = weighted(factor(norm_y, "sum")), weighted(factor(norm_y2, "squares"))
+    detect_by = weighted(factor(detected, "detected"))
+    a, b = np.asarray(sums_by.sum(1)), np.asarray(squares_by.sum(1))
+    bx = np.asarray((squares_by @ x).todense())
+    G = table.n_genes
+    out = np.zeros((table.n_groups, table.width))
+    out[:, :G] = np.asarray((sums_by @ x).todense()) - a * m
+    out[:, G : 2 * G] = np.asarray((squares_by @ x.multiply(x)).todense()) - 2.0 * m * bx + b * m**2
+    binary = x.copy()
+    binary.data[:] = 1.0
+    out[:, 2 * G : 3 * G] = np.asarray((detect_by @ binary).todense())
+    out[:, -1] = WEIGHTS["count"] * np.bincount(codes[member], minlength=table.n_groups)
+    return out
+
+
 def _clip(rows: np.ndarray, bound: float) -> np.ndarray:
     """Scale each row to L2 norm at most ``bound`` (a per-cell map)."""
     norms = np.sqrt((rows**2).sum(1, keepdims=True))
@@ -360,11 +424,13 @@ def group_table(matrix: Any, groups: np.ndarray, table: MarkerTable) -> np.ndarr
     groups = np.asarray(groups, dtype=np.int64)
     total = np.zeros((table.n_groups, table.width))
     start = 0
-    for rows in _rows(matrix, table.width):  # about 64 MB densified at once
+    for rows in _rows(matrix, table.width):  # about 64 MB densified at once (dense input)
         codes = groups[start : start + rows.shape[0]]
         start += rows.shape[0]
         member = np.flatnonzero(codes >= 0)
-        if member.size:
+        if member.size and sp.issparse(rows):
+            total += _sparse_group_table(_sparse_log_expression(rows), codes, table)
+        elif member.size:
             contribution = cell_rows(_log_expression(rows[member]), table)
             onehot = sp.csr_matrix(
                 (np.ones(member.size), (codes[member], np.arange(member.size))),
