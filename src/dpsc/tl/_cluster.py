@@ -64,7 +64,7 @@ def cluster_record(plan: ClusterPlan, n_obs: int, noise: NoiseSource, tool: str 
     covered = (
         ("the selected genes and their noisy statistics, " if plan.select_genes else "")
         + "the loadings, the eigenvalues and the centroids, "
-        + ("each cluster's marker statistics (uns['rank_genes_groups']), " if plan.markers else "")
+        + ("each cluster's marker statistics (the marker table in uns), " if plan.markers else "")
         + "and anything computed from them on other data (e.g. the labels of new cells)"
     )
     not_covered = (
