@@ -66,10 +66,10 @@ DETECTION_GENES = 2000  # detection vectors are clipped to sqrt(min(G, this)) in
 WEIGHTS = {"sum": 1.0, "squares": 0.5, "detected": 0.5, "count": 0.5}
 #: Δ, the L2 bound of one cell's row of the table: the norm of the weights (module docstring).
 SENSITIVITY = math.sqrt(sum(w**2 for w in WEIGHTS.values()))
-#: Bins of the histogram of the cells' norms that releases :math:`C_x` (module docstring).
+#: Bins of each histogram of the cells' norms that releases :math:`C_y` and :math:`C_q` (module docstring).
 NORM_BINS = 64
-#: :math:`C_x` is the released norm below which this share of the cells lie: a bound most cells
-#: keep (their sums are exact), set by the mechanism rather than by a data set.
+#: :math:`C_y` and :math:`C_q` are the released norms below which this share of the cells lie:
+#: bounds most cells keep (their sums are exact), set by the mechanism rather than by a data set.
 NORM_QUANTILE = 0.9
 #: Share of the markers' ε spent on the histograms of the norms.
 NORM_SHARE = 0.1

@@ -35,7 +35,11 @@ from ..privacy._clustering import (
 )
 from ._kmeans import warn_if_few_clusters
 
-MARKER_SUMS = ["a histogram of the cells' expression norms", "per-cluster marker statistics"]
+MARKER_SUMS = [
+    "the cells' mean expression",
+    "histograms of the cells' expression norms from it",
+    "per-cluster marker statistics",
+]
 
 
 def plan_for_cells(
