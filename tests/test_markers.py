@@ -202,6 +202,19 @@ def test_tl_cluster_releases_the_clusters_markers_inside_its_epsilon(small_adata
     assert "dp_kmeans_markers" not in without.uns
 
 
+def test_a_clustering_without_epsilon_gives_its_clusters_exact_markers(small_adata):
+    adata = small_adata.copy()
+    dpsc.tl.cluster(adata, 3, epsilon=None, markers=True)  # refused its own marker request before
+    plan = dpsc.privacy._clustering.plan_clustering(None, 1e-5, n_vars=200, n_clusters=3, markers=True)
+    assert [r.kind for r in plan.schedule()][-2:] == ["marker_center", "markers"]  # no histogram to release
+    exact = adata.copy()
+    dpsc.tl.rank_genes_groups(exact, "dp_kmeans", epsilon=None, n_genes=20)
+    ours, reference = adata.uns["dp_kmeans_markers"], exact.uns["rank_genes_groups"]
+    for group in ours["names"].dtype.names:
+        assert list(ours["names"][group][:20]) == list(reference["names"][group])
+        np.testing.assert_allclose(ours["scores"][group][:20], reference["scores"][group], rtol=1e-3)
+
+
 def test_sparse_counts_give_the_dense_tables_without_densifying():
     """The sparse path (each sum expanded around the centre) gives the dense rows' values."""
     rng = np.random.default_rng(4)

@@ -269,9 +269,16 @@ class ClusterPlan:
         return kmeans_steps(self.kmeans)
 
     @property
+    def marker_kinds(self) -> tuple[str, ...]:
+        """The marker releases the plan makes: none without markers; without ε no histogram of norms."""
+        if not self.markers:
+            return ()
+        return MARKER_KINDS if self.epsilon is not None else ("marker_center", "markers")
+
+    @property
     def n_releases(self) -> int:
         """Every release of the plan, in order."""
-        return int(self.select_genes) + 2 + self.kmeans_steps + len(MARKER_KINDS) * int(self.markers)
+        return int(self.select_genes) + 2 + self.kmeans_steps + len(self.marker_kinds)
 
     @property
     def coreset_size(self) -> int:
@@ -309,8 +316,9 @@ class ClusterPlan:
         if self.markers:
             table = _markers.MarkerTable(self.n_clusters, self.n_vars)
             entries.append(("marker_center", self.n_vars + 1, 1.0, None, 0, 0))
-            norms = _markers.norm_release(0.0)
-            entries.append(("marker_norms", norms.size, norms.sensitivity, None, 0, 0))
+            if "marker_norms" in self.marker_kinds:
+                norms = _markers.norm_release(0.0)
+                entries.append(("marker_norms", norms.size, norms.sensitivity, None, 0, 0))
             entries.append(
                 ("markers", self.n_clusters * table.width, table.sensitivity, "nearest", self.n_clusters, d)
             )
@@ -323,7 +331,7 @@ class ClusterPlan:
     def kinds(self) -> tuple[str, ...]:
         """The kinds of release the plan makes, in order (the gene selection only when it selects)."""
         made = KINDS if self.select_genes else KINDS[1:]
-        return (*made, *MARKER_KINDS) if self.markers else made
+        return (*made, *self.marker_kinds)
 
     @property
     def releases(self) -> ReleasePlan:
@@ -628,16 +636,21 @@ def run_clustering(plan: ClusterPlan, release_sum: ReleaseSum) -> ClusterResult:
     )
     marker_table = marker_frame = None
     if plan.markers:
-        request = Request("marker_center", index, plan.sigmas["marker_center"])
-        released = release_sum(request)
-        center = _markers.released_center(released, request.release(plan.n_vars))
-        index += 1
-        frame = _markers.MarkerFrame(center)
-        request = Request("marker_norms", index, plan.sigmas["marker_norms"], frame=frame)
-        marker_frame = _markers.released_frame(release_sum(request), center)
-        if plan.epsilon is None:  # no privacy: the worst-case bounds, which no cell reaches (exact sums)
-            marker_frame = _markers.MarkerFrame(center)
-        index += 1
+
+        def release_center() -> np.ndarray:
+            nonlocal index
+            index += 1
+            return release_sum(Request("marker_center", index - 1, plan.sigmas["marker_center"]))
+
+        def release_norms(frame: _markers.MarkerFrame) -> np.ndarray:
+            nonlocal index
+            index += 1
+            return release_sum(Request("marker_norms", index - 1, plan.sigmas["marker_norms"], frame=frame))
+
+        private = "marker_norms" in plan.marker_kinds
+        marker_frame = _markers.release_frame(
+            plan.n_vars, plan.sigmas["marker_center"], release_center, release_norms if private else None
+        )
         nearest = _kmeans.Assignment("nearest", np.asarray(centroids, dtype=np.float64))
         marker_table = release_sum(
             Request("markers", index, plan.sigmas["markers"], genes, loadings, nearest, marker_frame)

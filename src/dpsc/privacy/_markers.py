@@ -50,6 +50,7 @@ noise's size and scores near 0: its markers are noise, and ``rank_genes_groups``
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -308,6 +309,26 @@ def released_frame(histograms: np.ndarray, center: np.ndarray) -> MarkerFrame:
         released_bound(values[:NORM_BINS], worst[0]),
         released_bound(values[NORM_BINS:], worst[1]),
     )
+
+
+def release_frame(
+    n_genes: int,
+    center_sigma: float,
+    release_center: Callable[[], np.ndarray],
+    release_norms: Callable[[MarkerFrame], np.ndarray] | None,
+) -> MarkerFrame:
+    """Release the centre, then the histograms of the norms from it; return the table's frame.
+
+    ``release_center()`` returns the released centre sums (:func:`center_sum` plus its noise),
+    ``release_norms(frame)`` the released histograms (:func:`norm_histograms` from the frame's
+    centre, plus their noise). Without ε (``release_norms`` is ``None``) no histogram is released:
+    the centre is the exact mean and the bounds are the worst cases, stated in the frame, which no
+    cell reaches, so the table's statistics are exact. Post-processing between the releases only.
+    """
+    center = released_center(release_center(), center_release(n_genes, center_sigma))
+    if release_norms is None:
+        return MarkerFrame(center, *MarkerFrame(center).worst)
+    return released_frame(release_norms(MarkerFrame(center)), center)
 
 
 # -- 3. the table -------------------------------------------------------------------------------------

@@ -69,23 +69,24 @@ def markers_record(plan: ReleasePlan, n_obs: int, groupby: str, noise: NoiseSour
     )
 
 
-def release_frame(matrix, sigmas: dict[str, float], releases) -> mechanism.MarkerFrame:
-    """Release the centre, then the histograms of the norms from it; return the table's frame.
+def frame_releases(matrix, sigmas: dict[str, float], releases, private: bool) -> tuple:
+    """Return the two releases of the table's frame over these cells (``mechanism.release_frame``).
 
-    Without ε (every σ 0) the centre is the exact mean and the bounds the worst cases, which no
-    cell reaches: the table's statistics are exact.
+    Without ε (``private`` false) the centre's sums are exact and no histogram is released.
     """
-    center_release = mechanism.center_release(matrix.shape[1], sigmas["center"])
-    exact = mechanism.center_sum(matrix)
-    private = sigmas["table"] > 0
-    released = center_release.release(exact, releases.stream(CENTER)) if private else exact
-    center = mechanism.released_center(released, center_release)
-    if not private:
-        return mechanism.MarkerFrame(center)
-    histograms = mechanism.norm_release(sigmas["norms"]).release(
-        mechanism.norm_histograms(matrix, center), releases.stream(NORMS)
-    )
-    return mechanism.released_frame(histograms, center)
+
+    def release_center() -> np.ndarray:
+        exact = mechanism.center_sum(matrix)
+        if not private:
+            return exact
+        release = mechanism.center_release(matrix.shape[1], sigmas["center"])
+        return release.release(exact, releases.stream(CENTER))
+
+    def release_norms(frame: mechanism.MarkerFrame) -> np.ndarray:
+        exact = mechanism.norm_histograms(matrix, frame.center)
+        return mechanism.norm_release(sigmas["norms"]).release(exact, releases.stream(NORMS))
+
+    return release_center, release_norms if private else None
 
 
 def _group_codes(adata: ad.AnnData, groupby: str, groups: Sequence[str] | None) -> tuple[np.ndarray, list]:
@@ -186,7 +187,9 @@ def rank_genes_groups(
     noise = NoiseSource(noise_seed)
     record = markers_record(plan, adata.n_obs, groupby, noise)
     with plan.spend(adata, record, key_added, noise) as releases:
-        frame = release_frame(matrix, sigmas, releases)
+        frame = mechanism.release_frame(
+            adata.n_vars, sigmas["center"], *frame_releases(matrix, sigmas, releases, epsilon is not None)
+        )
         table = mechanism.MarkerTable(len(names), adata.n_vars, frame)
         release = mechanism.marker_release(table, sigmas["table"])
         exact = mechanism.group_table(matrix, codes, table)
