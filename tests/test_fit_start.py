@@ -95,7 +95,7 @@ def test_the_model_reads_the_clustering_points(small_adata, tiny_fit):
     import dpsc.tl._fit as fit_module
 
     seen = {}
-    original = fit_module._choose_partition
+    original = fit_module.choose_partition
 
     def spy(matrix, start, model, plan):
         seen["points"] = cell_points(matrix, start.genes, start.loadings)
@@ -106,11 +106,11 @@ def test_the_model_reads_the_clustering_points(small_adata, tiny_fit):
         seen["module"] = model.module.represent(dense).detach().numpy()
         return original(matrix, start, model, plan)
 
-    fit_module._choose_partition = spy
+    fit_module.choose_partition = spy
     try:
         dpsc.tl.fit(small_adata, epsilon=None, **tiny_fit)
     finally:
-        fit_module._choose_partition = original
+        fit_module.choose_partition = original
     np.testing.assert_allclose(seen["module"], seen["points"], atol=1e-5)
 
 

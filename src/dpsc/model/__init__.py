@@ -7,6 +7,9 @@ from ._dcan_privacy import MODEL_GENES as MODEL_GENES
 from ._dcan_privacy import FitPlan as FitPlan
 from ._dcan_privacy import TrainSettings as TrainSettings
 from ._dcan_privacy import plan_fit as plan_fit
+from ._dcan_start import choose_partition as choose_partition
+from ._dcan_start import release_before_training as release_before_training
+from ._dcan_start import start_model_from as start_model_from
 from ._dpdcan import DPDCAN
 from ._shared import SharedEncoder
 

@@ -4,8 +4,8 @@ One way through: the arguments become one :class:`~dpsc.model._dcan_privacy.Trai
 :func:`~dpsc.model._dcan_privacy.plan_fit` checks them and calibrates σ once; the plan's record is
 booked in the AnnData's ledger (:func:`dpsc.privacy.spending`, which refuses before any work
 when a budget would be exceeded); the default model starts from the private clustering's
-releases (:func:`_release_start`), trains with the plan as it is, and keeps the better of the two
-partitions by one more release (:func:`_choose_partition`).
+releases (:mod:`dpsc.model._dcan_start`), trains with the plan as it is, and keeps the better of
+the two partitions by one more release.
 """
 
 from __future__ import annotations
@@ -30,16 +30,18 @@ from .._validation import (
     check_public_counts,
     get_matrix,
 )
-from ..model import DPDCAN, MODEL_GENES, FitPlan, TrainSettings, plan_fit
-from ..module import DEFAULT_LATENT_SCALE
-from ..privacy import _hvg, _selection, spending
-from ..privacy._clustering import (
-    MEAN_WEIGHT,
-    ClusterResult,
-    cell_points,
-    central_release_sum,
-    run_clustering,
+from ..model import (
+    DPDCAN,
+    MODEL_GENES,
+    FitPlan,
+    TrainSettings,
+    choose_partition,
+    plan_fit,
+    release_before_training,
+    start_model_from,
 )
+from ..module import DEFAULT_LATENT_SCALE
+from ..privacy import _selection, spending
 from ..privacy._kmeans import clusters_above_noise
 from ._small_data import small_data_message
 
@@ -229,7 +231,7 @@ def fit(
 
     with spending(adata, plan.planned_record(adata.n_obs), key_added) as booking:
         target = adata.copy() if copy else adata
-        start, genes = _release_genes_and_start(target, matrix, layer, likelihood, plan)
+        start, genes = release_before_training(matrix, likelihood, plan)
         train_on = target if genes is None else target[:, genes].copy()
         DPDCAN.setup_anndata(train_on, layer=layer)
         torch.manual_seed(random_state)  # the module's weights are drawn when the model is built
@@ -237,10 +239,10 @@ def fit(
         choice: dict[str, _selection.Selection] = {}
         after_training = None
         if start is not None:
-            _start_model_from(model, start)
+            start_model_from(model, start)
 
             def after_training() -> None:
-                choice["selection"] = _choose_partition(matrix, start, model, plan)
+                choice["selection"] = choose_partition(matrix, start, model, plan)
 
         model.train(
             plan=plan, booking=booking, progress_bar=progress_bar, after_training=after_training, **run
@@ -303,34 +305,6 @@ def _check_input_for(
         warnings.warn(message, UserWarning, stacklevel=3)
 
 
-def _release_genes_and_start(
-    target: ad.AnnData, matrix, layer, likelihood: str, plan: FitPlan
-) -> tuple[ClusterResult | None, np.ndarray | None]:
-    """Make the releases before training: the clustering the fit starts from, or the gene selection.
-
-    Returns the clustering (``None`` for a fit that does not start from it) and the genes the model
-    reads (``None``: all of them).
-    """
-    if plan.start is not None:
-        start = _release_start(matrix, plan)
-        if not plan.start.select_genes:
-            return start, None
-        genes = np.zeros(target.n_vars, dtype=bool)
-        genes[start.genes] = True
-        return start, genes
-    if plan.genes_noise_multiplier is not None:
-        return None, _dp_gene_selection(target, layer, likelihood, plan)
-    return None, None
-
-
-def _start_model_from(model: DPDCAN, start: ClusterResult) -> None:
-    """Make the encoder read the clustering's k-means points and start the centroids from its partition."""
-    weights = np.ones(start.loadings.shape[1])
-    weights[0] = MEAN_WEIGHT  # the model reads the clustering's k-means points
-    model.module.set_input_loadings(torch.as_tensor(start.loadings * weights))
-    model.start_from_partition(start.centroids)
-
-
 def _write_embedding_and_labels(
     target: ad.AnnData,
     model: DPDCAN,
@@ -377,36 +351,6 @@ def _starts_from_clustering(scope: str, input_pcs: int | str | None, likelihood:
     return scope != "paper" and input_pcs == "auto" and likelihood == "zinb"
 
 
-def _release_start(matrix, plan: FitPlan) -> ClusterResult:
-    """Run the clustering the fit starts from (its releases, with the fit's noise) and account it.
-
-    The releases of :func:`dpsc.tl.cluster` at the σ of the fit's split
-    (:func:`~dpsc.model._dcan_privacy.start_parts`), each told to the fit's accountant.
-    """
-    start = run_clustering(plan.start, central_release_sum(matrix, plan.noise, prefix="tl.fit.start"))
-    for sigma, _, steps in plan.start.history():
-        plan.step_full_release(sigma, steps)
-    return start
-
-
-def _choose_partition(matrix, start: ClusterResult, model: DPDCAN, plan: FitPlan) -> _selection.Selection:
-    """Release both partitions' tables in the clustering's points and keep the better one.
-
-    :mod:`dpsc.privacy._selection` states the release (sensitivity 2) and the score.
-    """
-    points = cell_points(matrix, start.genes, start.loadings)
-    labels = (start.labels(matrix), model.latent_and_labels()[1])
-    k, d = model.n_clusters, points.shape[1]
-    exact = _selection.partition_tables(points, labels, k)
-    sigma = plan.selection_noise_multiplier
-    if not sigma:
-        return _selection.select_partition(exact, k, d, 0.0)
-    release = _selection.selection_release(k, d, sigma)
-    noisy = release.release(exact, plan.noise.stream("tl.fit.choice"))
-    plan.step_full_release(sigma)
-    return _selection.select_partition(noisy, k, d, release.noise_std)
-
-
 def _settings(train_kwargs: dict[str, Any], *, pc_model_default: bool, **named: Any) -> TrainSettings:
     """One :class:`TrainSettings` from ``tl.fit``'s named arguments and extra plan keywords.
 
@@ -423,21 +367,6 @@ def _settings(train_kwargs: dict[str, Any], *, pc_model_default: bool, **named: 
         for name, epochs in PC_MODEL_EPOCHS.items():
             train_kwargs.setdefault(name, epochs)
     return TrainSettings(**named, **train_kwargs)
-
-
-def _dp_gene_selection(adata: ad.AnnData, layer: str | None, likelihood: str, plan: FitPlan) -> np.ndarray:
-    """Select :data:`MODEL_GENES` genes by one release of gene statistics (σ_G of the plan); account it."""
-    sigma = plan.genes_noise_multiplier
-    release = _hvg.gene_statistics_release(adata.n_vars, sigma)
-    clip = _hvg.DEFAULT_SQUARE_CLIP
-    sums = _hvg.gene_sums(get_matrix(adata, layer), likelihood == "zinb", clip)
-    released = release.release(sums, plan.noise.stream("fit.gene-selection")) if sigma else sums
-    _, _, _, order = _hvg.rank_genes(released, release, clip, 3.0, "second_moment")
-    if plan.settings is not None:
-        plan.settings.record_full_release(sigma)
-    selected = np.zeros(adata.n_vars, dtype=bool)
-    selected[order[:MODEL_GENES]] = True
-    return selected
 
 
 def collapse_message(in_use: int, n_clusters: int, epsilon: float | None) -> str:

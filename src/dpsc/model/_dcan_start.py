@@ -1,0 +1,104 @@
+r"""The releases a default DP-DCAN fit makes outside DP-SGD: before training, and the choice after it.
+
+A fit reads the cells through DP-SGD (:mod:`dpsc.privacy._engine`) and through these releases,
+each planned and calibrated in its :class:`~dpsc.model._dcan_privacy.FitPlan` and told to the
+fit's accountant as it is made:
+
+- **before training**, either the private clustering the fit starts from (:func:`release_start`:
+  the releases of :func:`dpsc.tl.cluster` at the σ of the fit's split, its genes, loadings and
+  centroids), or, for a model that reads genes, the DP gene selection (:func:`select_genes`: one
+  release of gene statistics, :mod:`dpsc.privacy._hvg`);
+- **after training**, the choice between the clustering's partition and the trained model's
+  (:func:`choose_partition`: one release of both partitions' tables, sensitivity 2,
+  :mod:`dpsc.privacy._selection`).
+
+Everything else here is post-processing of released values. Matrices in, arrays out: nothing
+here reads or writes an AnnData.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from ..privacy import _hvg, _selection
+from ..privacy._clustering import MEAN_WEIGHT, ClusterResult, cell_points, central_release_sum, run_clustering
+from ._dcan_privacy import MODEL_GENES, FitPlan
+
+if TYPE_CHECKING:
+    from ._dpdcan import DPDCAN
+
+
+def release_before_training(
+    matrix: Any, likelihood: str, plan: FitPlan
+) -> tuple[ClusterResult | None, np.ndarray | None]:
+    """Make the releases before training: the clustering the fit starts from, or the gene selection.
+
+    Returns the clustering (``None`` for a fit that does not start from it) and the mask of the
+    genes the model reads (``None``: all of them).
+    """
+    n_vars = matrix.shape[1]
+    if plan.start is not None:
+        start = release_start(matrix, plan)
+        if not plan.start.select_genes:
+            return start, None
+        genes = np.zeros(n_vars, dtype=bool)
+        genes[start.genes] = True
+        return start, genes
+    if plan.genes_noise_multiplier is not None:
+        return None, select_genes(matrix, likelihood, plan)
+    return None, None
+
+
+def release_start(matrix: Any, plan: FitPlan) -> ClusterResult:
+    """Run the clustering the fit starts from (its releases, with the fit's noise) and account it.
+
+    The releases of :func:`dpsc.tl.cluster` at the σ of the fit's split
+    (:func:`~dpsc.model._dcan_privacy.start_parts`), each told to the fit's accountant.
+    """
+    start = run_clustering(plan.start, central_release_sum(matrix, plan.noise, prefix="tl.fit.start"))
+    for sigma, _, steps in plan.start.history():
+        plan.step_full_release(sigma, steps)
+    return start
+
+
+def select_genes(matrix: Any, likelihood: str, plan: FitPlan) -> np.ndarray:
+    """Select :data:`MODEL_GENES` genes by one release of gene statistics (σ_G of the plan); account it."""
+    sigma = plan.genes_noise_multiplier
+    release = _hvg.gene_statistics_release(matrix.shape[1], sigma)
+    clip = _hvg.DEFAULT_SQUARE_CLIP
+    sums = _hvg.gene_sums(matrix, likelihood == "zinb", clip)
+    released = release.release(sums, plan.noise.stream("fit.gene-selection")) if sigma else sums
+    _, _, _, order = _hvg.rank_genes(released, release, clip, 3.0, "second_moment")
+    plan.step_full_release(sigma)
+    selected = np.zeros(matrix.shape[1], dtype=bool)
+    selected[order[:MODEL_GENES]] = True
+    return selected
+
+
+def start_model_from(model: DPDCAN, start: ClusterResult) -> None:
+    """Make the encoder read the clustering's k-means points and start the centroids from its partition."""
+    weights = np.ones(start.loadings.shape[1])
+    weights[0] = MEAN_WEIGHT  # the model reads the clustering's k-means points
+    model.module.set_input_loadings(torch.as_tensor(start.loadings * weights))
+    model.start_from_partition(start.centroids)
+
+
+def choose_partition(matrix: Any, start: ClusterResult, model: DPDCAN, plan: FitPlan) -> _selection.Selection:
+    """Release both partitions' tables in the clustering's points and keep the better one.
+
+    :mod:`dpsc.privacy._selection` states the release (sensitivity 2) and the score.
+    """
+    points = cell_points(matrix, start.genes, start.loadings)
+    labels = (start.labels(matrix), model.latent_and_labels()[1])
+    k, d = model.n_clusters, points.shape[1]
+    exact = _selection.partition_tables(points, labels, k)
+    sigma = plan.selection_noise_multiplier
+    if not sigma:
+        return _selection.select_partition(exact, k, d, 0.0)
+    release = _selection.selection_release(k, d, sigma)
+    noisy = release.release(exact, plan.noise.stream("tl.fit.choice"))
+    plan.step_full_release(sigma)
+    return _selection.select_partition(noisy, k, d, release.noise_std)
