@@ -314,10 +314,8 @@ class FitPlan:
 
     def planned_record(self, n_obs: int) -> PrivacyRecord:
         """Return the record the fit will write if every planned step runs (for the budget check)."""
-        releases = self.releases  # built once
-        if releases is None:
-            return dcan_record(self, n_obs, spent=None)
-        return dcan_record(self, n_obs, spent=releases.spent(), history=releases.history())
+        releases = self.releases
+        return dcan_record(self, n_obs, history=None if releases is None else releases.history())
 
     def step_full_release(self, noise_multiplier: float, steps: int = 1) -> None:
         """Tell the accountant of a private fit about ``steps`` releases of every cell (q = 1) at σ."""
@@ -519,34 +517,76 @@ def start_parts(
 
 
 def dcan_record(
-    plan: FitPlan,
-    n_obs: int,
-    *,
-    spent: float | None,
-    history: list[tuple[float, float, int]] | None = None,
+    plan: FitPlan, n_obs: int, *, history: list[tuple[float, float, int]] | None = None
 ) -> PrivacyRecord:
-    """Return the fit's :class:`~dpsc.privacy.PrivacyRecord` (heuristic under ``scope="paper"``)."""
+    """Return the fit's :class:`~dpsc.privacy.PrivacyRecord` (heuristic under ``scope="paper"``).
+
+    Written by the fit's plan (:meth:`~dpsc.privacy.ReleasePlan.record`): its ε is the composition
+    of ``history`` (the fit accountant's, the releases that ran, when not given) at δ.
+    """
     unit = f"adding or removing one of the {n_obs} training cells"
-    decoder = DECODER_WORDS[plan.likelihood]
-    if plan.settings is None:
-        covered = "this model (encoder, decoder, centroids)"
-        return PrivacyRecord.stated(
-            "fit",
-            guarantee="none",
-            epsilon=None,
-            delta=plan.delta,
-            unit=unit,
-            mechanism="",
-            covered=covered,
-            noise=plan.noise,
-            scope="none",
-            accountant=plan.accountant,
-            sample_rate=plan.sample_rate,
-            max_grad_norm=float("inf"),
-            details={"private_parameters": [], **release_details(None)},
-        )
+    releases = plan.releases
+    if releases is None:
+        return _no_guarantee_record(plan, unit)
     s = plan.settings
     history = list(s.accountant.history) if history is None else history
+    words = _record_words(plan)
+    curve_steps, curve_eps = epsilon_curve(history, plan.delta, plan.accountant)
+    details = {
+        "private_parameters": words["private"],
+        **release_details(plan.counts),
+        "curve_steps": curve_steps,
+        "curve_epsilon": curve_eps,
+        **words["details"],
+    }
+    return releases.record(
+        "fit",
+        unit=unit,
+        mechanism=words["mechanism"],
+        covered=words["covered"],
+        not_covered=words["not_covered"],
+        noise=plan.noise,
+        history=history,
+        guarantee="heuristic" if plan.scope == "paper" else "proven",
+        reason=HEURISTIC_REASON,
+        target_epsilon=float(plan.epsilon),
+        mechanisms=words["mechanisms"],
+        noise_multiplier=s.noise_multiplier,
+        sample_rate=s.sample_rate,
+        max_grad_norm=s.max_grad_norm,
+        scope=plan.scope,
+        details=details,
+    )
+
+
+def _no_guarantee_record(plan: FitPlan, unit: str) -> PrivacyRecord:
+    """Record of a non-private fit: every parameter read the cells without noise."""
+    return PrivacyRecord.stated(
+        "fit",
+        guarantee="none",
+        epsilon=None,
+        delta=plan.delta,
+        unit=unit,
+        mechanism="",
+        covered="this model (encoder, decoder, centroids)",
+        noise=plan.noise,
+        scope="none",
+        accountant=plan.accountant,
+        sample_rate=plan.sample_rate,
+        max_grad_norm=float("inf"),
+        details={"private_parameters": [], **release_details(None)},
+    )
+
+
+def _record_words(plan: FitPlan) -> dict:
+    """Return what a private fit's record says: its private parameters, mechanism and coverage.
+
+    Returns ``private`` (the released parameters, in order), ``mechanism``, ``mechanisms`` (each
+    release's σ in words), ``covered``, ``not_covered`` and the ``details`` each optional
+    release adds (its σ).
+    """
+    s = plan.settings
+    decoder = DECODER_WORDS[plan.likelihood]
     private = ["encoder weights", "cluster centroids"] + ([decoder] if plan.scope == "full" else [])
     if plan.loadings_noise_multiplier is not None:
         private.insert(0, LOADINGS)
@@ -562,7 +602,6 @@ def dcan_record(
         not_covered = (
             f"the {decoder}, trained without noise and never exported by export_shared; " + not_covered
         )
-    guarantee = "heuristic" if plan.scope == "paper" else "proven"
     fixed = f"; {FIXED_DECODER}" if plan.scope == "encoder" else ""
     trained = "the encoder and the centroids" + (" and the decoder" if plan.scope == "full" else "")
     mechanism = (
@@ -574,13 +613,7 @@ def dcan_record(
         f"sampled Gaussian, sigma={s.noise_multiplier:.4g}, q={s.sample_rate:.4g}, "
         f"C={s.max_grad_norm:g} (DP-SGD) and sensitivity-scaled releases (k-means, frequencies, label counts)"
     ]
-    curve_steps, curve_eps = epsilon_curve(history, plan.delta, plan.accountant)
-    details = {
-        "private_parameters": private,
-        **release_details(plan.counts),
-        "curve_steps": curve_steps,
-        "curve_epsilon": curve_eps,
-    }
+    details: dict = {}
     if plan.loadings_noise_multiplier is not None:
         sigma_v = plan.loadings_noise_multiplier
         mechanism = "one Gaussian release of the gene second-moment matrix (the input loadings), " + mechanism
@@ -608,28 +641,14 @@ def dcan_record(
         mechanisms.insert(0, f"Gaussian, sigma={sigma_g:.4g}, sensitivity sqrt(3), q=1 (gene selection)")
         details["genes_noise_multiplier"] = sigma_g
         covered = covered.replace("the released ", f"the released {GENES}, ", 1)
-    return PrivacyRecord.stated(
-        "fit",
-        guarantee=guarantee,
-        epsilon=spent,
-        delta=plan.delta,
-        unit=unit,
-        mechanism=mechanism,
-        covered=covered,
-        not_covered=not_covered,
-        reason=HEURISTIC_REASON,
-        noise=plan.noise,
-        target_epsilon=float(plan.epsilon),
-        accountant=plan.accountant,
-        mechanisms=mechanisms,
-        history=[(float(a), float(b), int(c)) for a, b, c in history],
-        noise_multiplier=s.noise_multiplier,
-        sample_rate=s.sample_rate,
-        steps=int(sum(h[2] for h in history)),
-        max_grad_norm=s.max_grad_norm,
-        scope=plan.scope,
-        details=details,
-    )
+    return {
+        "private": private,
+        "mechanism": mechanism,
+        "mechanisms": mechanisms,
+        "covered": covered,
+        "not_covered": not_covered,
+        "details": details,
+    }
 
 
 __all__ = [

@@ -32,7 +32,6 @@ from ..privacy import (
     kmeans_table,
     nearest_centroid,
     spending,
-    spent_epsilon,
     split_table,
     table_release,
 )
@@ -402,8 +401,7 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
         self.is_trained_ = True
         if after_training is not None:
             after_training()
-        spent = None if dp is None else spent_epsilon(dp.accountant, plan.delta)
-        self._record = dcan_record(plan, self.adata.n_obs, spent=spent)
+        self._record = dcan_record(plan, self.adata.n_obs)  # ε of the releases that ran
         self.privacy_ = self._record.to_dict()
         self.train_params_ = plan.params()
 

@@ -176,22 +176,33 @@ class ReleasePlan:
         covered: str,
         not_covered: str = "",
         noise: NoiseSource | None = None,
+        history: list[tuple[float, float, int]] | None = None,
+        guarantee: str = "proven",
+        reason: str = "",
         **fields: Any,
     ) -> PrivacyRecord:
-        r"""Return the call's proven record: ε composed from the plan's history at δ, in the tool's words.
+        r"""Return the call's record: ε composed from the plan's history at δ, in the tool's words.
 
         The history :math:`[(\sigma, q, T), \dots]`, the steps, the target ε, the accountant and
         each release's σ (``mechanisms``, ``details["noise_multipliers"]``) come from the plan; the
         tool states what one cell is (``unit``), the mechanism, what the ε covers and what it does
-        not. ``fields`` add to or replace the record's other fields. A plan with a release without
-        noise (σ = 0: no ε was asked) writes a record with no guarantee (ε = ∞ in the ledger).
+        not. ``history``: the releases that did run, when a call stops before its plan's last step
+        (an accountant's history; its ε is what the record states). ``guarantee`` is
+        ``"heuristic"`` (with its ``reason``) for a mechanism the composition does not prove.
+        ``fields`` add to or replace the record's other fields. A plan with a release without noise
+        (σ = 0: no ε was asked) writes a record with no guarantee (ε = ∞ in the ledger).
         """
+        from ._accounting import history_epsilon
         from ._record import PrivacyRecord, no_guarantee_record
 
         spent = self.spent()  # None when a release has no noise
         if spent is None:
             return no_guarantee_record(tool, unit=unit, covered=covered)
-        history = self.history()
+        if history is None:
+            history = self.history()
+        else:
+            history = [(float(s), float(q), int(n)) for s, q, n in history]
+            spent = history_epsilon(history, float(self.delta), self.accountant)
         stated: dict[str, Any] = {
             "target_epsilon": None if self.epsilon is None else float(self.epsilon),
             "accountant": self.accountant,
@@ -202,7 +213,7 @@ class ReleasePlan:
         }
         return PrivacyRecord.stated(
             tool,
-            guarantee="proven",
+            guarantee=guarantee,
             epsilon=spent,
             delta=float(self.delta),
             unit=unit,
@@ -210,6 +221,7 @@ class ReleasePlan:
             covered=covered,
             not_covered=not_covered,
             noise=noise,
+            reason=reason,
             **{**stated, **fields},
         )
 
