@@ -529,3 +529,21 @@ def test_a_secure_run_that_loses_a_site_ends_everywhere_with_the_reason(neighbou
     assert "The federated run stopped" in server_text and "contributed, fewer than the 3" in server_text
     for k in range(2):
         assert "server stopped" in " ".join((tmp_path / f"site{k}.log").read_text().split())
+
+
+def test_a_simulated_site_answered_by_two_workers_books_every_release_in_each(neighbours):
+    """Flower's simulation may hand one site's messages to different worker processes, each with its
+    own copy of the in-memory site: the run's bookings travel with the run's state (JSON, as Flower
+    keeps it), and each copy adopts those it lacks before it checks the next release."""
+    plan = plan_for(epsilon=2.0, markers=True)
+    requests = honest_requests(plan, neighbours[0])
+    cells = ad.read_h5ad(neighbours[0])
+    workers = [Site(SiteSettings(data=cells, epsilon=2.0)) for _ in range(2)]
+    state: dict = {}
+    for request in requests:  # the second worker answers one release only (the split seen in a run)
+        worker = workers[int(request.index == plan.n_releases - 2)]
+        worker.contribute(plan, request, *HONEST, state)
+        state = json.loads(json.dumps(state))
+    first, second = (w.ledger.entries() for w in workers)
+    assert len(first) == plan.n_releases and len(second) == 1 + (plan.n_releases - 2)
+    assert compose(first).epsilon == pytest.approx(plan.spent(), rel=1e-9) and plan.spent() <= 2.0

@@ -79,7 +79,7 @@ from ..privacy._clustering import (
     contribution,
     plan_clustering,
 )
-from ..privacy._ledger import _check, compose, ledger_entry
+from ..privacy._ledger import _check, _plain, compose, ledger_entry
 from ._simulation import is_shared, resolve_shared
 from ._trust import budget_source, fallback_cap, fallback_epsilon, resolve_budget
 
@@ -226,6 +226,8 @@ def ledger_for(settings: SiteSettings) -> FileLedger:
     A simulated site's messages may each build a new site object in the same worker process, so
     the ledger of cells shared through Ray is kept by their reference (unique for the run); cells
     held directly get a ledger of their own (an object id can be reused once the object is gone).
+    Several worker processes may answer one site's messages: the run's bookings also travel with
+    the run's state (:meth:`Site.contribute`), and each worker's copy adopts them.
     """
     if settings.ledger is not None:
         return FileLedger(settings.ledger)
@@ -453,6 +455,9 @@ class Site:
         reads the message, the settings and the ledger only, and happens before any cell is read.
         """
         run_state = {} if run_state is None else run_state
+        booked = run_state.setdefault("booked", []) if self.settings.in_memory else None
+        if booked:  # this run's bookings made by other worker processes of the simulation
+            self.ledger.adopt(booked)
         signature = run_signature(plan, mode, threshold, n_sites)
         if run_state.get("signature", signature) != signature:
             raise SiteRefusal(
@@ -484,7 +489,9 @@ class Site:
         _check_bound(vector, spec, self.n_obs)
         if plan.epsilon is not None:
             vector = vector + self._noise(spec, request, threshold if mode == "secure" else 1, n_sites)
-        self._book(plan, request, mode, threshold, n_sites)
+        line = self._book(plan, request, mode, threshold, n_sites)
+        if booked is not None and line is not None:
+            booked.append(_plain(line))
         run_state["served"] = served + 1
         return vector
 
@@ -505,10 +512,15 @@ class Site:
         k = int(self.settings.site_index)
         return np.floor_divide(central, n_sites) + (np.mod(central, n_sites) > k)
 
-    def _book(self, plan: ClusterPlan, request: Request, mode: str, threshold: int, n_sites: int) -> None:
-        """Append this release to the ledger, atomically and checked against the budget, before it is sent."""
+    def _book(
+        self, plan: ClusterPlan, request: Request, mode: str, threshold: int, n_sites: int
+    ) -> dict[str, Any] | None:
+        """Append this release to the ledger, atomically and checked against the budget, before it is sent.
+
+        Returns the ledger line booked (``None`` for a run without noise, which books nothing).
+        """
         if plan.epsilon is None:
-            return
+            return None
         delta = plan.delta / plan.n_releases
         epsilon = _release_epsilon(request.sigma, delta)
         if not math.isfinite(epsilon):
@@ -530,6 +542,7 @@ class Site:
             self.ledger.reserve(line, cap=self._budget())
         except BudgetExceededError:
             raise SiteRefusal(self._budget_message(epsilon, "release")) from None
+        return line
 
     # -- the end of a run ------------------------------------------------------------------------------
     def write_results(

@@ -257,6 +257,22 @@ class MemoryLedger(FileLedger):
     def _read(self) -> dict[str, Any]:
         return self._state
 
+    def adopt(self, entries: list[dict[str, Any]]) -> None:
+        """Add entries booked (and checked) by another copy of this ledger, each once.
+
+        A simulated site's messages may be answered by several worker processes, each with its own
+        copy of the site's ledger; the run's bookings travel with the run's state, and each copy
+        adopts those it lacks before it checks anything. No budget check: each was checked where
+        it was booked, and refusing one here would hide it.
+        """
+        with self._locked() as state:
+            known = {json.dumps(e, sort_keys=True) for e in state["entries"].values()}
+            for entry in entries:
+                plain = _plain(entry)
+                if json.dumps(plain, sort_keys=True) not in known:
+                    state["entries"][f"{len(state['entries']):04d}"] = plain
+                    known.add(json.dumps(plain, sort_keys=True))
+
 
 def _json_default(value: Any) -> Any:
     if isinstance(value, np.ndarray):
