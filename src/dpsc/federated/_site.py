@@ -39,7 +39,9 @@ against the budget, just before it is sent (so the ledger never shows less than 
 site; a crash between booking and sending leaves one booked release that was not sent). A site
 that :func:`dpsc.tl.cluster_federated` simulates holds its cells and its ledger in memory
 (:class:`~dpsc.privacy.MemoryLedger`) for the one run, whose record the user's own AnnData
-ledger holds: the same checks, and no file.
+ledger holds: the same checks, and no file. The run's bookings also travel with the run's state
+that Flower keeps for the site, so whichever worker process answers a message checks it against
+every release of the run.
 
 **What a site's ε covers.** In *plain* mode each site adds the full noise σ to its own sum: its
 release is (ε, δ)-DP for its cells by itself, whatever the others do. In *secure* mode (SecAgg+,
