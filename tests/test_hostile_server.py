@@ -531,7 +531,7 @@ def test_a_secure_run_that_loses_a_site_ends_everywhere_with_the_reason(neighbou
         assert "server stopped" in " ".join((tmp_path / f"site{k}.log").read_text().split())
 
 
-def test_a_simulated_site_answered_by_two_workers_books_every_release_in_each(neighbours):
+def test_a_simulated_site_answered_by_two_workers_books_every_release_in_each(neighbours, tmp_path):
     """Flower's simulation may hand one site's messages to different worker processes, each with its
     own copy of the in-memory site: the run's bookings travel with the run's state (JSON, as Flower
     keeps it), and each copy adopts those it lacks before it checks the next release."""
@@ -547,3 +547,8 @@ def test_a_simulated_site_answered_by_two_workers_books_every_release_in_each(ne
     first, second = (w.ledger.entries() for w in workers)
     assert len(first) == plan.n_releases and len(second) == 1 + (plan.n_releases - 2)
     assert compose(first).epsilon == pytest.approx(plan.spent(), rel=1e-9) and plan.spent() <= 2.0
+    filed = Site(SiteSettings(data=cells, epsilon=2.0, ledger=str(tmp_path / "cells.ledger.json")))
+    run: dict = {}
+    for request in requests[:2]:  # cells in memory, ledger in a file that every worker shares
+        filed.contribute(plan, request, *HONEST, run)
+    assert len(filed.ledger.entries()) == 2

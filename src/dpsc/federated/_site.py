@@ -457,7 +457,8 @@ class Site:
         reads the message, the settings and the ledger only, and happens before any cell is read.
         """
         run_state = {} if run_state is None else run_state
-        booked = run_state.setdefault("booked", []) if self.settings.in_memory else None
+        # a ledger in memory is one copy per worker process: the run's bookings travel with its state
+        booked = run_state.setdefault("booked", []) if isinstance(self.ledger, MemoryLedger) else None
         if booked:  # this run's bookings made by other worker processes of the simulation
             self.ledger.adopt(booked)
         signature = run_signature(plan, mode, threshold, n_sites)
