@@ -46,6 +46,8 @@ CANDIDATES = {
         "REFINE_ROUNDS": 2,
         "KMEANS_PLAN": {**KMEANS_PLAN, "n_lloyd_rounds": 1},
     },
+    # 32 loadings (the reference's number of components) instead of 16
+    "comps 32": {"MEAN_WEIGHT": 0.5, "EDGE_SHARE": 0.02, "REFINE_ROUNDS": 1, "N_COMPS": 32},
 }
 ONLY: list[str] = []  # --candidates: the candidates this run makes rows for (empty: all)
 

@@ -105,6 +105,13 @@ def test_a_frame_outside_the_proofs_bounds_is_refused(hostile):
         mechanism.MarkerTable(3, 50, mechanism.MarkerFrame(**frame))
 
 
+def test_without_epsilon_the_plan_holds_no_norm_release():
+    from dpsc.tl._rank_genes_groups import CENTER, NORMS, TABLE, markers_plan
+
+    assert [r.name for r in markers_plan(None, 1e-5).releases] == [CENTER, TABLE]
+    assert [r.name for r in markers_plan(2.0, 1e-5).releases] == [CENTER, NORMS, TABLE]
+
+
 def test_without_noise_it_is_scanpys_t_test(grouped):
     ours = grouped.copy()
     dpsc.tl.rank_genes_groups(ours, "group", epsilon=None, n_genes=20)

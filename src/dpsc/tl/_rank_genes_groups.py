@@ -33,11 +33,16 @@ CENTER, NORMS, TABLE = "tl.rank_genes_groups.center", "tl.rank_genes_groups.norm
 
 
 def markers_plan(epsilon: float | None, delta: float) -> ReleasePlan:
-    """Return the three releases (centre, norm histograms, table) sharing (ε, δ), calibrated."""
+    """Return the releases (centre, norm histograms, table) sharing (ε, δ), calibrated.
+
+    Without ε there is no norm histogram: the frame states the worst-case bounds
+    (:func:`~dpsc.privacy._markers.release_frame`), so the plan holds only the centre and the table.
+    """
     center = PlannedRelease(CENTER, share=mechanism.CENTER_SHARE)
     norms = PlannedRelease(NORMS, share=mechanism.NORM_SHARE)
     table = PlannedRelease(TABLE, share=1.0 - mechanism.CENTER_SHARE - mechanism.NORM_SHARE)
-    return ReleasePlan.of(center, norms, table).calibrate(epsilon, delta)
+    releases = (center, norms, table) if epsilon is not None else (center, table)
+    return ReleasePlan.of(*releases).calibrate(epsilon, delta)
 
 
 def markers_record(plan: ReleasePlan, n_obs: int, groupby: str, noise: NoiseSource) -> PrivacyRecord:
@@ -183,7 +188,8 @@ def rank_genes_groups(
         raise ValueError(f"n_genes must be a positive integer or None, got {n_genes!r}.")
     kept = adata.n_vars if n_genes is None else min(int(n_genes), adata.n_vars)
     plan = markers_plan(epsilon, delta)
-    sigmas = {"center": plan.sigma(CENTER), "norms": plan.sigma(NORMS), "table": plan.sigma(TABLE)}
+    sigmas = {"center": plan.sigma(CENTER), "table": plan.sigma(TABLE)}
+    sigmas["norms"] = plan.sigma(NORMS) if NORMS in plan else 0.0
     noise = NoiseSource(noise_seed)
     record = markers_record(plan, adata.n_obs, groupby, noise)
     with plan.spend(adata, record, key_added, noise) as releases:
