@@ -215,58 +215,41 @@ def fit(
         random_state=random_state,
         noise_seed=noise_seed,
     )
-    plan = plan_fit(
-        settings,
-        adata.n_obs,
-        n_clusters=n_clusters,
-        input_pcs=model_kwargs["input_pcs"],
-        latent_scale=DEFAULT_LATENT_SCALE,
-        likelihood=likelihood,
-        select_genes=adata.n_vars > MODEL_GENES,
-        start_n_vars=adata.n_vars if _starts_from_clustering(scope, input_pcs, likelihood) else None,
-    )
-    if plan.start is not None:
-        model_kwargs["input_pcs"] = plan.start.n_comps
+    plan = _plan_for(adata, settings, n_clusters, model_kwargs, scope, input_pcs, likelihood)
     _check_input_for(plan, adata, matrix, layer, likelihood, model_kwargs)
 
     with spending(adata, plan.planned_record(adata.n_obs), key_added) as booking:
         target = adata.copy() if copy else adata
-        start, genes = release_before_training(matrix, likelihood, plan)
-        train_on = target if genes is None else target[:, genes].copy()
-        DPDCAN.setup_anndata(train_on, layer=layer)
-        torch.manual_seed(random_state)  # the module's weights are drawn when the model is built
-        model = DPDCAN(train_on, n_clusters=n_clusters, likelihood=likelihood, **model_kwargs)
-        choice: dict[str, _selection.Selection] = {}
-        after_training = None
-        if start is not None:
-            start_model_from(model, start)
-
-            def after_training() -> None:
-                choice["selection"] = choose_partition(matrix, start, model, plan)
-
-        model.train(
-            plan=plan, booking=booking, progress_bar=progress_bar, after_training=after_training, **run
+        model, selection, genes = _train(
+            target,
+            matrix,
+            plan,
+            booking,
+            n_clusters,
+            likelihood,
+            layer,
+            model_kwargs,
+            random_state,
+            progress_bar,
+            run,
         )
-        selection = choice.get("selection")
         label_counts, in_use = _write_embedding_and_labels(
             target, model, selection, genes, key_added, cluster_key, epsilon
         )
-        params = {
-            "method": "dpdcan",
-            "epsilon": epsilon,
-            "delta": plan.delta,
-            "n_clusters": n_clusters,
-            "scope": scope,
-            "input_pcs": -1 if model_kwargs["input_pcs"] is None else model_kwargs["input_pcs"],
-            "layer": layer,
-            "likelihood": likelihood,
-            "accountant": accountant,
-            "key_added": key_added,
-            "cluster_key": cluster_key,
-            "genes_selected": -1 if genes is None else int(genes.sum()),
-            **model.train_params_,
-            **_partition_params(selection),
-        }
+        params = _fit_params(
+            plan,
+            model,
+            selection,
+            genes,
+            model_kwargs,
+            n_clusters=n_clusters,
+            scope=scope,
+            layer=layer,
+            likelihood=likelihood,
+            accountant=accountant,
+            key_added=key_added,
+            cluster_key=cluster_key,
+        )
         return store_result(
             adata,
             target,
@@ -281,6 +264,96 @@ def fit(
             label_counts=label_counts,
             clusters_in_use=in_use,
         )
+
+
+def _fit_params(
+    plan: FitPlan,
+    model: DPDCAN,
+    selection: _selection.Selection | None,
+    genes: np.ndarray | None,
+    model_kwargs: dict,
+    **named: Any,
+) -> dict[str, Any]:
+    """Return the call's parameters as ``uns[key_added]["params"]`` stores them, with the training's."""
+    return {
+        "method": "dpdcan",
+        "epsilon": plan.epsilon,
+        "delta": plan.delta,
+        "n_clusters": named["n_clusters"],
+        "scope": named["scope"],
+        "input_pcs": -1 if model_kwargs["input_pcs"] is None else model_kwargs["input_pcs"],
+        "layer": named["layer"],
+        "likelihood": named["likelihood"],
+        "accountant": named["accountant"],
+        "key_added": named["key_added"],
+        "cluster_key": named["cluster_key"],
+        "genes_selected": -1 if genes is None else int(genes.sum()),
+        **model.train_params_,
+        **_partition_params(selection),
+    }
+
+
+def _plan_for(
+    adata: ad.AnnData,
+    settings: TrainSettings,
+    n_clusters: int,
+    model_kwargs: dict,
+    scope: str,
+    input_pcs: int | str | None,
+    likelihood: str,
+) -> FitPlan:
+    """Plan and calibrate the fit's releases for these cells' shape (reads no cell).
+
+    The model's input then reads as many components as the plan's start releases.
+    """
+    plan = plan_fit(
+        settings,
+        adata.n_obs,
+        n_clusters=n_clusters,
+        input_pcs=model_kwargs["input_pcs"],
+        latent_scale=DEFAULT_LATENT_SCALE,
+        likelihood=likelihood,
+        select_genes=adata.n_vars > MODEL_GENES,
+        start_n_vars=adata.n_vars if _starts_from_clustering(scope, input_pcs, likelihood) else None,
+    )
+    if plan.start is not None:
+        model_kwargs["input_pcs"] = plan.start.n_comps
+    return plan
+
+
+def _train(
+    target: ad.AnnData,
+    matrix,
+    plan: FitPlan,
+    booking,
+    n_clusters: int,
+    likelihood: str,
+    layer: str | None,
+    model_kwargs: dict,
+    random_state: int,
+    progress_bar: bool,
+    run: dict[str, Any],
+) -> tuple[DPDCAN, _selection.Selection | None, np.ndarray | None]:
+    """Make the releases before training, build the model from them and train it under the plan.
+
+    Returns the trained model, the choice between the start's partition and the model's (``None``
+    when the fit does not start from the clustering) and the genes the model reads (``None``: all).
+    """
+    start, genes = release_before_training(matrix, likelihood, plan)
+    train_on = target if genes is None else target[:, genes].copy()
+    DPDCAN.setup_anndata(train_on, layer=layer)
+    torch.manual_seed(random_state)  # the module's weights are drawn when the model is built
+    model = DPDCAN(train_on, n_clusters=n_clusters, likelihood=likelihood, **model_kwargs)
+    choice: dict[str, _selection.Selection] = {}
+    after_training = None
+    if start is not None:
+        start_model_from(model, start)
+
+        def after_training() -> None:
+            choice["selection"] = choose_partition(matrix, start, model, plan)
+
+    model.train(plan=plan, booking=booking, progress_bar=progress_bar, after_training=after_training, **run)
+    return model, choice.get("selection"), genes
 
 
 def _check_input_for(
