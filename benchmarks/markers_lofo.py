@@ -1,9 +1,10 @@
-"""Leave one file out for the private markers' constants of the centre and bound releases.
+"""Leave one file out for the private markers' constants: centre, bounds and gene weights.
 
 ``dpsc.tl.rank_genes_groups`` first releases the cells' mean expression with ``CENTER_SHARE`` of
 its ε, then histograms of the cells' norms from it with ``NORM_SHARE``, and bounds each cell's
 expression and squares at the bins where the noisy cumulative counts reach ``NORM_QUANTILE``
-(``dpsc.privacy._markers``). All three were set from the mechanism; here each candidate
+(``dpsc.privacy._markers``); each gene's part of the table is weighted by ``(m + 0.05)^a`` of its
+released mean m, ``a = GENE_WEIGHT_POWER`` (0: the same noise on every gene). Here each candidate
 (``CANDIDATES``) runs the markers benchmark (``markers_benchmark.run``: groups = the labels and
 ``tl.cluster``'s clusters, every ε, ``--runs`` runs with secret noise) on each of the six labelled
 count files; a fold holds one file out, chooses the candidate with the best mean top-10 overlap
@@ -14,6 +15,9 @@ under it.
         --out benchmarks/results/markers_lofo.jsonl
     python benchmarks/markers_lofo.py --report benchmarks/results/markers_lofo.jsonl \
         > benchmarks/results/markers_lofo.md
+
+The gene-weight candidates were added later to the same file:
+``--candidates "gene weight 0.25" "gene weight 0.5" --append``.
 """
 
 from __future__ import annotations
@@ -21,15 +25,31 @@ from __future__ import annotations
 from pathlib import Path
 
 import pandas as pd
-from cluster_benchmark import per_file_main
+from cluster_benchmark import per_file_parser, write_per_file
 from cluster_lofo import candidate_table, candidates_text, held_out_header, held_out_rows, report_commands
 from markers_benchmark import run as markers_run
 
+_EVEN = {"GENE_WEIGHT_POWER": 0.0}  # the same noise on every gene
 CANDIDATES = {
-    "centre share 0.05": {"NORM_QUANTILE": 0.9, "NORM_SHARE": 0.1, "CENTER_SHARE": 0.05},
-    "centre share 0.1": {"NORM_QUANTILE": 0.9, "NORM_SHARE": 0.1, "CENTER_SHARE": 0.1},  # shipped
-    "quantile 0.8": {"NORM_QUANTILE": 0.8, "NORM_SHARE": 0.1, "CENTER_SHARE": 0.05},
+    "centre share 0.05": {"NORM_QUANTILE": 0.9, "NORM_SHARE": 0.1, "CENTER_SHARE": 0.05, **_EVEN},
+    "centre share 0.1": {"NORM_QUANTILE": 0.9, "NORM_SHARE": 0.1, "CENTER_SHARE": 0.1, **_EVEN},
+    "quantile 0.8": {"NORM_QUANTILE": 0.8, "NORM_SHARE": 0.1, "CENTER_SHARE": 0.05, **_EVEN},
+    # gene weights (m + 0.05)^a from the released centre: less noise on the expressed genes
+    "gene weight 0.25": {
+        "NORM_QUANTILE": 0.9,
+        "NORM_SHARE": 0.1,
+        "CENTER_SHARE": 0.1,
+        "GENE_WEIGHT_POWER": 0.25,
+    },
+    "gene weight 0.5": {
+        "NORM_QUANTILE": 0.9,
+        "NORM_SHARE": 0.1,
+        "CENTER_SHARE": 0.1,
+        "GENE_WEIGHT_POWER": 0.5,
+    },
 }
+SHIPPED = "gene weight 0.25"
+ONLY: list[str] = []  # --candidates: the candidates this run makes rows for (empty: all)
 
 
 def set_candidate(constants: dict) -> None:
@@ -42,9 +62,11 @@ def set_candidate(constants: dict) -> None:
 def run(data: Path, name: str, epsilons: list[float], runs: int, commit: str) -> list[dict]:
     from dpsc.privacy import _markers
 
-    shipped = {constant: getattr(_markers, constant) for constant in CANDIDATES["centre share 0.1"]}
+    shipped = {constant: getattr(_markers, constant) for constant in CANDIDATES[SHIPPED]}
     rows = []
     for candidate, constants in CANDIDATES.items():
+        if ONLY and candidate not in ONLY:
+            continue
         set_candidate(constants)
         rows += [{**row, "candidate": candidate} for row in markers_run(data, name, epsilons, runs, commit)]
     set_candidate(shipped)
@@ -85,7 +107,16 @@ def report(path: Path) -> str:
 
 
 def main() -> None:
-    per_file_main(__doc__, "benchmarks/results/markers_lofo.jsonl", report, run)
+    parser = per_file_parser(__doc__, "benchmarks/results/markers_lofo.jsonl")
+    parser.add_argument(
+        "--candidates", nargs="+", default=None, help="Run only these candidates (add rows with --append)."
+    )
+    args = parser.parse_args()
+    ONLY.extend(args.candidates or [])
+    if args.report:
+        print(report(args.report), end="")
+        return
+    write_per_file(args, run)
 
 
 if __name__ == "__main__":

@@ -69,7 +69,7 @@ def test_the_centre_and_the_bounds_are_released_with_their_stated_sensitivities(
         after = mechanism.norm_histograms(grown, center)
         assert np.linalg.norm(after - before) == pytest.approx(np.sqrt(2.0))
     frame = mechanism.released_frame(before, center)
-    y = mechanism._log_expression(base) - center
+    y = frame.weights * (mechanism._log_expression(base) - center)
     for bound, norms, worst in zip(frame.bounds, (y, y**2), frame.worst, strict=True):
         norms = np.sqrt((norms**2).sum(1))
         edges = mechanism.norm_edges(worst)
@@ -81,6 +81,21 @@ def test_the_centre_and_the_bounds_are_released_with_their_stated_sensitivities(
     drawn = center_before + np.r_[noisy.noise_std * rng.normal(size=50), 0.0]  # the count kept exact
     assert not mechanism.released_center(drawn, noisy).any()
     assert mechanism.released_frame(-before, center).bounds == pytest.approx(frame.worst)
+
+
+def test_gene_weights_grow_with_the_released_mean_and_keep_every_cell_within_the_worst_case():
+    """The weights are a map of the centre (1 for a centre of zeros, root mean square 1, growing with the
+    mean); no cell, however extreme, exceeds the frame's worst-case norms under them."""
+    np.testing.assert_allclose(mechanism.gene_weights(np.zeros(50)), 1.0)
+    center = np.r_[np.zeros(45), np.linspace(0.5, mechanism.MAX_LOG_EXPRESSION, 5)]  # a skewed centre
+    weights = mechanism.gene_weights(center)
+    assert np.sqrt(np.mean(weights**2)) == pytest.approx(1.0)
+    assert np.all(np.diff(weights[44:]) > 0) and weights[-1] > 2 * weights[0]
+    frame = mechanism.MarkerFrame(center)
+    worst_sum, worst_square = frame.worst
+    for cell in [*EXTREME_CELLS, np.r_[np.zeros(49), 1e9], np.r_[1e9, np.zeros(49)]]:
+        y = weights * (mechanism._log_expression(cell[None, :]) - center)
+        assert np.linalg.norm(y) <= worst_sum and np.linalg.norm(y**2) <= worst_square
 
 
 @pytest.mark.parametrize(

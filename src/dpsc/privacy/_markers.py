@@ -3,8 +3,10 @@ r"""Private marker genes: Gaussian releases of per-group sums, then scanpy's t-t
 **Per-cell contribution.** Cell :math:`i` of group :math:`g(i)` is represented by its log
 expression :math:`x_i = \log(1 + 10^4 c_i / \sum_j c_{ij})` over the G genes (scanpy's
 ``normalize_total`` + ``log1p``; a negative or non-finite count reads as 0, a cell without counts
-is 0), measured from a released centre :math:`m` (the cells' mean expression): :math:`y_i = x_i -
-m`, its squares :math:`y_i^2` and its detection :math:`d_i = [x_i > 0]`. Three releases, in order:
+is 0), measured from a released centre :math:`m` (the cells' mean expression) and weighted per gene
+by :math:`g = g(m)` (:func:`gene_weights`, a public map of the centre): :math:`y_i = g \odot (x_i -
+m)`, its squared entries weighted again, :math:`q_i = g^2 \odot (x_i - m)^2`, and its detection
+:math:`d_i = [x_i > 0]`. Three releases, in order:
 
 1. **the centre** (:func:`center_sum`, :func:`released_center`): the sum of
    :math:`(x_i / B_2(G), 1) / \sqrt 2` over the cells (the expression sums and the count), with
@@ -16,14 +18,15 @@ m`, its squares :math:`y_i^2` and its detection :math:`d_i = [x_i > 0]`. Three r
    :math:`[0, \log(1 + 10^4)]`: post-processing. Measured from the mean, a cell's vector is
    shorter than from 0, so the bounds below, and the noise proportional to them, are smaller;
 2. **the bounds** (:func:`norm_histograms`, :func:`released_frame`): histograms of
-   :math:`\lVert y_i\rVert_2` and :math:`\lVert y_i^2\rVert_2` on :data:`NORM_BINS` bins each,
-   spaced geometrically up to their worst cases :math:`B_2(G) + \lVert m\rVert` and
-   :math:`B_4(G) + \lVert m^2\rVert` (for :math:`x, m \ge 0`, :math:`(x - m)^2 \le x^2 + m^2`);
+   :math:`\lVert y_i\rVert_2` and :math:`\lVert q_i\rVert_2` on :data:`NORM_BINS` bins each,
+   spaced geometrically up to their worst cases :math:`\max_j g_j B_2(G) + \lVert g m\rVert` and
+   :math:`\max_j g_j^2 B_4(G) + \lVert g^2 m^2\rVert` (for :math:`x, m \ge 0`,
+   :math:`(x - m)^2 \le x^2 + m^2`);
    each cell adds 1 to one bin of each (sensitivity :math:`\sqrt 2`). :math:`C_y` and :math:`C_q`
    are the upper edges of the bins where the noisy cumulative counts first reach
    :data:`NORM_QUANTILE` of their noisy totals (post-processing; at most the worst cases);
 3. **the table**: the row :math:`e_{g(i)} \otimes (w_x \mathrm{clip}_{C_y}(y_i) / C_y,\ w_s
-   \mathrm{clip}_{C_q}(y_i^2) / C_q,\ w_d \mathrm{clip}_{C_d}(d_i) / C_d,\ w_n)` of a groups ×
+   \mathrm{clip}_{C_q}(q_i) / C_q,\ w_d \mathrm{clip}_{C_d}(d_i) / C_d,\ w_n)` of a groups ×
    (3G + 1) table (weights :data:`WEIGHTS`; :math:`C_d = \sqrt{\min(G, 2000)}`,
    :data:`DETECTION_GENES`). The few cells above a bound are scaled down to it (their group's
    statistics are then slightly shrunk toward the centre). A cell adds to its own group's row
@@ -36,8 +39,9 @@ m`, its squares :math:`y_i^2` and its detection :math:`d_i = [x_i > 0]`. Three r
 sites each is the sum of the sites' ones.
 
 **Post-processing** (:func:`group_statistics`, :func:`rank_markers`): the sums back in the data's
-units (:math:`\sum x = \sum y + \tilde n m`, :math:`\sum x^2 = \sum y^2 + 2 m \sum y + \tilde n
-m^2`); noisy counts :math:`\tilde n_g` clipped to at least 1,
+units (the weights divided out, then :math:`\sum x = \sum y + \tilde n m`, :math:`\sum x^2 = \sum y^2
++ 2 m \sum y + \tilde n m^2`, y unweighted; gene j's noise sd is then the table's over
+:math:`g_j`); noisy counts :math:`\tilde n_g` clipped to at least 1,
 means :math:`\mu = S/\tilde n`, second moments, variances clipped to at least 0, the rest of the
 cells as the sum of the other groups; the t-test score of scanpy,
 :math:`(\mu_g - \mu_r)/\sqrt{v_g/n_g + v_r/n_r}`, with the known variance of the noise of the two
@@ -81,6 +85,25 @@ NORM_SHARE = 0.1
 CENTER_SHARE = 0.1
 #: The largest log expression, :math:`\log(1 + 10^4)`: a centre coordinate lies in [0, this].
 MAX_LOG_EXPRESSION = math.log1p(1e4)
+#: Each gene's weight in the table grows with its released mean: :math:`g_j \propto (m_j + t)^a`
+#: (:func:`gene_weights`), so a gene's sums carry noise of sd proportional to :math:`1/g_j`. The
+#: markers scanpy ranks first are expressed genes; the weights move noise from them to the genes
+#: near zero, which rarely rank high. a = 0 is the same noise on every gene. Chosen by leave one
+#: file out (docs, Benchmarks: the markers' constants).
+GENE_WEIGHT_POWER = 0.25
+GENE_WEIGHT_OFFSET = 0.05  # t: the weight of a gene never detected, relative to one of mean 1
+
+
+def gene_weights(center: np.ndarray) -> np.ndarray:
+    r"""Return :math:`g_j = (m_j + t)^a / \sqrt{\tfrac1G \sum_k (m_k + t)^{2a}}` (public: the centre's map).
+
+    A function of the released centre alone (:data:`GENE_WEIGHT_POWER`, :data:`GENE_WEIGHT_OFFSET`),
+    fixed before the bounds and the table are released; scaled to root mean square 1. A centre of
+    zeros (no privacy, or a centre within its noise) gives every gene weight 1.
+    """
+    center = np.asarray(center, dtype=np.float64)
+    weights = (np.maximum(center, 0.0) + GENE_WEIGHT_OFFSET) ** GENE_WEIGHT_POWER
+    return weights / math.sqrt(float(np.mean(weights**2)))
 
 
 def expression_bound(n_genes: int, power: int = 2) -> float:
@@ -107,13 +130,24 @@ class MarkerFrame:
     square_bound: float | None = None
 
     @property
+    def weights(self) -> np.ndarray:
+        """The genes' weights :math:`g` (:func:`gene_weights` of the centre)."""
+        return gene_weights(self.center)
+
+    @property
     def worst(self) -> tuple[float, float]:
-        r"""The worst cases :math:`B_2(G) + \lVert m\rVert` and :math:`B_4(G) + \lVert m^2\rVert`."""
+        r"""The worst norms of a cell's two expression parts (no cell reaches them).
+
+        :math:`\max g\,B_2(G) + \lVert g m\rVert` and :math:`\max g^2 B_4(G) + \lVert g^2 m^2\rVert`.
+
+        For :math:`x, m \ge 0`: :math:`\lVert g(x - m)\rVert \le \max g \lVert x\rVert + \lVert g m\rVert`
+        and :math:`(x - m)^2 \le x^2 + m^2`.
+        """
         center = np.asarray(self.center, dtype=np.float64)
-        n_genes = len(center)
+        n_genes, g = len(center), self.weights
         return (
-            expression_bound(n_genes) + float(np.linalg.norm(center)),
-            expression_bound(n_genes, 4) + float(np.linalg.norm(center**2)),
+            float(g.max()) * expression_bound(n_genes) + float(np.linalg.norm(g * center)),
+            float(g.max()) ** 2 * expression_bound(n_genes, 4) + float(np.linalg.norm((g * center) ** 2)),
         )
 
     @property
@@ -188,6 +222,11 @@ class MarkerTable:
         return np.zeros(self.n_genes) if self.frame is None else np.asarray(self.frame.center, np.float64)
 
     @property
+    def weights(self) -> np.ndarray:
+        """The genes' weights :math:`g` (1 without a frame)."""
+        return np.ones(self.n_genes) if self.frame is None else self.frame.weights
+
+    @property
     def bounds(self) -> dict[str, float]:
         """:math:`C_y, C_q, C_d`: the L2 bounds of a cell's expression, squares and detection."""
         frame = self.frame if self.frame is not None else MarkerFrame(np.zeros(self.n_genes))
@@ -259,20 +298,22 @@ def norm_edges(worst: float) -> np.ndarray:
 
 
 def norm_histograms(matrix: Any, center: np.ndarray) -> np.ndarray:
-    r"""Return the exact histograms of :math:`\lVert y_i\rVert_2` and :math:`\lVert y_i^2\rVert_2`, joined.
+    r"""Return the exact histograms of :math:`\lVert y_i\rVert_2` and :math:`\lVert q_i\rVert_2`, joined.
 
-    :math:`y_i = x_i - m`. Bin j of each counts the cells with norm in :math:`(e_j, e_{j+1}]`
+    :math:`y_i = g \odot (x_i - m)`, :math:`q_i = y_i^2` (the weights of the centre).
+    Bin j of each counts the cells with norm in :math:`(e_j, e_{j+1}]`
     (edges :func:`norm_edges` of the frame's worst cases); the first bin also holds the norms at
     most 1. One cell adds 1 to one bin of each.
     """
     center = np.asarray(center, dtype=np.float64)
     counts = np.zeros(2 * NORM_BINS)
-    edges = [norm_edges(w)[1:] for w in MarkerFrame(center).worst]
+    frame = MarkerFrame(center)
+    edges, weights = [norm_edges(w)[1:] for w in frame.worst], frame.weights
     for rows in _rows(matrix, matrix.shape[1]):
         if sp.issparse(rows):
-            parts = _sparse_norms(_sparse_log_expression(rows), center)
+            parts = _sparse_norms(_sparse_log_expression(rows), center, weights)
         else:
-            y = _log_expression(rows) - center
+            y = weights * (_log_expression(rows) - center)
             parts = (np.sqrt((y**2).sum(1)), np.sqrt((y**4).sum(1)))
         for part, norms in enumerate(parts):
             bins = np.clip(np.searchsorted(edges[part], norms, side="left"), 0, NORM_BINS - 1)
@@ -364,19 +405,20 @@ def _sparse_log_expression(block: Any) -> sp.csr_matrix:
     return X
 
 
-def _sparse_norms(x: sp.csr_matrix, center: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    r"""Return :math:`\lVert x_i - m\rVert_2` and :math:`\lVert (x_i - m)^2\rVert_2` of sparse rows, exactly.
+def _sparse_norms(x: sp.csr_matrix, center: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    r"""Return :math:`\lVert g(x_i - m)\rVert_2` and :math:`\lVert g^2 (x_i - m)^2\rVert_2` of sparse rows.
 
-    :math:`\lVert x - m\rVert^2 = \lVert x\rVert^2 - 2 x^\top m + \lVert m\rVert^2` and
-    :math:`\sum_j (x_j - m_j)^4 = \sum_{x_j \ne 0} [(x_j - m_j)^4 - m_j^4] + \sum_j m_j^4`: the zeros of
-    x are read through m alone, so the rows are never densified.
+    With :math:`h = g^2`: :math:`\lVert g(x - m)\rVert^2 = \sum_j h_j x_j^2 - 2 x^\top (h m) + \sum_j
+    h_j m_j^2` and :math:`\sum_j h_j^2 (x_j - m_j)^4 = \sum_{x_j \ne 0} h_j^2 [(x_j - m_j)^4 - m_j^4] +
+    \sum_j h_j^2 m_j^4`: the zeros of x are read through m alone, so the rows are never densified.
     """
-    squares = np.asarray(x.multiply(x).sum(1)).ravel()
-    norm2 = squares - 2.0 * (x @ center) + float(center @ center)
+    h = np.asarray(weights, dtype=np.float64) ** 2
+    squares = x.multiply(x) @ h
+    norm2 = squares - 2.0 * (x @ (h * center)) + float(h @ center**2)
     shifted = x.copy()
     at = center[shifted.indices]
-    shifted.data = (shifted.data - at) ** 4 - at**4
-    fourth = np.asarray(shifted.sum(1)).ravel() + float((center**4).sum())
+    shifted.data = h[shifted.indices] ** 2 * ((shifted.data - at) ** 4 - at**4)
+    fourth = np.asarray(shifted.sum(1)).ravel() + float((h**2 * center**4).sum())
     return np.sqrt(np.maximum(norm2, 0.0)), np.sqrt(np.maximum(fourth, 0.0))
 
 
@@ -384,11 +426,12 @@ def _sparse_group_table(x: sp.csr_matrix, codes: np.ndarray, table: MarkerTable)
     r"""Return the table of :func:`cell_rows` summed per group, for sparse rows, never densified.
 
     Each part of a cell's row is the cell's vector times its clip factor, so a group's sums are
-    :math:`\sum_i a_i (x_i - m) = \sum_i a_i x_i - (\sum_i a_i) m` and :math:`\sum_i b_i (x_i - m)^2
-    = \sum_i b_i x_i^2 - 2 m \sum_i b_i x_i + (\sum_i b_i) m^2` (the same values as the dense rows).
+    :math:`g \odot \sum_i a_i (x_i - m) = g \odot (\sum_i a_i x_i - (\sum_i a_i) m)` and
+    :math:`g^2 \odot \sum_i b_i (x_i - m)^2 = g^2 \odot (\sum_i b_i x_i^2 - 2 m \sum_i b_i x_i +
+    (\sum_i b_i) m^2)` (the same values as the dense rows).
     """
-    bounds, m = table.bounds, table.center
-    norm_y, norm_y2 = _sparse_norms(x, m)
+    bounds, m, g = table.bounds, table.center, table.weights
+    norm_y, norm_y2 = _sparse_norms(x, m, g)
     detected = np.sqrt(np.diff(x.indptr).astype(np.float64))
 
     def factor(norms: np.ndarray, part: str) -> np.ndarray:  # each cell's clip factor × weight / bound
@@ -404,8 +447,8 @@ def _sparse_group_table(x: sp.csr_matrix, codes: np.ndarray, table: MarkerTable)
     bx = np.asarray((squares_by @ x).todense())
     G = table.n_genes
     out = np.zeros((table.n_groups, table.width))
-    out[:, :G] = np.asarray((sums_by @ x).todense()) - a * m
-    out[:, G : 2 * G] = np.asarray((squares_by @ x.multiply(x)).todense()) - 2.0 * m * bx + b * m**2
+    out[:, :G] = g * (np.asarray((sums_by @ x).todense()) - a * m)
+    out[:, G : 2 * G] = g**2 * (np.asarray((squares_by @ x.multiply(x)).todense()) - 2.0 * m * bx + b * m**2)
     binary = x.copy()
     binary.data[:] = 1.0
     out[:, 2 * G : 3 * G] = np.asarray((detect_by @ binary).todense())
@@ -420,12 +463,12 @@ def _clip(rows: np.ndarray, bound: float) -> np.ndarray:
 
 
 def cell_rows(x: np.ndarray, table: MarkerTable) -> np.ndarray:
-    """Each cell's scaled (expression, squares, detection, count) row, measured from the table's centre.
+    """Each cell's scaled (expression, squares, detection, count) row, from the table's centre, gene-weighted.
 
     Every part is clipped to its bound (module docstring, release 3).
     """
     bounds = table.bounds
-    y = x - table.center
+    y = table.weights * (x - table.center)
     return np.hstack(
         [
             _clip(y, bounds["sum"]) * (WEIGHTS["sum"] / bounds["sum"]),
@@ -470,27 +513,28 @@ class GroupStatistics:
     sums: np.ndarray  # (groups, genes) noisy sums of log expression
     squares: np.ndarray  # (groups, genes) noisy sums of squares
     detected: np.ndarray  # (groups, genes) noisy numbers of cells expressing
-    sum_noise_sd: float  # noise sd of one entry of ``sums``
+    sum_noise_sd: np.ndarray  # (genes,) noise sd of each gene's entry of ``sums``
 
 
 def group_statistics(released: np.ndarray, table: MarkerTable, release: GaussianSum) -> GroupStatistics:
     r"""Split a released (or exact) table into its parts, back in the data's units.
 
-    Sums of :math:`y = x - m` are shifted back with the noisy counts: :math:`\sum x = \sum y +
-    \tilde n m` and :math:`\sum x^2 = \sum y^2 + 2 m \sum y + \tilde n m^2` (post-processing).
+    The gene weights are divided out, then the sums of :math:`y = x - m` are shifted back with the
+    noisy counts: :math:`\sum x = \sum y + \tilde n m` and :math:`\sum x^2 = \sum y^2 + 2 m \sum y +
+    \tilde n m^2` (post-processing).
     """
-    G = table.n_genes
+    G, g = table.n_genes, table.weights
     values = np.asarray(released, dtype=np.float64).reshape(table.n_groups, table.width)
     counts = values[:, -1] * table.scale("count")
-    sums = values[:, :G] * table.scale("sum")
-    squares = values[:, G : 2 * G] * table.scale("squares")
+    sums = values[:, :G] * table.scale("sum") / g
+    squares = values[:, G : 2 * G] * table.scale("squares") / g**2
     m, n = table.center[None, :], np.maximum(counts, 1.0)[:, None]
     return GroupStatistics(
         counts=counts,
         sums=sums + n * m,
         squares=squares + 2.0 * m * sums + n * m**2,
         detected=values[:, 2 * G : 3 * G] * table.scale("detected"),
-        sum_noise_sd=release.noise_std * table.scale("sum"),
+        sum_noise_sd=release.noise_std * table.scale("sum") / g,
     )
 
 
