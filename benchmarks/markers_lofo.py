@@ -81,7 +81,7 @@ def report(path: Path) -> str:
     files = list(dict.fromkeys(table["dataset"]))
     epsilons = sorted(set(table["epsilon"]), reverse=True)
     lines = [
-        "# The private markers' centre and bound constants by leave-one-file-out",
+        "# The private markers' constants by leave-one-file-out",
         "",
         "Each row is one fold: the candidate chosen on the other five files (best mean top-10 overlap",
         "with scanpy's t-test markers over them, every ε, groups = labels and `tl.cluster`'s clusters,",
@@ -89,6 +89,9 @@ def report(path: Path) -> str:
         "groupings and runs with secret noise). Candidates: " + candidates_text(CANDIDATES) + ".",
         "",
         *report_commands("markers_lofo"),
+        "",
+        'The gene-weight candidates were run later into the same file (`--candidates "gene weight 0.25"',
+        '"gene weight 0.5" --append`); the others use even weights (`GENE_WEIGHT_POWER` 0).',
         "",
         *held_out_header(epsilons),
     ]

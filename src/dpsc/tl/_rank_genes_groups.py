@@ -60,8 +60,8 @@ def markers_record(plan: ReleasePlan, n_obs: int, groupby: str, noise: NoiseSour
         mechanism="three discrete Gaussian releases composed by the Opacus RDP accountant: the cells' mean "
         "log1p(CP10k) expression (the centre the cells are measured from), histograms of the cells' norms "
         "from it (which set the bounds of the sums), then per-group sums of each cell's expression from the "
-        "centre, its squares and its detected genes, and the group sizes (each cell adds to its own group "
-        "only; every part bounded)",
+        "centre (each gene weighted by a function of its released mean), its squares and its detected "
+        "genes, and the group sizes (each cell adds to its own group only; every part bounded)",
         covered=f"{covered}, the released centre and bounds, and anything computed from them",
         not_covered=f"{COMMON_NOT_COVERED}; the groups themselves (obs[{groupby!r}] is read as part of "
         "each cell: when it comes from a private clustering, that clustering's ε covers it); plots "
