@@ -54,6 +54,12 @@ CANDIDATES = {
         "CENTER_SHARE": 0.2,
         "GENE_WEIGHT_POWER": 0.25,
     },
+    "gene weight 0.25, centre share 0.3": {
+        "NORM_QUANTILE": 0.9,
+        "NORM_SHARE": 0.1,
+        "CENTER_SHARE": 0.3,
+        "GENE_WEIGHT_POWER": 0.25,
+    },
 }
 SHIPPED = "gene weight 0.25"
 ONLY: list[str] = []  # --candidates: the candidates this run makes rows for (empty: all)
