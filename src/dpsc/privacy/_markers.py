@@ -79,10 +79,11 @@ NORM_QUANTILE = 0.9
 #: Share of the markers' ε spent on the histograms of the norms.
 NORM_SHARE = 0.1
 #: Share of the markers' ε spent on the centre (the table gets what the centre and the histograms
-#: leave). The centre only sets where the cells are measured from: its noise costs the table
-#: nothing but a longer vector, and a centre within its noise is shrunk to 0 (no centring). Chosen
-#: against 0.05 by leave one file out on every fold (docs, Benchmarks: the markers' constants).
-CENTER_SHARE = 0.1
+#: leave). The centre sets where the cells are measured from and the genes' weights
+#: (:func:`gene_weights`): its noise costs the table a longer vector and weights that follow the
+#: noise, and a centre within its noise is shrunk to 0 (no centring, even weights). Chosen among
+#: 0.05, 0.1, 0.2 and 0.3 by leave one file out (docs, Benchmarks: the markers' constants).
+CENTER_SHARE = 0.3
 #: The largest log expression, :math:`\log(1 + 10^4)`: a centre coordinate lies in [0, this].
 MAX_LOG_EXPRESSION = math.log1p(1e4)
 #: Each gene's weight in the table grows with its released mean: :math:`g_j \propto (m_j + t)^a`

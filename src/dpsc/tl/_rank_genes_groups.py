@@ -134,9 +134,10 @@ def rank_genes_groups(
     log1p(CP10k) expression measured from the cells' mean, of its squares and of its detected
     genes, and the group's size (:mod:`dpsc.privacy._markers` states the bounds; each cell adds to
     its own group only, so one cell moves the table by at most Δ whatever the groups are). The
-    mean (a tenth of ε) and the bounds of the two expression parts (histograms of the cells'
-    norms from the mean, a tenth of ε) are released first: the noise of every mean and variance
-    is proportional to those bounds, and a cell is shorter measured from the mean than from 0.
+    mean (three tenths of ε; it also sets each gene's weight) and the bounds of the two expression
+    parts (histograms of the cells' norms from the mean, a tenth of ε) are released first: the
+    noise of every mean and variance is proportional to those bounds, and a cell is shorter
+    measured from the mean than from 0.
     Then scanpy's t-test of each
     group against the rest on the noisy statistics (post-processing), with the known noise of the
     two means added to the standard error so that differences within the noise do not rank high;
