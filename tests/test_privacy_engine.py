@@ -152,7 +152,7 @@ def test_dpsgd_classifier_takes_a_noisy_accounted_step_on_an_empty_batch(monkeyp
     torch.manual_seed(0)  # the classifier's initialisation (random_state=0)
     init = torch.nn.Sequential(torch.nn.Linear(3, 64), torch.nn.ReLU(), torch.nn.Linear(64, 2))
     # every draw was empty, and every draw was a noisy, accounted step: 2 epochs x round(1/q) = 10
-    assert model._accountant.history == [(model.noise_multiplier_, 0.2, 10)]
+    assert [tuple(h) for h in model.privacy_record()["history"]] == [(model.noise_multiplier_, 0.2, 10)]
     assert not torch.equal(model.network_[0].weight, init[0].weight)
 
 

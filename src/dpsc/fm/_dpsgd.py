@@ -17,7 +17,6 @@ from ..privacy import (
     estimator_record,
     history_epsilon,
     poisson_steps,
-    spent_epsilon,
 )
 
 
@@ -108,7 +107,6 @@ class DPSGDClassifier:
     def _train_private(self, X: torch.Tensor, y: torch.Tensor, optimizer: torch.optim.Optimizer) -> None:
         settings, steps_per_epoch = self._settings(len(y))
         self.noise_multiplier_ = settings.noise_multiplier
-        self._accountant = settings.accountant
         engine = DPSGDEngine([self.network_], optimizer, settings)
         loss_fn = nn.CrossEntropyLoss(reduction="none")
         self.network_.train()
@@ -123,14 +121,15 @@ class DPSGDClassifier:
                     engine, len(y), steps_per_epoch, lambda idx: loss_fn(self.network_(X[idx]), y[idx])
                 )
                 self.epochs_trained_ += 1
-                self.epsilon_history_.append(spent_epsilon(settings.accountant, self.delta))
+                self.epsilon_history_.append(settings.spent(self.delta))
         finally:
             engine.close()
+            self._history = settings.history
         self.spent_epsilon_ = self.epsilon_history_[-1] if self.epsilon_history_ else 0.0
 
     def _projected(self, settings: DPSGDSettings, steps: int) -> float:
         """ε after one more epoch, from a copy of the accountant's history (public quantities)."""
-        history = [*settings.accountant.history, (settings.noise_multiplier, settings.sample_rate, steps)]
+        history = [*settings.history, (settings.noise_multiplier, settings.sample_rate, steps)]
         return history_epsilon(history, self.delta, self.accountant)
 
     def _train_plain(self, X: torch.Tensor, y: torch.Tensor, optimizer: torch.optim.Optimizer) -> None:
@@ -181,7 +180,7 @@ class DPSGDClassifier:
             covered="the network weights",
             neighbours="adding or removing",
             noise_seed=self.noise_seed,
-            history=list(self._accountant.history),
+            history=list(self._history),
             accountant=self.accountant,
             details={
                 "mechanism": f"DP-SGD, Poisson sampling, {self.accountant.upper()} accountant",

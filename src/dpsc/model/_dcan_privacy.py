@@ -529,7 +529,7 @@ def dcan_record(
     if releases is None:
         return _no_guarantee_record(plan, unit)
     s = plan.settings
-    history = list(s.accountant.history) if history is None else history
+    history = s.history if history is None else history
     words = _record_words(plan)
     curve_steps, curve_eps = epsilon_curve(history, plan.delta, plan.accountant)
     details = {

@@ -431,7 +431,7 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
     def _run_stage(
         self, plan, splitter, epochs, name, accelerator, devices, strategy, progress: FitProgress
     ) -> None:
-        progress.start_stage(name, None if plan.dp is None else plan.dp.accountant)
+        progress.start_stage(name, plan.dp)
         self.module.train()
         self.history_ = None  # per-stage logs are not kept: under DP they are exact statistics
         self.is_trained_ = False

@@ -56,7 +56,7 @@ from opacus.optimizers import (
 from opacus.optimizers.optimizer import _check_processed_flag, _mark_as_processed
 from torch import nn
 
-from ._accounting import make_accountant
+from ._accounting import make_accountant, spent_epsilon
 from ._distributed import world
 from ._ghost import ModuleOutputs, ghost_clipped_backward, release_privacy_hooks
 from ._noise import NoiseSource
@@ -114,6 +114,15 @@ class DPSGDSettings:
             accountant=make_accountant(accountant),
             noise=noise if noise is not None else NoiseSource(),
         )
+
+    @property
+    def history(self) -> list[tuple[float, float, int]]:
+        """The releases told to the accountant so far, ``[(σ, q, steps), …]`` (public quantities)."""
+        return [tuple(entry) for entry in self.accountant.history]
+
+    def spent(self, delta: float) -> float:
+        """ε the accountant composes at δ over the releases so far (0 before any)."""
+        return spent_epsilon(self.accountant, delta)
 
     def sampler(self, rank: int = 0) -> Callable[[int], torch.Tensor]:
         """Return ``draw(n) -> bool mask``: Poisson sampling at rate q from a secure stream."""

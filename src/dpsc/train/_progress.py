@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from lightning.pytorch.callbacks import Callback
 from tqdm.auto import tqdm
 
-from ..privacy import spent_epsilon
+from ..privacy import DPSGDSettings
 
 
 class FitProgress(Callback):
@@ -36,18 +36,18 @@ class FitProgress(Callback):
         first_process = all(os.environ.get(k, "0") == "0" for k in ("RANK", "LOCAL_RANK", "NODE_RANK"))
         self.bar = tqdm(total=total_epochs, desc=name, unit="epoch", disable=not (enabled and first_process))
         self.stage = ""
-        self.accountant = None
+        self.settings: DPSGDSettings | None = None
 
-    def start_stage(self, name: str, accountant=None) -> None:
-        """Label the epochs that follow with the stage ``name``; read ε from ``accountant``."""
-        self.stage, self.accountant = name, accountant
+    def start_stage(self, name: str, settings: DPSGDSettings | None = None) -> None:
+        """Label the epochs that follow with the stage ``name``; read ε from the DP-SGD ``settings``."""
+        self.stage, self.settings = name, settings
         self.bar.set_postfix_str(name)
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         """Advance the bar by one epoch and show the ε spent so far."""
         postfix = self.stage
-        if self.accountant is not None and self.delta:
-            postfix = f"{postfix}, ε={spent_epsilon(self.accountant, self.delta):.2f}"
+        if self.settings is not None and self.delta:
+            postfix = f"{postfix}, ε={self.settings.spent(self.delta):.2f}"
         self.bar.set_postfix_str(postfix, refresh=False)
         self.bar.update(1)
 
