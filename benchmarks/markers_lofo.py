@@ -18,7 +18,8 @@ under it.
 
 The gene-weight candidates were added later to the same file, one command each:
 ``--candidates "gene weight 0.25" "gene weight 0.5" --append``, then
-``--candidates "gene weight 0.25, centre share 0.2" --append`` and the same for 0.3.
+``--candidates "gene weight 0.25, centre share 0.2" --append``, the same for 0.3, then the two
+offsets.
 """
 
 from __future__ import annotations
@@ -30,37 +31,32 @@ from cluster_benchmark import per_file_parser, write_per_file
 from cluster_lofo import candidate_table, candidates_text, held_out_header, held_out_rows, report_commands
 from markers_benchmark import run as markers_run
 
-_EVEN = {"GENE_WEIGHT_POWER": 0.0}  # the same noise on every gene
+_EVEN = {"GENE_WEIGHT_POWER": 0.0, "GENE_WEIGHT_OFFSET": 0.05}  # the same noise on every gene
+
+
+def _weighted(power: float, centre: float, offset: float = 0.05) -> dict:
+    """Gene weights (m + offset)^power from the released centre, the centre at this share of ε."""
+    return {
+        "NORM_QUANTILE": 0.9,
+        "NORM_SHARE": 0.1,
+        "CENTER_SHARE": centre,
+        "GENE_WEIGHT_POWER": power,
+        "GENE_WEIGHT_OFFSET": offset,
+    }
+
+
 CANDIDATES = {
     "centre share 0.05": {"NORM_QUANTILE": 0.9, "NORM_SHARE": 0.1, "CENTER_SHARE": 0.05, **_EVEN},
     "centre share 0.1": {"NORM_QUANTILE": 0.9, "NORM_SHARE": 0.1, "CENTER_SHARE": 0.1, **_EVEN},
     "quantile 0.8": {"NORM_QUANTILE": 0.8, "NORM_SHARE": 0.1, "CENTER_SHARE": 0.05, **_EVEN},
-    # gene weights (m + 0.05)^a from the released centre: less noise on the expressed genes
-    "gene weight 0.25": {
-        "NORM_QUANTILE": 0.9,
-        "NORM_SHARE": 0.1,
-        "CENTER_SHARE": 0.1,
-        "GENE_WEIGHT_POWER": 0.25,
-    },
-    "gene weight 0.5": {
-        "NORM_QUANTILE": 0.9,
-        "NORM_SHARE": 0.1,
-        "CENTER_SHARE": 0.1,
-        "GENE_WEIGHT_POWER": 0.5,
-    },
+    # gene weights from the released centre: less noise on the expressed genes
+    "gene weight 0.25": _weighted(0.25, 0.1),
+    "gene weight 0.5": _weighted(0.5, 0.1),
     # the weights read the centre: a better centre for them
-    "gene weight 0.25, centre share 0.2": {
-        "NORM_QUANTILE": 0.9,
-        "NORM_SHARE": 0.1,
-        "CENTER_SHARE": 0.2,
-        "GENE_WEIGHT_POWER": 0.25,
-    },
-    "gene weight 0.25, centre share 0.3": {
-        "NORM_QUANTILE": 0.9,
-        "NORM_SHARE": 0.1,
-        "CENTER_SHARE": 0.3,
-        "GENE_WEIGHT_POWER": 0.25,
-    },
+    "gene weight 0.25, centre share 0.2": _weighted(0.25, 0.2),
+    "gene weight 0.25, centre share 0.3": _weighted(0.25, 0.3),
+    "gene weight 0.25, centre share 0.3, offset 0.01": _weighted(0.25, 0.3, 0.01),
+    "gene weight 0.25, centre share 0.3, offset 0.2": _weighted(0.25, 0.3, 0.2),
 }
 SHIPPED = "gene weight 0.25, centre share 0.3"
 ONLY: list[str] = []  # --candidates: the candidates this run makes rows for (empty: all)
