@@ -75,7 +75,7 @@ CANDIDATES = {
         "SENSITIVITY": math.sqrt(sum(w**2 for w in _PART_WEIGHTS.values())),
     },
 }
-SHIPPED = "gene weight 0.25, centre share 0.3"
+SHIPPED = "gene weight 0.25, centre share 0.3, part weights"
 ONLY: list[str] = []  # --candidates: the candidates this run makes rows for (empty: all)
 
 
