@@ -269,18 +269,23 @@ def candidate_table(ratio: pd.Series, columns: list, headers: list[str]) -> list
     return lines
 
 
-def main() -> None:
-    parser = per_file_parser(__doc__, "benchmarks/results/cluster_lofo.jsonl")
+def lofo_main(doc: str, out: str, report, run, only: list[str]) -> None:
+    """Command line of a leave-one-file-out run: ``--report``, or the rows of ``--candidates`` (all)."""
+    parser = per_file_parser(doc, out)
     parser.add_argument(
         "--candidates", nargs="+", default=None, help="Run only these candidates (add rows with --append)."
     )
     args = parser.parse_args()
-    ONLY.extend(args.candidates or [])
+    only.extend(args.candidates or [])
     if args.report:
         print(report(args.report), end="")
         return
     warnings.filterwarnings("ignore")
     write_per_file(args, run)
+
+
+def main() -> None:
+    lofo_main(__doc__, "benchmarks/results/cluster_lofo.jsonl", report, run, ONLY)
 
 
 if __name__ == "__main__":

@@ -28,8 +28,14 @@ import math
 from pathlib import Path
 
 import pandas as pd
-from cluster_benchmark import per_file_parser, write_per_file
-from cluster_lofo import candidate_table, candidates_text, held_out_header, held_out_rows, report_commands
+from cluster_lofo import (
+    candidate_table,
+    candidates_text,
+    held_out_header,
+    held_out_rows,
+    lofo_main,
+    report_commands,
+)
 from markers_benchmark import run as markers_run
 
 _SHIPPED_PARTS = {"sum": 1.0, "squares": 0.5, "detected": 0.5, "count": 0.5}
@@ -137,16 +143,7 @@ def report(path: Path) -> str:
 
 
 def main() -> None:
-    parser = per_file_parser(__doc__, "benchmarks/results/markers_lofo.jsonl")
-    parser.add_argument(
-        "--candidates", nargs="+", default=None, help="Run only these candidates (add rows with --append)."
-    )
-    args = parser.parse_args()
-    ONLY.extend(args.candidates or [])
-    if args.report:
-        print(report(args.report), end="")
-        return
-    write_per_file(args, run)
+    lofo_main(__doc__, "benchmarks/results/markers_lofo.jsonl", report, run, ONLY)
 
 
 if __name__ == "__main__":
