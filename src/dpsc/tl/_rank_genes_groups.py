@@ -45,6 +45,15 @@ def markers_plan(epsilon: float | None, delta: float) -> ReleasePlan:
     return ReleasePlan.of(*releases).calibrate(epsilon, delta)
 
 
+def markers_sigmas(plan: ReleasePlan) -> dict[str, float]:
+    """Return the plan's σ by part (centre, norms, table); norms 0 in a plan without ε."""
+    return {
+        "center": plan.sigma(CENTER),
+        "norms": plan.sigma(NORMS) if NORMS in plan else 0.0,
+        "table": plan.sigma(TABLE),
+    }
+
+
 def markers_record(plan: ReleasePlan, n_obs: int, groupby: str, noise: NoiseSource) -> PrivacyRecord:
     """Record of the three Gaussian releases (centre, norm histograms, group table); none without ε."""
     tool, covered = (
@@ -53,7 +62,7 @@ def markers_record(plan: ReleasePlan, n_obs: int, groupby: str, noise: NoiseSour
     )
     if plan.epsilon is None:
         return plan.record(tool, unit=f"one of the {n_obs} cells", mechanism="", covered=covered)
-    sigmas = {"center": plan.sigma(CENTER), "norms": plan.sigma(NORMS), "table": plan.sigma(TABLE)}
+    sigmas = markers_sigmas(plan)
     return plan.record(
         tool,
         unit=f"adding or removing one of the {n_obs} cells (with its value of obs[{groupby!r}])",
@@ -189,8 +198,7 @@ def rank_genes_groups(
         raise ValueError(f"n_genes must be a positive integer or None, got {n_genes!r}.")
     kept = adata.n_vars if n_genes is None else min(int(n_genes), adata.n_vars)
     plan = markers_plan(epsilon, delta)
-    sigmas = {"center": plan.sigma(CENTER), "table": plan.sigma(TABLE)}
-    sigmas["norms"] = plan.sigma(NORMS) if NORMS in plan else 0.0
+    sigmas = markers_sigmas(plan)
     noise = NoiseSource(noise_seed)
     record = markers_record(plan, adata.n_obs, groupby, noise)
     with plan.spend(adata, record, key_added, noise) as releases:
