@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import os
@@ -22,7 +21,7 @@ import dpsc
 from dpsc.federated._secagg import LIMBS, from_digit_means, secure_mask, sum_digits, to_digits
 from dpsc.federated._site import Site, SiteRefusal, SiteSettings
 from dpsc.privacy import GaussianSum, NoiseSource, distributed_slack
-from dpsc.privacy._clustering import Request, contribution, plan_clustering
+from dpsc.privacy._clustering import ClusterPlan, Request, contribution, plan_clustering
 
 
 @pytest.fixture
@@ -120,11 +119,12 @@ def test_site_refuses_what_its_settings_do_not_allow(sites):
     with pytest.raises(SiteRefusal, match="genes"):
         site.check_run(_plan(sites[0], n_vars=150), "secure", 3, 3)
     with pytest.raises(SiteRefusal, match="Malformed plan"):  # more genes to read than there are
-        site.check_run(dataclasses.replace(plan, n_genes=201), "secure", 3, 3)
+        site.check_run(ClusterPlan.from_config({**plan.to_config(), "n-genes": 201}), "secure", 3, 3)
     fewer = plan_clustering(8.0, 1e-5, n_vars=200, n_clusters=3, n_genes=100)  # the server chose 100 genes
     site.check_run(fewer, "secure", 3, 3)  # calibrated by the site for a plan with gene selection
     with pytest.raises(SiteRefusal, match="below this site's own calibration"):
-        site.check_run(dataclasses.replace(fewer, sigmas=plan.sigmas), "secure", 3, 3)  # σ without selection
+        without = {f"sigma-{kind}": sigma for kind, sigma in plan.sigmas.items()}  # σ without selection
+        site.check_run(ClusterPlan.from_config({**fewer.to_config(), **without}), "secure", 3, 3)
     with pytest.raises(SiteRefusal, match="next release of the run's plan is 0"):
         site.contribute(plan, Request("kmeans", 99, plan.sigmas["kmeans"]), "secure", 3, 3)
     assert site.ledger.entries() == []  # nothing was booked by a refusal

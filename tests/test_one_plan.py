@@ -146,9 +146,8 @@ def test_a_fit_whose_gene_rule_keeps_every_gene_searches_each_sigma_once(calibra
     from dpsc.model._dcan_privacy import TrainSettings, start_parts
 
     settings = TrainSettings(epsilon=8.0)
-    plan, training_sigma, choice_sigma = start_parts(
-        settings, 1e-5, n_obs=20_000, n_vars=300, n_clusters=8, training=(0.02, 200)
-    )
+    plan, fit_plan = start_parts(settings, 1e-5, n_obs=20_000, n_vars=300, n_clusters=8, training=(0.02, 200))
+    training_sigma, choice_sigma = fit_plan.sigma("training"), fit_plan.sigma("selection")
     assert plan.n_genes == 300 and plan.sigmas["genes"] == 0.0
     assert len(calibrations) == 6  # genes, cell sum, PCA, k-means, training, choice: once each
     assert training_sigma > 0 and choice_sigma > 0
@@ -205,6 +204,32 @@ def test_the_clustering_and_the_fit_are_plans_of_the_one_plan_type(small_adata):
     assert fit.planned_history() == fit.releases.history()
     assert fit.planned_record(20_000).epsilon == pytest.approx(fit.releases.spent())
     assert fit.releases.spent() <= 8.0 + 1e-6
+
+
+def test_every_sigma_of_a_clustering_or_a_fit_lives_in_its_release_plan():
+    """A clustering plan holds its σ only as its ReleasePlan (releases that match its settings, sent
+    and received unchanged); a fit's plan holds the clustering it starts from as its first part."""
+    import dataclasses
+
+    from dpsc.model._dcan_privacy import TrainSettings, plan_fit
+    from dpsc.privacy._clustering import ClusterPlan, plan_clustering
+
+    plan = plan_clustering(8.0, 1e-5, n_vars=300, n_clusters=5, n_genes=100)
+    assert [r.name for r in plan.releases.releases] == ["genes", "sum", "pca", "kmeans"]
+    assert plan.sigmas == {**dict.fromkeys(plan.sigmas, 0.0), **plan.releases.sigmas}
+    assert ClusterPlan.from_config(plan.to_config()) == plan
+    with pytest.raises(ValueError, match="makes the releases"):  # every gene read: no gene release
+        dataclasses.replace(plan, n_genes=300)
+
+    fit = plan_fit(
+        TrainSettings(epsilon=8.0), 20_000, n_clusters=8, input_pcs=None, latent_scale=1.0, start_n_vars=5000
+    )
+    start = fit.start.history()  # the same releases with the same σ, first
+    assert fit.releases.history()[: len(start)] == start and fit.start.select_genes
+    assert [r.name for r in fit.releases.releases][: len(start)] == list(fit.start.kinds)
+    assert fit.settings.noise_multiplier == fit.sigma("training") > 0 and fit.sigma("loadings") is None
+    exact = plan_fit(TrainSettings(epsilon=None), 2_000, n_clusters=8, input_pcs=16, latent_scale=1.0)
+    assert exact.settings is None and exact.sigma("loadings") == 0.0 and exact.releases.spent() is None
 
 
 def test_a_federated_fits_record_is_its_worst_sites_plan():

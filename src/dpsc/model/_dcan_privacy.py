@@ -40,7 +40,6 @@ from ..privacy import (
 )
 from ..privacy._clustering import (
     KINDS,
-    MARKER_KINDS,
     MIN_GENES,
     N_COMPS,
     SHARES,
@@ -48,7 +47,6 @@ from ..privacy._clustering import (
     genes_for,
     kmeans_plan,
     kmeans_steps,
-    plan_clustering,
 )
 
 DECODER_WORDS = {
@@ -254,12 +252,14 @@ def planned_step_counts(
 
 @dataclass
 class FitPlan:
-    """One fit, fixed before training: options, step counts, σ and the DP-SGD settings.
+    """One fit, fixed before training: options, step counts and its calibrated plan of releases.
 
-    ``settings`` is ``None`` for a non-private fit. ``loadings_noise_multiplier`` is σ_V of the
-    input-loadings release (0 for exact loadings in a non-private fit; ``None`` when the model
-    reads genes); ``genes_noise_multiplier`` is σ_G of the gene-selection release (``None`` when
-    the fit selects no genes).
+    ``releases`` is the fit's plan as the one plan type (:class:`~dpsc.privacy.ReleasePlan`),
+    in order: the gene selection and the input loadings (when the fit makes them) or the releases
+    of the clustering it starts from (``start``, whose own plan is that part), the DP-SGD steps
+    (σ, q, every planned step), then the choice between the two partitions (after a start). Every
+    σ of the fit lives there; without ε each is 0 (the releases are exact). ``settings`` is the
+    training's DP-SGD settings, ``None`` for a non-private fit.
     """
 
     epsilon: float | None
@@ -278,44 +278,21 @@ class FitPlan:
     sample_rate: float
     settings: DPSGDSettings | None
     noise: NoiseSource
+    releases: ReleasePlan
     likelihood: str = "zinb"
-    loadings_noise_multiplier: float | None = None
-    genes_noise_multiplier: float | None = None
     start: ClusterPlan | None = None
-    selection_noise_multiplier: float | None = None
 
-    @property
-    def releases(self) -> ReleasePlan | None:
-        """Every planned release of a private fit as the one plan type, in order (``None``: not private).
-
-        The gene selection and the input loadings (when the fit makes them), or the clustering the
-        fit starts from; the DP-SGD steps (σ, q, every planned step); the choice between the two
-        partitions (after a start).
-        """
-        if self.settings is None:
-            return None
-        releases = []
-        if self.genes_noise_multiplier is not None:
-            releases.append(PlannedRelease("genes", sigma=self.genes_noise_multiplier))
-        if self.loadings_noise_multiplier is not None:
-            releases.append(PlannedRelease("loadings", sigma=self.loadings_noise_multiplier))
-        if self.start is not None:
-            releases += self.start.releases.releases
-        sigma, steps = self.settings.noise_multiplier, self.counts["total"]
-        releases.append(PlannedRelease("training", sample_rate=self.sample_rate, steps=steps, sigma=sigma))
-        if self.start is not None:
-            releases.append(PlannedRelease("selection", sigma=self.selection_noise_multiplier))
-        return ReleasePlan.of(*releases, accountant=self.accountant, epsilon=self.epsilon, delta=self.delta)
+    def sigma(self, name: str) -> float | None:
+        """σ of release ``name`` (0 without ε), ``None`` when the fit does not make it."""
+        return self.releases.sigma(name) if name in self.releases else None
 
     def planned_history(self) -> list[tuple[float, float, int]]:
         """Return the Opacus history the fit will have if every planned step runs."""
-        releases = self.releases
-        return [] if releases is None else releases.history()
+        return [] if self.settings is None else self.releases.history()
 
     def planned_record(self, n_obs: int) -> PrivacyRecord:
         """Return the record the fit will write if every planned step runs (for the budget check)."""
-        releases = self.releases
-        return dcan_record(self, n_obs, history=None if releases is None else releases.history())
+        return dcan_record(self, n_obs, history=self.planned_history() or None)
 
     def step_full_release(self, noise_multiplier: float, steps: int = 1) -> None:
         """Tell the accountant of a private fit about ``steps`` releases of every cell (q = 1) at σ."""
@@ -383,32 +360,20 @@ def plan_fit(
         **{k: kmeans[k] for k in ("n_sketch_steps", "n_lloyd_rounds", "steps_per_round")},
     )
     noise = NoiseSource(settings.noise_seed)
-    loadings_sigma = 0.0 if input_pcs else None
-    genes_sigma = 0.0 if select_genes else None
-    dp = start = selection_sigma = sigma = None
-    if start_n_vars is not None:
-        start, sigma, selection_sigma = start_parts(
+    start = None
+    if start_n_vars is not None:  # the clustering releases the genes and the loadings
+        start, releases = start_parts(
             settings, delta, n_obs, start_n_vars, n_clusters, (sample_rate, counts["total"])
         )
-        loadings_sigma = genes_sigma = None  # the clustering releases the genes and the loadings
-    elif settings.epsilon is not None:
-        releases = own_releases(
+    else:
+        parts = own_releases(
             sample_rate, counts["total"], input_pcs=bool(input_pcs), select_genes=select_genes
         )
-        calibrated = ReleasePlan.of(*releases, accountant=settings.accountant).calibrate(
-            settings.epsilon, delta
-        )
-        sigma = calibrated.sigma("training")
-        loadings_sigma = calibrated.sigma("loadings") if input_pcs else None
-        genes_sigma = calibrated.sigma("genes") if select_genes else None
+        releases = ReleasePlan.of(*parts, accountant=settings.accountant).calibrate(settings.epsilon, delta)
+    dp = None
     if settings.epsilon is not None:
-        dp = DPSGDSettings.from_sigma(
-            n_obs=n_obs,
-            sample_rate=sample_rate,
-            noise_multiplier=sigma,
-            max_grad_norm=settings.max_grad_norm,
-            accountant=settings.accountant,
-            noise=noise,
+        dp = releases.dpsgd_settings(
+            "training", n_obs=n_obs, max_grad_norm=settings.max_grad_norm, noise=noise
         )
     return FitPlan(
         epsilon=settings.epsilon,
@@ -427,11 +392,9 @@ def plan_fit(
         sample_rate=sample_rate,
         settings=dp,
         noise=noise,
+        releases=releases,
         likelihood=likelihood,
-        loadings_noise_multiplier=loadings_sigma,
-        genes_noise_multiplier=genes_sigma,
         start=start,
-        selection_noise_multiplier=selection_sigma,
     )
 
 
@@ -464,33 +427,27 @@ def start_parts(
     n_vars: int,
     n_clusters: int,
     training: tuple[float, int],
-) -> tuple[ClusterPlan, float | None, float | None]:
-    r"""Return the clustering a fit starts from, σ of its training and σ of the partition choice.
+) -> tuple[ClusterPlan, ReleasePlan]:
+    r"""Return the clustering a fit starts from and the fit's whole calibrated plan.
 
-    One :func:`~dpsc.privacy.split_budget` over every release of the fit: the clustering's
-    releases (their shares :data:`~dpsc.privacy._clustering.SHARES` scaled to
+    One calibration (:meth:`~dpsc.privacy.ReleasePlan.calibrate`) over every release of the fit:
+    the clustering's releases (their shares :data:`~dpsc.privacy._clustering.SHARES` scaled to
     :data:`START_SHARE`), the training's sampled steps (``training`` = (q, T)) with
     :data:`TRAINING_SHARE` and the choice between the two partitions
     (:mod:`dpsc.privacy._selection`) with the rest. The genes the clustering reads follow its own
     rule (:func:`~dpsc.privacy._clustering.genes_for`) at the PCA's σ of this split; when the rule
     keeps every gene, the gene release leaves the plan and its share goes to the others
-    (:meth:`~dpsc.privacy.ReleasePlan.without`: one common scale, no second σ search). Reads no
-    cell. Without ε: the exact clustering plan and ``None`` for both σ.
+    (:meth:`~dpsc.privacy.ReleasePlan.without`: one common scale, no second σ search). The
+    clustering's plan is the first part of the fit's, with the same σ. Reads no cell. Without ε
+    every σ is 0 (the exact clustering, training and choice).
     """
-    if settings.epsilon is None:
-        plan = plan_clustering(
-            None, delta, n_vars=n_vars, n_clusters=n_clusters, n_obs=n_obs, random_state=settings.random_state
-        )
-        return plan, None, None
-    epsilon = float(settings.epsilon)
+    epsilon = settings.epsilon
     kmeans = kmeans_plan()
     steps = kmeans_steps(kmeans)
-    shares = {kind: SHARES[kind] for kind in KINDS}
-
     kinds = KINDS if n_vars > MIN_GENES else KINDS[1:]
-    total = sum(shares[k] for k in kinds)
+    total = sum(SHARES[k] for k in kinds)
     releases = [
-        PlannedRelease(k, share=START_SHARE * shares[k] / total, steps=steps if k == "kmeans" else 1)
+        PlannedRelease(k, share=START_SHARE * SHARES[k] / total, steps=steps if k == "kmeans" else 1)
         for k in kinds
     ]
     releases.append(
@@ -501,19 +458,19 @@ def start_parts(
     n_genes = genes_for(n_obs, split.sigma("pca"), n_vars)
     if n_genes == n_vars and "genes" in split:  # the rule keeps every gene: no gene selection
         split = split.without("genes")  # its share goes to the rest, with no second σ search
-    sigmas = split.sigmas
-    plan = ClusterPlan(
+    plan = ClusterPlan.of(
         epsilon,
         delta,
-        n_vars,
-        n_clusters,
-        n_genes,
-        min(N_COMPS, n_genes - 1),
-        {kind: sigmas.get(kind, 0.0) for kind in (*KINDS, *MARKER_KINDS)},
-        settings.random_state,
-        kmeans,
+        n_vars=n_vars,
+        n_clusters=n_clusters,
+        n_genes=n_genes,
+        n_comps=min(N_COMPS, n_genes - 1),
+        sigmas=split.sigmas,
+        random_state=settings.random_state,
+        kmeans=kmeans,
+        accountant=settings.accountant,
     )
-    return plan, sigmas["training"], sigmas["selection"]
+    return plan, split
 
 
 def dcan_record(
@@ -526,7 +483,7 @@ def dcan_record(
     """
     unit = f"adding or removing one of the {n_obs} training cells"
     releases = plan.releases
-    if releases is None:
+    if plan.settings is None:
         return _no_guarantee_record(plan, unit)
     s = plan.settings
     history = s.history if history is None else history
@@ -588,7 +545,7 @@ def _record_words(plan: FitPlan) -> dict:
     s = plan.settings
     decoder = DECODER_WORDS[plan.likelihood]
     private = ["encoder weights", "cluster centroids"] + ([decoder] if plan.scope == "full" else [])
-    if plan.loadings_noise_multiplier is not None:
+    if "loadings" in plan.releases:
         private.insert(0, LOADINGS)
     centroid_start = (
         "start of the centroids from its partition" if plan.start else "DP k-means start of the centroids"
@@ -614,13 +571,13 @@ def _record_words(plan: FitPlan) -> dict:
         f"C={s.max_grad_norm:g} (DP-SGD) and sensitivity-scaled releases (k-means, frequencies, label counts)"
     ]
     details: dict = {}
-    if plan.loadings_noise_multiplier is not None:
-        sigma_v = plan.loadings_noise_multiplier
+    if "loadings" in plan.releases:
+        sigma_v = plan.releases.sigma("loadings")
         mechanism = "one Gaussian release of the gene second-moment matrix (the input loadings), " + mechanism
         mechanisms.insert(0, f"Gaussian, sigma={sigma_v:.4g}, sensitivity 1, q=1 (input loadings)")
         details["loadings_noise_multiplier"] = sigma_v
     if plan.start is not None:
-        start, sigma_s = plan.start, plan.selection_noise_multiplier
+        start, sigma_s = plan.start, plan.releases.sigma("selection")
         private[:0] = [START]
         private.append(CHOICE)
         mechanism = (
@@ -634,8 +591,8 @@ def _record_words(plan: FitPlan) -> dict:
         details["start_noise_multipliers"] = {k: v for k, v in start.sigmas.items() if v}
         details["selection_noise_multiplier"] = sigma_s
         covered = covered.replace("the released ", f"the released {START}, the {CHOICE}, ", 1)
-    if plan.genes_noise_multiplier is not None:
-        sigma_g = plan.genes_noise_multiplier
+    if "genes" in plan.releases and plan.start is None:
+        sigma_g = plan.releases.sigma("genes")
         private.insert(0, GENES)
         mechanism = "one Gaussian release of gene statistics (the gene selection), " + mechanism
         mechanisms.insert(0, f"Gaussian, sigma={sigma_g:.4g}, sensitivity sqrt(3), q=1 (gene selection)")

@@ -47,7 +47,7 @@ def release_before_training(
         genes = np.zeros(n_vars, dtype=bool)
         genes[start.genes] = True
         return start, genes
-    if plan.genes_noise_multiplier is not None:
+    if plan.sigma("genes") is not None:
         return None, select_genes(matrix, likelihood, plan)
     return None, None
 
@@ -66,7 +66,7 @@ def release_start(matrix: Any, plan: FitPlan) -> ClusterResult:
 
 def select_genes(matrix: Any, likelihood: str, plan: FitPlan) -> np.ndarray:
     """Select :data:`MODEL_GENES` genes by one release of gene statistics (σ_G of the plan); account it."""
-    sigma = plan.genes_noise_multiplier
+    sigma = plan.releases.sigma("genes")
     release = _hvg.gene_statistics_release(matrix.shape[1], sigma)
     clip = _hvg.DEFAULT_SQUARE_CLIP
     sums = _hvg.gene_sums(matrix, likelihood == "zinb", clip)
@@ -95,7 +95,7 @@ def choose_partition(matrix: Any, start: ClusterResult, model: DPDCAN, plan: Fit
     labels = (start.labels(matrix), model.latent_and_labels()[1])
     k, d = model.n_clusters, points.shape[1]
     exact = _selection.partition_tables(points, labels, k)
-    sigma = plan.selection_noise_multiplier
+    sigma = plan.releases.sigma("selection")
     if not sigma:
         return _selection.select_partition(exact, k, d, 0.0)
     release = _selection.selection_release(k, d, sigma)

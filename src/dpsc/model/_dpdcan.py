@@ -477,7 +477,7 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
         def release() -> None:
             module = self.module
             cells = self.adata_manager.get_from_registry(REGISTRY_KEYS.X_KEY)
-            sigma = plan.loadings_noise_multiplier
+            sigma = plan.releases.sigma("loadings")
             loadings, _, _ = _pca.released_loadings(
                 cells,
                 sigma,

@@ -245,18 +245,81 @@ def _check_assignment(assignment: Any, kind: str, rows: int, width: int) -> None
 
 @dataclass(frozen=True)
 class ClusterPlan:
-    """A whole private clustering, fixed before any cell is read (public: sent to every site)."""
+    """A whole private clustering, fixed before any cell is read (public: sent to every site).
 
-    epsilon: float | None
-    delta: float
+    ``releases`` is the plan as the one plan type (:class:`~._plan.ReleasePlan`): every release
+    the clustering makes, in order, each with its σ (q = 1; the k-means release counts
+    :attr:`kmeans_steps` steps), and the (ε, δ) they were calibrated for; the σ live there only.
+    The other fields are the clustering's public settings. Build one with :meth:`of` (or
+    :func:`plan_clustering`, which calibrates).
+    """
+
+    releases: ReleasePlan
     n_vars: int
     n_clusters: int
     n_genes: int  # genes the PCA reads: selected when fewer than n_vars
     n_comps: int
-    sigmas: dict[str, float]
     random_state: int = 0
     kmeans: dict[str, Any] = field(default_factory=lambda: kmeans_plan())
     markers: bool = False  # a last release: each cluster's marker statistics (:mod:`._markers`)
+
+    def __post_init__(self) -> None:
+        names = tuple(r.name for r in self.releases.releases)
+        if names != self.kinds:
+            raise ValueError(f"A clustering of these settings makes the releases {self.kinds}, not {names}.")
+        if self.releases["kmeans"].steps != self.kmeans_steps:
+            raise ValueError(f"The k-means release takes {self.kmeans_steps} steps with these settings.")
+
+    @classmethod
+    def of(
+        cls,
+        epsilon: float | None,
+        delta: float,
+        *,
+        n_vars: int,
+        n_clusters: int,
+        n_genes: int,
+        n_comps: int,
+        sigmas: dict[str, float],
+        random_state: int = 0,
+        kmeans: dict[str, Any] | None = None,
+        markers: bool = False,
+        accountant: str = "rdp",
+    ) -> ClusterPlan:
+        """Return the plan of these settings whose releases carry ``sigmas`` (by kind; no calibration).
+
+        ``sigmas`` may name kinds the plan does not make (a site's or a server's full table); they
+        are not part of the plan. ``epsilon`` and ``delta`` are the target the σ were calibrated for.
+        """
+        kmeans = kmeans_plan() if kmeans is None else kmeans
+        kinds = release_kinds(n_genes < n_vars, markers, epsilon is not None)
+        steps = kmeans_steps(kmeans)
+        releases = ReleasePlan.of(
+            *(
+                PlannedRelease(k, steps=steps if k == "kmeans" else 1, sigma=float(sigmas.get(k, 0.0)))
+                for k in kinds
+            ),
+            accountant=accountant,
+            epsilon=epsilon,
+            delta=delta,
+        )
+        return cls(releases, n_vars, n_clusters, n_genes, n_comps, random_state, kmeans, markers)
+
+    @property
+    def epsilon(self) -> float | None:
+        """The ε the plan's σ were calibrated for (``None``: no noise, no guarantee)."""
+        return self.releases.epsilon
+
+    @property
+    def delta(self) -> float:
+        """The δ of the plan."""
+        return float(self.releases.delta)
+
+    @property
+    def sigmas(self) -> dict[str, float]:
+        """σ of every kind a clustering can release, 0 for the kinds this plan does not make."""
+        made = self.releases.sigmas
+        return {kind: made.get(kind, 0.0) for kind in (*KINDS, *MARKER_KINDS)}
 
     @property
     def select_genes(self) -> bool:
@@ -271,9 +334,7 @@ class ClusterPlan:
     @property
     def marker_kinds(self) -> tuple[str, ...]:
         """The marker releases the plan makes: none without markers; without ε no histogram of norms."""
-        if not self.markers:
-            return ()
-        return MARKER_KINDS if self.epsilon is not None else ("marker_center", "markers")
+        return marker_kinds(self.markers, self.epsilon is not None)
 
     @property
     def n_releases(self) -> int:
@@ -330,20 +391,7 @@ class ClusterPlan:
     @property
     def kinds(self) -> tuple[str, ...]:
         """The kinds of release the plan makes, in order (the gene selection only when it selects)."""
-        made = KINDS if self.select_genes else KINDS[1:]
-        return (*made, *self.marker_kinds)
-
-    @property
-    def releases(self) -> ReleasePlan:
-        """The plan's releases as the one plan type (:class:`~._plan.ReleasePlan`), σ set, q = 1.
-
-        The k-means release counts :attr:`kmeans_steps` steps; every other kind is one release.
-        """
-        releases = (
-            PlannedRelease(kind, steps=self.kmeans_steps if kind == "kmeans" else 1, sigma=self.sigmas[kind])
-            for kind in self.kinds
-        )
-        return ReleasePlan.of(*releases, epsilon=self.epsilon, delta=self.delta)
+        return release_kinds(self.select_genes, self.markers, self.epsilon is not None)
 
     def history(self) -> list[tuple[float, float, int]]:
         """Return the Opacus history of the whole clustering (every release reads all cells: q = 1)."""
@@ -369,20 +417,31 @@ class ClusterPlan:
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> ClusterPlan:
-        """Inverse of :meth:`to_config`."""
+        """Inverse of :meth:`to_config` (σ of kinds the plan does not make are not part of it)."""
         epsilon = float(config["epsilon"])
-        return cls(
-            epsilon=None if epsilon < 0 else epsilon,
-            delta=float(config["delta"]),
+        return cls.of(
+            None if epsilon < 0 else epsilon,
+            float(config["delta"]),
             n_vars=int(config["n-vars"]),
             n_clusters=int(config["n-clusters"]),
             n_genes=int(config["n-genes"]),
             n_comps=int(config["n-comps"]),
             sigmas={k: float(config.get(f"sigma-{k}", 0.0)) for k in (*KINDS, *MARKER_KINDS)},
             random_state=int(config["random-state"]),
-            kmeans=kmeans_plan(),
             markers=bool(int(config.get("markers", 0))),
         )
+
+
+def marker_kinds(markers: bool, private: bool) -> tuple[str, ...]:
+    """Return the marker releases a clustering makes (none without markers; no norms without noise)."""
+    if not markers:
+        return ()
+    return MARKER_KINDS if private else ("marker_center", "markers")
+
+
+def release_kinds(select_genes: bool, markers: bool, private: bool) -> tuple[str, ...]:
+    """Return the kinds of release a clustering makes, in order (the gene selection when it selects)."""
+    return (*(KINDS if select_genes else KINDS[1:]), *marker_kinds(markers, private))
 
 
 def kmeans_plan() -> dict[str, Any]:
@@ -470,9 +529,18 @@ def plan_clustering(
         kinds = (*(KINDS if n_genes < n_vars else KINDS[1:]), *extra)
         reuse = with_selection and n_genes < n_vars  # the rule's probe is this plan: calibrate once
         sigmas.update(with_selection if reuse else _split(float(epsilon), delta, kinds, steps, accountant))
-    n_comps = min(N_COMPS, n_genes - 1)
-    return ClusterPlan(
-        epsilon, delta, n_vars, n_clusters, n_genes, n_comps, sigmas, random_state, kmeans, markers=markers
+    return ClusterPlan.of(
+        epsilon,
+        delta,
+        n_vars=n_vars,
+        n_clusters=n_clusters,
+        n_genes=n_genes,
+        n_comps=min(N_COMPS, n_genes - 1),
+        sigmas=sigmas,
+        random_state=random_state,
+        kmeans=kmeans,
+        markers=markers,
+        accountant=accountant,
     )
 
 

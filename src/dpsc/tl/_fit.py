@@ -360,11 +360,8 @@ def _check_input_for(
     plan: FitPlan, adata: ad.AnnData, matrix, layer, likelihood: str, model_kwargs: dict
 ) -> None:
     """Check the input as the plan needs it; warn when the cells are few for the noise (reads no cell)."""
-    start_selects = plan.start is not None and plan.start.select_genes
-    if plan.settings is None:
-        check_matrix(
-            matrix, likelihood, training=not (plan.genes_noise_multiplier is not None or start_selects)
-        )
+    if plan.settings is None:  # a fit that selects genes (itself or by its start) trains on fewer
+        check_matrix(matrix, likelihood, training="genes" not in plan.releases)
         return
     check_public_counts(adata, layer, likelihood == "zinb", "dpsc.tl.fit", "likelihood='gaussian'")
     message = small_data_message(
