@@ -41,7 +41,6 @@ from ..privacy import (
 from ..privacy._clustering import (
     KINDS,
     MIN_GENES,
-    N_COMPS,
     SHARES,
     ClusterPlan,
     genes_for,
@@ -442,8 +441,7 @@ def start_parts(
     every σ is 0 (the exact clustering, training and choice).
     """
     epsilon = settings.epsilon
-    kmeans = kmeans_plan()
-    steps = kmeans_steps(kmeans)
+    steps = kmeans_steps(kmeans_plan())
     kinds = KINDS if n_vars > MIN_GENES else KINDS[1:]
     total = sum(SHARES[k] for k in kinds)
     releases = [
@@ -464,10 +462,8 @@ def start_parts(
         n_vars=n_vars,
         n_clusters=n_clusters,
         n_genes=n_genes,
-        n_comps=min(N_COMPS, n_genes - 1),
         sigmas=split.sigmas,
         random_state=settings.random_state,
-        kmeans=kmeans,
         accountant=settings.accountant,
     )
     return plan, split

@@ -279,8 +279,8 @@ class ClusterPlan:
         n_vars: int,
         n_clusters: int,
         n_genes: int,
-        n_comps: int,
         sigmas: dict[str, float],
+        n_comps: int | None = None,
         random_state: int = 0,
         kmeans: dict[str, Any] | None = None,
         markers: bool = False,
@@ -290,8 +290,11 @@ class ClusterPlan:
 
         ``sigmas`` may name kinds the plan does not make (a site's or a server's full table); they
         are not part of the plan. ``epsilon`` and ``delta`` are the target the σ were calibrated for.
+        ``n_comps`` defaults to :data:`N_COMPS` (at most ``n_genes - 1``), ``kmeans`` to
+        :func:`kmeans_plan`.
         """
         kmeans = kmeans_plan() if kmeans is None else kmeans
+        n_comps = min(N_COMPS, n_genes - 1) if n_comps is None else n_comps
         kinds = release_kinds(n_genes < n_vars, markers, epsilon is not None)
         steps = kmeans_steps(kmeans)
         releases = ReleasePlan.of(
@@ -513,8 +516,7 @@ def plan_clustering(
     extra = MARKER_KINDS if markers else ()
     if n_vars < 3:
         raise ValueError(f"A clustering needs at least 3 genes, got {n_vars}.")
-    kmeans = kmeans_plan()
-    steps = kmeans_steps(kmeans)
+    steps = kmeans_steps(kmeans_plan())
     with_selection: dict[str, float] = {}  # σ of a plan with gene selection, when the rule needs it
     if n_genes is None:
         if epsilon is not None and n_vars > MIN_GENES:
@@ -535,10 +537,8 @@ def plan_clustering(
         n_vars=n_vars,
         n_clusters=n_clusters,
         n_genes=n_genes,
-        n_comps=min(N_COMPS, n_genes - 1),
         sigmas=sigmas,
         random_state=random_state,
-        kmeans=kmeans,
         markers=markers,
         accountant=accountant,
     )
