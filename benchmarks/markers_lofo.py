@@ -81,6 +81,14 @@ CANDIDATES = {
         "SENSITIVITY": math.sqrt(sum(w**2 for w in _PART_WEIGHTS.values())),
     },
 }
+# lighter still: the count and the detections only rescale a group's means or give its fractions
+for _parts in ((1.0, 0.3, 0.2, 0.2), (1.0, 0.25, 0.15, 0.15)):
+    _weights = dict(zip(("sum", "squares", "detected", "count"), _parts, strict=True))
+    CANDIDATES[f"part weights {_parts[1:]}"] = {
+        **_weighted(0.25, 0.3),
+        "WEIGHTS": _weights,
+        "SENSITIVITY": math.sqrt(sum(w**2 for w in _weights.values())),
+    }
 SHIPPED = "gene weight 0.25, centre share 0.3, part weights"
 ONLY: list[str] = []  # --candidates: the candidates this run makes rows for (empty: all)
 
