@@ -56,6 +56,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -132,9 +133,9 @@ class MarkerFrame:
     sum_bound: float | None = None
     square_bound: float | None = None
 
-    @property
+    @cached_property
     def weights(self) -> np.ndarray:
-        """The genes' weights :math:`g` (:func:`gene_weights` of the centre)."""
+        """The genes' weights :math:`g` (:func:`gene_weights` of the centre, computed once)."""
         return gene_weights(self.center)
 
     @property
