@@ -140,9 +140,8 @@ def report(path: Path) -> str:
         "Each row is one fold: the candidate constants chosen on the other five files (best mean",
         "ARI relative to scanpy over them, every ε and no noise), reported on the held-out file.",
         f"Cells: ARI / scanpy's ARI (the held-out file's ARI in brackets), mean over {runs} runs with",
-        "secret noise (1 run without noise). Candidates: "
-        + candidates_text(CANDIDATES)
-        + ". The scanpy reference scales the genes and clusters 32 PCs (the clustering issue's).",
+        "secret noise (1 run without noise); the candidates' constants are listed below the tables.",
+        "The scanpy reference scales the genes and clusters 32 PCs (the clustering issue's).",
         "",
         *report_commands("cluster_lofo", f" --runs {runs}"),
         "",
@@ -203,12 +202,26 @@ def report(path: Path) -> str:
         "",
     ]
     lines += candidate_table(means["ratio"], columns, columns)
+    lines += constants_table(CANDIDATES, table)
     return "\n".join(lines) + "\n"
 
 
-def candidates_text(candidates: dict) -> str:
-    """The candidates of a leave-one-file-out run, as one sentence's list (name: constants)."""
-    return "; ".join(f"{name}: {values}" for name, values in candidates.items())
+def constants_table(candidates: dict, table: pd.DataFrame) -> list[str]:
+    """The candidates with rows in ``table``, as Markdown: one row each, one column per constant."""
+    candidates = {name: candidates[name] for name in dict.fromkeys(table["candidate"])}
+    constants = list(dict.fromkeys(name for values in candidates.values() for name in values))
+
+    def shown(value) -> str:
+        if isinstance(value, dict):
+            return ", ".join(f"{key} {shown(item)}" for key, item in value.items())
+        return f"{value:.3g}" if isinstance(value, float) else str(value)
+
+    lines = ["| candidate | " + " | ".join(f"`{c}`" for c in constants) + " |"]
+    lines.append("|---|" + "---|" * len(constants))
+    for candidate, values in candidates.items():
+        cells = [shown(values[c]) if c in values else "—" for c in constants]
+        lines.append(f"| {candidate} | " + " | ".join(cells) + " |")
+    return ["", "The candidates' constants:", "", *lines]
 
 
 def held_out_header(epsilons: list) -> list[str]:
