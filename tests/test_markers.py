@@ -256,3 +256,23 @@ def test_sparse_counts_give_the_dense_tables_without_densifying():
             mechanism.group_table(dense, codes, table),
             atol=1e-10,
         )
+
+
+def test_a_noise_only_group_gets_finite_fold_changes_without_overflow():
+    """An empty cluster's noisy sums (count clipped to 1) can give means far above any log expression;
+    its fold changes stay finite and nothing overflows (the mean is capped at log(1 + 10^4))."""
+    import warnings
+
+    genes = 5
+    stats = mechanism.GroupStatistics(
+        counts=np.array([0.2, 400.0]),
+        sums=np.array([[900.0, -50.0, 3.0, 0.0, 2000.0], [400.0] * genes]),
+        squares=np.array([[1e5, 10.0, 9.0, 0.0, 4e6], [800.0] * genes]),
+        detected=np.array([[1.0, 0.0, 1.0, 0.0, 1.0], [200.0] * genes]),
+        sum_noise_sd=np.full(genes, 5.0),
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        result = mechanism.rank_markers(stats)
+    assert np.isfinite(result.logfoldchanges).all()
+    assert result.logfoldchanges[0, 4] == pytest.approx(result.logfoldchanges[0, 0])  # both at the cap

@@ -631,13 +631,16 @@ dpsc.tl.cluster(adata, n_clusters=8, epsilon=6)
 dpsc.tl.rank_genes_groups(adata, "dp_kmeans", epsilon=2, n_genes=None)  # every gene, ranked
 spent = dpsc.privacy.spent(adata)
 print(f"spent on these cells: epsilon {spent.epsilon:.2f} at delta {spent.delta:.0e} ({spent.guarantee})")
-sc.get.rank_genes_groups_df(adata, group="0").head()
+largest = str(adata.obs["dp_kmeans"].value_counts().idxmax())  # this machine's view of its own cells
+sc.get.rank_genes_groups_df(adata, group=largest).head()
 """),
     md("""
 ## Name the clusters from a public marker list
 
 Each cluster gets the cell type whose known markers rank highest among its private markers. The
-list is public knowledge (no cell is read to make it); the ranks are the private release.
+list is public knowledge (no cell is read to make it); the ranks are the private release. A cluster
+whose released size is within its noise (`groups_below_noise` in the release's parameters) is not
+named: its markers are noise.
 """),
     code("""
 known = {
@@ -655,6 +658,8 @@ def name_clusters(result):
     return names
 
 private_names = name_clusters(adata.uns["rank_genes_groups"])
+for cluster in adata.uns["dpsc"]["rank_genes_groups"]["params"]["groups_below_noise"]:
+    private_names[cluster] = "(below noise)"
 reference = adata.copy()
 sc.pp.normalize_total(reference, target_sum=1e4)
 sc.pp.log1p(reference)

@@ -583,7 +583,9 @@ def rank_markers(stats: GroupStatistics) -> MarkerResult:
     dof = np.nan_to_num(dof, nan=1.0, posinf=1e6)
     pvals = 2.0 * st.t.sf(np.abs(scores), np.maximum(dof, 1.0))
     pvals_adj = np.vstack([_benjamini_hochberg(p) for p in pvals])
-    logfold = np.log2((np.expm1(mean_g) + 1e-9) / (np.expm1(mean_r) + 1e-9))
+    # a mean of log expressions lies in [0, log(1 + 10^4)]; noise beyond it would overflow expm1
+    top = lambda mean: np.minimum(mean, MAX_LOG_EXPRESSION)  # noqa: E731
+    logfold = np.log2((np.expm1(top(mean_g)) + 1e-9) / (np.expm1(top(mean_r)) + 1e-9))
     pts = np.clip(stats.detected / n_g, 0.0, 1.0)
     pts_rest = np.clip(rest(stats.detected) / n_r, 0.0, 1.0)
     order = np.argsort(-scores, axis=1, kind="stable")
