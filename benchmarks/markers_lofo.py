@@ -90,6 +90,10 @@ for _parts in ((1.0, 0.3, 0.2, 0.2), (1.0, 0.25, 0.15, 0.15), (1.0, 0.25, 0.3, 0
         "WEIGHTS": _weights,
         "SENSITIVITY": math.sqrt(sum(w**2 for w in _weights.values())),
     }
+# the shares of ε again, with the shipped part weights
+_SHIPPED_CANDIDATE = CANDIDATES["part weights (0.25, 0.3, 0.15)"]
+CANDIDATES["part weights (0.25, 0.3, 0.15), centre share 0.2"] = {**_SHIPPED_CANDIDATE, "CENTER_SHARE": 0.2}
+CANDIDATES["part weights (0.25, 0.3, 0.15), norm share 0.05"] = {**_SHIPPED_CANDIDATE, "NORM_SHARE": 0.05}
 SHIPPED = "part weights (0.25, 0.3, 0.15)"
 #: A fold chooses among the candidates that keep at least this weight on the detections: a gene's
 #: fraction of expressing cells (``pts``, the dot plots' circle sizes) carries noise of sd
