@@ -28,14 +28,15 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 from cluster_lofo import (
     candidate_table,
     constants_table,
+    fold_choice,
     held_out_header,
     held_out_rows,
     lofo_main,
+    noise_rule_text,
     report_commands,
 )
 from markers_benchmark import run as markers_run
@@ -102,9 +103,6 @@ SHIPPED = "part weights (0.25, 0.3, 0.15)"
 #: σΔC_d / (w_d ñ_g), so a lighter w_d makes every fraction noisier, which the top-10 overlap does
 #: not measure. The lighter candidates are run and shown, not chosen.
 MIN_DETECTED_WEIGHT = 0.3
-#: A fold leaves :data:`SHIPPED` only for a candidate whose mean on the other five files is higher by
-#: more than this many standard errors of the difference (each mean's run-to-run standard error).
-NOISE_MARGIN = 2.0
 ONLY: list[str] = []  # --candidates: the candidates this run makes rows for (empty: all)
 
 
@@ -145,10 +143,8 @@ def report(path: Path) -> str:
         "groupings and runs with secret noise); the candidates' constants are listed below the tables.",
         f"A fold chooses among the candidates that keep a weight of at least {MIN_DETECTED_WEIGHT:g} on",
         "the detections (the fractions of expressing cells in every dot plot carry noise inversely",
-        "proportional to it); the lighter ones are shown in the last tables. A fold leaves the shipped",
-        f"candidate ({SHIPPED}) only for one whose mean on the other five files is higher by more",
-        f"than {NOISE_MARGIN:g} standard errors of the difference (the run-to-run noise of the two means):",
-        "a constant does not move on noise.",
+        "proportional to it); the lighter ones are shown in the last tables.",
+        *noise_rule_text(SHIPPED),
         "",
         *report_commands("markers_lofo"),
         "",
@@ -161,16 +157,10 @@ def report(path: Path) -> str:
     eligible = [c for c, v in CANDIDATES.items() if v["WEIGHTS"]["detected"] >= MIN_DETECTED_WEIGHT]
 
     def chosen_for(name: str) -> str:
-        others = means[means.index.get_level_values("dataset") != name]
+        others = per_run[per_run.index.get_level_values("dataset") != name]
         others = others[others.index.get_level_values("candidate").isin(eligible)]
-        mean = others.groupby("candidate").mean()
-        best = mean.idxmax()
-        if best == SHIPPED or SHIPPED not in mean:
-            return best
-        runs = per_run[per_run.index.get_level_values("dataset") != name].groupby(["candidate", "run"]).mean()
-        error = runs.groupby("candidate").std() / np.sqrt(runs.groupby("candidate").size())
-        margin = NOISE_MARGIN * math.hypot(error[best], error[SHIPPED])
-        return best if mean[best] - mean[SHIPPED] > margin else SHIPPED
+        mean = others.groupby(["dataset", "candidate", "epsilon"]).mean().groupby("candidate").mean()
+        return fold_choice(mean, others.groupby(["candidate", "run"]).mean(), SHIPPED)
 
     def cell(name: str, chosen: str, eps: float) -> tuple[float, str]:
         value = means.loc[(name, chosen, eps)]
