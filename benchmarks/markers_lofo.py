@@ -19,8 +19,8 @@ under it.
 The gene-weight candidates were added later to the same file, one command each:
 ``--candidates "gene weight 0.25" "gene weight 0.5" --append``, then
 ``--candidates "gene weight 0.25, centre share 0.2" --append``, the same for 0.3, then the two
-offsets, the part weights, the four lighter part weights and the two shares with the shipped part
-weights (two names per command).
+offsets, the part weights, the four lighter part weights, the two shares with the shipped part
+weights (two names per command), then the power and the two quantiles (one command).
 """
 
 from __future__ import annotations
@@ -93,10 +93,13 @@ for _parts in ((1.0, 0.3, 0.2, 0.2), (1.0, 0.25, 0.15, 0.15), (1.0, 0.25, 0.3, 0
         "WEIGHTS": _weights,
         "SENSITIVITY": math.sqrt(sum(w**2 for w in _weights.values())),
     }
-# the shares of ε again, with the shipped part weights
+# the shares of ε, the gene weights' power and the bounds' quantile again, with the shipped part weights
 _SHIPPED_CANDIDATE = CANDIDATES["part weights (0.25, 0.3, 0.15)"]
 CANDIDATES["part weights (0.25, 0.3, 0.15), centre share 0.2"] = {**_SHIPPED_CANDIDATE, "CENTER_SHARE": 0.2}
 CANDIDATES["part weights (0.25, 0.3, 0.15), norm share 0.05"] = {**_SHIPPED_CANDIDATE, "NORM_SHARE": 0.05}
+CANDIDATES["part weights (0.25, 0.3, 0.15), gene weight 0.35"] = {**_SHIPPED_CANDIDATE, "GENE_WEIGHT_POWER": 0.35}
+CANDIDATES["part weights (0.25, 0.3, 0.15), quantile 0.8"] = {**_SHIPPED_CANDIDATE, "NORM_QUANTILE": 0.8}
+CANDIDATES["part weights (0.25, 0.3, 0.15), quantile 0.95"] = {**_SHIPPED_CANDIDATE, "NORM_QUANTILE": 0.95}
 SHIPPED = "part weights (0.25, 0.3, 0.15)"
 #: A fold chooses among the candidates that keep at least this weight on the detections: a gene's
 #: fraction of expressing cells (``pts``, the dot plots' circle sizes) carries noise of sd
