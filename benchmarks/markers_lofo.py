@@ -95,11 +95,14 @@ for _parts in ((1.0, 0.3, 0.2, 0.2), (1.0, 0.25, 0.15, 0.15), (1.0, 0.25, 0.3, 0
     }
 # the shares of ε, the gene weights' power and the bounds' quantile again, with the shipped part weights
 _SHIPPED_CANDIDATE = CANDIDATES["part weights (0.25, 0.3, 0.15)"]
-CANDIDATES["part weights (0.25, 0.3, 0.15), centre share 0.2"] = {**_SHIPPED_CANDIDATE, "CENTER_SHARE": 0.2}
-CANDIDATES["part weights (0.25, 0.3, 0.15), norm share 0.05"] = {**_SHIPPED_CANDIDATE, "NORM_SHARE": 0.05}
-CANDIDATES["part weights (0.25, 0.3, 0.15), gene weight 0.35"] = {**_SHIPPED_CANDIDATE, "GENE_WEIGHT_POWER": 0.35}
-CANDIDATES["part weights (0.25, 0.3, 0.15), quantile 0.8"] = {**_SHIPPED_CANDIDATE, "NORM_QUANTILE": 0.8}
-CANDIDATES["part weights (0.25, 0.3, 0.15), quantile 0.95"] = {**_SHIPPED_CANDIDATE, "NORM_QUANTILE": 0.95}
+for _label, _constant, _value in (
+    ("centre share 0.2", "CENTER_SHARE", 0.2),
+    ("norm share 0.05", "NORM_SHARE", 0.05),
+    ("gene weight 0.35", "GENE_WEIGHT_POWER", 0.35),
+    ("quantile 0.8", "NORM_QUANTILE", 0.8),
+    ("quantile 0.95", "NORM_QUANTILE", 0.95),
+):
+    CANDIDATES[f"part weights (0.25, 0.3, 0.15), {_label}"] = {**_SHIPPED_CANDIDATE, _constant: _value}
 SHIPPED = "part weights (0.25, 0.3, 0.15)"
 #: A fold chooses among the candidates that keep at least this weight on the detections: a gene's
 #: fraction of expressing cells (``pts``, the dot plots' circle sizes) carries noise of sd
