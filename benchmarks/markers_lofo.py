@@ -21,7 +21,7 @@ The gene-weight candidates were added later to the same file, one command each:
 ``--candidates "gene weight 0.25, centre share 0.2" --append``, the same for 0.3, then the two
 offsets, the part weights, the four lighter part weights, the two shares with the shipped part
 weights (two names per command), then the power and the two quantiles (one command), then
-quantile 0.7 and quantile 0.8 with power 0.35 (one command), then quantiles 0.6 and 0.5.
+quantile 0.7 and quantile 0.8 with power 0.35 (one command), then quantiles 0.6 and 0.5, then 0.4 and 0.3.
 """
 
 from __future__ import annotations
@@ -108,6 +108,8 @@ for _label, _changes in (
     ("quantile 0.7", {"NORM_QUANTILE": 0.7}),
     ("quantile 0.6", {"NORM_QUANTILE": 0.6}),
     ("quantile 0.5", {"NORM_QUANTILE": 0.5}),
+    ("quantile 0.4", {"NORM_QUANTILE": 0.4}),
+    ("quantile 0.3", {"NORM_QUANTILE": 0.3}),
     ("quantile 0.8, gene weight 0.35", {"NORM_QUANTILE": 0.8, "GENE_WEIGHT_POWER": 0.35}),
 ):
     CANDIDATES[f"part weights (0.25, 0.3, 0.15), {_label}"] = {**_SHIPPED_CANDIDATE, **_changes}
