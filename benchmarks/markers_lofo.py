@@ -113,7 +113,7 @@ for _label, _changes in (
     ("quantile 0.8, gene weight 0.35", {"NORM_QUANTILE": 0.8, "GENE_WEIGHT_POWER": 0.35}),
 ):
     CANDIDATES[f"part weights (0.25, 0.3, 0.15), {_label}"] = {**_SHIPPED_CANDIDATE, **_changes}
-SHIPPED = "part weights (0.25, 0.3, 0.15)"
+SHIPPED = "part weights (0.25, 0.3, 0.15), quantile 0.3"
 #: A fold chooses among the candidates that keep at least this weight on the detections: a gene's
 #: fraction of expressing cells (``pts``, the dot plots' circle sizes) carries noise of sd
 #: σΔC_d / (w_d ñ_g), so a lighter w_d makes every fraction noisier, which the top-10 overlap does
