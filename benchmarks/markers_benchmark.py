@@ -7,7 +7,7 @@ overlap of each group's top 10 and top 50 genes, the Spearman correlation of the
 genes, and the time of the call. Groups below 2 % of the cells are reported separately; clusters
 of fewer than 2 cells (which scanpy's t-test refuses) are left out of both.
 
-    OMP_NUM_THREADS=2 python benchmarks/markers_benchmark.py --data ../shared/data \
+    OMP_NUM_THREADS=2 python benchmarks/markers_benchmark.py --data ../shared/data --runs 5 \
         --out benchmarks/results/markers.jsonl
     python benchmarks/markers_benchmark.py --report benchmarks/results/markers.jsonl \
         > benchmarks/results/markers.md
@@ -207,11 +207,12 @@ def scale(n_cells: int) -> dict:
 
 def report(path: Path) -> str:
     table = pd.read_json(path, lines=True)
+    runs = table.run.nunique()
     lines = [
         "# Private marker genes (`tl.rank_genes_groups`) against scanpy's t-test",
         "",
         "Overlap of each group's top 10 / top 50 genes with scanpy's non-private `rank_genes_groups`",
-        "(t-test, log1p(CP10k)) on the same cells and groups, mean over groups and 3 runs with secret",
+        f"(t-test, log1p(CP10k)) on the same cells and groups, mean over groups and {runs} runs with secret",
         "noise; Spearman correlation of the scores over all genes; groups below 2 % of the cells in their",
         "own column (n: how many). Groups: the true labels, and `tl.cluster`'s clusters at ε = 8 (the same",
         "clusters in every run; clusters of fewer than 2 cells left out of both). Six labelled count files,",
@@ -219,9 +220,10 @@ def report(path: Path) -> str:
         "",
         "```",
         "OMP_NUM_THREADS=2 python benchmarks/markers_benchmark.py --data ../shared/data \\",
-        "    --datasets pbmc bladder bladder_allgenes paul15 pancreas --out benchmarks/results/markers.jsonl",
+        f"    --datasets pbmc bladder bladder_allgenes paul15 pancreas --runs {runs} \\",
+        "    --out benchmarks/results/markers.jsonl",
         "OMP_NUM_THREADS=2 python benchmarks/markers_benchmark.py --data ../shared/data \\",
-        "    --datasets cite_cbmc --append --out benchmarks/results/markers.jsonl",
+        f"    --datasets cite_cbmc --runs {runs} --append --out benchmarks/results/markers.jsonl",
         "python benchmarks/markers_benchmark.py --report benchmarks/results/markers.jsonl \\",
         "    > benchmarks/results/markers.md",
         "```",

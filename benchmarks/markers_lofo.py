@@ -21,7 +21,9 @@ The gene-weight candidates were added later to the same file, one command each:
 ``--candidates "gene weight 0.25, centre share 0.2" --append``, the same for 0.3, then the two
 offsets, the part weights, the four lighter part weights, the two shares with the shipped part
 weights (two names per command), then the power and the two quantiles (one command), then
-quantile 0.7 and quantile 0.8 with power 0.35 (one command), then quantiles 0.6 and 0.5, then 0.4 and 0.3.
+quantile 0.7 and quantile 0.8 with power 0.35 (one command), then quantiles 0.6 and 0.5, then 0.4 and 0.3,
+then, after the groups' variances were shrunk toward their trend (post-processing; the candidates
+before ran without it), the three "variances shrunk" candidates (one command).
 """
 
 from __future__ import annotations
@@ -113,7 +115,16 @@ for _label, _changes in (
     ("quantile 0.8, gene weight 0.35", {"NORM_QUANTILE": 0.8, "GENE_WEIGHT_POWER": 0.35}),
 ):
     CANDIDATES[f"part weights (0.25, 0.3, 0.15), {_label}"] = {**_SHIPPED_CANDIDATE, **_changes}
-SHIPPED = "part weights (0.25, 0.3, 0.15), quantile 0.3"
+# rerun after the variances were shrunk toward their trend (``shrunk_variances``, post-processing):
+# the shipped constants again, and the centre's share of ε on either side
+_QUANTILE_03 = CANDIDATES["part weights (0.25, 0.3, 0.15), quantile 0.3"]
+for _label, _changes in (
+    ("", {}),
+    (", centre share 0.2", {"CENTER_SHARE": 0.2}),
+    (", centre share 0.4", {"CENTER_SHARE": 0.4}),
+):
+    CANDIDATES[f"quantile 0.3, variances shrunk{_label}"] = {**_QUANTILE_03, **_changes}
+SHIPPED = "quantile 0.3, variances shrunk"
 #: A fold chooses among the candidates that keep at least this weight on the detections: a gene's
 #: fraction of expressing cells (``pts``, the dot plots' circle sizes) carries noise of sd
 #: σΔC_d / (w_d ñ_g), so a lighter w_d makes every fraction noisier, which the top-10 overlap does
@@ -165,7 +176,9 @@ def report(path: Path) -> str:
         *report_commands("markers_lofo"),
         "",
         "The gene-weight and part-weight candidates were run later into the same file (`--candidates",
-        "NAME --append`); the first three use even weights (`GENE_WEIGHT_POWER` 0).",
+        'NAME --append`); the first three use even weights (`GENE_WEIGHT_POWER` 0). The three "variances',
+        "shrunk\" candidates ran last, after each group's noisy variances were shrunk toward their trend",
+        "(post-processing, `dpsc.privacy._markers.shrunk_variances`); the others ran without it.",
         "",
         *held_out_header(epsilons),
     ]

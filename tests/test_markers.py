@@ -276,3 +276,17 @@ def test_a_noise_only_group_gets_finite_fold_changes_without_overflow():
         result = mechanism.rank_markers(stats)
     assert np.isfinite(result.logfoldchanges).all()
     assert result.logfoldchanges[0, 4] == pytest.approx(result.logfoldchanges[0, 0])  # both at the cap
+
+
+def test_noisy_variances_move_toward_their_trend_and_exact_ones_stay():
+    """The shrinkage is post-processing that lowers the error of noisy variances (Gaussian noise of
+    known sd around a smooth mean–variance trend) and leaves variances without noise untouched."""
+    rng = np.random.default_rng(0)
+    genes = 2000
+    mean = np.sort(rng.uniform(0.0, 3.0, genes))[None, :]
+    true = 0.5 * mean + rng.gamma(4.0, 0.05, (1, genes))  # a trend plus gene-to-gene spread
+    noise_sd = np.full((1, genes), 0.6)
+    noisy = true + rng.normal(0.0, 1.0, true.shape) * noise_sd
+    shrunk = mechanism.shrunk_variances(noisy, mean, noise_sd**2)
+    assert np.mean((shrunk - true) ** 2) < 0.5 * np.mean((np.maximum(noisy, 0) - true) ** 2)
+    np.testing.assert_array_equal(mechanism.shrunk_variances(true, mean, np.zeros_like(true)), true)

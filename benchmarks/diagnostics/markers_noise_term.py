@@ -48,8 +48,8 @@ def run(data: Path, name: str, epsilons: list[float], runs: int, commit: str) ->
         for r in range(runs):
             for scale in SCALES:
 
-                def scaled(sums, squares, counts, sd, scale=scale):
-                    mean, variance, n, noise = moments(sums, squares, counts, sd)
+                def scaled(*parts, scale=scale):
+                    mean, variance, n, noise = moments(*parts)
                     return mean, variance, n, scale * noise
 
                 _markers._moments = scaled

@@ -44,7 +44,8 @@ sites each is the sum of the sites' ones.
 units (the weights divided out, then :math:`\sum x = \sum y + \tilde n m`, :math:`\sum x^2 = \sum y^2
 + 2 m \sum y + \tilde n m^2`, y unweighted; gene j's noise sd is then the table's over
 :math:`g_j`); noisy counts :math:`\tilde n_g` clipped to at least 1,
-means :math:`\mu = S/\tilde n`, second moments, variances clipped to at least 0, the rest of the
+means :math:`\mu = S/\tilde n`, second moments, variances shrunk toward their mean–variance trend
+by their known noise (:func:`shrunk_variances`) and clipped to at least 0, the rest of the
 cells as the sum of the other groups; the t-test score of scanpy,
 :math:`(\mu_g - \mu_r)/\sqrt{v_g/n_g + v_r/n_r}`, with the known variance of the noise of the two
 means added under the root (a gene whose difference is within the noise does not rank high);
@@ -101,6 +102,9 @@ MAX_LOG_EXPRESSION = math.log1p(1e4)
 #: file out (docs, Benchmarks: the markers' constants).
 GENE_WEIGHT_POWER = 0.25
 GENE_WEIGHT_OFFSET = 0.05  # t: the weight of a gene never detected, relative to one of mean 1
+#: Bins of genes (by their noisy mean) in which a group's noisy variances are shrunk toward their
+#: trend (:func:`shrunk_variances`); the count hardly matters (docs, Benchmarks: the markers' variances).
+TREND_BINS = 20
 
 
 def gene_weights(center: np.ndarray) -> np.ndarray:
@@ -523,6 +527,7 @@ class GroupStatistics:
     squares: np.ndarray  # (groups, genes) noisy sums of squares
     detected: np.ndarray  # (groups, genes) noisy numbers of cells expressing
     sum_noise_sd: np.ndarray  # (genes,) noise sd of each gene's entry of ``sums``
+    squares_noise_sd: np.ndarray | None = None  # (genes,) the same for ``squares``; None: exact
 
 
 def group_statistics(released: np.ndarray, table: MarkerTable, release: GaussianSum) -> GroupStatistics:
@@ -544,6 +549,7 @@ def group_statistics(released: np.ndarray, table: MarkerTable, release: Gaussian
         squares=squares + 2.0 * m * sums + n * m**2,
         detected=values[:, 2 * G : 3 * G] * table.scale("detected"),
         sum_noise_sd=release.noise_std * table.scale("sum") / g,
+        squares_noise_sd=release.noise_std * table.scale("squares") / g**2,
     )
 
 
@@ -561,11 +567,48 @@ class MarkerResult:
     counts: np.ndarray  # the noisy group sizes used (at least 1)
 
 
-def _moments(sums, squares, counts, noise_sd):
+def shrunk_variances(variance: np.ndarray, mean: np.ndarray, noise_variance: np.ndarray) -> np.ndarray:
+    r"""Shrink each noisy variance toward its group's mean–variance trend by its noise (post-processing).
+
+    Per row (a group), the genes are cut into :data:`TREND_BINS` bins of equal size by their noisy
+    mean; in bin b the trend is :math:`f_b = \max(0, \bar v_b)`, the mean of the bin's noisy
+    variances, and the spread of the true variances around it
+    :math:`\tau_b^2 = \max(\epsilon, \widehat{\mathrm{Var}}_b(v) - \overline{s^2}_b)` (the noisy
+    variances' spread less the noise's). Gene j's variance is then the
+    posterior mean of a normal prior :math:`N(f_b, \tau_b^2)` under Gaussian noise of variance
+    :math:`s_j^2`: :math:`(\tau_b^2 v_j + s_j^2 f_b) / (\tau_b^2 + s_j^2)`, clipped to at least 0 (the
+    James–Stein / empirical Bayes estimate). The noise of a group's variance is mostly the noise of its
+    sum of squares over its size, which a small group divides by little: its t-scores then rank genes
+    by noise in the denominator as much as by their difference. With no noise (:math:`s = 0`) every
+    variance is unchanged.
+    """
+    shrunk = np.array(variance, dtype=np.float64, copy=True)
+    n_bins = min(TREND_BINS, variance.shape[1])
+    for row in range(variance.shape[0]):
+        v, s2 = variance[row], noise_variance[row]
+        for genes in np.array_split(np.argsort(mean[row], kind="stable"), n_bins):
+            trend = max(float(v[genes].mean()), 0.0)
+            spread = max(float(v[genes].var()) - float(s2[genes].mean()), 1e-12)
+            shrunk[row, genes] = v[genes] + s2[genes] / (spread + s2[genes]) * (trend - v[genes])
+    return np.maximum(shrunk, 0.0)
+
+
+def _moments(sums, squares, counts, noise_sd, squares_noise_sd=None):
+    r"""Means, variances (shrunk by their noise: :func:`shrunk_variances`), sizes and the means' noise.
+
+    The noise variance of a variance :math:`(S_2/n - \mu^2)\,n/(n-1)` is that of :math:`S_2/n` plus
+    that of :math:`\mu^2` (:math:`\approx (2\mu\,s_1/n)^2` for a noise sd :math:`s_1` of the sum), times
+    :math:`(n/(n-1))^2`.
+    """
     n = np.maximum(counts, 1.0)[:, None]
-    mean = np.maximum(sums / n, 0.0)
-    variance = np.maximum(squares / n - mean**2, 0.0) * n / np.maximum(n - 1.0, 1.0)
-    return mean, variance, n, (noise_sd / n) ** 2
+    raw_mean = sums / n
+    mean = np.maximum(raw_mean, 0.0)
+    unbiased = n / np.maximum(n - 1.0, 1.0)
+    variance = (squares / n - raw_mean**2) * unbiased
+    if squares_noise_sd is not None:
+        noise = ((squares_noise_sd / n) ** 2 + (2.0 * mean * noise_sd / n) ** 2) * unbiased**2
+        variance = shrunk_variances(variance, mean, noise)
+    return mean, np.maximum(variance, 0.0), n, (noise_sd / n) ** 2
 
 
 def rank_markers(stats: GroupStatistics) -> MarkerResult:
@@ -574,10 +617,16 @@ def rank_markers(stats: GroupStatistics) -> MarkerResult:
 
     counts = np.maximum(stats.counts, 1.0)
     rest = lambda per_group: per_group.sum(0, keepdims=True) - per_group  # noqa: E731
-    mean_g, var_g, n_g, noise_g = _moments(stats.sums, stats.squares, counts, stats.sum_noise_sd)
+    sd_sums, sd_squares = stats.sum_noise_sd, stats.squares_noise_sd
+    mean_g, var_g, n_g, noise_g = _moments(stats.sums, stats.squares, counts, sd_sums, sd_squares)
     rest_counts = np.maximum(rest(counts[:, None])[:, 0], 1.0)
+    others = math.sqrt(len(counts) - 1)  # the rest's sums add the noise of the other groups' entries
     mean_r, var_r, n_r, noise_r = _moments(
-        rest(stats.sums), rest(stats.squares), rest_counts, stats.sum_noise_sd * math.sqrt(len(counts) - 1)
+        rest(stats.sums),
+        rest(stats.squares),
+        rest_counts,
+        sd_sums * others,
+        None if sd_squares is None else sd_squares * others,
     )
     se2_g, se2_r = var_g / n_g + noise_g, var_r / n_r + noise_r
     denominator = np.sqrt(se2_g + se2_r)
