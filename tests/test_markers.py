@@ -290,3 +290,20 @@ def test_noisy_variances_move_toward_their_trend_and_exact_ones_stay():
     shrunk = mechanism.shrunk_variances(noisy, mean, noise_sd**2)
     assert np.mean((shrunk - true) ** 2) < 0.5 * np.mean((np.maximum(noisy, 0) - true) ** 2)
     np.testing.assert_array_equal(mechanism.shrunk_variances(true, mean, np.zeros_like(true)), true)
+
+
+def test_the_noise_of_a_group_variance_is_what_the_released_sums_give_it():
+    """Monte Carlo over many draws of the table's noise: the variance computed from the noisy sums
+    (measured from a centre, shifted back as `group_statistics` does) varies as `variance_noise` says,
+    for a gene near the centre and one far from it."""
+    rng = np.random.default_rng(2)
+    n, draws, s1, s2 = 300.0, 200_000, 4.0, 6.0
+    for mean, center in ((1.0, 0.9), (3.0, 0.5)):
+        x = rng.normal(mean, 0.7, int(n))
+        y1, y2 = (x - center).sum(), ((x - center) ** 2).sum()
+        e1, e2 = rng.normal(0, s1, draws), rng.normal(0, s2, draws)
+        sums = y1 + e1 + n * center
+        squares = y2 + e2 + 2 * center * (y1 + e1) + n * center**2
+        variance = (squares / n - (sums / n) ** 2) * n / (n - 1)
+        expected = mechanism.variance_noise(n, x.mean(), center, s1, s2)
+        assert variance.var() == pytest.approx(expected, rel=0.05)

@@ -10,7 +10,9 @@ t-test and scored by the overlap of each group's top 10 genes with scanpy's t-te
 - ``exact, clipped``: the released centre and bounds (each cell scaled to them), no noise and no
   noise term: what the bounds alone cost;
 - ``exact, noise terms``: the same ranked as if noisy (the known noise of the means under the
-  t-test's root, the variances shrunk by their known noise): what the noise-aware ranking costs;
+  t-test's root, the variances shrunk by their known noise): the noise-aware ranking applied to
+  statistics without noise, which it penalises for noise they do not carry — an upper bound on
+  what that ranking costs, not a ranking anyone would use on exact statistics;
 - ``noisy sums`` / ``noisy squares`` / ``noisy counts``: one part's noise added back;
 - ``released``: what dpsc returns.
 

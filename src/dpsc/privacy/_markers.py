@@ -528,6 +528,7 @@ class GroupStatistics:
     detected: np.ndarray  # (groups, genes) noisy numbers of cells expressing
     sum_noise_sd: np.ndarray  # (genes,) noise sd of each gene's entry of ``sums``
     squares_noise_sd: np.ndarray | None = None  # (genes,) the same for ``squares``; None: exact
+    center: np.ndarray | None = None  # (genes,) the centre the released sums were measured from
 
 
 def group_statistics(released: np.ndarray, table: MarkerTable, release: GaussianSum) -> GroupStatistics:
@@ -550,6 +551,7 @@ def group_statistics(released: np.ndarray, table: MarkerTable, release: Gaussian
         detected=values[:, 2 * G : 3 * G] * table.scale("detected"),
         sum_noise_sd=release.noise_std * table.scale("sum") / g,
         squares_noise_sd=release.noise_std * table.scale("squares") / g**2,
+        center=table.center,
     )
 
 
@@ -593,20 +595,32 @@ def shrunk_variances(variance: np.ndarray, mean: np.ndarray, noise_variance: np.
     return np.maximum(shrunk, 0.0)
 
 
-def _moments(sums, squares, counts, noise_sd, squares_noise_sd=None):
-    r"""Means, variances (shrunk by their noise: :func:`shrunk_variances`), sizes and the means' noise.
+def variance_noise(
+    n: np.ndarray | float,
+    mean: np.ndarray | float,
+    center: np.ndarray | float,
+    noise_sd: np.ndarray | float,
+    squares_noise_sd: np.ndarray | float,
+) -> np.ndarray:
+    r"""Return the noise variance of a group's variance :math:`(S_2/n - \mu^2)\,n/(n-1)` (first order).
 
-    The noise variance of a variance :math:`(S_2/n - \mu^2)\,n/(n-1)` is that of :math:`S_2/n` plus
-    that of :math:`\mu^2` (:math:`\approx (2\mu\,s_1/n)^2` for a noise sd :math:`s_1` of the sum), times
-    :math:`(n/(n-1))^2`.
+    The variance equals :math:`(Y_2/n - (Y_1/n)^2)\,n/(n-1)` in the released sums :math:`Y_1, Y_2` of
+    :math:`x - m` and its square (:func:`group_statistics`), so for noise sds :math:`s_1, s_2` of
+    the two sums its noise variance is :math:`((s_2/n)^2 + (2(\mu - m)\,s_1/n)^2)\,(n/(n-1))^2`: a
+    gene near the centre carries only the noise of its squares.
     """
+    unbiased = n / np.maximum(n - 1.0, 1.0)
+    return ((squares_noise_sd / n) ** 2 + (2.0 * (mean - center) * noise_sd / n) ** 2) * unbiased**2
+
+
+def _moments(sums, squares, counts, noise_sd, squares_noise_sd=None, center=0.0):
+    """Means, variances (shrunk by their noise: :func:`shrunk_variances`), sizes and the means' noise."""
     n = np.maximum(counts, 1.0)[:, None]
     raw_mean = sums / n
     mean = np.maximum(raw_mean, 0.0)
-    unbiased = n / np.maximum(n - 1.0, 1.0)
-    variance = (squares / n - raw_mean**2) * unbiased
+    variance = (squares / n - raw_mean**2) * n / np.maximum(n - 1.0, 1.0)
     if squares_noise_sd is not None:
-        noise = ((squares_noise_sd / n) ** 2 + (2.0 * mean * noise_sd / n) ** 2) * unbiased**2
+        noise = variance_noise(n, raw_mean, center, noise_sd, squares_noise_sd)
         variance = shrunk_variances(variance, mean, noise)
     return mean, np.maximum(variance, 0.0), n, (noise_sd / n) ** 2
 
@@ -618,7 +632,8 @@ def rank_markers(stats: GroupStatistics) -> MarkerResult:
     counts = np.maximum(stats.counts, 1.0)
     rest = lambda per_group: per_group.sum(0, keepdims=True) - per_group  # noqa: E731
     sd_sums, sd_squares = stats.sum_noise_sd, stats.squares_noise_sd
-    mean_g, var_g, n_g, noise_g = _moments(stats.sums, stats.squares, counts, sd_sums, sd_squares)
+    center = 0.0 if stats.center is None else stats.center
+    mean_g, var_g, n_g, noise_g = _moments(stats.sums, stats.squares, counts, sd_sums, sd_squares, center)
     rest_counts = np.maximum(rest(counts[:, None])[:, 0], 1.0)
     others = math.sqrt(len(counts) - 1)  # the rest's sums add the noise of the other groups' entries
     mean_r, var_r, n_r, noise_r = _moments(
@@ -627,6 +642,7 @@ def rank_markers(stats: GroupStatistics) -> MarkerResult:
         rest_counts,
         sd_sums * others,
         None if sd_squares is None else sd_squares * others,
+        center,
     )
     se2_g, se2_r = var_g / n_g + noise_g, var_r / n_r + noise_r
     denominator = np.sqrt(se2_g + se2_r)
