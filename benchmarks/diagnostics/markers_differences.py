@@ -21,15 +21,14 @@ from __future__ import annotations
 
 import math
 import sys
-import warnings
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from cluster_benchmark import load, per_file_main
-from markers_benchmark import SMALL, compare, reference
+from cluster_benchmark import per_file_main
+from paired_markers import paired_rows, variant_tables
 
 VARIANTS = ("dpsc", "differences shrunk to 0", "differences shrunk to their bin's mean")
 BINS = 20
@@ -66,8 +65,11 @@ def _shrunk(difference, mean, noise, toward_mean: bool):
     return out
 
 
-def _scores(stats) -> dict[str, np.ndarray]:
-    mean, difference, se2, noise = _parts(stats)
+def _scores(released, table, release, cells, codes) -> dict[str, np.ndarray]:
+    """dpsc's scores of the release and the two shrunk ones."""
+    from dpsc.privacy import _markers
+
+    mean, difference, se2, noise = _parts(_markers.group_statistics(released, table, release))
     root = np.sqrt(se2)
     return {
         "dpsc": difference / root,
@@ -78,57 +80,10 @@ def _scores(stats) -> dict[str, np.ndarray]:
 
 def run(data: Path, name: str, epsilons: list[float], runs: int, commit: str) -> list[dict]:
     """Rows of one file: the top-10 overlap per grouping, ε, run and variant (one release per run)."""
-    import dpsc
-    from dpsc.privacy import _markers
-
-    warnings.filterwarnings("ignore")
-    adata = load(data, name)
-    adata.obs["labels"] = adata.obs["label"].astype("category")
-    dpsc.tl.cluster(adata, adata.obs["label"].nunique(), epsilon=8.0, noise_seed=0)
-    captured, statistics_of = {}, _markers.group_statistics
-
-    def capture(*args):
-        captured["stats"] = statistics_of(*args)
-        return captured["stats"]
-
-    rows = []
-    for grouping in ("labels", "dp_kmeans"):
-        sizes = adata.obs[grouping].value_counts()
-        cells = adata[adata.obs[grouping].isin(sizes.index[sizes >= 2])].copy()
-        cells.obs[grouping] = cells.obs[grouping].cat.remove_unused_categories()
-        shares = cells.obs[grouping].value_counts() / cells.n_obs
-        ref = reference(cells, grouping)
-        names, genes = [str(c) for c in cells.obs[grouping].cat.categories], np.asarray(cells.var_names)
-        for epsilon in epsilons:
-            for r in range(runs):
-                _markers.group_statistics = capture
-                dpsc.tl.rank_genes_groups(cells.copy(), grouping, epsilon=epsilon, n_genes=None)
-                _markers.group_statistics = statistics_of
-                for variant, score in _scores(captured["stats"]).items():
-                    order = np.argsort(-score, axis=1, kind="stable")
-                    ours = {
-                        "names": {g: genes[order[k]] for k, g in enumerate(names)},
-                        "scores": {g: score[k][order[k]] for k, g in enumerate(names)},
-                    }
-                    kept = [row for row in compare(ours, ref) if shares.get(row["group"], 0.0) >= SMALL]
-                    rows.append(
-                        {
-                            "dataset": name,
-                            "grouping": grouping,
-                            "epsilon": epsilon,
-                            "run": r,
-                            "variant": variant,
-                            "top10": float(np.mean([row["top10"] for row in kept])),
-                            "source": commit,
-                        }
-                    )
-    return rows
+    return paired_rows(data, name, epsilons, runs, commit, _scores)
 
 
 def report(path: Path) -> str:
-    table = pd.read_json(path, lines=True)
-    cells = table.groupby(["grouping", "epsilon", "dataset", "variant"], sort=False).top10.mean()
-    wide = cells.unstack("variant")[list(VARIANTS)]
     lines = [
         "# Shrinking the markers' noisy differences too? (top-10 overlap with scanpy; not adopted)",
         "",
@@ -146,17 +101,8 @@ def report(path: Path) -> str:
         "genes that do not differ shrinks with them and can fall below the plain genes of a bin with",
         "several markers — sparse markers, which a normal prior does not describe, lose ranks.",
         "",
-        "| groups | ε | file | " + " | ".join(VARIANTS) + " |",
-        "|" + "---|" * (len(VARIANTS) + 3),
+        *variant_tables(path, list(VARIANTS)),
     ]
-    for (grouping, epsilon, name), values in wide.iterrows():
-        figures = " | ".join(f"{v:.3f}" for v in values)
-        lines.append(f"| {grouping} | {epsilon:g} | {name} | {figures} |")
-    means = wide.groupby(level=["grouping", "epsilon"]).mean()
-    lines += ["", "Mean over the files:", "", "| groups | ε | " + " | ".join(VARIANTS) + " |"]
-    lines.append("|" + "---|" * (len(VARIANTS) + 2))
-    for (grouping, epsilon), values in means.iterrows():
-        lines.append(f"| {grouping} | {epsilon:g} | " + " | ".join(f"{v:.3f}" for v in values) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -29,15 +29,14 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-import warnings
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from cluster_benchmark import load, per_file_main
-from markers_benchmark import SMALL, compare, reference
+from cluster_benchmark import per_file_main
+from paired_markers import paired_rows, variant_tables
 
 VARIANTS = (
     "exact, unclipped",
@@ -50,12 +49,12 @@ VARIANTS = (
 )
 
 
-def _variants(matrix, codes, released, table, release) -> dict:
-    """The statistics of every variant (module docstring), from one release."""
+def _variants(released, table, release, cells, codes) -> dict[str, np.ndarray]:
+    """The scores of every variant (module docstring), from one release."""
     from dpsc.privacy import _markers
 
     statistics = _markers.group_statistics
-    exact = _markers.group_table(matrix, codes, table).reshape(table.n_groups, table.width)
+    exact = _markers.group_table(cells.X, codes, table).reshape(table.n_groups, table.width)
     noise = np.asarray(released).reshape(exact.shape) - exact
     G, W = table.n_genes, table.width
 
@@ -69,9 +68,9 @@ def _variants(matrix, codes, released, table, release) -> dict:
         return dataclasses.replace(stats, sum_noise_sd=0 * stats.sum_noise_sd, squares_noise_sd=None)
 
     plain = _markers.MarkerTable(table.n_groups, G, None)
-    plain_sums = _markers.group_table(matrix, codes, plain)
+    plain_sums = _markers.group_table(cells.X, codes, plain)
     unclipped = statistics(plain_sums, plain, _markers.marker_release(plain, 0.0))
-    return {
+    variants = {
         "exact, unclipped": unclipped,
         "exact, clipped": quiet(with_noise()),
         "exact, noise terms": with_noise(),
@@ -80,62 +79,15 @@ def _variants(matrix, codes, released, table, release) -> dict:
         "noisy counts": with_noise(slice(W - 1, W)),
         "released": statistics(np.asarray(released), table, release),
     }
+    return {variant: _markers.rank_markers(stats).scores for variant, stats in variants.items()}
 
 
 def run(data: Path, name: str, epsilons: list[float], runs: int, commit: str) -> list[dict]:
     """Rows of one file: the top-10 overlap per grouping, ε, run and variant (one release per run)."""
-    import dpsc
-    from dpsc.privacy import _markers
-
-    warnings.filterwarnings("ignore")
-    adata = load(data, name)
-    adata.obs["labels"] = adata.obs["label"].astype("category")
-    dpsc.tl.cluster(adata, adata.obs["label"].nunique(), epsilon=8.0, noise_seed=0)
-    captured, statistics_of = {}, _markers.group_statistics
-
-    def capture(*args):
-        captured["args"] = args
-        return statistics_of(*args)
-
-    rows = []
-    for grouping in ("labels", "dp_kmeans"):
-        sizes = adata.obs[grouping].value_counts()
-        cells = adata[adata.obs[grouping].isin(sizes.index[sizes >= 2])].copy()
-        cells.obs[grouping] = cells.obs[grouping].cat.remove_unused_categories()
-        shares = cells.obs[grouping].value_counts() / cells.n_obs
-        ref = reference(cells, grouping)
-        names, genes = [str(c) for c in cells.obs[grouping].cat.categories], np.asarray(cells.var_names)
-        codes = cells.obs[grouping].cat.codes.to_numpy().astype(np.int64)
-        for epsilon in epsilons:
-            for r in range(runs):
-                _markers.group_statistics = capture
-                dpsc.tl.rank_genes_groups(cells.copy(), grouping, epsilon=epsilon, n_genes=None)
-                _markers.group_statistics = statistics_of
-                for variant, stats in _variants(cells.X, codes, *captured["args"]).items():
-                    result = _markers.rank_markers(stats)
-                    ours = {
-                        "names": {g: genes[result.order[k]] for k, g in enumerate(names)},
-                        "scores": {g: result.scores[k][result.order[k]] for k, g in enumerate(names)},
-                    }
-                    kept = [row for row in compare(ours, ref) if shares.get(row["group"], 0.0) >= SMALL]
-                    rows.append(
-                        {
-                            "dataset": name,
-                            "grouping": grouping,
-                            "epsilon": epsilon,
-                            "run": r,
-                            "variant": variant,
-                            "top10": float(np.mean([row["top10"] for row in kept])),
-                            "source": commit,
-                        }
-                    )
-    return rows
+    return paired_rows(data, name, epsilons, runs, commit, _variants)
 
 
 def report(path: Path) -> str:
-    table = pd.read_json(path, lines=True)
-    cells = table.groupby(["grouping", "epsilon", "dataset", "variant"], sort=False).top10.mean()
-    wide = cells.unstack("variant")[list(VARIANTS)]
     lines = [
         "# Where the private markers lose: the noise put back one part at a time (top-10 overlap)",
         "",
@@ -150,17 +102,8 @@ def report(path: Path) -> str:
         "scanpy's t-test. Groups: the true labels and `tl.cluster`'s clusters at ε = 8, groups of at least",
         "2 % of the cells, mean over 2 runs with secret noise.",
         "",
-        "| groups | ε | file | " + " | ".join(VARIANTS) + " |",
-        "|" + "---|" * (len(VARIANTS) + 3),
+        *variant_tables(path, list(VARIANTS), digits=2),
     ]
-    for (grouping, epsilon, name), values in wide.iterrows():
-        figures = " | ".join(f"{v:.2f}" for v in values)
-        lines.append(f"| {grouping} | {epsilon:g} | {name} | {figures} |")
-    means = wide.groupby(level=["grouping", "epsilon"]).mean()
-    lines += ["", "Mean over the files:", "", "| groups | ε | " + " | ".join(VARIANTS) + " |"]
-    lines.append("|" + "---|" * (len(VARIANTS) + 2))
-    for (grouping, epsilon), values in means.iterrows():
-        lines.append(f"| {grouping} | {epsilon:g} | " + " | ".join(f"{v:.2f}" for v in values) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -16,88 +16,40 @@ secret noise:
 
 from __future__ import annotations
 
+import dataclasses
 import sys
-import warnings
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from cluster_benchmark import load, per_file_main
-from markers_benchmark import SMALL, compare, reference
+from cluster_benchmark import per_file_main
+from paired_markers import paired_rows, variant_tables
 
 #: name: TREND_BINS (None: no shrinkage)
 VARIANTS = {"no shrinkage": None, "10 bins": 10, "20 bins (dpsc)": 20, "40 bins": 40}
 
 
-def _rankings(statistics, names: list[str], genes: np.ndarray) -> dict[str, dict]:
-    """The released statistics ranked by every variant, in the shape ``compare`` reads."""
-    import dataclasses
-
+def _scores(released, table, release, cells, codes) -> dict[str, np.ndarray]:
+    """The released statistics ranked by every variant (the same release)."""
     from dpsc.privacy import _markers
 
-    shipped, out = _markers.TREND_BINS, {}
+    statistics, shipped, out = _markers.group_statistics(released, table, release), _markers.TREND_BINS, {}
     for variant, bins in VARIANTS.items():
         stats = statistics if bins else dataclasses.replace(statistics, squares_noise_sd=None)
         _markers.TREND_BINS = bins or shipped
-        result = _markers.rank_markers(stats)
-        out[variant] = {
-            "names": {g: genes[result.order[k]] for k, g in enumerate(names)},
-            "scores": {g: result.scores[k][result.order[k]] for k, g in enumerate(names)},
-        }
+        out[variant] = _markers.rank_markers(stats).scores
     _markers.TREND_BINS = shipped
     return out
 
 
 def run(data: Path, name: str, epsilons: list[float], runs: int, commit: str) -> list[dict]:
     """Rows of one file: the top-10 overlap per grouping, ε, run and variant (one release per run)."""
-    import dpsc
-    from dpsc.privacy import _markers
-
-    warnings.filterwarnings("ignore")
-    adata = load(data, name)
-    adata.obs["labels"] = adata.obs["label"].astype("category")
-    dpsc.tl.cluster(adata, adata.obs["label"].nunique(), epsilon=8.0, noise_seed=0)
-    captured, statistics_of = {}, _markers.group_statistics
-
-    def capture(*args):
-        captured["stats"] = statistics_of(*args)
-        return captured["stats"]
-
-    rows = []
-    for grouping in ("labels", "dp_kmeans"):
-        sizes = adata.obs[grouping].value_counts()
-        cells = adata[adata.obs[grouping].isin(sizes.index[sizes >= 2])].copy()
-        cells.obs[grouping] = cells.obs[grouping].cat.remove_unused_categories()
-        shares = cells.obs[grouping].value_counts() / cells.n_obs
-        ref = reference(cells, grouping)
-        names = [str(c) for c in cells.obs[grouping].cat.categories]
-        for epsilon in epsilons:
-            for r in range(runs):
-                _markers.group_statistics = capture
-                dpsc.tl.rank_genes_groups(cells.copy(), grouping, epsilon=epsilon, n_genes=None)
-                _markers.group_statistics = statistics_of
-                for variant, ours in _rankings(captured["stats"], names, np.asarray(cells.var_names)).items():
-                    kept = [row for row in compare(ours, ref) if shares.get(row["group"], 0.0) >= SMALL]
-                    rows.append(
-                        {
-                            "dataset": name,
-                            "grouping": grouping,
-                            "epsilon": epsilon,
-                            "run": r,
-                            "variant": variant,
-                            "top10": float(np.mean([row["top10"] for row in kept])),
-                            "source": commit,
-                        }
-                    )
-    return rows
+    return paired_rows(data, name, epsilons, runs, commit, _scores)
 
 
 def report(path: Path) -> str:
-    table = pd.read_json(path, lines=True)
-    cells = table.groupby(["grouping", "epsilon", "dataset", "variant"], sort=False).top10.mean()
-    wide = cells.unstack("variant")[list(VARIANTS)]
     lines = [
         "# The markers' noisy variances, shrunk toward their trend or not (top-10 overlap with scanpy)",
         "",
@@ -110,17 +62,8 @@ def report(path: Path) -> str:
         "no shrinkage: the noisy variances clipped at 0). Groups: the true labels and `tl.cluster`'s",
         "clusters at ε = 8, groups of at least 2 % of the cells, mean over 3 runs with secret noise.",
         "",
-        "| groups | ε | file | " + " | ".join(VARIANTS) + " |",
-        "|" + "---|" * (len(VARIANTS) + 3),
+        *variant_tables(path, list(VARIANTS)),
     ]
-    for (grouping, epsilon, name), values in wide.iterrows():
-        figures = " | ".join(f"{v:.3f}" for v in values)
-        lines.append(f"| {grouping} | {epsilon:g} | {name} | {figures} |")
-    means = wide.groupby(level=["grouping", "epsilon"]).mean()
-    lines += ["", "Mean over the files:", "", "| groups | ε | " + " | ".join(VARIANTS) + " |"]
-    lines.append("|" + "---|" * (len(VARIANTS) + 2))
-    for (grouping, epsilon), values in means.iterrows():
-        lines.append(f"| {grouping} | {epsilon:g} | " + " | ".join(f"{v:.3f}" for v in values) + " |")
     return "\n".join(lines) + "\n"
 
 
