@@ -23,7 +23,9 @@ offsets, the part weights, the four lighter part weights, the two shares with th
 weights (two names per command), then the power and the two quantiles (one command), then
 quantile 0.7 and quantile 0.8 with power 0.35 (one command), then quantiles 0.6 and 0.5, then 0.4 and 0.3,
 then, after the groups' variances were shrunk toward their trend (post-processing; the candidates
-before ran without it), the three "variances shrunk" candidates (one command).
+before ran without it), the three "variances shrunk" candidates (one command), then, after the
+released sums were projected on their directions above the noise (``NOISE_EDGE``; 0: every
+direction kept, as all the candidates before ran), "sums projected" (one command).
 """
 
 from __future__ import annotations
@@ -124,7 +126,14 @@ for _label, _changes in (
     (", centre share 0.4", {"CENTER_SHARE": 0.4}),
 ):
     CANDIDATES[f"quantile 0.3, variances shrunk{_label}"] = {**_QUANTILE_03, **_changes}
-SHIPPED = "quantile 0.3, variances shrunk"
+# every candidate above ran with the released sums as they are: NOISE_EDGE 0 keeps every direction
+for _constants in CANDIDATES.values():
+    _constants["NOISE_EDGE"] = 0.0
+CANDIDATES["quantile 0.3, variances shrunk, sums projected"] = {
+    **CANDIDATES["quantile 0.3, variances shrunk"],
+    "NOISE_EDGE": 1.0,
+}
+SHIPPED = "quantile 0.3, variances shrunk, sums projected"
 #: A fold chooses among the candidates that keep at least this weight on the detections: a gene's
 #: fraction of expressing cells (``pts``, the dot plots' circle sizes) carries noise of sd
 #: σΔC_d / (w_d ñ_g), so a lighter w_d makes every fraction noisier, which the top-10 overlap does

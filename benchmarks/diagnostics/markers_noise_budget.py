@@ -62,7 +62,8 @@ def _variants(released, table, release, cells, codes) -> dict[str, np.ndarray]:
         mask = np.zeros(W, dtype=bool)
         for part in parts:
             mask[part] = True
-        return statistics((exact + noise * mask).ravel(), table, release)
+        projected = any(part.start == 0 for part in parts)  # the exact sums: no direction to drop
+        return statistics((exact + noise * mask).ravel(), table, release, project=projected)
 
     def quiet(stats):  # no noise term, no shrinkage: ranked as exact statistics
         return dataclasses.replace(stats, sum_noise_sd=0 * stats.sum_noise_sd, squares_noise_sd=None)

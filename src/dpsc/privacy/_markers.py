@@ -105,6 +105,11 @@ GENE_WEIGHT_OFFSET = 0.05  # t: the weight of a gene never detected, relative to
 #: Bins of genes (by their noisy mean) in which a group's noisy variances are shrunk toward their
 #: trend (:func:`shrunk_variances`); the count hardly matters (docs, Benchmarks: the markers' variances).
 TREND_BINS = 20
+#: A singular direction of the released groups × genes sums is kept when its singular value exceeds
+#: this multiple of the largest one a table of pure noise reaches, :math:`s(\sqrt G + \sqrt K)`
+#: (:func:`projected_sums`). 1: the edge of the noise's spectrum itself, a constant of the
+#: mechanism, not of the data (docs, Benchmarks: the markers' projection).
+NOISE_EDGE = 1.0
 
 
 def gene_weights(center: np.ndarray) -> np.ndarray:
@@ -529,19 +534,68 @@ class GroupStatistics:
     sum_noise_sd: np.ndarray  # (genes,) noise sd of each gene's entry of ``sums``
     squares_noise_sd: np.ndarray | None = None  # (genes,) the same for ``squares``; None: exact
     center: np.ndarray | None = None  # (genes,) the centre the released sums were measured from
+    #: (groups, groups) covariance across groups of the noise of one gene's sums, in units of that
+    #: gene's ``sum_noise_sd`` squared (:func:`projected_sums`); None: independent (the identity)
+    sum_noise_covariance: np.ndarray | None = None
 
 
-def group_statistics(released: np.ndarray, table: MarkerTable, release: GaussianSum) -> GroupStatistics:
+def projected_sums(sums: np.ndarray, noise_std: float) -> tuple[np.ndarray, np.ndarray]:
+    r"""Keep what of the released sums stands above the noise: their strong directions and entries.
+
+    ``sums``: the released K × G block :math:`Y = S + E` of expression sums, in the table's units,
+    every entry with independent Gaussian noise of sd :math:`s` (``noise_std``). Post-processing
+    of the release, in two steps:
+
+    1. **Directions.** A K × G table of such noise alone has singular values below
+       :math:`s(\sqrt G + \sqrt K)`, the edge of its spectrum (Davidson & Szarek 2001, Thm II.13;
+       thresholding there: Gavish & Donoho 2014). A direction of :math:`Y` whose singular value is
+       below :data:`NOISE_EDGE` times the edge cannot be told from noise and carries mostly noise
+       into every group's statistics. With :math:`U_r` the left singular vectors above it,
+       :math:`P = U_r U_r^\top` and the sums become :math:`PY`; the directions kept are kept whole
+       (not shrunk), so a group's genes keep their ratios within each.
+    2. **Entries.** A group set apart by a few strong genes has too little energy for a direction of
+       its own; its genes stand out in the residual :math:`R = (I - P)Y` instead, whose noise in row
+       k has sd :math:`s_k = s\sqrt{1 - P_{kk}}`. Entries of R beyond the universal threshold
+       :math:`s_k\sqrt{2\ln G}` (Donoho & Johnstone 1994: G noise entries exceed it with
+       probability of order :math:`1/\sqrt{\ln G}`) are added back.
+
+    Returns the sums and :math:`P`, the covariance across groups of the noise left in each gene's
+    projected sums in units of :math:`s^2` (:math:`P E`; an entry added back carries the rest of
+    its noise, which this leaves out). Without noise (:math:`s = 0`) the sums are returned as
+    they are, with the identity.
+    """
+    sums = np.asarray(sums, dtype=np.float64)
+    n_groups, n_genes = sums.shape
+    if noise_std <= 0 or n_groups < 2:
+        return sums, np.eye(n_groups)
+    left, values, _ = np.linalg.svd(sums, full_matrices=False)
+    kept = left[:, values > NOISE_EDGE * noise_std * (math.sqrt(n_genes) + math.sqrt(n_groups))]
+    projector = kept @ kept.T
+    projected = projector @ sums
+    residual = sums - projected
+    residual_sd = noise_std * np.sqrt(np.clip(1.0 - np.diag(projector), 0.0, None))
+    threshold = residual_sd[:, None] * math.sqrt(2.0 * math.log(n_genes))
+    return projected + np.where(np.abs(residual) > threshold, residual, 0.0), projector
+
+
+def group_statistics(
+    released: np.ndarray, table: MarkerTable, release: GaussianSum, *, project: bool = True
+) -> GroupStatistics:
     r"""Split a released (or exact) table into its parts, back in the data's units.
 
-    The gene weights are divided out, then the sums of :math:`y = x - m` are shifted back with the
+    The expression sums are first projected on their directions above the noise
+    (:func:`projected_sums`; ``project=False`` leaves them as released). The gene weights are then
+    divided out, and the sums of :math:`y = x - m` are shifted back with the
     noisy counts: :math:`\sum x = \sum y + \tilde n m` and :math:`\sum x^2 = \sum y^2 + 2 m \sum y +
     \tilde n m^2` (post-processing).
     """
     G, g = table.n_genes, table.weights
     values = np.asarray(released, dtype=np.float64).reshape(table.n_groups, table.width)
+    expression, covariance = values[:, :G], None
+    if project:
+        expression, covariance = projected_sums(expression, release.noise_std)
     counts = values[:, -1] * table.scale("count")
-    sums = values[:, :G] * table.scale("sum") / g
+    sums = expression * table.scale("sum") / g
     squares = values[:, G : 2 * G] * table.scale("squares") / g**2
     m, n = table.center[None, :], np.maximum(counts, 1.0)[:, None]
     return GroupStatistics(
@@ -552,6 +606,7 @@ def group_statistics(released: np.ndarray, table: MarkerTable, release: Gaussian
         sum_noise_sd=release.noise_std * table.scale("sum") / g,
         squares_noise_sd=release.noise_std * table.scale("squares") / g**2,
         center=table.center,
+        sum_noise_covariance=covariance,
     )
 
 
@@ -625,6 +680,20 @@ def _moments(sums, squares, counts, noise_sd, squares_noise_sd=None, center=0.0)
     return mean, np.maximum(variance, 0.0), n, (noise_sd / n) ** 2
 
 
+def _noise_shares(covariance: np.ndarray | None, n_groups: int) -> tuple[np.ndarray, np.ndarray]:
+    r"""Per group, the noise variance of its own sums and of the rest's, in units of one entry's.
+
+    With covariance :math:`P` across groups (:func:`projected_sums`; the identity when the sums are
+    as released): group k's own share is :math:`P_{kk}` and the rest's, the sum over the other
+    groups, :math:`a^\top P a` with :math:`a = 1 - e_k`, i.e. :math:`1^\top P 1 - 2 (P1)_k + P_{kk}`
+    (K − 1 for the identity).
+    """
+    P = np.eye(n_groups) if covariance is None else np.asarray(covariance, dtype=np.float64)
+    own = np.clip(np.diag(P), 0.0, None)
+    others = np.maximum(P.sum() - 2.0 * P.sum(1) + np.diag(P), 0.0)
+    return own, others
+
+
 def rank_markers(stats: GroupStatistics) -> MarkerResult:
     """Scanpy's t-test of each group against the rest, on the noisy statistics (module docstring)."""
     from scipy import stats as st
@@ -633,15 +702,16 @@ def rank_markers(stats: GroupStatistics) -> MarkerResult:
     rest = lambda per_group: per_group.sum(0, keepdims=True) - per_group  # noqa: E731
     sd_sums, sd_squares = stats.sum_noise_sd, stats.squares_noise_sd
     center = 0.0 if stats.center is None else stats.center
-    mean_g, var_g, n_g, noise_g = _moments(stats.sums, stats.squares, counts, sd_sums, sd_squares, center)
     rest_counts = np.maximum(rest(counts[:, None])[:, 0], 1.0)
-    others = math.sqrt(len(counts) - 1)  # the rest's sums add the noise of the other groups' entries
+    own, others = _noise_shares(stats.sum_noise_covariance, len(counts))
+    sd_g = sd_sums * np.sqrt(own)[:, None]
+    mean_g, var_g, n_g, noise_g = _moments(stats.sums, stats.squares, counts, sd_g, sd_squares, center)
     mean_r, var_r, n_r, noise_r = _moments(
         rest(stats.sums),
         rest(stats.squares),
         rest_counts,
-        sd_sums * others,
-        None if sd_squares is None else sd_squares * others,
+        sd_sums * np.sqrt(others)[:, None],
+        None if sd_squares is None else sd_squares * math.sqrt(len(counts) - 1),
         center,
     )
     se2_g, se2_r = var_g / n_g + noise_g, var_r / n_r + noise_r
