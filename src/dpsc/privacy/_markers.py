@@ -40,7 +40,9 @@ m)`, its squared entries weighted again, :math:`q_i = g^2 \odot (x_i - m)^2`, an
 :func:`norm_release`, :func:`marker_release`): three releases composed by the accountant. Over
 sites each is the sum of the sites' ones.
 
-**Post-processing** (:func:`group_statistics`, :func:`rank_markers`): the sums back in the data's
+**Post-processing** (:func:`projected_sums`, :func:`group_statistics`, :func:`rank_markers`): the
+expression sums kept where they stand above the noise (their directions above the edge of the
+noise's spectrum, and single entries beyond a universal threshold), then the sums back in the data's
 units (the weights divided out, then :math:`\sum x = \sum y + \tilde n m`, :math:`\sum x^2 = \sum y^2
 + 2 m \sum y + \tilde n m^2`, y unweighted; gene j's noise sd is then the table's over
 :math:`g_j`); noisy counts :math:`\tilde n_g` clipped to at least 1,
@@ -48,7 +50,8 @@ means :math:`\mu = S/\tilde n`, second moments, variances shrunk toward their me
 by their known noise (:func:`shrunk_variances`) and clipped to at least 0, the rest of the
 cells as the sum of the other groups; the t-test score of scanpy,
 :math:`(\mu_g - \mu_r)/\sqrt{v_g/n_g + v_r/n_r}`, with the known variance of the noise of the two
-means added under the root (a gene whose difference is within the noise does not rank high);
+means (as the projection leaves it) added under the root (a gene whose difference is within the
+noise does not rank high);
 Welch's degrees of freedom, p-values and Benjamini–Hochberg; scanpy's log fold change; the
 fraction of cells expressing each gene. A group whose noisy count is near zero gets means of the
 noise's size and scores near 0: its markers are noise, and ``rank_genes_groups`` says so.
