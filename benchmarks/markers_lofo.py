@@ -186,8 +186,11 @@ def report(path: Path) -> str:
         "",
         "The gene-weight and part-weight candidates were run later into the same file (`--candidates",
         'NAME --append`); the first three use even weights (`GENE_WEIGHT_POWER` 0). The three "variances',
-        "shrunk\" candidates ran last, after each group's noisy variances were shrunk toward their trend",
+        "shrunk\" candidates ran after each group's noisy variances were shrunk toward their trend",
         "(post-processing, `dpsc.privacy._markers.shrunk_variances`); the others ran without it.",
+        '"Sums projected" ran last, after the released sums were kept where they stand above the noise',
+        "(post-processing, `dpsc.privacy._markers.projected_sums`, `NOISE_EDGE` 1); every candidate before",
+        "ran with the sums as released (`NOISE_EDGE` 0).",
         "",
         *held_out_header(epsilons),
     ]
