@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import tempfile
+
 import numpy as np
 import pytest
 import torch
@@ -9,6 +11,17 @@ from dpsc.module import DCANModule
 from dpsc.privacy import PrivacyRecord
 
 torch.set_num_threads(2)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def session_temp_dir(tmp_path_factory):
+    """The run's temporary files (SuperNode logs, Flower's) go to this session's own folder, in this
+    process and the ones it starts: no test reads another run's leftovers, none are left in /tmp."""
+    folder = tmp_path_factory.mktemp("tmp")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TMPDIR", str(folder))
+        patch.setattr(tempfile, "tempdir", str(folder))
+        yield folder
 
 
 @pytest.fixture(scope="session")

@@ -15,6 +15,7 @@ import json
 import math
 import os
 import signal
+import tempfile
 import time
 from pathlib import Path
 
@@ -454,6 +455,7 @@ def test_a_refusal_reaches_both_terminals_in_plain_words(neighbours, tmp_path, l
     assert "--epsilon 4" in site_text and "raise SiteRefusal" not in site_text
     assert "Release 0 (sum): 0 of the 1 connected sites contributed" in server_text
     assert "refused: The server's noise multiplier" in server_text
+    assert not list(Path(tempfile.gettempdir()).glob(f"dpsc-site-{site.pid}-*.log"))  # no log kept
     assert (
         not Path(str(data) + ".dpsc-ledger.json").exists()
         or json.loads(Path(str(data) + ".dpsc-ledger.json").read_text())["entries"] == {}

@@ -240,8 +240,8 @@ def run_site(
 
     It also stops, within seconds, when the server stops (its SuperLink no longer answers) or at
     the timeout. A refusal raises ``ValueError`` with the site's reason (its own message); the
-    SuperNode's log is a temporary file, removed after a completed run and named in the error of a
-    failed or timed-out one.
+    SuperNode's log is a temporary file, removed after a completed or refused run and named in the
+    error of a failed or timed-out one.
     """
     require_flwr()
     settings_file = Path(settings_file).resolve()
@@ -267,6 +267,7 @@ def run_site(
     log = Path(tempfile.gettempdir()) / f"dpsc-site-{os.getpid()}-{port}.log"
     deadline = time.monotonic() + timeout
     watch = _ServerWatch(superlink)
+    refused = None
     with _process(command, log) as node:
         while time.monotonic() < deadline:
             if output.exists() and output.stat().st_mtime > before:
@@ -275,7 +276,8 @@ def run_site(
             if settings.refusal_file.exists():
                 reason = settings.refusal_file.read_text().strip()
                 time.sleep(REPLY_GRACE)  # let the refusal reach the server before the SuperNode stops
-                raise ValueError(f"This site refused the run: {reason}")
+                refused = reason
+                break
             if node.poll() is not None:
                 raise RuntimeError(f"The SuperNode stopped before the run ended; see {log}.")
             if watch.gone():
@@ -285,6 +287,9 @@ def run_site(
                     f"release it sent; the server's log says why the run ended (SuperNode log: {log})."
                 )
             time.sleep(0.5)
+    if refused is not None:  # the reason is the whole story: the SuperNode's log is not kept
+        log.unlink(missing_ok=True)
+        raise ValueError(f"This site refused the run: {refused}")
     if output.exists() and output.stat().st_mtime > before:
         log.unlink(missing_ok=True)
         return output
