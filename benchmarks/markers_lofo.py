@@ -25,7 +25,9 @@ quantile 0.7 and quantile 0.8 with power 0.35 (one command), then quantiles 0.6 
 then, after the groups' variances were shrunk toward their trend (post-processing; the candidates
 before ran without it), the three "variances shrunk" candidates (one command), then, after the
 released sums were projected on their directions above the noise (``NOISE_EDGE``; 0: every
-direction kept, as all the candidates before ran), "sums projected" (one command).
+direction kept, as all the candidates before ran), "sums projected" (one command), then, after
+a second, focused table over each group's best genes joined the release (the candidates before ran
+with one table), the four "focused" candidates (two processes, three files each).
 """
 
 from __future__ import annotations
@@ -133,6 +135,17 @@ CANDIDATES["quantile 0.3, variances shrunk, sums projected"] = {
     **CANDIDATES["quantile 0.3, variances shrunk"],
     "NOISE_EDGE": 1.0,
 }
+# a second, focused table over each group's best genes in the first (``FOCUS_GENES`` per group, the
+# five releases' shares ``FOCUSED_SHARES``); every candidate above ran with one table
+_ONE_TABLE = CANDIDATES["quantile 0.3, variances shrunk, sums projected"]
+_SHARES = {"center": 0.15, "norms": 0.05, "table": 0.3, "focus_norms": 0.05, "focus_table": 0.45}
+for _label, _genes, _changes in (
+    ("focused 50", 50, {}),
+    ("focused 25", 25, {}),
+    ("focused 15", 15, {}),
+    ("focused 25, first table 0.2", 25, {"table": 0.2}),
+):
+    CANDIDATES[_label] = {**_ONE_TABLE, "FOCUS_GENES": _genes, "FOCUSED_SHARES": {**_SHARES, **_changes}}
 SHIPPED = "quantile 0.3, variances shrunk, sums projected"
 #: A fold chooses among the candidates that keep at least this weight on the detections: a gene's
 #: fraction of expressing cells (``pts``, the dot plots' circle sizes) carries noise of sd

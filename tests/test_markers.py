@@ -34,13 +34,16 @@ EXTREME_CELLS = [
 ]
 
 
-@pytest.mark.parametrize("framed", [False, True])
-def test_one_cell_moves_the_table_by_at_most_the_sensitivity(framed):
+@pytest.mark.parametrize("framed, focused", [(False, False), (True, False), (False, True), (True, True)])
+def test_one_cell_moves_the_table_by_at_most_the_sensitivity(framed, focused):
     """Adding any one cell, however extreme, to any group changes the exact table by at most Δ, with the
-    worst-case bounds and centre 0 or with a released centre and small bounds."""
+    worst-case bounds and centre 0 or with a released centre and small bounds, over every gene or over
+    a focused few (each cell's log expression from all of its counts)."""
     rng = np.random.default_rng(1)
-    frame = mechanism.MarkerFrame(rng.uniform(0, 3, 50), 2.0, 5.0) if framed else None
-    table = mechanism.MarkerTable(3, 50, frame)
+    columns = np.sort(rng.choice(50, 12, replace=False)) if focused else None
+    n_genes = 50 if columns is None else len(columns)
+    frame = mechanism.MarkerFrame(rng.uniform(0, 3, n_genes), 2.0, 5.0) if framed else None
+    table = mechanism.MarkerTable(3, n_genes, frame, columns=columns)
     base = rng.poisson(2.0, size=(40, 50)).astype(float)
     groups = rng.integers(0, 3, 40)
     before = mechanism.group_table(base, groups, table)
@@ -120,11 +123,17 @@ def test_a_frame_outside_the_proofs_bounds_is_refused(hostile):
         mechanism.MarkerTable(3, 50, mechanism.MarkerFrame(**frame))
 
 
-def test_without_epsilon_the_plan_holds_no_norm_release():
-    from dpsc.tl._rank_genes_groups import CENTER, NORMS, TABLE, markers_plan
+def test_without_epsilon_the_plan_holds_no_norm_release_and_no_focused_table():
+    from dpsc.tl._rank_genes_groups import CENTER, FOCUS_NORMS, FOCUS_TABLE, NORMS, TABLE, markers_plan
 
     assert [r.name for r in markers_plan(None, 1e-5).releases] == [CENTER, TABLE]
-    assert [r.name for r in markers_plan(2.0, 1e-5).releases] == [CENTER, NORMS, TABLE]
+    assert [r.name for r in markers_plan(2.0, 1e-5).releases] == [
+        CENTER,
+        NORMS,
+        TABLE,
+        FOCUS_NORMS,
+        FOCUS_TABLE,
+    ]
 
 
 def test_without_noise_it_is_scanpys_t_test(grouped):
@@ -168,9 +177,13 @@ def test_private_markers_in_scanpys_format_plots_and_ledger(grouped, tmp_path):
     record = dpsc.privacy.get_record(adata, "rank_genes_groups")
     assert record["guarantee"] == "proven" and record["epsilon"] == pytest.approx(8.0, rel=0.01)
     assert record["max_grad_norm"] == pytest.approx(mechanism.SENSITIVITY)  # the table's Δ is recorded
-    assert len(record["history"]) == 3  # the centre, the histograms of the norms, the table: all accounted
+    assert (
+        len(record["history"]) == 5
+    )  # centre, norms, table, then the focused norms and table: all accounted
     params = adata.uns["dpsc"]["rank_genes_groups"]["params"]
     assert 0 < params["expression_bound"] < mechanism.expression_bound(adata.n_vars)
+    assert 0 < params["focus_expression_bound"] < params["expression_bound"]  # shorter cells over U
+    assert mechanism.FOCUS_GENES <= params["focus_genes"] < adata.n_vars
     assert dpsc.privacy.spent(adata).epsilon == pytest.approx(record["epsilon"])
     adata.write_h5ad(tmp_path / "markers.h5ad")  # h5ad-safe
     assert ad.read_h5ad(tmp_path / "markers.h5ad").uns["rank_genes_groups"]["params"]["groupby"] == "group"
@@ -256,6 +269,59 @@ def test_sparse_counts_give_the_dense_tables_without_densifying():
             mechanism.group_table(dense, codes, table),
             atol=1e-10,
         )
+
+
+def test_a_focused_table_reads_whole_cells_restricted_to_its_genes():
+    """Over genes U the exact table holds the full table's values at U in the data's units (log1p(CP10k)
+    of whole cells), sparse or dense, and the histograms count every cell once from its norm over U."""
+    rng = np.random.default_rng(5)
+    dense = rng.poisson(0.7, (200, 40)).astype(float)
+    counts = sp.csr_matrix(dense)
+    codes = rng.integers(-1, 3, 200)
+    genes = np.array([1, 4, 9, 22, 30, 39])
+    whole = mechanism.MarkerTable(3, 40)
+    full = mechanism.group_table(dense, codes, whole).reshape(3, -1)
+    for matrix in (dense, counts):
+        table = mechanism.MarkerTable(3, 6, columns=genes)
+        focused = mechanism.group_table(matrix, codes, table).reshape(3, -1)
+        for k, part in enumerate(("sum", "squares", "detected")):  # in the data's units, at U
+            at_genes = full[:, k * 40 + genes] * whole.scale(part)
+            np.testing.assert_allclose(
+                focused[:, k * 6 : (k + 1) * 6] * table.scale(part), at_genes, atol=1e-9
+            )
+        np.testing.assert_allclose(focused[:, -1], full[:, -1])
+        histograms = mechanism.norm_histograms(matrix, np.zeros(6), genes)
+        assert histograms[: mechanism.NORM_BINS].sum() == histograms[mechanism.NORM_BINS :].sum() == 200
+    with pytest.raises(mechanism.BoundError, match="distinct gene indices"):
+        mechanism.MarkerTable(3, 3, columns=np.array([1, 1, 2]))
+
+
+def test_the_focused_ranking_lists_its_genes_first_with_their_focused_statistics():
+    """U (each group's best genes in the first table) is ranked by the focused table's scores and comes
+    first; the other genes follow in the first table's order; adjusted p-values are recomputed."""
+    rng = np.random.default_rng(6)
+
+    def result(n_genes):
+        scores = rng.normal(size=(2, n_genes))
+        pvals = rng.uniform(size=(2, n_genes))
+        fields = {name: rng.uniform(size=(2, n_genes)) for name in ("logfoldchanges", "pts", "pts_rest")}
+        order = np.argsort(-scores, axis=1)
+        return mechanism.MarkerResult(order, scores, pvals, pvals, counts=np.array([10.0, 20.0]), **fields)
+
+    first = result(30)
+    genes = mechanism.focus_genes(first, 4)
+    assert set(genes) == set(first.order[:, :4].ravel()) and np.all(np.diff(genes) > 0)
+    focused = result(len(genes))
+    joined = mechanism.focused_result(first, focused, genes)
+    for k in range(2):
+        assert list(joined.order[k, : len(genes)]) == list(genes[focused.order[k]])
+        assert sorted(joined.order[k]) == list(range(30))
+        rest = [g for g in first.order[k] if g not in set(genes)]
+        assert list(joined.order[k, len(genes) :]) == rest
+    np.testing.assert_array_equal(joined.scores[:, genes], focused.scores)
+    outside = np.setdiff1d(np.arange(30), genes)
+    np.testing.assert_array_equal(joined.pts[:, outside], first.pts[:, outside])
+    assert np.all(joined.pvals_adj >= joined.pvals) and np.all(joined.pvals_adj <= 1)
 
 
 def test_a_noise_only_group_gets_finite_fold_changes_without_overflow():

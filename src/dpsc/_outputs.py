@@ -133,14 +133,45 @@ def write_markers(
     """
     table = mechanism.MarkerTable(len(names), target.n_vars, frame)
     result = mechanism.rank_markers(mechanism.group_statistics(released, table, release))
+    return write_marker_result(
+        target,
+        result,
+        names,
+        groupby,
+        n_genes=n_genes,
+        pts=pts,
+        layer=layer,
+        key=key,
+        count_noise=release.noise_std * table.scale("count"),
+        bounds=table.bounds,
+    )
+
+
+def write_marker_result(
+    target: ad.AnnData,
+    result: mechanism.MarkerResult,
+    names: list[str],
+    groupby: str,
+    *,
+    n_genes: int | None,
+    pts: bool,
+    layer: str | None,
+    key: str,
+    count_noise: float,
+    bounds: dict[str, float],
+) -> dict:
+    """Write a ranked marker result to ``target.uns[key]`` in scanpy's format; return what to record.
+
+    ``count_noise``: the noise sd of the group sizes; a group whose noisy size is below twice it
+    has markers that are mostly noise (``groups_below_noise``). ``bounds``: the table's bounds.
+    """
     kept = target.n_vars if n_genes is None else min(int(n_genes), target.n_vars)
     target.uns[key] = _scanpy_result(result, names, target.var_names, kept, groupby, layer, pts)
-    count_noise = release.noise_std * table.scale("count")
     below = [name for name, size in zip(names, result.counts, strict=True) if size < 2 * count_noise]
     return {
         "n_genes": kept,
         "group_sizes": result.counts.tolist(),
         "groups_below_noise": below,
-        "expression_bound": table.bounds["sum"],
-        "square_bound": table.bounds["squares"],
+        "expression_bound": bounds["sum"],
+        "square_bound": bounds["squares"],
     }

@@ -108,6 +108,18 @@ GENE_WEIGHT_OFFSET = 0.05  # t: the weight of a gene never detected, relative to
 #: Bins of genes (by their noisy mean) in which a group's noisy variances are shrunk toward their
 #: trend (:func:`shrunk_variances`); the count hardly matters (docs, Benchmarks: the markers' variances).
 TREND_BINS = 20
+#: The focused release (:func:`focus_genes`): after the first table, each group's this many best
+#: genes (their union U, post-processing of that table) are released again, alone. A cell's
+#: vector restricted to U is much shorter than over every gene, so the bounds released for it, and
+#: the noise proportional to them, are smaller: the genes that can reach a group's top ranks get
+#: their statistics from a table with less noise. Chosen by leave one file out (docs, Benchmarks:
+#: the markers' constants).
+FOCUS_GENES = 50
+#: Shares of ε of ``tl.rank_genes_groups``' five releases with a focused table: the centre, the
+#: histograms of the norms and the table over every gene, then the histograms of the norms over U
+#: and the table over U (:func:`focus_genes`). The shares are relative (the plan normalises them).
+#: Chosen by leave one file out (docs, Benchmarks: the markers' constants).
+FOCUSED_SHARES = {"center": 0.15, "norms": 0.05, "table": 0.3, "focus_norms": 0.05, "focus_table": 0.45}
 #: A singular direction of the released groups × genes sums is kept when its singular value exceeds
 #: this multiple of the largest one a table of pure noise reaches, :math:`s(\sqrt G + \sqrt K)`
 #: (:func:`projected_sums`). 1: the edge of the noise's spectrum itself, a constant of the
@@ -232,10 +244,22 @@ class MarkerTable:
     n_groups: int
     n_genes: int
     frame: MarkerFrame | None = None
+    #: The matrix's genes the table reads (each cell's log1p(CP10k) is computed from all of its
+    #: counts, then restricted to these); ``None``: every gene, ``n_genes`` of them.
+    columns: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if self.frame is not None:
             self.frame.check(self.n_genes)
+        if self.columns is not None:
+            columns = np.asarray(self.columns)
+            if (
+                columns.shape != (self.n_genes,)
+                or not np.issubdtype(columns.dtype, np.integer)
+                or len(np.unique(columns)) != self.n_genes
+                or columns.min(initial=0) < 0
+            ):
+                raise BoundError(f"a marker table's genes {columns!r}: {self.n_genes} distinct gene indices")
 
     @property
     def center(self) -> np.ndarray:
@@ -318,10 +342,11 @@ def norm_edges(worst: float) -> np.ndarray:
     return np.geomspace(1.0, max(float(worst), 1.0 + 1e-9), NORM_BINS + 1)
 
 
-def norm_histograms(matrix: Any, center: np.ndarray) -> np.ndarray:
+def norm_histograms(matrix: Any, center: np.ndarray, columns: np.ndarray | None = None) -> np.ndarray:
     r"""Return the exact histograms of :math:`\lVert y_i\rVert_2` and :math:`\lVert q_i\rVert_2`, joined.
 
-    :math:`y_i = g \odot (x_i - m)`, :math:`q_i = y_i^2` (the weights of the centre).
+    :math:`y_i = g \odot (x_i - m)`, :math:`q_i = y_i^2` (the weights of the centre), over the genes
+    ``columns`` (``None``: every gene; ``center`` has one value per gene read).
     Bin j of each counts the cells with norm in :math:`(e_j, e_{j+1}]`
     (edges :func:`norm_edges` of the frame's worst cases); the first bin also holds the norms at
     most 1. One cell adds 1 to one bin of each.
@@ -332,9 +357,9 @@ def norm_histograms(matrix: Any, center: np.ndarray) -> np.ndarray:
     edges, weights = [norm_edges(w)[1:] for w in frame.worst], frame.weights
     for rows in _rows(matrix, matrix.shape[1]):
         if sp.issparse(rows):
-            parts = _sparse_norms(_sparse_log_expression(rows), center, weights)
+            parts = _sparse_norms(_restricted(_sparse_log_expression(rows), columns), center, weights)
         else:
-            y = weights * (_log_expression(rows) - center)
+            y = weights * (_restricted(_log_expression(rows), columns) - center)
             parts = (np.sqrt((y**2).sum(1)), np.sqrt((y**4).sum(1)))
         for part, norms in enumerate(parts):
             bins = np.clip(np.searchsorted(edges[part], norms, side="left"), 0, NORM_BINS - 1)
@@ -426,6 +451,11 @@ def _sparse_log_expression(block: Any) -> sp.csr_matrix:
     return X
 
 
+def _restricted(x: Any, columns: np.ndarray | None) -> Any:
+    """Restrict the log expression of whole cells to ``columns`` (``None``: every gene)."""
+    return x if columns is None else x[:, columns]
+
+
 def _sparse_norms(x: sp.csr_matrix, center: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     r"""Return :math:`\lVert g(x_i - m)\rVert_2` and :math:`\lVert g^2 (x_i - m)^2\rVert_2` of sparse rows.
 
@@ -505,19 +535,21 @@ def group_table(matrix: Any, groups: np.ndarray, table: MarkerTable) -> np.ndarr
     r"""Return the exact table :math:`\sum_i e_{g(i)} \otimes \text{row}_i`, flattened (group-major).
 
     ``groups``: each cell's group code in ``[0, n_groups)``, or −1 for a cell in no group (it adds
-    nothing). Read in row blocks, at most :data:`DENSE_VALUES` values densified at once.
+    nothing). Over the table's genes (``table.columns``). Read in row blocks, at most
+    :data:`DENSE_VALUES` values densified at once.
     """
     groups = np.asarray(groups, dtype=np.int64)
     total = np.zeros((table.n_groups, table.width))
     start = 0
-    for rows in _rows(matrix, table.width):  # about 64 MB densified at once (dense input)
+    columns = table.columns
+    for rows in _rows(matrix, max(table.width, matrix.shape[1])):  # about 64 MB densified at once
         codes = groups[start : start + rows.shape[0]]
         start += rows.shape[0]
         member = np.flatnonzero(codes >= 0)
         if member.size and sp.issparse(rows):
-            total += _sparse_group_table(_sparse_log_expression(rows), codes, table)
+            total += _sparse_group_table(_restricted(_sparse_log_expression(rows), columns), codes, table)
         elif member.size:
-            contribution = cell_rows(_log_expression(rows[member]), table)
+            contribution = cell_rows(_restricted(_log_expression(rows[member]), columns), table)
             onehot = sp.csr_matrix(
                 (np.ones(member.size), (codes[member], np.arange(member.size))),
                 shape=(table.n_groups, member.size),
@@ -732,6 +764,40 @@ def rank_markers(stats: GroupStatistics) -> MarkerResult:
     pts_rest = np.clip(rest(stats.detected) / n_r, 0.0, 1.0)
     order = np.argsort(-scores, axis=1, kind="stable")
     return MarkerResult(order, scores, pvals, pvals_adj, logfold, pts, pts_rest, counts)
+
+
+def focus_genes(first: MarkerResult, per_group: int | None = None) -> np.ndarray:
+    """Return U, the union of each group's ``per_group`` best genes in a ranked release, sorted.
+
+    ``per_group`` defaults to :data:`FOCUS_GENES`. Post-processing of the first table: the genes
+    the focused release reads are public once that table is.
+    """
+    per_group = FOCUS_GENES if per_group is None else int(per_group)
+    return np.unique(first.order[:, :per_group])
+
+
+def focused_result(first: MarkerResult, focused: MarkerResult, genes: np.ndarray) -> MarkerResult:
+    r"""Join the ranking of every gene (``first``) with the focused one of the genes U (``genes``).
+
+    The statistics of a gene in U come from the focused table (less noise), the others' from the
+    first table. Each group's ranking lists U by its focused scores, then the other genes by their
+    first scores: a gene outside U did not reach the group's :data:`FOCUS_GENES` best in the first
+    table. The adjusted p-values are recomputed over the joined p-values (Benjamini–Hochberg), and
+    the group sizes are the first table's. Post-processing of the two releases.
+    """
+    genes = np.asarray(genes)
+    joined = {}
+    for name in ("scores", "pvals", "logfoldchanges", "pts", "pts_rest"):
+        values = np.array(getattr(first, name), dtype=np.float64, copy=True)
+        values[:, genes] = getattr(focused, name)
+        joined[name] = values
+    outside = np.ones(first.order.shape[1], dtype=bool)
+    outside[genes] = False
+    order = np.vstack(
+        [np.concatenate([genes[focused.order[k]], row[outside[row]]]) for k, row in enumerate(first.order)]
+    )
+    pvals_adj = np.vstack([_benjamini_hochberg(p) for p in joined["pvals"]])
+    return MarkerResult(order=order, pvals_adj=pvals_adj, counts=first.counts, **joined)
 
 
 def _benjamini_hochberg(p: np.ndarray) -> np.ndarray:

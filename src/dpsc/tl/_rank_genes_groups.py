@@ -18,7 +18,7 @@ import pandas as pd
 from dpsc._docs import doc_params
 
 from .._api import DEFAULT_EPSILON, store_result
-from .._outputs import write_markers
+from .._outputs import write_marker_result
 from .._validation import check_privacy_args, check_public_counts, get_matrix, resolve_delta
 from ..privacy import (
     COMMON_NOT_COVERED,
@@ -30,28 +30,36 @@ from ..privacy import (
 from ..privacy import _markers as mechanism
 
 CENTER, NORMS, TABLE = "tl.rank_genes_groups.center", "tl.rank_genes_groups.norms", "tl.rank_genes_groups"
+FOCUS_NORMS, FOCUS_TABLE = "tl.rank_genes_groups.focus_norms", "tl.rank_genes_groups.focus"
+#: The plan's releases by part, in order (:data:`~dpsc.privacy._markers.FOCUSED_SHARES` names the parts).
+PARTS = {
+    "center": CENTER,
+    "norms": NORMS,
+    "table": TABLE,
+    "focus_norms": FOCUS_NORMS,
+    "focus_table": FOCUS_TABLE,
+}
 
 
 def markers_plan(epsilon: float | None, delta: float) -> ReleasePlan:
-    """Return the releases (centre, norm histograms, table) sharing (ε, δ), calibrated.
+    """Return the releases sharing (ε, δ), calibrated: centre, norms, table, then the focused two.
 
-    Without ε there is no norm histogram: the frame states the worst-case bounds
-    (:func:`~dpsc.privacy._markers.release_frame`), so the plan holds only the centre and the table.
+    Shares :data:`~dpsc.privacy._markers.FOCUSED_SHARES`. Without ε there is no norm histogram
+    and no focused table: the frame states the worst-case bounds
+    (:func:`~dpsc.privacy._markers.release_frame`), so the plan holds only the centre and the
+    table, and the statistics are exact.
     """
-    center = PlannedRelease(CENTER, share=mechanism.CENTER_SHARE)
-    norms = PlannedRelease(NORMS, share=mechanism.NORM_SHARE)
-    table = PlannedRelease(TABLE, share=1.0 - mechanism.CENTER_SHARE - mechanism.NORM_SHARE)
-    releases = (center, norms, table) if epsilon is not None else (center, table)
-    return ReleasePlan.of(*releases).calibrate(epsilon, delta)
+    if epsilon is None:
+        return ReleasePlan.of(PlannedRelease(CENTER), PlannedRelease(TABLE)).calibrate(None, delta)
+    shares = mechanism.FOCUSED_SHARES
+    return ReleasePlan.of(*(PlannedRelease(PARTS[part], share=shares[part]) for part in PARTS)).calibrate(
+        epsilon, delta
+    )
 
 
 def markers_sigmas(plan: ReleasePlan) -> dict[str, float]:
-    """Return the plan's σ by part (centre, norms, table); norms 0 in a plan without ε."""
-    return {
-        "center": plan.sigma(CENTER),
-        "norms": plan.sigma(NORMS) if NORMS in plan else 0.0,
-        "table": plan.sigma(TABLE),
-    }
+    """Return the plan's σ by part (:data:`PARTS`); 0 for a part a plan without ε does not make."""
+    return {part: plan.sigma(name) if name in plan else 0.0 for part, name in PARTS.items()}
 
 
 def markers_record(plan: ReleasePlan, n_obs: int, groupby: str, noise: NoiseSource) -> PrivacyRecord:
@@ -66,12 +74,14 @@ def markers_record(plan: ReleasePlan, n_obs: int, groupby: str, noise: NoiseSour
     return plan.record(
         tool,
         unit=f"adding or removing one of the {n_obs} cells (with its value of obs[{groupby!r}])",
-        mechanism="three discrete Gaussian releases composed by the Opacus RDP accountant: the cells' mean "
+        mechanism="five discrete Gaussian releases composed by the Opacus RDP accountant: the cells' mean "
         "log1p(CP10k) expression (the centre the cells are measured from), histograms of the cells' norms "
         "from it (which set the bounds of the sums), then per-group sums of each cell's expression from the "
         "centre (each gene weighted by a function of its released mean), its squares and its detected "
-        "genes, and the group sizes (each cell adds to its own group only; every part bounded)",
-        covered=f"{covered}, the released centre and bounds, and anything computed from them",
+        "genes, and the group sizes (each cell adds to its own group only; every part bounded); then the "
+        f"same two over the union of each group's {mechanism.FOCUS_GENES} best genes in that table "
+        "(histograms of the shorter norms there, and the focused table)",
+        covered=f"{covered}, the released centre, bounds and focused genes, and anything computed from them",
         not_covered=f"{COMMON_NOT_COVERED}; the groups themselves (obs[{groupby!r}] is read as part of "
         "each cell: when it comes from a private clustering, that clustering's ε covers it); plots "
         "such as sc.pl.rank_genes_groups_dotplot, which read the cells again on this machine",
@@ -84,7 +94,7 @@ def markers_record(plan: ReleasePlan, n_obs: int, groupby: str, noise: NoiseSour
 
 
 def frame_releases(matrix, sigmas: dict[str, float], releases, private: bool) -> tuple:
-    """Return the two releases of the table's frame over these cells (``mechanism.release_frame``).
+    """Return the two releases of the first table's frame over these cells (``mechanism.release_frame``).
 
     Without ε (``private`` false) the centre's sums are exact and no histogram is released.
     """
@@ -101,6 +111,29 @@ def frame_releases(matrix, sigmas: dict[str, float], releases, private: bool) ->
         return mechanism.norm_release(sigmas["norms"]).release(exact, releases.stream(NORMS))
 
     return release_center, release_norms if private else None
+
+
+def focused_markers(
+    matrix, codes: np.ndarray, n_groups: int, first: mechanism.MarkerResult, frame, sigmas, releases
+) -> tuple[mechanism.MarkerResult, np.ndarray, mechanism.MarkerTable]:
+    """Release the focused table over U (:func:`~dpsc.privacy._markers.focus_genes`) and join the rankings.
+
+    U and its centre and weights are post-processing of the first table and centre; then one
+    release of the histograms of the cells' norms over U (their bounds) and one of the table over U.
+    Returns the joined ranking, U and the focused table's layout.
+    """
+    genes = mechanism.focus_genes(first)
+    center = np.asarray(frame.center)[genes]
+    histograms = mechanism.norm_histograms(matrix, center, genes)
+    norms_release = mechanism.norm_release(sigmas["focus_norms"])
+    released_norms = norms_release.release(histograms, releases.stream(FOCUS_NORMS))
+    table = mechanism.MarkerTable(
+        n_groups, len(genes), mechanism.released_frame(released_norms, center), columns=genes
+    )
+    release = mechanism.marker_release(table, sigmas["focus_table"])
+    released = release.release(mechanism.group_table(matrix, codes, table), releases.stream(FOCUS_TABLE))
+    focused = mechanism.rank_markers(mechanism.group_statistics(released, table, release))
+    return mechanism.focused_result(first, focused, genes), genes, table
 
 
 def _group_codes(adata: ad.AnnData, groupby: str, groups: Sequence[str] | None) -> tuple[np.ndarray, list]:
@@ -209,20 +242,27 @@ def rank_genes_groups(
         release = mechanism.marker_release(table, sigmas["table"])
         exact = mechanism.group_table(matrix, codes, table)
         released = exact if epsilon is None else release.release(exact, releases.stream(TABLE))
+        result = mechanism.rank_markers(mechanism.group_statistics(released, table, release))
+        focus = {}
+        if epsilon is not None:
+            result, genes, focused = focused_markers(
+                matrix, codes, len(names), result, frame, sigmas, releases
+            )
+            focus = {"focus_genes": len(genes), "focus_expression_bound": focused.bounds["sum"]}
         target = adata.copy() if copy else adata
-        written = write_markers(
+        written = write_marker_result(
             target,
-            released,
-            release,
+            result,
             names,
             groupby,
             n_genes=kept,
             pts=pts,
             layer=layer,
             key=key_added,
-            frame=frame,
+            count_noise=release.noise_std * table.scale("count"),
+            bounds=table.bounds,
         )
-        params = {"groupby": groupby, "groups": names, "layer": layer, **written}
+        params = {"groupby": groupby, "groups": names, "layer": layer, **written, **focus}
         return store_result(adata, target, key_added, record, params, copy=copy, booking=releases.booking)
 
 
