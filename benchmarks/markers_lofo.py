@@ -146,7 +146,7 @@ for _label, _genes, _changes in (
     ("focused 25, first table 0.2", 25, {"table": 0.2}),
 ):
     CANDIDATES[_label] = {**_ONE_TABLE, "FOCUS_GENES": _genes, "FOCUSED_SHARES": {**_SHARES, **_changes}}
-SHIPPED = "quantile 0.3, variances shrunk, sums projected"
+SHIPPED = "focused 50"
 #: A fold chooses among the candidates that keep at least this weight on the detections: a gene's
 #: fraction of expressing cells (``pts``, the dot plots' circle sizes) carries noise of sd
 #: σΔC_d / (w_d ñ_g), so a lighter w_d makes every fraction noisier, which the top-10 overlap does

@@ -6,7 +6,7 @@ expression :math:`x_i = \log(1 + 10^4 c_i / \sum_j c_{ij})` over the G genes (sc
 is 0), measured from a released centre :math:`m` (the cells' mean expression) and weighted per gene
 by :math:`g = g(m)` (:func:`gene_weights`, a public map of the centre): :math:`y_i = g \odot (x_i -
 m)`, its squared entries weighted again, :math:`q_i = g^2 \odot (x_i - m)^2`, and its detection
-:math:`d_i = [x_i > 0]`. Three releases, in order:
+:math:`d_i = [x_i > 0]`. Three releases, in order, then a focused pair:
 
 1. **the centre** (:func:`center_sum`, :func:`released_center`): the sum of
    :math:`(x_i / B_2(G), 1) / \sqrt 2` over the cells (the expression sums and the count), with
@@ -34,11 +34,20 @@ m)`, its squared entries weighted again, :math:`q_i = g^2 \odot (x_i - m)^2`, an
    group, which keeps the genes' ranks and shrinks their fold changes a little. A cell adds to
    its own group's row only, so adding or removing one cell changes the table by at most
    :math:`\Delta = \sqrt{w_x^2 + w_s^2 + w_d^2 + w_n^2}` in L2, whatever the groups, the centre
-   and the bounds are (all public when the table is released; a cell in no group adds nothing).
+   and the bounds are (all public when the table is released; a cell in no group adds nothing);
+4. **the focused table** (``tl.rank_genes_groups`` with ε): U, the union of each group's
+   :data:`FOCUS_GENES` best genes in the ranked table (:func:`focus_genes`, post-processing), then
+   releases 2 and 3 again with every cell's vector restricted to U: :math:`x_i` is still
+   log1p(CP10k) of the whole cell, only its coordinates outside U are dropped
+   (``MarkerTable.columns``), so the worst cases (with :math:`B_p(|U|)`) and Δ hold as above.
+   Restricted to U the cells are much shorter, so the released bounds and the noise proportional to
+   them are smaller; the genes of U take their statistics and ranks from this table
+   (:func:`focused_result`).
 
 **Sum and noise.** Each release is a :class:`~dpsc.privacy.GaussianSum` (:func:`center_release`,
-:func:`norm_release`, :func:`marker_release`): three releases composed by the accountant. Over
-sites each is the sum of the sites' ones.
+:func:`norm_release`, :func:`marker_release`): three releases (five with the focused table)
+composed by the accountant. Over sites each is the sum of the sites' ones (the clustering's own
+markers make the first three).
 
 **Post-processing** (:func:`projected_sums`, :func:`group_statistics`, :func:`rank_markers`): the
 expression sums kept where they stand above the noise (their directions above the edge of the

@@ -1,4 +1,4 @@
-"""``dpsc.tl.rank_genes_groups``: marker genes of each group from one private release, in scanpy's format.
+"""``dpsc.tl.rank_genes_groups``: marker genes of each group from private releases, in scanpy's format.
 
 The mechanism (per-cell rows, their bounds, the per-group table and scanpy's t-test on it) is
 :mod:`dpsc.privacy._markers`; this module checks the arguments, books the release and writes
@@ -170,16 +170,19 @@ def rank_genes_groups(
     key_added: str = "rank_genes_groups",
     copy: bool = False,
 ) -> ad.AnnData | None:
-    """Rank marker genes of each group from a differentially private release, as scanpy does.
+    """Rank marker genes of each group from differentially private releases, as scanpy does.
 
     A Gaussian release of a groups × (3G + 1) table: per group, the sums of each cell's
     log1p(CP10k) expression measured from the cells' mean, of its squares and of its detected
     genes, and the group's size (:mod:`dpsc.privacy._markers` states the bounds; each cell adds to
     its own group only, so one cell moves the table by at most Δ whatever the groups are). The
-    mean (three tenths of ε; it also sets each gene's weight) and the bounds of the two expression
-    parts (histograms of the cells' norms from the mean, a tenth of ε) are released first: the
-    noise of every mean and variance is proportional to those bounds, and a cell is shorter
-    measured from the mean than from 0.
+    mean (it also sets each gene's weight) and the bounds of the two expression parts (histograms
+    of the cells' norms from the mean) are released first: the noise of every mean and variance is
+    proportional to those bounds, and a cell is shorter measured from the mean than from 0. Then
+    the bounds and the table again over the union of each group's best genes in that table
+    (:data:`~dpsc.privacy._markers.FOCUS_GENES` per group): restricted to them the cells are much
+    shorter, so the genes that can reach a group's top ranks get statistics with less noise, and
+    they rank first. Shares of ε: :data:`~dpsc.privacy._markers.FOCUSED_SHARES`.
     Then scanpy's t-test of each
     group against the rest on the noisy statistics (post-processing), with the known noise of the
     two means added to the standard error so that differences within the noise do not rank high;
@@ -220,7 +223,8 @@ def rank_genes_groups(
     fields (``params``, ``names``, ``scores``, ``pvals``, ``pvals_adj``, ``logfoldchanges``,
     ``pts``, ``pts_rest``), and ``uns["dpsc"][key_added]`` with the record and the noisy group
     sizes (a group whose noisy size is below twice its noise has markers that are mostly noise:
-    ``groups_below_noise`` lists them).
+    ``groups_below_noise`` lists them) and, with ε, how many genes the focused table read
+    (``focus_genes``; each group's ranking lists them first).
     """
     delta = resolve_delta(delta, adata.n_obs)
     matrix = get_matrix(adata, layer)
