@@ -27,10 +27,12 @@ import scipy.sparse as sp
 from dpsc.federated._site import Site, SiteRefusal, SiteSettings, run_fallback_epsilon
 from dpsc.federated._trust import BudgetSettingError
 from dpsc.privacy import NoiseSource
+from dpsc.privacy import _markers as markers_mechanism
 from dpsc.privacy._clustering import (
     KINDS,
     ClusterPlan,
     Request,
+    ScheduleError,
     central_release_sum,
     contribution,
     plan_clustering,
@@ -143,15 +145,20 @@ def test_an_honest_run_is_served_whole_once(neighbours, tmp_path):
 def test_the_marker_release_is_scheduled_and_checked(neighbours, tmp_path):
     plan = plan_for(markers=True)
     requests = honest_requests(plan, neighbours[0])
-    assert [r.kind for r in requests][-1] == "markers" and len(requests) == plan.n_releases
+    kinds = ["marker_center", "marker_norms", "markers", "marker_focus_norms", "marker_focus"]
+    assert [r.kind for r in requests][-5:] == kinds and len(requests) == plan.n_releases
     assert check_both(neighbours, tmp_path, honest_steps(plan, requests)) == [True] * plan.n_releases
-    centroids = requests[-1].assignment.matrix.copy()
+    table = len(requests) - 3  # the first marker table's index
+
+    def refused_at(position: int, hostile: Request) -> None:
+        """The site serves every release before ``position`` and refuses the hostile one there."""
+        steps = honest_steps(plan, [*requests[:position], hostile])
+        assert check_both(neighbours, tmp_path, steps) == [True] * position + [False]
+
+    centroids = requests[table].assignment.matrix.copy()
     centroids[1, 2] = np.nan
-    hostile = dataclasses.replace(requests[-1], assignment=Assignment("nearest", centroids))
-    steps = honest_steps(plan, [*requests[:-1], hostile])
-    assert check_both(neighbours, tmp_path, steps) == [True] * (plan.n_releases - 1) + [False]
-    assert [r.kind for r in requests][-3:-1] == ["marker_center", "marker_norms"]
-    frame = requests[-1].frame
+    refused_at(table, dataclasses.replace(requests[table], assignment=Assignment("nearest", centroids)))
+    frame = requests[table].frame
     assert 0 < frame.sum_bound and 0 < frame.square_bound
     hostile_frames = [  # the centre and the bounds are public inputs too
         *(dataclasses.replace(frame, sum_bound=b) for b in (np.inf, np.nan, 0.0, -1.0, 1e6, None)),
@@ -161,14 +168,32 @@ def test_the_marker_release_is_scheduled_and_checked(neighbours, tmp_path):
         None,
     ]
     for hostile_frame in hostile_frames:
-        hostile = dataclasses.replace(requests[-1], frame=hostile_frame)
-        steps = honest_steps(plan, [*requests[:-1], hostile])
-        assert check_both(neighbours, tmp_path, steps) == [True] * (plan.n_releases - 1) + [False]
-    histograms = dataclasses.replace(
-        requests[-2], frame=dataclasses.replace(frame, center=frame.center * 0 + 99)
-    )
-    steps = honest_steps(plan, [*requests[:-2], histograms])
-    assert check_both(neighbours, tmp_path, steps) == [True] * (plan.n_releases - 2) + [False]
+        refused_at(table, dataclasses.replace(requests[table], frame=hostile_frame))
+    far = dataclasses.replace(frame, center=frame.center * 0 + 99)
+    refused_at(table - 1, dataclasses.replace(requests[table - 1], frame=far))
+    # the focused releases: distinct genes of the matrix, with a centre (and bounds) over exactly them
+    focus_norms, focus = requests[-2], requests[-1]
+    columns = focus.columns
+    for hostile_columns in (np.r_[columns, columns[:1]], np.r_[columns[:-1], N_VARS]):  # repeated; absent
+        zeros = markers_mechanism.MarkerFrame(np.zeros(len(hostile_columns)))
+        refused_at(len(requests) - 2, dataclasses.replace(focus_norms, columns=hostile_columns, frame=zeros))
+    refused_at(len(requests) - 2, dataclasses.replace(focus_norms, columns=None))
+    short = dataclasses.replace(focus.frame, center=focus.frame.center[:-1])
+    refused_at(len(requests) - 1, dataclasses.replace(focus, frame=short))
+    # ... and at most FOCUS_GENES of them per cluster (a plan of more genes than that)
+    wide = plan_clustering(8.0, 1e-5, n_vars=400, n_clusters=3, n_obs=60, n_genes=40, markers=True)
+    release = next(r for r in wide.schedule() if r.kind == "marker_focus_norms")
+    most = 3 * markers_mechanism.FOCUS_GENES
+    for count, allowed in ((most, True), (most + 1, False)):
+        frame = markers_mechanism.MarkerFrame(np.zeros(count))
+        request = Request(
+            "marker_focus_norms", release.index, release.sigma, frame=frame, columns=np.arange(count)
+        )
+        if allowed:
+            release.check(request, 400, wide.n_genes)
+        else:
+            with pytest.raises(ScheduleError, match=f"allows 1 to {most}"):
+                release.check(request, 400, wide.n_genes)
     without = plan_for()  # a plan without markers: no marker release is served
     extra = dataclasses.replace(requests[-1], index=without.n_releases)
     steps = honest_steps(without, [*honest_requests(without, neighbours[0]), extra])

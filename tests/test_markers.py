@@ -230,10 +230,11 @@ def test_tl_cluster_releases_the_clusters_markers_inside_its_epsilon(small_adata
         8.0, 1e-5, n_vars=200, n_clusters=3, n_obs=300, markers=True
     )
     # the k-means' releases are one history entry of kmeans_steps steps
-    assert (
-        plan.schedule()[-1].kind == "markers"
-        and plan.n_releases == len(plan.history()) + plan.kmeans_steps - 1
-    )
+    kinds = [r.kind for r in plan.schedule()][-5:]
+    assert kinds == ["marker_center", "marker_norms", "markers", "marker_focus_norms", "marker_focus"]
+    assert plan.n_releases == len(plan.history()) + plan.kmeans_steps - 1
+    written = adata.uns["dpsc"]["dp_kmeans"]["markers"]
+    assert 0 < written["focus_genes"] <= 3 * dpsc.privacy._markers.FOCUS_GENES
     assert "dp_kmeans_markers" not in without.uns
 
 

@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from .privacy import _markers as mechanism
-from .privacy._clustering import ClusterPlan, ClusterResult
+from .privacy._clustering import ClusterPlan, ClusterResult, first_marker_ranking, scheduled
 
 
 def stem(key_added: str) -> str:
@@ -72,16 +72,32 @@ def write_cluster_markers(
 ) -> dict:
     """Write the clusters' released marker table as ``uns[f"{key_added}_markers"]`` (scanpy's format)."""
     names = [str(i) for i in range(plan.n_clusters)]
-    release = plan.schedule()[-1].release()
-    return write_markers(
-        target,
-        result.marker_table,
-        release,
-        names,
-        key_added,
-        key=derived_key(key_added, "markers"),
-        frame=result.marker_frame,
-    )
+    ranking = first_marker_ranking(plan, result.marker_table, result.marker_frame)
+    table = mechanism.MarkerTable(plan.n_clusters, plan.n_vars, result.marker_frame)
+    count_noise = scheduled(plan, "markers").release().noise_std * table.scale("count")
+    written = {}
+    if result.marker_focus_table is not None:  # the focused table ranks its genes first
+        genes = np.asarray(result.marker_focus_genes)
+        focused = mechanism.MarkerTable(plan.n_clusters, len(genes), result.marker_focus_frame, columns=genes)
+        release = scheduled(plan, "marker_focus").release(genes)
+        stats = mechanism.group_statistics(result.marker_focus_table, focused, release)
+        ranking = mechanism.focused_result(ranking, mechanism.rank_markers(stats), genes)
+        written = {"focus_genes": len(genes), "focus_expression_bound": focused.bounds["sum"]}
+    return {
+        **write_marker_result(
+            target,
+            ranking,
+            names,
+            key_added,
+            n_genes=100,
+            pts=True,
+            layer=None,
+            key=derived_key(key_added, "markers"),
+            count_noise=count_noise,
+            bounds=table.bounds,
+        ),
+        **written,
+    }
 
 
 def _recarray(values: np.ndarray, names: list[str], dtype: str) -> np.recarray:
@@ -111,40 +127,6 @@ def _scanpy_result(result, names, var_names, n_genes, groupby, layer, pts: bool)
         out["pts"] = pd.DataFrame(result.pts.T, index=var_names, columns=names)
         out["pts_rest"] = pd.DataFrame(result.pts_rest.T, index=var_names, columns=names)
     return out
-
-
-def write_markers(
-    target: ad.AnnData,
-    released: np.ndarray,
-    release,
-    names: list[str],
-    groupby: str,
-    *,
-    n_genes: int | None = 100,
-    pts: bool = True,
-    layer: str | None = None,
-    key: str = "rank_genes_groups",
-    frame: mechanism.MarkerFrame | None = None,
-) -> dict:
-    """Rank a released marker table and write it to ``target.uns[key]`` in scanpy's format.
-
-    Post-processing only. Returns the parameters to record: the group sizes used and the groups
-    whose noisy size is below twice its noise (their markers are mostly noise).
-    """
-    table = mechanism.MarkerTable(len(names), target.n_vars, frame)
-    result = mechanism.rank_markers(mechanism.group_statistics(released, table, release))
-    return write_marker_result(
-        target,
-        result,
-        names,
-        groupby,
-        n_genes=n_genes,
-        pts=pts,
-        layer=layer,
-        key=key,
-        count_noise=release.noise_std * table.scale("count"),
-        bounds=table.bounds,
-    )
 
 
 def write_marker_result(

@@ -109,32 +109,74 @@ def _payload(request: Request) -> list[np.ndarray]:
     )
     assignment = request.assignment.matrix if request.assignment is not None else np.zeros((0, 0))
     frame = request.frame.to_array() if request.frame is not None else np.zeros(0)
-    return [genes, loadings, np.asarray(assignment, dtype=np.float64), frame]
+    columns = np.asarray(request.columns if request.columns is not None else [], dtype=np.int64)
+    return [genes, loadings, np.asarray(assignment, dtype=np.float64), frame, columns]
 
 
-NO_GENES = ("genes", "marker_center", "marker_norms")  # releases whose request carries no gene list
+NO_GENES = ("genes", "marker_center", "marker_norms", "marker_focus_norms")  # requests without a gene list
+WITH_LOADINGS = ("pca", "kmeans", "markers", "marker_focus")  # requests that carry loadings
+WITH_FRAME = ("marker_norms", "markers", "marker_focus_norms", "marker_focus")  # ... a marker frame
+FOCUSED = ("marker_focus_norms", "marker_focus")  # ... the focused marker table's genes
+
+
+#: The names of :func:`marker_arrays`' arrays (as the server saves them).
+MARKER_ARRAYS = (
+    "marker_table",
+    "marker_frame",
+    "marker_focus_genes",
+    "marker_focus_table",
+    "marker_focus_frame",
+)
+
+
+def marker_arrays(result: ClusterResult) -> list[np.ndarray]:
+    """Return the released marker tables and frames as arrays (what every site receives at the end).
+
+    The first table and its frame, then the focused table's genes, table and frame when there is one.
+    """
+    if result.marker_table is None:
+        return []
+    arrays = [result.marker_table, result.marker_frame.to_array()]
+    if result.marker_focus_table is not None:
+        genes = np.asarray(result.marker_focus_genes, dtype=np.int64)
+        arrays += [genes, result.marker_focus_table, result.marker_focus_frame.to_array()]
+    return arrays
+
+
+def with_markers(result: ClusterResult, arrays: list[np.ndarray]) -> ClusterResult:
+    """Set the marker tables of ``result`` from :func:`marker_arrays`' arrays (none: left as they are)."""
+    if len(arrays) >= 2:
+        result.marker_table, result.marker_frame = arrays[0], MarkerFrame.from_array(arrays[1])
+    if len(arrays) >= 5:
+        result.marker_focus_genes = np.asarray(arrays[2]).astype(np.int64)
+        result.marker_focus_table, result.marker_focus_frame = arrays[3], MarkerFrame.from_array(arrays[4])
+    return result
 
 
 def _request(config: dict[str, Any], arrays: list[np.ndarray]) -> Request:
     """Return the request a site received (refused with a message when malformed)."""
     try:
         kind, index, sigma = str(config["kind"]), int(config["index"]), float(config["sigma"])
-        genes, loadings, matrix, frame = arrays
+        genes, loadings, matrix, frame, *focused = arrays
         assignment = None
-        if kind in ("pca", "kmeans", "markers") and (
-            np.ndim(loadings) != 2 or np.shape(loadings)[0] != len(genes)
-        ):
+        if kind in WITH_LOADINGS and (np.ndim(loadings) != 2 or np.shape(loadings)[0] != len(genes)):
             raise ValueError(f"loadings of shape {np.shape(loadings)} for {len(genes)} genes")
-        if kind in ("kmeans", "markers"):
+        if kind in ("kmeans", "markers", "marker_focus"):
             assignment = Assignment(str(config["assignment"]), np.asarray(matrix, dtype=np.float64))
+        columns = None
+        if kind in FOCUSED:
+            if len(focused) != 1 or np.ndim(focused[0]) != 1:
+                raise ValueError("a focused marker request without its gene list")
+            columns = np.asarray(focused[0]).astype(np.int64)
         return Request(
             kind,
             index,
             sigma,
             genes=np.asarray(genes, dtype=np.int64) if kind not in NO_GENES else None,
-            loadings=np.asarray(loadings, dtype=np.float64) if kind in ("pca", "kmeans", "markers") else None,
+            loadings=np.asarray(loadings, dtype=np.float64) if kind in WITH_LOADINGS else None,
             assignment=assignment,
-            frame=MarkerFrame.from_array(frame) if kind in ("marker_norms", "markers") else None,
+            frame=MarkerFrame.from_array(frame) if kind in WITH_FRAME else None,
+            columns=columns,
         )
     except (KeyError, ValueError, TypeError) as err:
         raise SiteRefusal(f"Malformed request from the server ({err!r}); nothing was sent.") from None
@@ -197,8 +239,8 @@ class SiteHandler:
         if kind == "finish":
             genes, loadings, eigenvalues, centroids, *markers = parameters
             result = ClusterResult(genes.astype(np.int64), loadings, eigenvalues, centroids)
-            if plan.markers and len(markers) == 2:
-                result.marker_table, result.marker_frame = markers[0], MarkerFrame.from_array(markers[1])
+            if plan.markers:
+                with_markers(result, markers)
             site.write_results(result, plan, mode, threshold, n_sites)
             return [], 1, {}
         if mode == "secure":
@@ -359,8 +401,7 @@ def make_server_app(settings: dict[str, Any] | None = None, sink: dict[str, Any]
             raise
         finish = {**common, "kind": "finish"}
         arrays = [result.genes, result.loadings, result.eigenvalues, result.centroids]
-        if result.marker_table is not None:  # every site receives the released marker table
-            arrays += [result.marker_table, result.marker_frame.to_array()]
+        arrays += marker_arrays(result)  # every site receives the released marker tables
         rounds(finish, arrays, secure=False)
         summary |= {"releases": log.rows, "wall_s": time.perf_counter() - start}
         save(summary, result)
@@ -385,9 +426,8 @@ def _saver(sink: dict[str, Any] | None, out_dir: str):
         out.mkdir(parents=True, exist_ok=True)
         if result is not None:
             arrays = [result.genes, result.loadings, result.eigenvalues, result.centroids]
-            if result.marker_table is not None:
-                arrays += [result.marker_table, result.marker_frame.to_array()]
-            names = ("genes", "loadings", "eigenvalues", "centroids", "marker_table", "marker_frame")
+            arrays += marker_arrays(result)
+            names = ("genes", "loadings", "eigenvalues", "centroids", *MARKER_ARRAYS)
             np.savez(
                 out / "result.npz",
                 **dict(zip(names, arrays, strict=False)),
@@ -507,12 +547,11 @@ def run_pipeline_simulation(
 def read_result(out: str | Path) -> ClusterResult:
     """Return the released genes, loadings and centroids a server wrote to ``out``."""
     with np.load(Path(out) / "result.npz") as saved:
-        return ClusterResult(
+        result = ClusterResult(
             saved["genes"].astype(np.int64),
             saved["loadings"],
             saved["eigenvalues"],
             saved["centroids"],
             clusters_in_use=int(saved["clusters_in_use"]) if "clusters_in_use" in saved else None,
-            marker_table=saved["marker_table"] if "marker_table" in saved else None,
-            marker_frame=MarkerFrame.from_array(saved["marker_frame"]) if "marker_frame" in saved else None,
         )
+        return with_markers(result, [saved[name] for name in MARKER_ARRAYS if name in saved])

@@ -487,7 +487,7 @@ class Site:
             scheduled.check(request, plan.n_vars, plan.n_genes)
         except ScheduleError as err:
             raise SiteRefusal(f"Malformed request from the server: {err}; nothing was sent.") from None
-        spec = scheduled.release()
+        spec = scheduled.release(request.columns)
         vector = spec.encode(contribution(request, self.matrix))
         _check_bound(vector, spec, self.n_obs)
         if plan.epsilon is not None:

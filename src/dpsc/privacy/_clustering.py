@@ -67,11 +67,16 @@ N_COMPS = 16  # loadings the cells are projected on: the mean direction and 15 r
 SHARES = {"genes": 0.2, "sum": 0.1, "pca": 0.38, "kmeans": 0.32}
 KINDS = ("genes", "sum", "pca", "kmeans")  # the releases, in order
 #: ε share of the marker releases when a plan also releases each cluster's markers
-#: (:mod:`._markers`): after the centroids, the cells' mean expression (its share
-#: :data:`~._markers.CENTER_SHARE` of this one), the histograms of the cells' norms from it
-#: (:data:`~._markers.NORM_SHARE`) and every gene's per-cluster statistics.
+#: (:mod:`._markers`): after the centroids, the cells' mean expression, the histograms of the
+#: cells' norms from it and every gene's per-cluster statistics, then the histograms and the
+#: statistics again over the union of each cluster's best genes (shares of this one:
+#: :data:`~._markers.FOCUSED_SHARES`).
 MARKERS_SHARE = 0.25
-MARKER_KINDS = ("marker_center", "marker_norms", "markers")  # the marker releases, in order
+#: The marker releases, in order (:data:`~._markers.FOCUSED_SHARES` names them by part).
+MARKER_KINDS = ("marker_center", "marker_norms", "markers", "marker_focus_norms", "marker_focus")
+MARKER_PARTS = dict(
+    zip(MARKER_KINDS, ("center", "norms", "table", "focus_norms", "focus_table"), strict=True)
+)
 #: Weight of the mean direction's coordinate in the k-means points. Every cell lies near the mean
 #: direction (median :math:`z_i^\top u` 0.50–0.84 on the labelled files), so with weight 1 the
 #: unit-norm points crowd in a cap around it and the clusters' spread is small against the DP k-means noise
@@ -122,6 +127,8 @@ RELEASE_NAMES = {
     "marker_center": "marker centre",
     "marker_norms": "marker norms",
     "markers": "marker statistics",
+    "marker_focus_norms": "focused marker norms",
+    "marker_focus": "focused marker statistics",
 }
 
 
@@ -155,9 +162,16 @@ class ScheduledRelease:
     rows: int = 0
     width: int = 0
 
-    def release(self) -> GaussianSum:
-        """Return the :class:`GaussianSum` of this release (sizes from the plan, not from a request)."""
-        return GaussianSum(RELEASE_NAMES[self.kind], self.size, self.sensitivity, self.sigma)
+    def release(self, columns: np.ndarray | None = None) -> GaussianSum:
+        """Return the :class:`GaussianSum` of this release (sizes from the plan, not from a request).
+
+        The focused marker table's size is :attr:`size` at most: the plan bounds the number of its
+        genes, the (checked) request names them (``columns``).
+        """
+        size = self.size
+        if self.kind == "marker_focus" and columns is not None:
+            size = self.rows * (3 * len(columns) + 1)
+        return GaussianSum(RELEASE_NAMES[self.kind], size, self.sensitivity, self.sigma)
 
     def check(self, request: Request, n_vars: int, n_genes: int) -> None:
         r"""Raise :class:`ScheduleError` unless ``request`` is this release with public inputs in bounds.
@@ -180,9 +194,13 @@ class ScheduledRelease:
             )
         if self.kind in ("genes", "marker_center"):
             return
-        if self.kind in ("marker_norms", "markers"):
-            _check_frame(request.frame, n_vars, bounds=self.kind == "markers")
-        if self.kind == "marker_norms":
+        n_columns = n_vars
+        if self.kind in ("marker_focus_norms", "marker_focus"):
+            n_columns = _check_focus_genes(request.columns, n_vars, self.rows * _markers.FOCUS_GENES)
+        if self.kind in ("marker_norms", "markers", "marker_focus_norms", "marker_focus"):
+            bounds = self.kind in ("markers", "marker_focus")
+            _check_frame(request.frame, n_columns, bounds=bounds)
+        if self.kind in ("marker_norms", "marker_focus_norms"):
             return
         _check_gene_list(request.genes, n_vars, n_genes)
         if self.width:
@@ -201,6 +219,22 @@ def _check_frame(frame: Any, n_vars: int, bounds: bool) -> None:
         frame.check(n_vars)
     except _markers.BoundError as err:
         raise ScheduleError(str(err)) from None
+
+
+def _check_focus_genes(columns: Any, n_vars: int, most: int) -> int:
+    """Refuse a focused gene list unless it holds 1 to ``most`` distinct genes; return its size."""
+    columns = np.asarray(columns if columns is not None else [])
+    if columns.ndim != 1 or not np.issubdtype(columns.dtype, np.integer):
+        raise ScheduleError(f"the focused genes are not a vector of integer indices (dtype {columns.dtype})")
+    distinct = len(np.unique(columns))
+    limit = min(n_vars, most)
+    in_range = len(columns) > 0 and 0 <= int(columns.min()) and int(columns.max()) < n_vars
+    if not in_range or distinct != len(columns) or len(columns) > limit:
+        raise ScheduleError(
+            f"{len(columns)} focused gene indices ({distinct} distinct) where the plan allows 1 to {limit} "
+            f"distinct genes of {n_vars}"
+        )
+    return len(columns)
 
 
 def _check_gene_list(genes: Any, n_vars: int, n_genes: int) -> None:
@@ -386,6 +420,11 @@ class ClusterPlan:
             entries.append(
                 ("markers", self.n_clusters * table.width, table.sensitivity, "nearest", self.n_clusters, d)
             )
+            if "marker_focus" in self.marker_kinds:  # at most FOCUS_GENES genes per cluster
+                width = 3 * min(self.n_vars, self.n_clusters * _markers.FOCUS_GENES) + 1
+                rows = self.n_clusters
+                entries.append(("marker_focus_norms", norms.size, norms.sensitivity, None, rows, 0))
+                entries.append(("marker_focus", rows * width, table.sensitivity, "nearest", rows, d))
         return tuple(
             ScheduledRelease(index, kind, self.sigmas[kind], size, delta, assignment, rows, width)
             for index, (kind, size, delta, assignment, rows, width) in enumerate(entries)
@@ -436,7 +475,10 @@ class ClusterPlan:
 
 
 def marker_kinds(markers: bool, private: bool) -> tuple[str, ...]:
-    """Return the marker releases a clustering makes (none without markers; no norms without noise)."""
+    """Return the marker releases a clustering makes (none without markers; some with noise only).
+
+    Without noise there is neither a histogram of the norms nor a focused table.
+    """
     if not markers:
         return ()
     return MARKER_KINDS if private else ("marker_center", "markers")
@@ -481,13 +523,9 @@ def genes_for(n_obs: int, sigma_pca: float, n_vars: int) -> int:
 
 def _split(epsilon: float, delta: float, kinds: tuple[str, ...], steps: int, accountant: str) -> dict:
     """σ of each release kind, the shares of :data:`SHARES` composed to (ε, δ)."""
-    center, norms = _markers.CENTER_SHARE, _markers.NORM_SHARE
-    shares = {
-        **SHARES,
-        "marker_center": MARKERS_SHARE * center,
-        "marker_norms": MARKERS_SHARE * norms,
-        "markers": MARKERS_SHARE * (1 - center - norms),
-    }
+    parts = _markers.FOCUSED_SHARES
+    total = sum(parts.values())
+    shares = {**SHARES, **{kind: MARKERS_SHARE * parts[part] / total for kind, part in MARKER_PARTS.items()}}
     releases = [PlannedRelease(k, share=shares[k], steps=steps if k == "kmeans" else 1) for k in kinds]
     return ReleasePlan.of(*releases, accountant=accountant).calibrate(epsilon, delta).sigmas
 
@@ -551,9 +589,10 @@ class Request:
     ``kind`` is one of :data:`KINDS`; ``index`` counts the plan's releases; ``genes`` (indices of the
     genes the PCA reads), ``loadings`` (those genes × the loadings released so far: the mean
     direction for ``"pca"``, all of them for ``"kmeans"``) and ``assignment`` (the k-means rows) are
-    set for the steps that need them; ``frame`` (the released centre, and for ``"markers"`` the
+    set for the steps that need them; ``frame`` (the released centre, and for the tables the
     released bounds of the cells' expression, :class:`~._markers.MarkerFrame`) for the marker
-    histograms and table.
+    histograms and tables; ``columns`` (the genes of the focused marker table, post-processing of
+    the first) for the focused histograms and table.
     """
 
     kind: str
@@ -563,6 +602,14 @@ class Request:
     loadings: np.ndarray | None = None
     assignment: _kmeans.Assignment | None = None
     frame: _markers.MarkerFrame | None = None
+    columns: np.ndarray | None = None
+
+    def marker_table(self, n_vars: int) -> _markers.MarkerTable:
+        """Return the layout of the marker table this request asks for (over ``columns`` when focused)."""
+        rows = self.assignment.n_rows
+        if self.columns is None:
+            return _markers.MarkerTable(rows, n_vars, self.frame)
+        return _markers.MarkerTable(rows, len(self.columns), self.frame, columns=np.asarray(self.columns))
 
     def release(self, n_vars: int, count_scale: float = KMEANS_PLAN["count_scale"]) -> GaussianSum:
         """Return the :class:`GaussianSum` this request's sum is released with."""
@@ -579,9 +626,10 @@ class Request:
             return _markers.center_release(n_vars, self.sigma)
         if self.kind == "marker_norms":
             return _markers.norm_release(self.sigma)
-        if self.kind == "markers":
-            table = _markers.MarkerTable(self.assignment.n_rows, n_vars, self.frame)
-            return _markers.marker_release(table, self.sigma)
+        if self.kind == "marker_focus_norms":
+            return _markers.norm_release(self.sigma)
+        if self.kind in ("markers", "marker_focus"):
+            return _markers.marker_release(self.marker_table(n_vars), self.sigma)
         raise ValueError(f"Unknown release {self.kind!r}; the clustering has {KINDS}.")
 
 
@@ -600,14 +648,13 @@ def contribution(
         return _kmeans.kmeans_table(points, request.assignment, CLIP_NORM, count_scale)
     if request.kind == "marker_center":
         return _markers.center_sum(matrix)
-    if request.kind == "marker_norms":
-        return _markers.norm_histograms(matrix, request.frame.center)
-    if request.kind == "markers":  # each cell's cluster: its nearest released centroid (a per-cell map)
+    if request.kind in ("marker_norms", "marker_focus_norms"):
+        return _markers.norm_histograms(matrix, request.frame.center, request.columns)
+    if request.kind in ("markers", "marker_focus"):  # each cell's cluster: its nearest released centroid
         labels = _kmeans.nearest_centroid(
             cell_points(matrix, request.genes, request.loadings), request.assignment.matrix
         )
-        table = _markers.MarkerTable(request.assignment.n_rows, matrix.shape[1], request.frame)
-        return _markers.group_table(matrix, labels, table)
+        return _markers.group_table(matrix, labels, request.marker_table(matrix.shape[1]))
     raise ValueError(f"Unknown release {request.kind!r}; the clustering has {KINDS}.")
 
 
@@ -636,6 +683,9 @@ class ClusterResult:
     clusters_in_use: int | None = None  # centroids above the noise of their released counts
     marker_table: np.ndarray | None = None  # the released per-cluster marker statistics (:mod:`._markers`)
     marker_frame: _markers.MarkerFrame | None = None  # the released centre and bounds of that table
+    marker_focus_genes: np.ndarray | None = None  # the focused table's genes (post-processing)
+    marker_focus_table: np.ndarray | None = None  # the released statistics over them
+    marker_focus_frame: _markers.MarkerFrame | None = None  # that table's centre and released bounds
 
     def labels(self, matrix: Any) -> np.ndarray:
         """Each cell's nearest released centroid (post-processing; computed from each cell)."""
@@ -702,7 +752,7 @@ def run_clustering(plan: ClusterPlan, release_sum: ReleaseSum) -> ClusterResult:
         return_in_use=True,
         **plan.kmeans,
     )
-    marker_table = marker_frame = None
+    marker_table = marker_frame = focus = None
     if plan.markers:
 
         def release_center() -> np.ndarray:
@@ -724,13 +774,70 @@ def run_clustering(plan: ClusterPlan, release_sum: ReleaseSum) -> ClusterResult:
             Request("markers", index, plan.sigmas["markers"], genes, loadings, nearest, marker_frame)
         )
         index += 1
+        if "marker_focus" in plan.marker_kinds:
+            focus = _release_focused_markers(
+                plan, index, marker_table, marker_frame, release_sum, genes, loadings, nearest
+            )
+            index += 2
     if index != plan.n_releases:
         raise RuntimeError(
             f"The clustering made {index} releases, its plan {plan.n_releases}; nothing is released."
         )
-    return ClusterResult(
+    result = ClusterResult(
         genes, loadings, eigenvalues, centroids, means, variances, index, in_use, marker_table, marker_frame
     )
+    if focus is not None:
+        result.marker_focus_genes, result.marker_focus_table, result.marker_focus_frame = focus
+    return result
+
+
+def scheduled(plan: ClusterPlan, kind: str) -> ScheduledRelease:
+    """Return the plan's (first) scheduled release of ``kind``."""
+    return next(release for release in plan.schedule() if release.kind == kind)
+
+
+def first_marker_ranking(
+    plan: ClusterPlan, released: np.ndarray, frame: _markers.MarkerFrame
+) -> _markers.MarkerResult:
+    """Return the t-test ranking of the released marker table over every gene (post-processing)."""
+    table = _markers.MarkerTable(plan.n_clusters, plan.n_vars, frame)
+    release = scheduled(plan, "markers").release()
+    return _markers.rank_markers(_markers.group_statistics(released, table, release))
+
+
+def _release_focused_markers(
+    plan: ClusterPlan,
+    index: int,
+    marker_table: np.ndarray,
+    marker_frame: _markers.MarkerFrame,
+    release_sum: ReleaseSum,
+    genes: np.ndarray,
+    loadings: np.ndarray,
+    nearest: _kmeans.Assignment,
+) -> tuple[np.ndarray, np.ndarray, _markers.MarkerFrame]:
+    """Release the histograms and the marker table over U, the union of each cluster's best genes.
+
+    U is post-processing of the first marker table (:func:`~._markers.focus_genes` of its ranking),
+    its centre the first frame's restricted to U. Returns U, the released table and its frame.
+    """
+    columns = _markers.focus_genes(first_marker_ranking(plan, marker_table, marker_frame))
+    center = np.asarray(marker_frame.center)[columns]
+    norms = release_sum(
+        Request(
+            "marker_focus_norms",
+            index,
+            plan.sigmas["marker_focus_norms"],
+            frame=_markers.MarkerFrame(center),
+            columns=columns,
+        )
+    )
+    frame = _markers.focused_frame(norms, marker_frame, columns)
+    table = release_sum(
+        Request(
+            "marker_focus", index + 1, plan.sigmas["marker_focus"], genes, loadings, nearest, frame, columns
+        )
+    )
+    return columns, table, frame
 
 
 def central_release_sum(matrix: Any, noise, prefix: str = "tl.cluster") -> ReleaseSum:

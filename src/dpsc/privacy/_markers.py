@@ -97,14 +97,6 @@ NORM_BINS = 64
 #: factor: the ranks gain more from the noise than they lose from the shrinkage. Chosen among 0.3 …
 #: 0.95 by leave one file out (docs, Benchmarks: the markers' constants; 0.3 to 0.5 are level).
 NORM_QUANTILE = 0.3
-#: Share of the markers' ε spent on the histograms of the norms.
-NORM_SHARE = 0.1
-#: Share of the markers' ε spent on the centre (the table gets what the centre and the histograms
-#: leave). The centre sets where the cells are measured from and the genes' weights
-#: (:func:`gene_weights`): its noise costs the table a longer vector and weights that follow the
-#: noise, and a centre within its noise is shrunk to 0 (no centring, even weights). Chosen among
-#: 0.05, 0.1, 0.2 and 0.3 by leave one file out (docs, Benchmarks: the markers' constants).
-CENTER_SHARE = 0.3
 #: The largest log expression, :math:`\log(1 + 10^4)`: a centre coordinate lies in [0, this].
 MAX_LOG_EXPRESSION = math.log1p(1e4)
 #: Each gene's weight in the table grows with its released mean: :math:`g_j \propto (m_j + t)^a`
@@ -124,10 +116,11 @@ TREND_BINS = 20
 #: their statistics from a table with less noise. Chosen by leave one file out (docs, Benchmarks:
 #: the markers' constants).
 FOCUS_GENES = 50
-#: Shares of ε of ``tl.rank_genes_groups``' five releases with a focused table: the centre, the
-#: histograms of the norms and the table over every gene, then the histograms of the norms over U
-#: and the table over U (:func:`focus_genes`). The shares are relative (the plan normalises them).
-#: Chosen by leave one file out (docs, Benchmarks: the markers' constants).
+#: Shares of the markers' ε of their five releases: the centre (it sets where the cells are measured
+#: from and the genes' weights, :func:`gene_weights`), the histograms of the norms and the table over
+#: every gene, then the histograms of the norms over U and the table over U (:func:`focus_genes`).
+#: Relative (the plan normalises them). Chosen by leave one file out (docs, Benchmarks: the
+#: markers' constants).
 FOCUSED_SHARES = {"center": 0.15, "norms": 0.05, "table": 0.3, "focus_norms": 0.05, "focus_table": 0.45}
 #: A singular direction of the released groups × genes sums is kept when its singular value exceeds
 #: this multiple of the largest one a table of pure noise reaches, :math:`s(\sqrt G + \sqrt K)`
@@ -404,6 +397,26 @@ def released_frame(histograms: np.ndarray, center: np.ndarray) -> MarkerFrame:
         np.asarray(center, dtype=np.float64),
         released_bound(values[:NORM_BINS], worst[0]),
         released_bound(values[NORM_BINS:], worst[1]),
+    )
+
+
+def focused_frame(histograms: np.ndarray, first: MarkerFrame, columns: np.ndarray) -> MarkerFrame:
+    r"""Return the focused table's frame: the first centre at U, bounds read from U's histograms.
+
+    Each bound is at most the first table's, in U's units (post-processing of both releases): with
+    the first weights :math:`g` and U's own :math:`g_U` (:func:`gene_weights` of the centre at U;
+    :math:`g_j = c\,g_{U,j}` on U for one constant c), every cell has
+    :math:`c\lVert g_U (x - m)_U\rVert \le \lVert g (x - m)\rVert`, so the cells' norms over U, and
+    their quantile, are at most :math:`C_y / c` (and :math:`C_q / c^2` for the squares). The
+    histograms of few cells or of a small ε can read a bound above that from their noise alone.
+    """
+    columns = np.asarray(columns)
+    center = np.asarray(first.center, dtype=np.float64)[columns]
+    read = released_frame(histograms, center)
+    ratio = float(first.weights[columns][0] / read.weights[0])
+    sum_bound, square_bound = first.bounds
+    return MarkerFrame(
+        center, min(read.sum_bound, sum_bound / ratio), min(read.square_bound, square_bound / ratio**2)
     )
 
 

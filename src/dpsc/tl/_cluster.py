@@ -39,7 +39,13 @@ MARKER_SUMS = [
     "the cells' mean expression",
     "histograms of the cells' expression norms from it",
     "per-cluster marker statistics",
+    "the same histograms and statistics over each cluster's best genes in them",
 ]
+
+
+def marker_sums(plan: ClusterPlan) -> list[str]:
+    """Return the marker sums a plan releases, in words (without noise: the mean and the statistics)."""
+    return MARKER_SUMS if "marker_norms" in plan.marker_kinds else [MARKER_SUMS[0], MARKER_SUMS[2]]
 
 
 def plan_for_cells(
@@ -80,7 +86,7 @@ def cluster_record(plan: ClusterPlan, n_obs: int, noise: NoiseSource, tool: str 
             "cell sum",
             "second moments of the cells' residuals",
             "k-means tables",
-            *(MARKER_SUMS if plan.markers else []),
+            *(marker_sums(plan) if plan.markers else []),
         ]
     )
     mechanism = (
@@ -179,9 +185,10 @@ def cluster(
         ``obs`` column of the labels; every other output is named from it (Returns), the record
         goes to ``uns["dpsc"][key_added]``.
     markers
-        Also release each cluster's marker statistics, inside the same ε (two last releases with a
-        quarter share: the cells' expression bound, then the table; :func:`dpsc.tl.rank_genes_groups`
-        states the mechanism), and write them in scanpy's format to ``uns[f"{key_added}_markers"]``.
+        Also release each cluster's marker statistics, inside the same ε (the last releases, a
+        quarter share: the cells' mean expression, the bounds, the table, then the bounds and the
+        table over each cluster's best genes; :func:`dpsc.tl.rank_genes_groups` states the
+        mechanism), and write them in scanpy's format to ``uns[f"{key_added}_markers"]``.
     random_state
         Seed of the k-means projections and post-processing (public; never of the noise).
     noise_seed

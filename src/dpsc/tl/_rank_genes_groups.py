@@ -128,7 +128,7 @@ def focused_markers(
     norms_release = mechanism.norm_release(sigmas["focus_norms"])
     released_norms = norms_release.release(histograms, releases.stream(FOCUS_NORMS))
     table = mechanism.MarkerTable(
-        n_groups, len(genes), mechanism.released_frame(released_norms, center), columns=genes
+        n_groups, len(genes), mechanism.focused_frame(released_norms, frame, genes), columns=genes
     )
     release = mechanism.marker_release(table, sigmas["focus_table"])
     released = release.release(mechanism.group_table(matrix, codes, table), releases.stream(FOCUS_TABLE))
