@@ -49,6 +49,20 @@ CANDIDATES = {
     },
     # 32 loadings (the reference's number of components) instead of 16
     "comps 32": {"MEAN_WEIGHT": 0.5, "EDGE_SHARE": 0.02, "REFINE_ROUNDS": 1, "N_COMPS": 32},
+    # the gene selection ranking the same released statistics by normalised dispersion (seurat
+    # flavour) or by variance instead of the second moment (post-processing: no other release)
+    "dispersion genes": {
+        "MEAN_WEIGHT": 0.5,
+        "EDGE_SHARE": 0.02,
+        "REFINE_ROUNDS": 1,
+        "GENE_RANKING": "dispersion",
+    },
+    "variance genes": {
+        "MEAN_WEIGHT": 0.5,
+        "EDGE_SHARE": 0.02,
+        "REFINE_ROUNDS": 1,
+        "GENE_RANKING": "variance",
+    },
 }
 SHIPPED = "refine"  # the candidate whose constants dpsc.privacy._clustering holds
 ONLY: list[str] = []  # --candidates: the candidates this run makes rows for (empty: all)

@@ -99,3 +99,22 @@ def test_bad_input_fails_before_touching_adata(kwargs, message):
     with pytest.raises(ValueError, match=message):
         dpsc.pp.highly_variable_genes(adata, **kwargs)
     assert list(adata.var.columns) == list(before.var.columns) and "dpsc" not in adata.uns
+
+
+def test_dispersion_ranks_within_bins_of_the_mean():
+    from dpsc.privacy._hvg import dispersion_scores
+
+    rng = np.random.default_rng(0)
+    means = np.exp(rng.uniform(-6, 0, 2000))
+    ratio = np.exp(rng.normal(0.0, 0.3, 2000))  # variance / mean, the same spread at every mean
+    variances = means * ratio
+    variances[:10] = -1e-6  # noise can make a released variance negative
+    eligible = np.ones(2000, bool)
+    eligible[-5:] = False
+    scores = dispersion_scores(means, variances, eligible)
+    assert np.isneginf(scores[-5:]).all() and np.isfinite(scores[:-5]).all()
+    assert abs(scores[:-5].mean()) < 1e-9  # z-scored in every bin
+    # within a bin of the mean the order is the order of var / mean; across bins the mean plays no part
+    assert np.corrcoef(scores[10:-5], np.log(ratio[10:-5]))[0, 1] > 0.95
+    assert abs(np.corrcoef(scores[10:-5], np.log(means[10:-5]))[0, 1]) < 0.1
+    assert scores[:10].max() < np.quantile(scores[10:-5], 0.1)  # a non-positive variance ranks low

@@ -108,6 +108,8 @@ KMEANS_PLAN = {
 #: centroid a weighted mean of noisy means. Chosen by leave one file out against none, on every
 #: fold (docs, Benchmarks: "``tl.cluster`` by leave-one-file-out").
 REFINE_ROUNDS = 1
+#: How the gene selection ranks the released gene statistics (:func:`~._hvg.rank_genes`).
+GENE_RANKING = "second_moment"
 CLIP_NORM = 1.0
 
 
@@ -722,7 +724,7 @@ def run_clustering(plan: ClusterPlan, release_sum: ReleaseSum) -> ClusterResult:
         released = release_sum(request)
         spec = request.release(plan.n_vars)
         means, variances, _, order = _hvg.rank_genes(
-            released, spec, _hvg.DEFAULT_SQUARE_CLIP, 3.0, "second_moment"
+            released, spec, _hvg.DEFAULT_SQUARE_CLIP, 3.0, GENE_RANKING
         )
         genes = np.sort(order[: plan.n_genes])
         index += 1

@@ -16,7 +16,8 @@ coordinates, sensitivity √3).
 expression, :math:`\hat\mu_g = \tilde S_{1g}/\tilde n`, :math:`\hat v_g = c\tilde S_{2g}/\tilde n -
 \hat\mu_g^2`; a gene is *eligible* when its noisy mean exceeds ``min_mean_sd`` standard
 deviations of the mean's noise; the eligible genes are ranked by the score ``flavor`` (the second
-moment :math:`\hat v_g + \hat\mu_g^2` by default, the statistic DP PCA selects by), then the
+moment :math:`\hat v_g + \hat\mu_g^2` by default, the statistic DP PCA selects by; the
+normalised dispersion of :func:`dispersion_scores` is one of :data:`RANKINGS` too), then the
 others. A gene no cell expresses is kept in the release like any other: it is simply never
 eligible, so no refusal depends on the cells.
 """
@@ -33,7 +34,11 @@ from ._pca import unit_rows
 from ._release import GaussianSum
 
 Flavor = Literal["second_moment", "variance", "mean"]
-FLAVORS = ("second_moment", "variance", "mean")
+FLAVORS = ("second_moment", "variance", "mean")  # what dpsc.pp.highly_variable_genes offers
+#: Every ranking :func:`rank_genes` knows: the flavours, and the normalised dispersion a
+#: leave-one-file-out candidate of ``tl.cluster``'s gene selection ranks by (not adopted).
+RANKINGS = (*FLAVORS, "dispersion")
+DISPERSION_BINS = 20  # bins of the mean the dispersions are normalised in (scanpy's seurat flavour)
 SENSITIVITY = float(np.sqrt(3.0))  # ||(z, w / c, 1)||_2 <= sqrt(1 + 1 + 1)
 DEFAULT_SQUARE_CLIP = 0.2
 
@@ -65,20 +70,52 @@ def gene_statistics_release(n_genes: int, noise_multiplier: float) -> GaussianSu
     return GaussianSum("gene statistics", 2 * n_genes + 1, SENSITIVITY, noise_multiplier)
 
 
+def dispersion_scores(means: np.ndarray, variances: np.ndarray, eligible: np.ndarray) -> np.ndarray:
+    r"""Normalised dispersion of each eligible gene; the others score :math:`-\infty` (post-processing).
+
+    :math:`d_g = \log(\hat v_g / \hat\mu_g)`, z-scored among the eligible genes of the same bin
+    of :math:`\log\hat\mu_g` (:data:`DISPERSION_BINS` bins of equal counts): the seurat flavour of
+    scanpy's ``highly_variable_genes`` (Satija et al. 2015), computed from released means and
+    variances (a variance that the noise makes non-positive counts as the smallest positive one).
+    """
+    scores = np.full(len(means), -np.inf)
+    if not eligible.any():
+        return scores
+    mean = means[eligible]
+    positive = variances[eligible][variances[eligible] > 0]
+    variance = np.maximum(variances[eligible], positive.min() if positive.size else 1e-12)
+    dispersion = np.log(variance / mean)
+    log_mean = np.log(mean)
+    edges = np.quantile(log_mean, np.linspace(0.0, 1.0, DISPERSION_BINS + 1))
+    bins = np.clip(np.searchsorted(edges, log_mean, side="right") - 1, 0, DISPERSION_BINS - 1)
+    normalised = np.zeros_like(dispersion)
+    for b in np.unique(bins):
+        members = bins == b
+        spread = dispersion[members].std()
+        if spread > 0:
+            normalised[members] = (dispersion[members] - dispersion[members].mean()) / spread
+    scores[eligible] = normalised
+    return scores
+
+
 def rank_genes(
     released: np.ndarray,
     release: GaussianSum,
     square_clip: float,
     min_mean_sd: float,
-    flavor: Flavor,
+    flavor: str,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Post-processing: noisy means, variances, eligibility and the gene order (eligible first)."""
+    """Post-processing: noisy means, variances, eligibility and the gene order (eligible first).
+
+    ``flavor`` is one of :data:`RANKINGS`.
+    """
     n_genes = (released.size - 1) // 2
     s1, s2, n = released[:n_genes], released[n_genes:-1], max(float(released[-1]), 1.0)
     means = s1 / n
     second_moments = square_clip * s2 / n
     variances = second_moments - means**2
     eligible = means > min_mean_sd * release.noise_std / n
-    score = {"second_moment": second_moments, "variance": variances, "mean": means}[flavor]
+    scores = {"second_moment": second_moments, "variance": variances, "mean": means}
+    score = dispersion_scores(means, variances, eligible) if flavor == "dispersion" else scores[flavor]
     order = np.lexsort((-score, ~eligible))  # eligible first, then by score, descending
     return means, variances, eligible, order
