@@ -268,7 +268,7 @@ def report(path: Path) -> str:
         "# `tl.cluster`'s no-noise limit: where it loses to scanpy, and the price of closing it",
         "",
         "Made by `benchmarks/diagnostics/representation_limits.py` (its docstring states every variant",
-        "and the commands) at commit "
+        "and the commands) with the dpsc package of commit "
         + ", ".join(sorted(set(table["commit"])))
         + ". Cells: ARI / the scanpy",
         "reference's ARI (`KMeans(random_state=0)`, the clustering issue's ratio).",
