@@ -85,12 +85,21 @@ def test_bad_input_fails_fast_and_leaves_adata_alone(small_adata, case):
 
 
 def test_dp_fit_reads_bad_values_per_cell(small_adata, tiny_fit):
-    """Under DP, refuse-versus-run must not depend on the cells: bad values read as 0, no refusal."""
-    adata = _zero_col(_zero_row(_set(_set(_set(small_adata, 0.5), -1.0, (1, 1)), np.nan, (2, 2))))
+    """Under DP, non-integer and negative values read per cell (as 0), without a refusal.
+
+    Non-finite values are refused up front: the caller holds the cells, so that local check is not
+    a release and books nothing (docs/privacy.md; a federated site reads them as 0 instead).
+    """
+    fresh = small_adata.copy()
+    adata = _zero_col(_zero_row(_set(_set(small_adata, 0.5), -1.0, (1, 1))))
     with pytest.warns(UserWarning):  # 300 cells are few at epsilon = 8
         dpsc.tl.fit(adata, epsilon=8.0, **tiny_fit)
     assert np.isfinite(adata.obsm["X_dpdcan"]).all()
     assert dpsc.privacy.get_record(adata, "X_dpdcan")["guarantee"] == "proven"
+    with_nan = _set(fresh, np.nan, (2, 2))
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        dpsc.tl.fit(with_nan, epsilon=8.0, **tiny_fit)
+    assert dpsc.privacy.spent(with_nan).epsilon == 0.0
 
 
 def test_log_normalised_input_is_refused_from_public_metadata(small_adata):

@@ -12,6 +12,23 @@ import dpsc
 from dpsc.cli import main
 
 
+def test_a_budget_stored_in_the_input_file_is_spent_there(small_adata, tmp_path, capsys):
+    """Three `dpsc cluster --epsilon 8` runs on a file with budget 8: one runs, and the file says so."""
+    src = tmp_path / "budgeted.h5ad"
+    budgeted = small_adata.copy()
+    dpsc.privacy.set_budget(budgeted, epsilon=8.0)
+    budgeted.write_h5ad(src)
+    args = ["cluster", str(src), "--n-clusters", "3", "--epsilon", "8"]
+    assert main(args) == 2  # the file's own ledger could not be booked: refused before any work
+    assert "--output" in capsys.readouterr().err
+    assert dpsc.privacy.spent(ad.read_h5ad(src)).epsilon == 0.0
+    assert main([*args, "--output", str(src)]) == 0
+    assert 7.9 < dpsc.privacy.spent(ad.read_h5ad(src)).epsilon <= 8.0 * (1 + 1e-9)
+    assert main([*args, "--output", str(src)]) == 2
+    assert "Privacy budget exceeded" in capsys.readouterr().err
+    assert main([*args, "--output", str(tmp_path / "elsewhere.h5ad")]) == 2
+
+
 @pytest.mark.slow
 def test_cli_fit_prints_statement_and_scores(small_adata, tmp_path, capsys):
     src, out = tmp_path / "in.h5ad", tmp_path / "out.h5ad"

@@ -346,6 +346,10 @@ def test_loopback_deployment_in_separate_processes(sites, tmp_path):
         assert 0 < claimed <= 8.0 and dpsc.privacy.spent(out).epsilon == pytest.approx(claimed, rel=0.05)
     for node in nodes:  # a completed site removes its SuperNode's temporary log
         assert not list(Path(tempfile.gettempdir()).glob(f"dpsc-site-{node.pid}-*.log"))
+    for k in range(2):  # what a data manager reads: its own app, each release and the ε left
+        text = (tmp_path / f"site{k}.log").read_text()
+        assert "This site runs only its own dpsc app (fingerprint" in text
+        assert "Release 1 of" in text and "left." in text and "Results written to" in text
     print(f"loopback deployment: {wall:.0f} s")
     assert wall < 180
 

@@ -305,7 +305,13 @@ def test_the_default_budget_is_one_run_and_a_stored_budget_is_never_raised_silen
     restarted = Site(SiteSettings(**settings))
     with pytest.raises(SiteRefusal, match=r"one run's epsilon.*--budget on the command line"):
         restarted.check_run(plan, *HONEST)
-    Site(SiteSettings(**settings, budget=10.0))  # lowering nothing: the first stored budget
+    with pytest.raises(BudgetSettingError, match="raise_budget"):  # the first run stored its cap, 8
+        Site(SiteSettings(**settings, budget=10.0))
+    restarted_larger = Site(SiteSettings(**{**settings, "epsilon": 16.0}))  # a larger ε, no budget
+    assert restarted_larger.budget == 8.0
+    with pytest.raises(SiteRefusal, match="budget stored in its ledger file"):
+        restarted_larger.check_run(plan_for(16.0), *HONEST)
+    Site(SiteSettings(**settings, budget=10.0, raise_budget=True))
     assert Site(SiteSettings(**settings)).budget == 8.0  # min(one run's ε, stored 10)
     Site(SiteSettings(**settings, budget=9.0))  # lowering is fine
     with pytest.raises(BudgetSettingError, match="raise_budget"):
@@ -337,6 +343,24 @@ def test_a_secure_run_records_and_caps_the_fallback_epsilon(neighbours, tmp_path
     record = site_record(plan, "secure", 5, 5, 60, NoiseSource())
     assert record.details["fallback_epsilon"] == pytest.approx(fallbacks[2])
     assert "semi-honest" in record.statement and "fallback" in record.statement
+
+
+def test_the_fallback_epsilon_composes_over_runs_and_is_capped_as_a_total(neighbours, tmp_path):
+    """Two secure runs (threshold 3) under budget 16: each run's fallback is below the cap, not both."""
+    plan = plan_for()
+    requests = honest_requests(plan, neighbours[0])
+    one = run_fallback_epsilon(plan, "secure", 3)
+    site = make_site(neighbours[0], tmp_path, "twice", budget=16.0, max_fallback_epsilon=1.3 * one)
+    assert serve(site, [(plan, r, "secure", 3, 3) for r in requests], {}) == [True] * plan.n_releases
+    lines = site.ledger.entries()
+    for line in lines:
+        assert line["fallback_history"][0][0] == pytest.approx(line["history"][0][0] / 3**0.5)
+    with pytest.raises(SiteRefusal, match="with every earlier run of its ledger"):
+        site.check_run(plan, "secure", 3, 3)
+    assert compose(site.ledger.entries()).epsilon <= 8.0 * (1 + 1e-9)
+    default = make_site(neighbours[0], tmp_path, "default", budget=16.0)  # 2 × ε per run, 2 × budget in all
+    assert serve(default, [(plan, r, "secure", 3, 3) for r in requests], {}) == [True] * plan.n_releases
+    default.check_run(plan, "secure", 3, 3)
 
 
 # -- random out-of-schedule sequences ------------------------------------------------------------
@@ -585,3 +609,126 @@ def test_a_simulated_site_answered_by_two_workers_books_every_release_in_each(ne
     for request in requests[:2]:  # cells in memory, ledger in a file that every worker shares
         filed.contribute(plan, request, *HONEST, run)
     assert len(filed.ledger.entries()) == 2
+
+
+# -- marker bounds a server cannot bend -----------------------------------------------------------------
+@pytest.mark.parametrize("sparse", [True, False])
+def test_a_centre_on_a_target_cell_with_the_smallest_bound_moves_the_table_by_at_most_delta(sparse):
+    """The server centres the table on a target cell (+1e-3 on one gene) and asks for tiny bounds.
+
+    Bounds below the smallest an honest run releases are refused before any cell is read; at that
+    smallest bound, adding the target moves the exact table by at most Δ (the clip norm is computed
+    term by term: no centre makes it cancel).
+    """
+    rng = np.random.default_rng(3)
+    counts = rng.poisson(1.0, size=(30, N_VARS)).astype(np.float64)
+    target = rng.poisson(3.0, size=(1, N_VARS)).astype(np.float64)
+    target[0, :5] = 0.0
+    x = markers_mechanism._log_expression(target)[0]
+    center = x.copy()
+    center[7] += 1e-3
+    for tiny in (1e-300, 5.8e-9, 0.5 * markers_mechanism.bound_floor(1)):
+        with pytest.raises(markers_mechanism.BoundError, match="the smallest bound an honest run releases"):
+            markers_mechanism.MarkerFrame(center, tiny, 1.0).check(N_VARS)
+    frame = markers_mechanism.MarkerFrame(
+        center, markers_mechanism.bound_floor(1), markers_mechanism.bound_floor(2)
+    )
+    table = markers_mechanism.MarkerTable(2, N_VARS, frame)
+    as_matrix = sp.csr_matrix if sparse else np.asarray
+    groups = np.r_[np.zeros(15, int), np.ones(15, int)]
+    before = markers_mechanism.group_table(as_matrix(counts), groups, table)
+    after = markers_mechanism.group_table(as_matrix(np.vstack([counts, target])), np.r_[groups, 0], table)
+    moved = float(np.linalg.norm(after - before))
+    assert 0 < moved <= table.sensitivity * (1 + 1e-9), moved
+
+
+def test_sparse_clip_norms_are_upper_bounds_of_the_direct_ones():
+    rng = np.random.default_rng(4)
+    counts = sp.random(50, N_VARS, density=0.3, random_state=5, format="csr") * 20
+    x = markers_mechanism._sparse_log_expression(counts)
+    dense = x.toarray()
+    for center in (np.zeros(N_VARS), dense[3] + 1e-7, rng.uniform(0, 9, N_VARS)):
+        g = markers_mechanism.gene_weights(center)
+        norm_y, norm_q = markers_mechanism._sparse_norms(x, center, g)
+        y = g * (dense - center)
+        exact_y, exact_q = np.sqrt((y**2).sum(1)), np.sqrt((y**4).sum(1))
+        assert (norm_y >= exact_y * (1 - 1e-15)).all() and (norm_q >= exact_q * (1 - 1e-15)).all()
+        slack = markers_mechanism.NORM_SLACK * float((g**2 * center**2).sum())
+        assert (norm_y**2 <= exact_y**2 * (1 + 1e-12) + 2 * slack).all()
+
+
+def test_honest_frames_are_never_below_the_floor(neighbours):
+    """Every frame an honest run releases passes the floor (random centres and histograms)."""
+    rng = np.random.default_rng(6)
+    for _ in range(50):
+        center = rng.uniform(0, markers_mechanism.MAX_LOG_EXPRESSION, N_VARS) * rng.integers(0, 2, N_VARS)
+        histograms = rng.normal(0, 5, 2 * markers_mechanism.NORM_BINS)
+        histograms[rng.integers(0, markers_mechanism.NORM_BINS)] += 100
+        first = markers_mechanism.released_frame(histograms, center)
+        first.check(N_VARS)
+        columns = np.sort(rng.choice(N_VARS, 10, replace=False))
+        markers_mechanism.focused_frame(histograms, first, columns).check(10)
+
+
+def test_a_tiny_marker_bound_is_refused_on_both_neighbours(neighbours, tmp_path):
+    plan = plan_for(markers=True)
+    requests = honest_requests(plan, neighbours[0])
+    table = len(requests) - 3
+    data = ad.read_h5ad(neighbours[1]).X
+    target_center = markers_mechanism._log_expression(data[-1:])[0]
+    target_center[1] += 1e-3
+    for bound in (1e-300, 5.8e-9):
+        frame = markers_mechanism.MarkerFrame(target_center, bound, bound)
+        steps = honest_steps(plan, [*requests[:table], dataclasses.replace(requests[table], frame=frame)])
+        assert check_both(neighbours, tmp_path, steps) == [True] * table + [False]
+
+
+def test_finish_belongs_to_the_run_the_site_served(neighbours, tmp_path):
+    """``finish`` without a run, before its end, with another plan, twice: refused, nothing written."""
+    pytest.importorskip("flwr")
+    from flwr.app import Context, RecordDict
+
+    from dpsc.federated._pipeline import SiteHandler, _payload
+
+    plan = plan_for()
+    requests = honest_requests(plan, neighbours[0])
+    data = tmp_path / "site.h5ad"
+    data.write_bytes(neighbours[1].read_bytes())
+    settings = SiteSettings(data=str(data), ledger=str(tmp_path / "f.ledger.json"), epsilon=8.0)
+    output = Path(settings.output)
+    context = Context(run_id=1, node_id=1, node_config={"partition-id": 0}, state=RecordDict(), run_config={})
+    handler = SiteHandler(context, {0: settings})
+    common = {"task": "pipeline", "mode": "plain", "threshold": 1, "n-sites": 3}
+
+    def message(request: Request, run_plan=plan):
+        config = {**common, **run_plan.to_config(), "kind": request.kind, "index": request.index}
+        config["sigma"] = request.sigma
+        if request.assignment is not None:
+            config["assignment"] = request.assignment.kind
+        return _payload(request), config
+
+    def finish(run_plan=plan):
+        result = run_clustering(run_plan, central_release_sum(ad.read_h5ad(data).X, NoiseSource(2)))
+        arrays = [result.genes, result.loadings, result.eigenvalues, result.centroids]
+        return arrays, {**common, **run_plan.to_config(), "kind": "finish", "index": 0, "sigma": 0.0}
+
+    with pytest.raises(SiteRefusal, match="did not serve"):
+        handler.fit(*finish())
+    handler.fit(*message(requests[0]))
+    with pytest.raises(SiteRefusal, match="after 1 of the run's"):
+        handler.fit(*finish())
+    for request in requests[1:]:
+        handler.fit(*message(request))
+    louder = changed(plan, **{f"sigma-{k}": 20 * v for k, v in plan.sigmas.items()})
+    with pytest.raises(SiteRefusal, match="another plan"):
+        handler.fit(*finish(louder))
+    assert not output.exists()
+    handler.fit(*finish())
+    written = output.stat().st_mtime_ns
+    with pytest.raises(SiteRefusal, match="once"):
+        handler.fit(*finish())
+    assert output.stat().st_mtime_ns == written
+    out = ad.read_h5ad(output)
+    claimed = out.uns["dpsc"]["dp_kmeans"]["privacy"]["epsilon"]
+    ledger = compose(Site(settings).ledger.entries()).epsilon
+    assert claimed == pytest.approx(ledger, rel=0.05) and ledger <= 8.0 * (1 + 1e-9)

@@ -29,6 +29,30 @@ otherwise (``pp.highly_variable_genes``, ``pp.pca`` and ``tl.kmeans`` included: 
 clustering in one budget is :func:`dpsc.tl.cluster`, which splits 8 among its steps)."""
 
 
+def result_target(adata: Any, copy: bool) -> Any:
+    """Return where a call writes its results: ``adata``, or (``copy=True``) a copy in memory.
+
+    A backed AnnData is copied into memory, its ``X`` read whole (anndata's ``copy`` of a backed
+    object needs a file name, and its ``to_memory`` closes the file the call still reads).
+    """
+    if not copy:
+        return adata
+    if not getattr(adata, "isbacked", False):
+        return adata.copy()
+    import copy as copying
+
+    X = adata.X[:]
+    return ad.AnnData(
+        X=X.to_memory() if hasattr(X, "to_memory") else X,
+        obs=adata.obs.copy(),
+        var=adata.var.copy(),
+        uns=copying.deepcopy(dict(adata.uns)),
+        obsm={k: copying.deepcopy(v) for k, v in adata.obsm.items()},
+        varm={k: copying.deepcopy(v) for k, v in adata.varm.items()},
+        layers={k: copying.deepcopy(v) for k, v in adata.layers.items()},
+    )
+
+
 def store_result(
     adata: ad.AnnData,
     annotated: ad.AnnData,

@@ -22,6 +22,8 @@ def row_blocks(matrix: Any, chunk: int | None = None) -> Iterator[np.ndarray | s
     chunk = ROW_CHUNK if chunk is None else chunk
     for start in range(0, matrix.shape[0], chunk):
         block = matrix[start : start + chunk]
+        if hasattr(block, "compute") and hasattr(block, "chunks"):  # a Dask array: its chunks may be sparse
+            block = block.compute()
         yield sp.csr_matrix(block) if sp.issparse(block) else np.asarray(block)
 
 

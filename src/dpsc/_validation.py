@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import anndata as ad
@@ -30,18 +31,53 @@ def get_matrix(adata: ad.AnnData, layer: str | None) -> Any:
 
 
 def check_public_counts(
-    adata: ad.AnnData, layer: str | None, log_normalize: bool, tool: str, fix: str = "log_normalize=False"
+    adata: ad.AnnData, layer: str | None, log_normalize: bool, tool: str, fix: str | None = None
 ) -> None:
     """Refuse log-normalised input to a tool that reads raw counts, from public metadata only.
 
     scanpy's ``sc.pp.log1p`` records itself in ``adata.uns["log1p"]``; a DP release must not
     look at the values to decide (refuse-versus-run would then be an output about the cells), so
-    this check reads that metadata and nothing else. ``fix`` names the option for transformed data.
+    this check reads that metadata and nothing else. ``fix`` names the option for transformed data
+    (``None``: the tool takes raw counts only).
     """
     if log_normalize and layer is None and "log1p" in adata.uns:
+        where = [name for name in adata.layers.keys() if "count" in str(name).lower()]
+        layer_hint = f"layer={where[0]!r}" if where else "layer='counts'"
+        other = f", or {fix} for log-normalised data" if fix else ""
         raise ValueError(
             f"{tool} needs raw counts, but adata.uns['log1p'] says X is already log-transformed. Pass "
-            f"the raw counts (layer='counts'), or {fix} for log-normalised data."
+            f"the raw counts with {layer_hint}{other}."
+        )
+
+
+def check_cells(adata: ad.AnnData, matrix: Any, tool: str) -> None:
+    """Refuse non-finite values and warn on duplicate gene names, before any release (central calls).
+
+    The caller holds these cells: a check that reads them and raises here is not a release
+    (nothing leaves the process, nothing is booked; ``docs/privacy.md``). A federated site never
+    runs it: there a refusal the server sees may not depend on the cells, and a non-finite cell
+    contributes zero instead.
+    """
+    duplicated = adata.var_names[adata.var_names.duplicated()]
+    if len(duplicated):
+        warnings.warn(
+            f"adata.var_names has {len(duplicated)} duplicate gene names (e.g. {duplicated[0]!r}): {tool} "
+            "works by position, but its gene lists will repeat names. Call adata.var_names_make_unique() "
+            "first.",
+            UserWarning,
+            stacklevel=3,
+        )
+    bad = 0
+    for block in row_blocks(matrix):
+        values = _values(block)
+        if not np.isfinite(values).all():
+            dense = block.toarray() if sp.issparse(block) else np.asarray(block)
+            bad += int((~np.isfinite(dense)).any(axis=1).sum())
+    if bad:
+        raise ValueError(
+            f"{tool}: {bad} cells of the expression matrix hold NaN or infinite values; it needs raw counts. "
+            "Drop those cells first, e.g. adata = adata[np.isfinite(adata.X.toarray()).all(axis=1)].copy() "
+            "(use the layer you pass for layer=). Nothing was spent."
         )
 
 

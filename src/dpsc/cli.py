@@ -211,7 +211,8 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
         "--max-fallback-epsilon",
         type=float,
         default=None,
-        help="The largest ε accepted should the other sites of a secure sum collude (default 2 × --epsilon).",
+        help="The largest ε, over all runs, should the other sites of a secure sum collude "
+        "(default 2 × --epsilon per run, 2 × --budget in all).",
     )
     site.add_argument("--honest-sites", type=int, default=None, help="Sites this site trusts to add noise.")
     site.add_argument("--max-rounds", type=int, default=1000, help="The most releases served in one run.")
@@ -278,6 +279,7 @@ def _fit(args: argparse.Namespace) -> int:
     from .tl import collapse_message
 
     key = _label_key(adata, args.label_key)  # checked before any work
+    _check_budgeted_input(adata, args.input, args.output)
     if args.filter_genes:
         adata = _drop_empty_genes(adata, args.layer)
     epsilon = None if args.non_private else args.epsilon
@@ -377,6 +379,7 @@ def _cluster(args: argparse.Namespace) -> int:
     from .tl import few_clusters_message
 
     key = _label_key(adata, args.label_key)  # checked before any work
+    _check_budgeted_input(adata, args.input, args.output)
     epsilon = None if args.non_private else args.epsilon
     print(f"dpsc cluster: {source}; epsilon={epsilon}, {args.n_clusters} clusters", flush=True)
     start = time.perf_counter()
@@ -415,6 +418,27 @@ def _cluster(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_budgeted_input(adata: ad.AnnData, path: str | None, output: str | None) -> None:
+    """Refuse, before any work, a run that would leave a budget stored in the input file unspent.
+
+    A budget set with ``dpsc.privacy.set_budget`` and saved lives in the file's own ledger. The run
+    books there only if its ledger is a ledger file (``dpsc.privacy.attach_ledger``) or the result
+    is written over the input (``--output`` the input's path); otherwise a second run on the same
+    file would find its budget untouched.
+    """
+    dpsc_uns = adata.uns.get("dpsc", {})
+    if path is None or "budget" not in dpsc_uns or dpsc_uns.get("ledger_file"):
+        return
+    if output is not None and Path(output).resolve() == Path(path).resolve():
+        return
+    raise ValueError(
+        f"{path} stores a privacy budget (epsilon {float(dpsc_uns['budget']['epsilon']):g}) in its own "
+        "ledger, which this run could not book: pass --output "
+        f"{path} to write the result and its ledger back into it, or keep the ledger in a file beside the "
+        "data (dpsc.privacy.attach_ledger(adata, 'cells.ledger.json'), then save the AnnData)."
+    )
+
+
 def _load(path: str | None) -> tuple[ad.AnnData, str]:
     """Return the input AnnData and its name; the path is checked before anything heavy is imported."""
     if path is not None and not Path(path).is_file():
@@ -440,6 +464,10 @@ def _federate(args: argparse.Namespace) -> int:
             print(
                 "Warning: no TLS certificates: messages travel unencrypted (use --ssl-* on a real network)."
             )
+        from .federated import app_fingerprint
+
+        fingerprint = app_fingerprint()
+        print(f"Submitting dpsc's own app (fingerprint {fingerprint}); each site checks it.", flush=True)
         summary = run_server(
             n_sites=args.sites,
             out=args.out,

@@ -47,6 +47,7 @@ _WHERE = {
     "write_site_settings": "._deploy",
     "read_result": "._pipeline",
     "run_site": "._deploy",
+    "app_fingerprint": "._own_app",
 }
 
 #: What users call (each documented in docs/api.md): a site and a server, the FedSC federation
@@ -59,6 +60,7 @@ __all__ = [
     "Site",
     "SiteRefusal",
     "SiteSettings",
+    "app_fingerprint",
     "make_apps",
     "run_federation",
     "run_pipeline_simulation",

@@ -3,8 +3,9 @@
 ``dpsc federate server`` (:func:`run_server`) starts a SuperLink, writes a Flower app project whose
 components are :mod:`dpsc.federated.pipeline_app`'s apps, submits it with ``flwr run`` and stops the
 SuperLink when the run ends. ``dpsc federate site`` (:func:`run_site`) starts one SuperNode whose
-``node_config`` names the site's own settings file; it stops when the site has written its results
-(or its log shows that it refused), or at the timeout. Every process is bounded in time and stopped
+``node_config`` names the site's own settings file, and answers its tasks with the ClientApp of its
+own installation, never with code from the server's bundle (:mod:`._own_app`); it stops when the
+site has written its results (or refused), or at the timeout. Every process is bounded in time and stopped
 on exit. Without TLS certificates the processes run with Flower's ``--insecure`` (no encryption of
 the messages: loopback or a trusted network only); certificate files are passed through.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import signal
 import socket
@@ -24,44 +26,16 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ._own_app import OwnAppRunner, app_files, app_fingerprint, toml_value, write_app_project
 from ._pipeline import SERVER_DEFAULTS
 from ._requires import require_flwr
 from ._site import SiteSettings
 
-APP_MODULE = """import dpsc.federated.pipeline_app as apps
-
-server_app = apps.server_app
-client_app = apps.client_app
-"""
 #: Seconds a site waits, once it has reached the SuperLink, for it to answer again before it
 #: concludes that the server stopped.
 SERVER_GONE_AFTER = 6.0
 #: Seconds a site that refused keeps its SuperNode up, so that the refusal reaches the server.
 REPLY_GRACE = 4.0
-
-
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    return json.dumps(str(value))
-
-
-def write_app_project(folder: Path, config: dict[str, Any]) -> Path:
-    """Write the Flower app project ``flwr run`` submits (the components are dpsc's apps)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "dpsc_app.py").write_text(APP_MODULE)
-    lines = [
-        '[build-system]\nrequires = ["hatchling"]\nbuild-backend = "hatchling.build"\n',
-        '[project]\nname = "dpsc-federation"\nversion = "1.0.0"\ndependencies = []\n',
-        '[tool.hatch.build.targets.wheel]\npackages = ["."]\n',
-        '[tool.flwr.app]\npublisher = "dpsc"\n',
-        '[tool.flwr.app.components]\nserverapp = "dpsc_app:server_app"\nclientapp = "dpsc_app:client_app"\n',
-        "[tool.flwr.app.config]\n" + "".join(f"{k} = {_toml_value(v)}\n" for k, v in config.items()),
-    ]
-    (folder / "pyproject.toml").write_text("\n".join(lines))
-    return folder
 
 
 def wait_for_port(host: str, port: int, timeout: float) -> None:
@@ -151,34 +125,9 @@ def run_server(
     out = Path(out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     settings.update({"n-sites": int(n_sites), "out-dir": str(out / "result"), "timeout": float(timeout)})
-    home = out / "flwr-home"
-    home.mkdir(exist_ok=True)
-    address = f"{'127.0.0.1' if host == '0.0.0.0' else host}:{port}"
-    insecure = "--insecure" in _tls(certificates or {})
-    (home / "config.toml").write_text(
-        f'[superlink]\ndefault = "dpsc"\n\n[superlink.dpsc]\naddress = "{address}"\n'
-        f"insecure = {str(insecure).lower()}\n"
-    )
-    env = {**os.environ, "FLWR_HOME": str(home)}
-    project = write_app_project(out / "app", settings)
-    command = ["flower-superlink", *_tls(certificates or {}), "--host", host, "--port", str(port)]
-    with _process(command, out / "superlink.log", env):
-        wait_for_port("127.0.0.1" if host == "0.0.0.0" else host, port, 60)
-        started = time.monotonic()
-        with open(out / "run.log", "w") as run_log:
-            try:
-                subprocess.run(
-                    ["flwr", "run", str(project), "dpsc", "--stream"],
-                    env=env,
-                    stdout=run_log,
-                    stderr=subprocess.STDOUT,
-                    timeout=timeout,
-                )
-            except subprocess.TimeoutExpired:
-                raise TimeoutError(
-                    f"The federated run did not end within {timeout:.0f} s and was stopped; see "
-                    f"{out / 'run.log'} (raise --timeout for slow sites or large data)."
-                ) from None
+    project = write_app_project(out / "app", SERVER_DEFAULTS)  # the same files as every site's own app
+    started = time.monotonic()
+    submit_app(project, settings, out, host=host, port=port, timeout=timeout, certificates=certificates)
     summary_file = out / "result" / "summary.json"
     if not summary_file.exists():
         raise RuntimeError(
@@ -191,13 +140,58 @@ def run_server(
     return summary
 
 
+def submit_app(
+    project: Path,
+    run_config: dict[str, Any],
+    out: Path,
+    *,
+    host: str,
+    port: int,
+    timeout: float,
+    certificates: dict[str, str | None] | None = None,
+) -> None:
+    """Start a SuperLink, submit the app ``project`` with ``run_config`` (``flwr run``), stop at its end.
+
+    The run configuration travels as ``--run-config`` overrides, so the bundle's files are the
+    same for every run of one dpsc version (what each site compares with its own app).
+    """
+    home = out / "flwr-home"
+    home.mkdir(parents=True, exist_ok=True)
+    address = f"{'127.0.0.1' if host == '0.0.0.0' else host}:{port}"
+    insecure = "--insecure" in _tls(certificates or {})
+    (home / "config.toml").write_text(
+        f'[superlink]\ndefault = "dpsc"\n\n[superlink.dpsc]\naddress = "{address}"\n'
+        f"insecure = {str(insecure).lower()}\n"
+    )
+    env = {**os.environ, "FLWR_HOME": str(home)}
+    config_file = out / "run-config.toml"
+    config_file.write_text("".join(f"{k} = {toml_value(v)}\n" for k, v in run_config.items()))
+    command = ["flower-superlink", *_tls(certificates or {}), "--host", host, "--port", str(port)]
+    with _process(command, out / "superlink.log", env):
+        wait_for_port("127.0.0.1" if host == "0.0.0.0" else host, port, 60)
+        with open(out / "run.log", "w") as run_log:
+            try:
+                subprocess.run(
+                    ["flwr", "run", str(project), "dpsc", "--stream", "--run-config", str(config_file)],
+                    env=env,
+                    stdout=run_log,
+                    stderr=subprocess.STDOUT,
+                    timeout=timeout,
+                )
+            except subprocess.TimeoutExpired:
+                raise TimeoutError(
+                    f"The federated run did not end within {timeout:.0f} s and was stopped; see "
+                    f"{out / 'run.log'} (raise --timeout for slow sites or large data)."
+                ) from None
+
+
 def write_site_settings(settings: SiteSettings, path: str | Path) -> Path:
     """Write a site's settings as the TOML file its SuperNode's ``node_config`` names."""
     values = {k: v for k, v in settings.__dict__.items() if v is not None}
     if settings.epsilon is None:
         values["epsilon"] = "none"
     path = Path(path)
-    path.write_text("".join(f"{k} = {_toml_value(v)}\n" for k, v in values.items()))
+    path.write_text("".join(f"{k} = {toml_value(v)}\n" for k, v in values.items()))
     return path
 
 
@@ -238,10 +232,13 @@ def run_site(
 ) -> Path:
     """Start this site's SuperNode; stop once its results are written (return their path) or it refused.
 
-    It also stops, within seconds, when the server stops (its SuperLink no longer answers) or at
-    the timeout. A refusal raises ``ValueError`` with the site's reason (its own message); the
-    SuperNode's log is a temporary file, removed after a completed or refused run and named in the
-    error of a failed or timed-out one.
+    The SuperNode runs no code of the server's: it is started with ``--isolation process`` and no
+    dependency installation, and this process answers its tasks with the ClientApp of its own
+    installation, after checking that the server's app bundle is this site's own
+    (:mod:`._own_app`). It also stops, within seconds, when the server stops (its SuperLink no
+    longer answers) or at the timeout. A refusal raises ``ValueError`` with the site's reason (its
+    own message); the SuperNode's log is a temporary file, removed after a completed or refused run
+    and named in the error of a failed or timed-out one.
     """
     require_flwr()
     settings_file = Path(settings_file).resolve()
@@ -254,39 +251,40 @@ def run_site(
     settings.refusal_file.unlink(missing_ok=True)
     port = port or free_port()
     tls = ["--root-certificates", root_certificates] if root_certificates else ["--insecure"]
+    log = Path(tempfile.gettempdir()) / f"dpsc-site-{os.getpid()}-{port}.log"
+    secret = Path(tempfile.gettempdir()) / f"dpsc-site-{os.getpid()}-{port}.secret"
+    secret.touch(mode=0o600)
+    secret.write_bytes(os.urandom(32))
     command = [
         "flower-supernode",
         *tls,
         "--superlink",
         superlink,
+        "--isolation",
+        "process",  # the SuperNode launches no app: this process serves its tasks with its own
         "--port",
         str(port),
+        "--superexec-auth-secret-file",
+        str(secret),
         "--node-config",
         f"settings='{settings_file}'",
     ]
-    log = Path(tempfile.gettempdir()) / f"dpsc-site-{os.getpid()}-{port}.log"
+    own = app_files(SERVER_DEFAULTS)
+    logging.getLogger("flwr").setLevel(logging.WARNING)  # SecAgg+'s stage log would drown the site's lines
+    print(f"This site runs only its own dpsc app (fingerprint {app_fingerprint()}).", flush=True)
+    runner = OwnAppRunner(
+        f"127.0.0.1:{port}", secret.read_bytes(), own, lambda reason: settings.refusal_file.write_text(reason)
+    )
     deadline = time.monotonic() + timeout
     watch = _ServerWatch(superlink)
     refused = None
-    with _process(command, log) as node:
-        while time.monotonic() < deadline:
-            if output.exists() and output.stat().st_mtime > before:
-                time.sleep(2.0)  # let the last reply leave
-                break
-            if settings.refusal_file.exists():
-                reason = settings.refusal_file.read_text().strip()
-                time.sleep(REPLY_GRACE)  # let the refusal reach the server before the SuperNode stops
-                refused = reason
-                break
-            if node.poll() is not None:
-                raise RuntimeError(f"The SuperNode stopped before the run ended; see {log}.")
-            if watch.gone():
-                raise RuntimeError(
-                    f"The federation's server stopped before this site's run ended (its SuperLink at "
-                    f"{superlink} no longer answers). This site's ledger {settings.ledger} holds every "
-                    f"release it sent; the server's log says why the run ended (SuperNode log: {log})."
-                )
-            time.sleep(0.5)
+    try:
+        with _process(command, log) as node:
+            runner.start()
+            refused = _watch_site(node, runner, settings, output, before, deadline, watch, log)
+    finally:
+        runner.stop()
+        secret.unlink(missing_ok=True)
     if refused is not None:  # the reason is the whole story: the SuperNode's log is not kept
         log.unlink(missing_ok=True)
         raise ValueError(f"This site refused the run: {refused}")
@@ -294,6 +292,30 @@ def run_site(
         log.unlink(missing_ok=True)
         return output
     raise TimeoutError(f"No run completed within {timeout:.0f} s; the SuperNode was stopped (log: {log}).")
+
+
+def _watch_site(node, runner, settings, output, before, deadline, watch, log) -> str | None:
+    """Wait for the site's results or refusal (return its reason); raise when the run cannot end."""
+    while time.monotonic() < deadline:
+        if output.exists() and output.stat().st_mtime > before:
+            time.sleep(2.0)  # let the last reply leave
+            return None
+        if settings.refusal_file.exists():
+            reason = settings.refusal_file.read_text().strip()
+            time.sleep(REPLY_GRACE)  # let the refusal reach the server before the SuperNode stops
+            return reason
+        if node.poll() is not None:
+            raise RuntimeError(f"The SuperNode stopped before the run ended; see {log}.")
+        if runner.error is not None:
+            raise RuntimeError(f"This site's app stopped: {runner.error!r}; see {log}.")
+        if watch.gone():
+            raise RuntimeError(
+                f"The federation's server stopped before this site's run ended (its SuperLink at "
+                f"{watch.address} no longer answers). This site's ledger {settings.ledger} holds every "
+                f"release it sent; the server's log says why the run ended (SuperNode log: {log})."
+            )
+        time.sleep(0.5)
+    return None
 
 
 def check_budget_settings(settings: SiteSettings) -> None:

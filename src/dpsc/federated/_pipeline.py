@@ -236,21 +236,35 @@ class SiteHandler:
             return [np.array([site.adata.n_vars, site.adata.n_obs], dtype=np.int64)], 1, {}
         if plan.n_vars <= 0:
             raise SiteRefusal("Malformed request from the server: the plan has no genes; nothing was sent.")
+        records = self.context.state.config_records
+        run_state = json.loads(records[RUN_STATE]["json"]) if RUN_STATE in records else {}
         if kind == "finish":
-            genes, loadings, eigenvalues, centroids, *markers = parameters
-            result = ClusterResult(genes.astype(np.int64), loadings, eigenvalues, centroids)
+            try:
+                genes, loadings, eigenvalues, centroids, *markers = parameters
+                result = ClusterResult(genes.astype(np.int64), loadings, eigenvalues, centroids)
+            except (ValueError, TypeError, AttributeError) as err:
+                raise SiteRefusal(
+                    f"Malformed results from the server ({err!r}); nothing was written."
+                ) from None
             if plan.markers:
                 with_markers(result, markers)
-            site.write_results(result, plan, mode, threshold, n_sites)
+            path = site.finish(result, plan, mode, threshold, n_sites, run_state)
+            records[RUN_STATE] = ConfigRecord({"json": json.dumps(run_state)})
+            if self.site_settings is None:  # a deployed site: its data manager reads its terminal
+                print(f"Results written to {path}. {site.spent_words()}", flush=True)
             return [], 1, {}
         if mode == "secure":
             self._check_secure(threshold)
-        records = self.context.state.config_records
-        run_state = json.loads(records[RUN_STATE]["json"]) if RUN_STATE in records else {}
         vector = site.contribute(
             plan, _request(dict(config), parameters), mode, threshold, n_sites, run_state
         )
         records[RUN_STATE] = ConfigRecord({"json": json.dumps(run_state)})
+        if self.site_settings is None:
+            print(
+                f"Release {int(config['index']) + 1} of {plan.n_releases} ({kind}) sent. "
+                f"{site.spent_words()}",
+                flush=True,
+            )
         return (to_digits(vector) if mode == "secure" else [vector]), 1, {}
 
     def _check_secure(self, threshold: int) -> None:

@@ -83,7 +83,14 @@ from ..privacy._clustering import (
 )
 from ..privacy._ledger import _check, _plain, compose, ledger_entry
 from ._simulation import is_shared, resolve_shared
-from ._trust import budget_source, fallback_cap, fallback_epsilon, resolve_budget
+from ._trust import (
+    budget_source,
+    fallback_caps,
+    fallback_epsilon,
+    fallback_history,
+    ledger_fallback_epsilon,
+    resolve_budget,
+)
 
 MODES = ("secure", "plain")
 
@@ -127,8 +134,9 @@ class SiteSettings:
     raise_budget
         Allow ``budget`` to raise the budget stored in the ledger file (an explicit act).
     max_fallback_epsilon
-        The largest ε the site accepts for a secure run should the other sites of the threshold
-        collude with the server (``None``: twice ``epsilon``; :func:`~._trust.fallback_epsilon`).
+        The largest ε the site accepts, over every run of its ledger composed, should the other
+        sites of a secure sum collude with the server (``None``: twice ``epsilon`` for one run and
+        twice its budget in total; :func:`~._trust.ledger_fallback_epsilon`).
     max_rounds
         The largest number of releases (or training rounds) it serves in one run.
     honest_sites
@@ -414,14 +422,32 @@ class Site:
                 f"The run's threshold {threshold} assumes {threshold} honest sites; this site trusts at "
                 f"most {s.honest_sites}. Ask for a threshold of {s.honest_sites} or less (or the plain mode)."
             )
-        fallback, cap = run_fallback_epsilon(plan, "secure", threshold), fallback_cap(s)
-        if fallback > cap * (1 + 1e-9):
+        run_cap, total_cap = fallback_caps(s, self.budget)
+        fallback = run_fallback_epsilon(plan, "secure", threshold)
+        total = ledger_fallback_epsilon(self.ledger.entries(), plan.history(), plan.delta, threshold)
+        if fallback > run_cap * (1 + 1e-9) or total > total_cap * (1 + 1e-9):
+            over = (
+                f"above its cap of {run_cap:.3g} for one run"
+                if fallback > run_cap * (1 + 1e-9)
+                else f"and {total:.3g} with every earlier run of its ledger, above its cap of "
+                f"{total_cap:.3g} in total"
+            )
             raise SiteRefusal(
                 f"The run's threshold {threshold} gives this site a fallback epsilon of {fallback:.3g} (its "
-                f"epsilon should the other {threshold - 1} sites of a sum collude with the server), above "
-                f"its max_fallback_epsilon of {cap:.3g}. Ask the server for a smaller threshold or the "
+                f"epsilon should the other {threshold - 1} sites of a sum collude with the server), {over} "
+                "(max_fallback_epsilon). Nothing was sent. Ask the server for a smaller threshold or the "
                 "plain mode, or raise max_fallback_epsilon (--max-fallback-epsilon) if the data owner agrees."
             )
+
+    def spent_words(self) -> str:
+        """Say what this site's ledger has spent and what its budget leaves, in ε."""
+        spent = compose(self.ledger.entries()).epsilon
+        if self.budget is None:
+            return f"This site's ledger has spent epsilon {spent:.3g} (no budget)."
+        return (
+            f"This site's ledger has spent epsilon {spent:.3g} of its {self.budget:.3g}; "
+            f"{max(self.budget - spent, 0.0):.3g} left."
+        )
 
     def _budget(self) -> dict[str, float] | None:
         return None if self.budget is None else {"epsilon": float(self.budget), "delta": -1.0}
@@ -541,6 +567,7 @@ class Site:
             details={"threshold": threshold, "n_sites": n_sites, "fallback_epsilon": fallback},
         )
         line = ledger_entry(record, f"release {request.index}: {request.kind}", "sent")
+        line["fallback_history"] = fallback_history(request.sigma, threshold if mode == "secure" else 1)
         try:
             self.ledger.reserve(line, cap=self._budget())
         except BudgetExceededError:
@@ -548,6 +575,33 @@ class Site:
         return line
 
     # -- the end of a run ------------------------------------------------------------------------------
+    def finish(
+        self, result, plan: ClusterPlan, mode: str, threshold: int, n_sites: int, run_state: dict[str, Any]
+    ) -> Path | None:
+        """Write the run's results, once, for the run this site served to its end, with its plan.
+
+        Refuses (:class:`SiteRefusal`) a ``finish`` without a run, before the run's last release,
+        with another plan or trust settings than the run was served under, or a second time: the
+        record a site writes is that of the releases it sent, and no message of the server's makes
+        it write (or overwrite) its output otherwise.
+        """
+        if "signature" not in run_state:
+            raise SiteRefusal("The server asks this site to write results of a run it did not serve.")
+        if run_state["signature"] != run_signature(plan, mode, threshold, n_sites):
+            raise SiteRefusal(
+                "The server's results name another plan or trust settings than the run this site served; "
+                "nothing was written."
+            )
+        if int(run_state.get("served", 0)) != len(plan.schedule()):
+            raise SiteRefusal(
+                f"The server asks for the results after {run_state.get('served', 0)} of the run's "
+                f"{len(plan.schedule())} releases; nothing was written."
+            )
+        if run_state.get("finished"):
+            raise SiteRefusal("This site already wrote this run's results; it writes them once.")
+        run_state["finished"] = True
+        return self.write_results(result, plan, mode, threshold, n_sites)
+
     def write_results(
         self, result, plan: ClusterPlan, mode: str, threshold: int, n_sites: int
     ) -> Path | None:

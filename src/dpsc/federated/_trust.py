@@ -2,8 +2,9 @@ r"""What a site caps by itself: its total budget, and its ε should the other su
 
 **Budget.** A site's ledger file composes every run it served. Its cap is the ``budget`` of its
 settings (``--budget``) when given; without it, one run's ``epsilon``, or the budget stored in the
-ledger file when that is smaller: a site restarted without ``--budget`` never spends more than it
-was allowed before. A given ``budget`` above the stored one raises it only with ``raise_budget``
+ledger file when that is smaller. Whichever cap a ledger file first gets is stored in it, so a
+site restarted without ``--budget`` (and a larger ``--epsilon``) never spends more than it was
+allowed before. A given ``budget`` above the stored one raises it only with ``raise_budget``
 (``--raise-budget``): raising a privacy cap is an explicit act, lowering it is not.
 
 **Fallback ε.** In secure mode (SecAgg+, threshold t) each site adds the share
@@ -11,8 +12,11 @@ was allowed before. A given ``budget`` above the stored one raises it only with 
 added their share and do not collude with the server. If the other :math:`t - 1` sites are the
 server's, the server can subtract their (known) sums and shares and sees this site's sum with the
 noise :math:`\sigma/\sqrt t` only: the site's ε is then that of the same releases at noise
-multiplier :math:`\sigma/\sqrt t` (:func:`fallback_epsilon`), which a site caps with
-``max_fallback_epsilon`` (default twice its ``epsilon``).
+multiplier :math:`\sigma/\sqrt t` (:func:`fallback_epsilon`). Every release a site books carries
+its noise multiplier at that fallback (``fallback_history``; a plain release's is its own), so the
+fallback ε composes over every run of the ledger file (:func:`ledger_fallback_epsilon`), and a
+site caps that total with ``max_fallback_epsilon`` (default: twice its ε for one run, twice its
+budget in total).
 """
 
 from __future__ import annotations
@@ -55,8 +59,10 @@ def resolve_budget(settings: SiteSettings, ledger: FileLedger) -> float | None:
         return budget
     if settings.epsilon is None:
         return stored_eps
-    caps = [float(settings.epsilon)] + ([stored_eps] if stored_eps is not None else [])
-    return min(caps)
+    if stored_eps is None:  # the first cap of this ledger file is stored: a restart cannot raise it
+        ledger.set_budget({"epsilon": float(settings.epsilon), "delta": -1.0})
+        return float(settings.epsilon)
+    return min(float(settings.epsilon), stored_eps)
 
 
 def budget_source(settings: SiteSettings, ledger: FileLedger) -> str:
@@ -81,8 +87,39 @@ def fallback_epsilon(history: list[tuple[float, float, int]], delta: float, thre
     return history_epsilon([(sigma / scale, q, steps) for sigma, q, steps in history], delta)
 
 
-def fallback_cap(settings: SiteSettings) -> float:
-    """Return the largest fallback ε the site accepts (``max_fallback_epsilon``, default 2 ``epsilon``)."""
+def fallback_caps(settings: SiteSettings, budget: float | None) -> tuple[float, float]:
+    """Return the largest fallback ε the site accepts for one run, and over its whole ledger.
+
+    ``max_fallback_epsilon`` caps the total (and so each run); without it, twice ``epsilon`` for
+    one run and twice the budget (the cap of the ledger's ε) in total.
+    """
     if settings.max_fallback_epsilon is not None:
-        return float(settings.max_fallback_epsilon)
-    return DEFAULT_FALLBACK_FACTOR * float(settings.epsilon or 0.0)
+        return float(settings.max_fallback_epsilon), float(settings.max_fallback_epsilon)
+    one_run = DEFAULT_FALLBACK_FACTOR * float(settings.epsilon or 0.0)
+    return one_run, DEFAULT_FALLBACK_FACTOR * float(budget if budget is not None else settings.epsilon or 0.0)
+
+
+def fallback_history(sigma: float, threshold: int) -> list[list[float]]:
+    r"""Return one release's history at its fallback noise multiplier :math:`\sigma/\sqrt t` (plain: 1)."""
+    return [[float(sigma) / math.sqrt(max(int(threshold), 1)), 1.0, 1.0]]
+
+
+def ledger_fallback_epsilon(
+    entries: list[dict], planned: list[tuple[float, float, int]], planned_delta: float, threshold: int
+) -> float:
+    """Return the fallback ε of every booked release and a planned secure run, composed (Opacus RDP).
+
+    An entry without ``fallback_history`` (booked by another tool, or before dpsc recorded it)
+    counts at its own noise multipliers.
+    """
+    from ..privacy import history_epsilon
+
+    if any(sigma <= 0 for sigma, _, _ in planned):
+        return math.inf
+    scale = math.sqrt(max(int(threshold), 1))
+    history = [(sigma / scale, q, steps) for sigma, q, steps in planned]
+    for entry in entries:
+        rows = entry.get("fallback_history", entry.get("history", []))
+        history += [tuple(float(v) for v in row) for row in rows]
+    delta = float(planned_delta) + sum(float(e.get("delta", 0.0)) for e in entries)
+    return history_epsilon(history, min(delta, 0.5))

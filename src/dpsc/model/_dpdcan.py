@@ -337,8 +337,9 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
         if plan.settings is None:
             check_matrix(matrix, self.module.likelihood)
             return
-        layer = self.adata_manager.get_state_registry(REGISTRY_KEYS.X_KEY).get("layer")
-        if self.module.likelihood == "zinb" and layer is None and "log1p" in self.adata.uns:
+        registered = self.adata_manager.data_registry[REGISTRY_KEYS.X_KEY]
+        in_x = registered.get("attr_name") == "X"  # the counts' layer, as setup_anndata registered it
+        if self.module.likelihood == "zinb" and in_x and "log1p" in self.adata.uns:
             raise ValueError(
                 "The ZINB model needs raw counts, but adata.uns['log1p'] says X is log-transformed. "
                 "Pass the raw counts (layer='counts'), or likelihood='gaussian' for log-normalised data."

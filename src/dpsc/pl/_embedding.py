@@ -2,27 +2,58 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import anndata as ad
+import matplotlib.pyplot as plt
 import scanpy as sc
 from matplotlib.axes import Axes
 
-from ._utils import finish, get_ax
+from ._utils import finish
+
+#: Cluster columns dpsc writes by default, in the order ``color=None`` looks for them.
+DEFAULT_CLUSTER_KEYS = ("dp_cluster", "dp_kmeans", "fed_cluster", "dp_label")
+
+
+def private_record(adata: ad.AnnData, color: str) -> dict[str, Any] | None:
+    """Return the privacy record of the dpsc result ``color`` names, or ``None`` (labels, genes).
+
+    ``color`` is a result when its own key holds a record (``tl.cluster``'s ``dp_kmeans``) or a
+    record's parameters name it as their ``cluster_key`` (``tl.fit``'s ``dp_cluster``).
+    """
+    results = adata.uns.get("dpsc", {})
+    own = results.get(color)
+    if isinstance(own, dict) and "privacy" in own:
+        return own["privacy"]
+    for result in results.values():
+        if isinstance(result, dict) and "privacy" in result:
+            if result.get("params", {}).get("cluster_key") == color:
+                return result["privacy"]
+    return None
+
+
+def _title(adata: ad.AnnData, color: str | None) -> str:
+    """Name the ε and guarantee on a private output only (not on true labels or genes)."""
+    record = None if color is None else private_record(adata, color)
+    eps = None if record is None else record.get("epsilon")
+    if isinstance(eps, float) and eps == eps:
+        return f"{color} (ε = {eps:.3g}, {record.get('guarantee')})"
+    return "" if color is None else str(color)
 
 
 def embedding(
     adata: ad.AnnData,
-    color: str | None = "dp_cluster",
+    color: str | Sequence[str] | None = None,
     basis: str = "umap",
     *,
-    title: str | None = None,
-    privacy_key: str = "X_dpdcan",
+    title: str | Sequence[str] | None = None,
     ax: Axes | None = None,
     show: bool | None = None,
     save: str | Path | None = None,
     **kwargs,
-) -> Axes | None:
+) -> Axes | list[Axes] | None:
     """Scatter of ``adata.obsm[f"X_{basis}"]`` coloured by ``color`` (via :func:`scanpy.pl.embedding`).
 
     Parameters
@@ -31,16 +62,17 @@ def embedding(
         Annotated data with the embedding, e.g. after ``sc.pp.neighbors(adata,
         use_rep="X_dpdcan"); sc.tl.umap(adata)``.
     color
-        ``obs`` column or gene to colour by.
+        What :func:`scanpy.pl.embedding` takes: an ``obs`` column or gene, or a list of them (one
+        panel each). ``None``: the first of :data:`DEFAULT_CLUSTER_KEYS` in ``obs``.
     basis
-        Embedding name (``"umap"`` reads ``obsm["X_umap"]``).
+        Embedding name (``"umap"`` reads ``obsm["X_umap"]``); the axes are named as scanpy names
+        them (``UMAP1``, ``UMAP2``).
     title
-        Panel title; the default names ε, the guarantee and the scope of the private fit
-        recorded under ``privacy_key`` (its statement: ``dpsc.privacy.get_record(adata, key)``).
-    privacy_key
-        ``key_added`` of the fit whose ε the default title names.
+        Panel title(s); the default names ε and the guarantee on dpsc's private outputs (a result's
+        own column, e.g. ``dp_kmeans``, or the clusters of a fit, e.g. ``dp_cluster``) and only the
+        column's name on anything else (true labels, genes).
     ax, show, save
-        scanpy's conventions; the Axes is returned when not shown.
+        scanpy's conventions; the Axes (a list for several panels) is returned when not shown.
     **kwargs
         Passed to :func:`scanpy.pl.embedding`.
     """
@@ -50,13 +82,26 @@ def embedding(
             f"adata.obsm has no {key!r}. Compute it first, e.g. sc.pp.neighbors(adata, "
             "use_rep='X_dpdcan'); sc.tl.umap(adata)."
         )
+    if color is None:
+        color = next((k for k in DEFAULT_CLUSTER_KEYS if k in adata.obs), None)
+    colors = [color] if color is None or isinstance(color, str) else list(color)
     if title is None:
-        record = adata.uns.get("dpsc", {}).get(privacy_key, {}).get("privacy", {})
-        eps = record.get("epsilon")
-        if isinstance(eps, float) and eps == eps:
-            title = f"{color} (ε = {eps:.3g}, {record.get('guarantee')}, {record.get('scope')} scope)"
-        else:
-            title = str(color)
-    target = get_ax(ax)
-    sc.pl.embedding(adata, basis=key, color=color, ax=target, show=False, title=title, **kwargs)
-    return finish(target, show, save)
+        title = [_title(adata, c) for c in colors]
+    if len(colors) > 1 and ax is not None:
+        raise ValueError(f"{len(colors)} colors make {len(colors)} panels: pass ax=None (one figure).")
+    if len(colors) == 1 and ax is None:
+        _, ax = plt.subplots(figsize=(4.5, 3.5))
+    axes = sc.pl.embedding(
+        adata,
+        basis=key[2:],  # scanpy names the axes from the basis: UMAP1, UMAP2
+        color=colors if len(colors) > 1 else colors[0],
+        ax=ax,
+        show=False,
+        title=title if len(colors) > 1 or isinstance(title, str) else title[0],
+        **kwargs,
+    )
+    if len(colors) == 1:
+        return finish(ax, show, save)
+    first = axes[0] if isinstance(axes, list) else axes
+    finish(first, show, save)
+    return None if (show or (show is None and not save)) else axes

@@ -14,9 +14,9 @@ import numpy as np
 
 from dpsc._docs import doc_params
 
-from .._api import DEFAULT_EPSILON, store_result
+from .._api import DEFAULT_EPSILON, result_target, store_result
 from .._outputs import derived_key
-from .._validation import check_privacy_args, check_public_counts, get_matrix, resolve_delta
+from .._validation import check_cells, check_privacy_args, check_public_counts, get_matrix, resolve_delta
 from ..privacy import (
     COMMON_NOT_COVERED,
     NoiseSource,
@@ -71,7 +71,8 @@ def _check(adata, n_top_genes, epsilon, delta, layer, log_normalize, square_clip
     matrix = get_matrix(adata, layer)
     check_privacy_args(epsilon, delta, adata.n_obs)
     check_gene_selection(n_top_genes, adata.n_vars)
-    check_public_counts(adata, layer, log_normalize, "dpsc.pp.highly_variable_genes")
+    check_public_counts(adata, layer, log_normalize, "dpsc.pp.highly_variable_genes", "log_normalize=False")
+    check_cells(adata, get_matrix(adata, layer), "dpsc.pp.highly_variable_genes")
     if flavor not in FLAVORS:
         raise ValueError(f"flavor must be one of {FLAVORS}, got {flavor!r}.")
     if not 0 < square_clip <= 1:
@@ -164,7 +165,7 @@ def highly_variable_genes(
         rank = np.full(adata.n_vars, np.nan)
         rank[order[:n_top_genes]] = np.arange(n_top_genes, dtype=float)
 
-        target = adata.copy() if copy else adata
+        target = result_target(adata, copy)
         target.var[key_added] = ~np.isnan(rank)
         for what, values in (("means", means), ("variances", variances), ("rank", rank)):
             target.var[_statistic_key(key_added, what)] = values

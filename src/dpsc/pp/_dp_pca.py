@@ -12,9 +12,9 @@ import numpy as np
 
 from dpsc._docs import doc_params
 
-from .._api import DEFAULT_EPSILON, store_result
+from .._api import DEFAULT_EPSILON, result_target, store_result
 from .._outputs import derived_key
-from .._validation import check_privacy_args, check_public_counts, get_matrix, resolve_delta
+from .._validation import check_cells, check_privacy_args, check_public_counts, get_matrix, resolve_delta
 from ..privacy import (
     COMMON_NOT_COVERED,
     NoiseSource,
@@ -52,7 +52,8 @@ def _check(adata: ad.AnnData, n_comps, n_genes, epsilon, delta, layer, log_norma
     """Every check reads only the call's arguments and public metadata (shapes, ``uns``), never a cell."""
     matrix = get_matrix(adata, layer)
     check_privacy_args(epsilon, delta, adata.n_obs)
-    check_public_counts(adata, layer, log_normalize, "dpsc.pp.pca")
+    check_public_counts(adata, layer, log_normalize, "dpsc.pp.pca", "log_normalize=False")
+    check_cells(adata, get_matrix(adata, layer), "dpsc.pp.pca")
     if adata.n_vars > mechanism.MAX_GENES:
         raise ValueError(
             f"dpsc.pp.pca releases a dense genes × genes matrix; {adata.n_vars} genes is more than "
@@ -94,8 +95,9 @@ def pca(
     One Gaussian release of the genes × genes second-moment matrix of unit-norm cells; the
     loadings are its top eigenvectors (:mod:`dpsc.privacy._pca` states the argument). Proven
     (ε, δ)-DP for the loadings with respect to adding or removing one cell; the ε goes into the
-    AnnData's ledger (:func:`dpsc.privacy.spent`). No check reads the cells: a cell without counts
-    is a zero row, a negative or non-finite count reads as 0.
+    AnnData's ledger (:func:`dpsc.privacy.spent`). Only the local refusal of NaN or infinite values
+    reads the cells, before anything is booked: a cell without counts is a zero row, a negative
+    count reads as 0.
 
     Parameters
     ----------
@@ -149,7 +151,7 @@ def pca(
         pcs, keep, eigval = mechanism.released_loadings(
             matrix, sigma, releases.stream("pp.pca"), n_comps, n_genes, drop_mean_component, log_normalize
         )
-        target = adata.copy() if copy else adata
+        target = result_target(adata, copy)
         target.obsm[obsm_key] = mechanism.project(matrix, pcs, log_normalize)
         target.varm[varm_key] = pcs
         target.var["dp_pca_gene" if key_added is None else derived_key(key_added, "gene")] = np.isin(

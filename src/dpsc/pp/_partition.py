@@ -6,7 +6,7 @@ import anndata as ad
 import numpy as np
 import pandas as pd
 
-from .._api import renamed_argument
+from .._api import renamed_argument, result_target
 
 
 def partition(
@@ -92,6 +92,6 @@ def partition(
             idx = rng.permutation(np.flatnonzero(labels == name))
             for owner, part in zip(owners[t], np.array_split(idx, len(owners[t])), strict=True):
                 site[part] = owner
-    target = adata.copy() if copy else adata
+    target = result_target(adata, copy)
     target.obs[key_added] = pd.Categorical(site.astype(str), categories=[str(c) for c in range(n_sites)])
     return target if copy else None

@@ -40,6 +40,7 @@ processes.
 from __future__ import annotations
 
 import contextlib
+import copy
 import fcntl
 import json
 import math
@@ -47,6 +48,7 @@ import os
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -222,13 +224,18 @@ class FileLedger:
             entries = [state["entries"][k] for k in sorted(state["entries"])]
             _check(entries, entry, state["budget"])
             _check(entries, entry, cap)
-            key = f"{len(state['entries']):04d}"
+            key = _next_key(state["entries"])
             state["entries"][key] = _plain(entry)
         return key
 
     def count(self) -> int:
         """Return number of entries."""
         return len(self._read()["entries"])
+
+    def cancel(self, key: str) -> None:
+        """Remove the reservation ``key`` (a call that failed before it released anything)."""
+        with self._locked() as state:
+            state["entries"].pop(key, None)
 
     def settle(self, key: str, entry: dict[str, Any]) -> None:
         """Replace the reservation ``key`` by the entry of what was released."""
@@ -286,6 +293,12 @@ def _plain(entry: dict[str, Any]) -> dict[str, Any]:
     return json.loads(json.dumps(entry, default=_json_default))
 
 
+def _next_key(entries: dict[str, Any]) -> str:
+    """Return the key after the largest of ``entries`` (a cancelled reservation leaves a gap)."""
+    numbers = [int(k) for k in entries if str(k).isdigit()]
+    return f"{(max(numbers) + 1 if numbers else 0):04d}"
+
+
 def _dpsc_uns(adata: ad.AnnData) -> dict[str, Any]:
     return adata.uns.setdefault("dpsc", {})
 
@@ -337,7 +350,9 @@ def spent(adata: ad.AnnData) -> Spent:
     """(ε, δ) that holds for each cell of ``adata`` against everything dpsc released about it.
 
     Composed from the ledger (module docstring); ``(0.0, 0.0)`` for an AnnData dpsc never read,
-    ``inf`` once a call read the cells without a guarantee. The result also carries
+    ``inf`` once a call read the cells without a guarantee. The composition is at the entries'
+    summed δ, so a further call can lower the ε shown while δ grows (the same releases at a larger
+    δ cost a smaller ε): read the two together. The result also carries
     ``.relation``, ``.guarantee`` (the weakest among the entries: ``"none"``, ``"heuristic"`` or
     ``"proven"``) and ``.seeded`` (some entry used a known noise seed).
     """
@@ -436,10 +451,26 @@ def spending(adata: ad.AnnData, planned: PrivacyRecord, key: str) -> Iterator[Sp
             booking.settle(actual_record)
 
     Refuses with :class:`BudgetExceededError` before anything is written. If the body raises
-    before :meth:`Spending.settle`, the reservation stays (marked ``"interrupted"``): what the
-    call released before failing is not known, so the planned spend stays booked.
+    before :meth:`Spending.settle`: a call that drew no noise and no sample yet (no keystream was
+    read, :func:`~dpsc.privacy._random.draws`) released nothing, so its reservation is removed and
+    ``adata.uns`` is put back as it was; otherwise the reservation stays (marked
+    ``"interrupted"``): what the call released before failing is not known, so the planned spend
+    stays booked.
     """
+    from ._random import draws
+
+    earlier = adata.uns.get("dpsc", {}).get(key)
+    if isinstance(earlier, dict) and "privacy" in earlier:
+        warnings.warn(
+            f"A result is already stored under key {key!r}; this call replaces it (the ledger keeps what "
+            "both spent). Pass another key_added to keep both.",
+            UserWarning,
+            stacklevel=4,
+        )
     entry = ledger_entry(planned, key, "reserved")
+    uns_before = {k: adata.uns[k] for k in adata.uns.keys()}
+    dpsc_before = copy.deepcopy(adata.uns.get("dpsc")) if "dpsc" in adata.uns else None
+    drawn = draws()
     file = _file(adata)
     if file is not None:
         entry_id = file.reserve(entry)
@@ -447,13 +478,22 @@ def spending(adata: ad.AnnData, planned: PrivacyRecord, key: str) -> Iterator[Sp
     else:
         _check(_uns_entries(adata), entry, _budget(adata))
         ledger = _dpsc_uns(adata).setdefault(LEDGER_KEY, {})
-        entry_id = f"{len(ledger):04d}"
+        entry_id = _next_key(ledger)
         ledger[entry_id] = entry
     booking = Spending(adata, key, entry_id)
     try:
         yield booking
     finally:
-        if not booking.settled:
+        if not booking.settled and draws() == drawn:  # nothing released: nothing booked
+            if file is not None:
+                file.cancel(entry_id)
+            for name in [k for k in adata.uns.keys() if k not in uns_before]:
+                del adata.uns[name]
+            if dpsc_before is None:
+                adata.uns.pop("dpsc", None)
+            else:
+                adata.uns["dpsc"] = dpsc_before
+        elif not booking.settled:
             interrupted = {**entry, "status": "interrupted"}
             if file is not None:
                 file.settle(entry_id, interrupted)

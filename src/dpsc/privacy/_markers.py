@@ -147,6 +147,20 @@ def expression_bound(n_genes: int, power: int = 2) -> float:
     return float(np.max(np.sqrt(k) * np.log1p(1e4 / k) ** (power / 2)))
 
 
+def bound_floor(power: int) -> float:
+    r"""Return the smallest bound an honest run releases for the part of ``power`` 1 (sums) or 2 (squares).
+
+    A first table's bounds are upper edges of its histograms, at least :math:`e_1 \ge 1`
+    (:func:`norm_edges`: the worst case is above 1); a focused table's are at least the first's
+    divided by :math:`c^p`, where :math:`c` is the ratio of two root-mean-square weights
+    (:func:`focused_frame`), at most :math:`((M + t)/t)^a` for a centre in :math:`[0, M]`. So
+    :math:`((t / (M + t))^a)^p`; a smaller bound is no frame of dpsc's and is refused
+    (:meth:`MarkerFrame.check`): a bound near 0 would amplify the round-off of each cell's clip.
+    """
+    ratio = (GENE_WEIGHT_OFFSET / (MAX_LOG_EXPRESSION + GENE_WEIGHT_OFFSET)) ** GENE_WEIGHT_POWER
+    return float(ratio**power) * (1 - 1e-12)
+
+
 class BoundError(ValueError):
     """A centre or bound of the marker table that breaks the bounds the proof assumes."""
 
@@ -208,17 +222,21 @@ class MarkerFrame:
                 f"a marker centre of shape {center.shape} with values outside [0, {MAX_LOG_EXPRESSION:.4g}] "
                 f"where {n_genes} finite values in that range are allowed"
             )
-        parts = zip(("sum", "square"), (self.sum_bound, self.square_bound), self.worst, strict=True)
-        for name, bound, worst in parts:
+        parts = zip(("sum", "square"), (self.sum_bound, self.square_bound), self.worst, (1, 2), strict=True)
+        for name, bound, worst, power in parts:
             if bound is None:
                 continue
+            floor = bound_floor(power)
             if (
                 isinstance(bound, bool)
                 or not isinstance(bound, float | int | np.floating | np.integer)
                 or not math.isfinite(float(bound))
-                or not 0.0 < float(bound) <= worst * (1 + 1e-12)
+                or not floor <= float(bound) <= worst * (1 + 1e-12)
             ):
-                raise BoundError(f"a {name} bound of {bound!r} where (0, {worst:.6g}] is allowed")
+                raise BoundError(
+                    f"a {name} bound of {bound!r} where [{floor:.6g}, {worst:.6g}] is allowed (the smallest "
+                    "bound an honest run releases, and the worst case)"
+                )
 
     def to_array(self) -> np.ndarray:
         """``[C_y, C_q, m…]`` (NaN for a bound not released): how a frame travels to sites."""
@@ -478,21 +496,39 @@ def _restricted(x: Any, columns: np.ndarray | None) -> Any:
     return x if columns is None else x[:, columns]
 
 
-def _sparse_norms(x: sp.csr_matrix, center: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    r"""Return :math:`\lVert g(x_i - m)\rVert_2` and :math:`\lVert g^2 (x_i - m)^2\rVert_2` of sparse rows.
+#: Relative slack added to the zeros' share of a sparse row's norm (:func:`_sparse_norms`): far above
+#: the round-off of a sum of at most 10⁷ non-negative float64 terms, so the norm is an upper bound.
+NORM_SLACK = 1e-9
 
-    With :math:`h = g^2`: :math:`\lVert g(x - m)\rVert^2 = \sum_j h_j x_j^2 - 2 x^\top (h m) + \sum_j
-    h_j m_j^2` and :math:`\sum_j h_j^2 (x_j - m_j)^4 = \sum_{x_j \ne 0} h_j^2 [(x_j - m_j)^4 - m_j^4] +
-    \sum_j h_j^2 m_j^4`: the zeros of x are read through m alone, so the rows are never densified.
+
+def _sparse_norms(x: sp.csr_matrix, center: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    r"""Return upper bounds of :math:`\lVert g(x_i - m)\rVert_2` and :math:`\lVert g^2 (x_i - m)^2\rVert_2`.
+
+    With :math:`h = g^2` and :math:`N_i` the genes where :math:`x_i \ne 0`:
+    :math:`\lVert g(x - m)\rVert^2 = \sum_{j \in N} h_j (x_j - m_j)^2 + \sum_{j \notin N} h_j m_j^2`
+    (likewise with :math:`h^2` and fourth powers). The first sum is computed term by term, never
+    by expanding the square (which cancels to 0 when a centre sits on a cell); the second is
+    :math:`T - \sum_{j \in N} h_j m_j^2` with :math:`T = \sum_j h_j m_j^2`, a difference of two sums
+    of non-negative terms, to which :data:`NORM_SLACK` :math:`\cdot T` is added so that round-off
+    cannot make it smaller than it is. The rows are never densified. Clipping with an upper bound
+    of the norm keeps every cell within its bound (the sensitivity), whatever the centre.
     """
     h = np.asarray(weights, dtype=np.float64) ** 2
-    squares = x.multiply(x) @ h
-    norm2 = squares - 2.0 * (x @ (h * center)) + float(h @ center**2)
-    shifted = x.copy()
-    at = center[shifted.indices]
-    shifted.data = h[shifted.indices] ** 2 * ((shifted.data - at) ** 4 - at**4)
-    fourth = np.asarray(shifted.sum(1)).ravel() + float((h**2 * center**4).sum())
-    return np.sqrt(np.maximum(norm2, 0.0)), np.sqrt(np.maximum(fourth, 0.0))
+    center = np.asarray(center, dtype=np.float64)
+    at, weight = center[x.indices], h[x.indices]
+    diff2 = (x.data - at) ** 2
+
+    def per_row(values: np.ndarray) -> np.ndarray:  # each row's sum of values on its non-zeros
+        return np.asarray(sp.csr_matrix((values, x.indices, x.indptr), shape=x.shape).sum(1)).ravel()
+
+    norms = []
+    for power in (1, 2):
+        total = float((h**power * center ** (2 * power)).sum())
+        direct = per_row(weight**power * diff2**power)
+        on_nonzeros = per_row(weight**power * at ** (2 * power))
+        zeros = np.maximum(total - on_nonzeros, 0.0) + NORM_SLACK * total
+        norms.append(np.sqrt(direct + zeros))
+    return norms[0], norms[1]
 
 
 def _sparse_group_table(x: sp.csr_matrix, codes: np.ndarray, table: MarkerTable) -> np.ndarray:

@@ -54,6 +54,16 @@ def derive_key(*parts: object) -> bytes:
     return digest.digest()
 
 
+#: How many times any keystream of this process was read: a call that fails before this moves has
+#: drawn no noise and no sample, so it released nothing (:func:`dpsc.privacy._ledger.spending`).
+_DRAWS = [0]
+
+
+def draws() -> int:
+    """Return how many reads of any keystream this process has made so far."""
+    return _DRAWS[0]
+
+
 class SecureRandom:
     """Random draws from the AES-256-CTR keystream of one key.
 
@@ -74,6 +84,7 @@ class SecureRandom:
     def random_bytes(self, n: int) -> memoryview:
         """Return the next ``n`` bytes of the keystream (a writable buffer)."""
         n = int(n)
+        _DRAWS[0] += 1
         if len(SecureRandom._zeros) < n:
             SecureRandom._zeros = bytes(max(n, 2 * len(SecureRandom._zeros)))
         out = bytearray(n + 15)  # the cipher may write up to one block more

@@ -13,7 +13,7 @@ import torch
 from dpsc._docs import doc_params
 
 from .. import _blocks, fm
-from .._api import DEFAULT_EPSILON, REMOVED_IN, renamed_argument, store_result
+from .._api import DEFAULT_EPSILON, REMOVED_IN, renamed_argument, result_target, store_result
 from .._validation import get_matrix, resolve_delta
 from ..module import clean_input, input_representation
 from ..privacy import (
@@ -325,7 +325,7 @@ def annotate(
             "n_genes": len(genes),
             "features": f"log-normalised, PCA ({n_comps} components) fitted on the query cells",
         }
-        target = adata_query.copy() if copy else adata_query
+        target = result_target(adata_query, copy)
         target.obs[key_added] = pd.Categorical(np.asarray(model.classes_)[proba.argmax(1)])
         target.obs[f"{key_added}_confidence"] = proba.max(1)
         write_record(adata_ref, key_added, record, **extra)

@@ -15,9 +15,9 @@ import numpy as np
 
 from dpsc._docs import doc_params
 
-from .._api import DEFAULT_EPSILON, store_result
+from .._api import DEFAULT_EPSILON, result_target, store_result
 from .._outputs import write_cluster_markers, write_clustering
-from .._validation import check_privacy_args, check_public_counts, get_matrix, resolve_delta
+from .._validation import check_cells, check_privacy_args, check_public_counts, get_matrix, resolve_delta
 from ..privacy import (
     COMMON_NOT_COVERED,
     NoiseSource,
@@ -120,7 +120,7 @@ def store_clustering(
     **extra: Any,
 ) -> ad.AnnData | None:
     """Write a released clustering into ``adata`` (or its copy), record it, settle the booking."""
-    target = adata.copy() if copy else adata
+    target = result_target(adata, copy)
     params = {**params, "mean_weight": MEAN_WEIGHT}  # how the k-means points weight the first loading
     write_clustering(target, matrix, result, key_added, params["n_clusters"])
     if result.clusters_in_use is not None:
@@ -220,6 +220,7 @@ def cluster(
     delta = resolve_delta(delta, adata.n_obs)
     check_privacy_args(epsilon, delta, adata.n_obs)
     check_public_counts(adata, layer, True, "dpsc.tl.cluster")
+    check_cells(adata, get_matrix(adata, layer), "dpsc.tl.cluster")
     if (
         isinstance(n_clusters, bool)
         or not isinstance(n_clusters, int | np.integer)

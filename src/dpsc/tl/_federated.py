@@ -15,7 +15,7 @@ import torch
 
 from dpsc._docs import doc_params
 
-from .._api import renamed_argument, store_result
+from .._api import renamed_argument, result_target, store_result
 from .._validation import check_matrix, check_site_key, get_matrix, resolve_delta
 from ..federated import (
     KMEANS_STEPS,
@@ -348,7 +348,7 @@ def _run_fedsc(
     net.load_shared(state)
     Z = embed(net, X)
     labels = nearest_centroid(Z, np.asarray(results["centroids"]))  # what each site computes for its cells
-    target = adata.copy() if copy else adata
+    target = result_target(adata, copy)
     target.obsm[run.key_added] = Z
     categories = [str(i) for i in range(run.n_clusters)]
     target.obs[run.cluster_key] = pd.Categorical(labels.astype(str), categories=categories)

@@ -20,10 +20,11 @@ import torch
 
 from dpsc._docs import doc_params
 
-from .._api import DEFAULT_EPSILON, epsilon_by_keyword, store_result
+from .._api import DEFAULT_EPSILON, epsilon_by_keyword, result_target, store_result
 from .._outputs import derived_key
 from .._validation import (
     LIKELIHOODS,
+    check_cells,
     check_choice,
     check_input_pcs,
     check_matrix,
@@ -192,10 +193,11 @@ def fit(
     :func:`dpsc.privacy._clustering.genes_for`); otherwise a matrix with more than 2000 genes is
     first reduced to 2000 by :mod:`dpsc.privacy._hvg`'s release (the statistic of
     :func:`dpsc.pp.highly_variable_genes`), with 10 % of ε, inside the same record. The model, and
-    :meth:`~dpsc.model.DPDCAN.export_shared`, then use those genes. Under DP no check reads the
-    values of the cells: empty cells are zero rows, genes no cell expresses are kept (and never
-    selected), negative or non-finite values read as 0. A non-private fit checks the values and
-    refuses bad input with a message.
+    :meth:`~dpsc.model.DPDCAN.export_shared`, then use those genes. Under DP the only check that
+    reads the cells is the local refusal of NaN or infinite values, before anything is booked
+    (``docs/privacy.md``): empty cells are zero rows, genes no cell expresses are kept (and never
+    selected), negative or non-integer values are read per cell. A non-private fit checks the values
+    and refuses bad input with a message.
     """
     n_clusters = DEFAULT_N_CLUSTERS if n_clusters is None else n_clusters
     matrix = get_matrix(adata, layer)
@@ -217,9 +219,10 @@ def fit(
     )
     plan = _plan_for(adata, settings, n_clusters, model_kwargs, scope, input_pcs, likelihood)
     _check_input_for(plan, adata, matrix, layer, likelihood, model_kwargs)
+    check_cells(adata, matrix, "dpsc.tl.fit")
 
     with spending(adata, plan.planned_record(adata.n_obs), key_added) as booking:
-        target = adata.copy() if copy else adata
+        target = result_target(adata, copy)
         model, selection, genes = _train(
             target,
             matrix,

@@ -27,7 +27,7 @@ import pandas as pd
 
 from dpsc._docs import doc_params
 
-from .._api import DEFAULT_EPSILON, store_result
+from .._api import DEFAULT_EPSILON, result_target, store_result
 from .._validation import check_privacy_args, resolve_delta
 from ..privacy import (
     COMMON_NOT_COVERED,
@@ -175,7 +175,7 @@ def kmeans(
             raise RuntimeError("The release plan and the accounted releases disagree; nothing is written.")
         labels = _nearest(points, centroids)
         warn_if_few_clusters(in_use, n_clusters)
-        target = adata.copy() if copy else adata
+        target = result_target(adata, copy)
         categories = [str(i) for i in range(n_clusters)]
         target.obs[key_added] = pd.Categorical(labels.astype(str), categories=categories)
         params = {

@@ -17,9 +17,9 @@ import pandas as pd
 
 from dpsc._docs import doc_params
 
-from .._api import DEFAULT_EPSILON, store_result
+from .._api import DEFAULT_EPSILON, result_target, store_result
 from .._outputs import write_marker_result
-from .._validation import check_privacy_args, check_public_counts, get_matrix, resolve_delta
+from .._validation import check_cells, check_privacy_args, check_public_counts, get_matrix, resolve_delta
 from ..privacy import (
     COMMON_NOT_COVERED,
     NoiseSource,
@@ -229,7 +229,8 @@ def rank_genes_groups(
     delta = resolve_delta(delta, adata.n_obs)
     matrix = get_matrix(adata, layer)
     check_privacy_args(epsilon, delta, adata.n_obs)
-    check_public_counts(adata, layer, True, "dpsc.tl.rank_genes_groups", fix="layer='counts'")
+    check_public_counts(adata, layer, True, "dpsc.tl.rank_genes_groups")
+    check_cells(adata, get_matrix(adata, layer), "dpsc.tl.rank_genes_groups")
     codes, names = _group_codes(adata, groupby, groups)
     if n_genes is not None and (isinstance(n_genes, bool) or int(n_genes) < 1):
         raise ValueError(f"n_genes must be a positive integer or None, got {n_genes!r}.")
@@ -253,7 +254,7 @@ def rank_genes_groups(
                 matrix, codes, len(names), result, frame, sigmas, releases
             )
             focus = {"focus_genes": len(genes), "focus_expression_bound": focused.bounds["sum"]}
-        target = adata.copy() if copy else adata
+        target = result_target(adata, copy)
         written = write_marker_result(
             target,
             result,

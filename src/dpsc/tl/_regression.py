@@ -13,7 +13,7 @@ from sklearn.base import RegressorMixin
 from dpsc._docs import doc_params
 
 from .. import _blocks, linear
-from .._api import DEFAULT_EPSILON, store_result
+from .._api import DEFAULT_EPSILON, result_target, store_result
 from .._validation import get_matrix
 from ..privacy import REPLACE_ONE, PrivacyRecord, no_guarantee_record, planned_pure_record, spending
 
@@ -179,7 +179,7 @@ def private_regression(
         model = METHODS[method](**kwargs)
         model.fit(Xg[private_rows], y[private_rows], Xg[public_rows], y[public_rows])
 
-        out = adata.copy() if copy else adata
+        out = result_target(adata, copy)
         out.obs[key] = model.predict(Xg)
         n_private, n_public = int(private_rows.sum()), int(public_rows.sum())
         extra: dict[str, Any] = {"method": method, "target": target, "genes": chosen}

@@ -17,7 +17,8 @@ from ..privacy import DPSGDSettings
 class FitProgress(Callback):
     """A tqdm bar over the epochs of every stage of one fit, with the stage and the ε spent so far.
 
-    The ε shown is the accountant's (Opacus) after the steps taken: it depends only on σ, q and
+    The ε shown is the DP-SGD accountant's (Opacus) after the steps taken (the fit's total, with its
+    other releases, is in its record): it depends only on σ, q and
     the step count, never on the cells, so showing it releases nothing.
 
     Parameters
@@ -47,7 +48,7 @@ class FitProgress(Callback):
         """Advance the bar by one epoch and show the ε spent so far."""
         postfix = self.stage
         if self.settings is not None and self.delta:
-            postfix = f"{postfix}, ε={self.settings.spent(self.delta):.2f}"
+            postfix = f"{postfix}, DP-SGD ε={self.settings.spent(self.delta):.2f}"
         self.bar.set_postfix_str(postfix, refresh=False)
         self.bar.update(1)
 
