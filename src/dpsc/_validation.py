@@ -9,7 +9,7 @@ import anndata as ad
 import numpy as np
 import scipy.sparse as sp
 
-from ._blocks import row_blocks
+from ._blocks import blockwise_sum, check_row_chunks, row_blocks
 
 SCOPES = ("encoder", "full", "paper")
 LIKELIHOODS = ("zinb", "gaussian")
@@ -23,10 +23,12 @@ def get_matrix(adata: ad.AnnData, layer: str | None) -> Any:
     if layer is None:
         if adata.X is None:
             raise ValueError("adata.X is empty; pass layer='counts' (or wherever the counts are).")
+        check_row_chunks(adata.X)
         return adata.X
     if layer not in adata.layers:
         known = list(adata.layers.keys()) or "none"
         raise ValueError(f"Unknown layer {layer!r}; adata.layers has: {known}. Pass layer=None for adata.X.")
+    check_row_chunks(adata.layers[layer], f"adata.layers[{layer!r}]")
     return adata.layers[layer]
 
 
@@ -67,18 +69,21 @@ def check_cells(adata: ad.AnnData, matrix: Any, tool: str) -> None:
             UserWarning,
             stacklevel=3,
         )
-    bad = 0
-    for block in row_blocks(matrix):
-        values = _values(block)
-        if not np.isfinite(values).all():
-            dense = block.toarray() if sp.issparse(block) else np.asarray(block)
-            bad += int((~np.isfinite(dense)).any(axis=1).sum())
+    bad = int(blockwise_sum(matrix, _non_finite_rows) or 0)
     if bad:
         raise ValueError(
             f"{tool}: {bad} cells of the expression matrix hold NaN or infinite values; it needs raw counts. "
             "Drop those cells first, e.g. adata = adata[np.isfinite(adata.X.toarray()).all(axis=1)].copy() "
             "(use the layer you pass for layer=). Nothing was spent."
         )
+
+
+def _non_finite_rows(block: Any) -> int:
+    """Count the cells of a block with a NaN or infinite value."""
+    if np.isfinite(_values(block)).all():
+        return 0
+    dense = block.toarray() if sp.issparse(block) else np.asarray(block)
+    return int((~np.isfinite(dense)).any(axis=1).sum())
 
 
 def _values(block: Any) -> np.ndarray:

@@ -39,12 +39,14 @@ number of genes, the number of clusters and the asked (ε, δ): no cell and no l
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from .. import _blocks
 from . import _hvg, _kmeans, _markers, _pca
 from ._plan import PlannedRelease, ReleasePlan
 from ._release import GaussianSum
@@ -638,7 +640,15 @@ class Request:
 def contribution(
     request: Request, matrix: Any, count_scale: float = KMEANS_PLAN["count_scale"]
 ) -> np.ndarray:
-    """Return the exact sum over the cells of ``matrix`` that ``request`` asks for (read in row blocks)."""
+    """Return the exact sum over the cells of ``matrix`` that ``request`` asks for (read in row blocks).
+
+    On a Dask array the same sum is computed per chunk where the chunk lives and the partial sums
+    added there (:func:`dpsc._blocks.blockwise_sum`): one implementation for every storage.
+    """
+    if _blocks.is_dask(matrix):
+        return _blocks.blockwise_sum(
+            matrix, functools.partial(contribution, request, count_scale=count_scale)
+        )
     if request.kind == "genes":
         return _hvg.gene_sums(matrix, True, _hvg.DEFAULT_SQUARE_CLIP)
     if request.kind == "sum":
@@ -691,10 +701,15 @@ class ClusterResult:
 
     def labels(self, matrix: Any) -> np.ndarray:
         """Each cell's nearest released centroid (post-processing; computed from each cell)."""
+        if _blocks.is_dask(matrix):  # computed where the chunks are; only the labels come back
+            lazy = _blocks.map_row_blocks(matrix, lambda b: self.labels(b)[:, None], 1, np.int64)
+            return np.asarray(lazy.compute()).ravel()
         return _kmeans.nearest_centroid(cell_points(matrix, self.genes, self.loadings), self.centroids)
 
-    def projections(self, matrix: Any) -> np.ndarray:
-        """Each cell's projection on the loadings (float32)."""
+    def projections(self, matrix: Any) -> Any:
+        """Each cell's projection on the loadings (float32; a lazy Dask array for a Dask matrix)."""
+        if _blocks.is_dask(matrix):
+            return _blocks.map_row_blocks(matrix, self.projections, self.loadings.shape[1])
         return _pca.project(matrix, self.loadings, True, columns=self.genes)
 
 

@@ -53,6 +53,7 @@ def per_cell_contributions(matrix: Any, log_normalize: bool, square_clip: float)
     return Z, W
 
 
+@_blocks.sum_over_cells()
 def gene_sums(matrix: Any, log_normalize: bool, square_clip: float) -> np.ndarray:
     """:math:`(S_1, S_2, n)`: the sum of the contributions over the cells, read in row blocks."""
     n_genes = matrix.shape[1]

@@ -320,6 +320,7 @@ class MarkerTable:
 
 
 # -- 1. the centre ------------------------------------------------------------------------------------
+@_blocks.sum_over_cells()
 def center_sum(matrix: Any) -> np.ndarray:
     r"""Return the exact sum over the cells of :math:`(x_i / B_2(G), 1) / \sqrt 2` (each of norm at most 1).
 
@@ -362,6 +363,7 @@ def norm_edges(worst: float) -> np.ndarray:
     return np.geomspace(1.0, max(float(worst), 1.0 + 1e-9), NORM_BINS + 1)
 
 
+@_blocks.sum_over_cells()
 def norm_histograms(matrix: Any, center: np.ndarray, columns: np.ndarray | None = None) -> np.ndarray:
     r"""Return the exact histograms of :math:`\lVert y_i\rVert_2` and :math:`\lVert q_i\rVert_2`, joined.
 
@@ -589,6 +591,7 @@ def cell_rows(x: np.ndarray, table: MarkerTable) -> np.ndarray:
     )
 
 
+@_blocks.sum_over_cells("groups")
 def group_table(matrix: Any, groups: np.ndarray, table: MarkerTable) -> np.ndarray:
     r"""Return the exact table :math:`\sum_i e_{g(i)} \otimes \text{row}_i`, flattened (group-major).
 

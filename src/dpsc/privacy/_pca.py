@@ -80,6 +80,7 @@ def unit_row_blocks(matrix: Any, log_normalize: bool = True, columns: np.ndarray
         yield unit_rows(block if columns is None else block[:, columns], log_normalize)
 
 
+@_blocks.sum_over_cells()
 def second_moment(
     matrix: Any,
     log_normalize: bool = True,
@@ -122,6 +123,7 @@ def residual_rows(Z: np.ndarray, released: np.ndarray) -> np.ndarray:
     return np.where(keep[:, None], R, 0.0) * scale[:, None]
 
 
+@_blocks.sum_over_cells()
 def cell_sum(matrix: Any, log_normalize: bool = True, columns: np.ndarray | None = None) -> np.ndarray:
     r""":math:`s = \sum_i z_i` over the unit-norm cells (:func:`unit_rows`; sensitivity 1), in row blocks."""
     d = matrix.shape[1] if columns is None else len(columns)
@@ -243,8 +245,13 @@ def project(
 ) -> np.ndarray:
     r"""Each cell's projection :math:`z_i^\top V` (a function of that cell and the loadings), float32.
 
-    A row whose projection is not finite (loadings that overflow) is zero: a per-cell map.
+    A row whose projection is not finite (loadings that overflow) is zero: a per-cell map. On a Dask
+    array: a lazy Dask array of the same rows (:func:`dpsc._blocks.map_row_blocks`).
     """
+    if _blocks.is_dask(matrix):
+        return _blocks.map_row_blocks(
+            matrix, lambda block: project(block, pcs, log_normalize, columns), pcs.shape[1]
+        )
     out = np.empty((matrix.shape[0], pcs.shape[1]), dtype=np.float32)
     start = 0
     for block in unit_row_blocks(matrix, log_normalize, columns):

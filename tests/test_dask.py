@@ -1,0 +1,107 @@
+"""The private releases on a Dask-backed AnnData: blockwise sums where the chunks are, the same answer."""
+
+from __future__ import annotations
+
+import time
+
+import anndata as ad
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+import dpsc
+from dpsc import _blocks
+
+da = pytest.importorskip("dask.array")
+
+
+def lazy_copy(adata: ad.AnnData, sparse: bool, rows: int = 70) -> ad.AnnData:
+    out = adata.copy()
+    X = sp.csr_matrix(adata.X) if sparse else np.asarray(adata.X.toarray(), dtype=np.float32)
+    out.X = da.from_array(X, chunks=(rows, adata.n_vars), asarray=False)
+    return out
+
+
+@pytest.mark.parametrize("sparse", [True, False])
+def test_every_release_on_dask_equals_the_in_memory_one(small_adata, sparse):
+    """tl.cluster (with markers), pp.highly_variable_genes, pp.pca, tl.kmeans, tl.rank_genes_groups."""
+    lazy, memory = lazy_copy(small_adata, sparse), small_adata.copy()
+    for adata in (lazy, memory):
+        dpsc.tl.cluster(adata, 3, markers=True, noise_seed=5)
+        dpsc.pp.highly_variable_genes(adata, n_top_genes=50, noise_seed=6)
+        dpsc.pp.pca(adata, n_comps=5, noise_seed=7)
+        dpsc.tl.kmeans(adata, 3, noise_seed=8, key_added="pca_kmeans")
+        dpsc.tl.rank_genes_groups(adata, "dp_kmeans", noise_seed=9, key_added="again")
+    assert (lazy.obs["dp_kmeans"] == memory.obs["dp_kmeans"]).all()
+    assert (lazy.obs["pca_kmeans"] == memory.obs["pca_kmeans"]).all()
+    np.testing.assert_allclose(lazy.varm["dp_kmeans_loadings"], memory.varm["dp_kmeans_loadings"], atol=1e-9)
+    np.testing.assert_allclose(np.asarray(lazy.obsm["X_dp_kmeans"]), memory.obsm["X_dp_kmeans"], atol=1e-6)
+    np.testing.assert_allclose(lazy.varm["PCs"], memory.varm["PCs"], atol=1e-9)
+    assert (lazy.var["highly_variable"] == memory.var["highly_variable"]).all()
+    for key in ("dp_kmeans_markers", "again"):
+        for part in ("names", "scores"):
+            assert (lazy.uns[key][part] == memory.uns[key][part]).all()
+    assert dpsc.privacy.spent(lazy) == pytest.approx(dpsc.privacy.spent(memory))
+    assert _blocks.is_dask(lazy.obsm["X_dp_kmeans"])  # the projections stay lazy
+
+
+def test_only_partial_sums_reach_the_caller(small_adata):
+    lazy = lazy_copy(small_adata, True, rows=50)
+    seen = []
+
+    def block_sum(block):
+        seen.append(block.shape[0])
+        return np.asarray(block.sum(0)).ravel()
+
+    total = _blocks.blockwise_sum(lazy.X, block_sum)
+    np.testing.assert_allclose(total, np.asarray(small_adata.X.sum(0)).ravel(), rtol=1e-6)
+    assert max(seen) <= 50 and sum(seen) == small_adata.n_obs
+
+
+def test_a_matrix_chunked_across_genes_is_refused_with_the_fix(small_adata):
+    adata = small_adata.copy()
+    adata.X = da.from_array(sp.csr_matrix(small_adata.X), chunks=(100, 50), asarray=False)
+    with pytest.raises(ValueError, match=r"rechunk\(\{1: -1\}\)"):
+        dpsc.tl.cluster(adata, 3)
+    assert dpsc.privacy.spent(adata).epsilon == 0.0
+
+
+def test_a_zarr_backed_anndata_read_lazily(small_adata, tmp_path):
+    zarr = pytest.importorskip("zarr")
+    path = tmp_path / "cells.zarr"
+    small_adata.write_zarr(path)
+    group = zarr.open(str(path))
+    lazy = ad.AnnData(
+        X=ad.experimental.read_elem_lazy(group["X"], chunks=(100, -1)),
+        obs=small_adata.obs.copy(),
+        var=small_adata.var.copy(),
+    )
+    memory = small_adata.copy()
+    dpsc.tl.cluster(lazy, 3, noise_seed=2)
+    dpsc.tl.cluster(memory, 3, noise_seed=2)
+    assert (lazy.obs["dp_kmeans"] == memory.obs["dp_kmeans"]).all()
+
+
+@pytest.mark.slow
+def test_on_a_local_cluster_the_callers_work_does_not_grow_with_the_cells():
+    """Two worker processes on 127.0.0.1, bounded in time and closed; 10^5 and 3 × 10^5 lazy cells."""
+    distributed = pytest.importorskip("distributed")
+    cluster = distributed.LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None
+    )
+    client = distributed.Client(cluster, timeout=60)
+    try:
+        cpu = {}
+        for n in (100_000, 300_000):
+            rng = da.random.default_rng(0)
+            X = rng.poisson(0.5, size=(n, 200), chunks=(25_000, 200)).astype(np.float32)
+            adata = ad.AnnData(X=X)
+            dpsc.tl.cluster(adata, 3)  # warm: imports and calibration caches
+            start = time.process_time()
+            dpsc.tl.cluster(adata, 3, key_added="timed")
+            cpu[n] = time.process_time() - start
+            assert adata.obs["timed"].notna().all()
+        assert cpu[300_000] < 1.5 * cpu[100_000], cpu
+    finally:
+        client.close(timeout=30)
+        cluster.close(timeout=30)
