@@ -6,7 +6,8 @@ noise seed: from the in-memory CSR matrix, and from a Dask array of row chunks o
 threaded scheduler, or ``--workers N`` processes of a ``dask.distributed.LocalCluster`` on
 127.0.0.1). It reports each wall time, their ratio, whether the labels agree, and the peak RSS.
 
-    OMP_NUM_THREADS=2 python benchmarks/dask_scale.py --cells 1000000 --out benchmarks/results/dask_scale.jsonl
+    OMP_NUM_THREADS=2 python benchmarks/dask_scale.py --cells 1000000 \
+        --out benchmarks/results/dask_scale.jsonl
     python benchmarks/dask_scale.py --report benchmarks/results/dask_scale.jsonl
 """
 
