@@ -163,3 +163,37 @@ def test_embedding_takes_what_scanpy_takes_and_names_epsilon_on_private_outputs_
     titles = [a.get_title() for a in axes]
     assert "ε" in titles[0] and titles[1] == "cell_type"
     assert "ε" in dpsc.pl.embedding(adata, show=False).get_title()  # color=None: the clusters dpsc wrote
+
+
+PUBLIC = {
+    "tl.cluster": lambda a, **k: dpsc.tl.cluster(a, 3, **k),
+    "tl.fit": lambda a, **k: dpsc.tl.fit(a, n_clusters=3, progress_bar=False, max_epochs=1, **k),
+    "tl.rank_genes_groups": lambda a, **k: dpsc.tl.rank_genes_groups(a, "cell_type", **k),
+    "tl.kmeans": lambda a, **k: dpsc.tl.kmeans(a, 3, use_rep="X_pca", **k),
+    "tl.annotate": lambda a, **k: dpsc.tl.annotate(a, a.copy(), "cell_type", **k),
+    "tl.cluster_federated": lambda a, **k: dpsc.tl.cluster_federated(a, "site", 3, **k),
+    "pp.highly_variable_genes": lambda a, **k: dpsc.pp.highly_variable_genes(a, n_top_genes=50, **k),
+    "pp.pca": lambda a, **k: dpsc.pp.pca(a, n_comps=5, **k),
+}
+BAD = {
+    "an unknown layer": {"layer": "nope"},
+    "a negative epsilon": {"epsilon": -1.0},
+    "a delta of 1": {"delta": 1.0},
+}
+NO_LAYER = {"tl.kmeans"}  # reads obsm, not a layer
+
+
+@pytest.mark.parametrize("bad", sorted(BAD))
+@pytest.mark.parametrize("name", sorted(PUBLIC))
+def test_every_public_function_refuses_bad_input_before_booking_anything(small_adata, name, bad):
+    if name in NO_LAYER and bad == "an unknown layer":
+        pytest.skip("reads obsm")
+    adata = small_adata.copy()
+    adata.obs["site"] = np.where(np.arange(adata.n_obs) % 2 == 0, "a", "b")
+    adata.obsm["X_pca"] = np.random.default_rng(0).normal(size=(adata.n_obs, 5))
+    dpsc.privacy.set_budget(adata, epsilon=30.0)
+    before = uns_snapshot(adata)
+    with pytest.raises((ValueError, KeyError, TypeError)):
+        PUBLIC[name](adata, **BAD[bad])
+    assert dpsc.privacy.spent(adata).epsilon == 0.0
+    assert_same_uns(adata, before)

@@ -521,7 +521,7 @@ def test_secure_mode_with_one_site_is_refused_with_the_fix(tmp_path, launch_dpsc
 
 @pytest.mark.optional_extra
 def test_sites_stop_within_seconds_when_the_server_stops(neighbours, tmp_path, launch_dpsc):
-    """The server crashes after the first release: every site exits, with the reason, within 30 s."""
+    """The server crashes after the first release: every site exits, with the reason, within 15 s."""
     pytest.importorskip("flwr")
     from dpsc.federated._deploy import free_port
 
@@ -544,7 +544,8 @@ def test_sites_stop_within_seconds_when_the_server_stops(neighbours, tmp_path, l
     os.killpg(server.pid, signal.SIGKILL)  # the coordinator's machine dies mid-run
     killed = time.monotonic()
     codes = [s.wait(timeout=60) for s in sites]
-    assert time.monotonic() - killed < 30 and codes == [2, 2]
+    print(f"sites stopped {time.monotonic() - killed:.1f} s after the server")
+    assert time.monotonic() - killed < 15 and codes == [2, 2]  # about 7 s: 4 s of silence, then stop
     for k in range(2):
         text = " ".join((tmp_path / f"site{k}.log").read_text().split())
         assert "server stopped before this site's run ended" in text

@@ -28,12 +28,12 @@ from typing import Any
 
 from ._own_app import OwnAppRunner, app_files, app_fingerprint, toml_value, write_app_project
 from ._pipeline import SERVER_DEFAULTS
-from ._requires import require_flwr
+from ._requires import require_flwr, require_site_flwr
 from ._site import SiteSettings
 
 #: Seconds a site waits, once it has reached the SuperLink, for it to answer again before it
 #: concludes that the server stopped.
-SERVER_GONE_AFTER = 6.0
+SERVER_GONE_AFTER = 4.0
 #: Seconds a site that refused keeps its SuperNode up, so that the refusal reaches the server.
 REPLY_GRACE = 4.0
 
@@ -240,7 +240,7 @@ def run_site(
     own message); the SuperNode's log is a temporary file, removed after a completed or refused run
     and named in the error of a failed or timed-out one.
     """
-    require_flwr()
+    require_site_flwr()
     settings_file = Path(settings_file).resolve()
     settings = SiteSettings.from_file(settings_file)
     if not Path(settings.data).is_file():

@@ -190,6 +190,7 @@ class OwnAppRunner:
         self.runtime_address, self.secret, self.own_files = runtime_address, secret, own_files
         self.on_refusal = on_refusal
         self.error: BaseException | None = None
+        self.last_error: BaseException | None = None
         self.served = 0
         self._invokers: list[Any] = []
         self._stop = threading.Event()
@@ -246,8 +247,11 @@ class OwnAppRunner:
                     self._stop.wait(1.0)
                     continue
                 if response.HasField("task") and response.token:
-                    self._serve(response.token)
-                    self.served += 1
+                    try:
+                        self._serve(response.token)
+                        self.served += 1
+                    except Exception as err:  # one task failed (its SuperNode reports it); serve the next
+                        self.last_error = err
                 else:
                     self._stop.wait(POLL_SECONDS)
         except BaseException as err:  # surfaced by run_site

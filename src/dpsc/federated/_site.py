@@ -402,10 +402,13 @@ class Site:
         for release in plan.schedule():
             needed = own.sigmas[release.kind]
             if not release.sigma > 0 or release.sigma < needed * (1 - 1e-9):
+                asked = plan.spent()
                 raise SiteRefusal(
                     f"The server's noise multiplier for {release.kind} ({release.sigma:.4g}) is below this "
                     f"site's own calibration ({needed:.4g} for epsilon={s.epsilon:g}, "
-                    f"delta={self.delta:.1e}); it would spend more than the site allows."
+                    f"delta={self.delta:.1e}); it would spend more than the site allows: the run asks "
+                    f"epsilon {asked:.3g} of this site, which allows {s.epsilon:g} per run (--epsilon, or "
+                    "epsilon in its settings file). Ask the server for a run of that epsilon."
                 )
         if not 0 < plan.delta <= self.delta * (1 + 1e-9):
             raise SiteRefusal(
