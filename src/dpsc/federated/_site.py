@@ -402,12 +402,13 @@ class Site:
         for release in plan.schedule():
             needed = own.sigmas[release.kind]
             if not release.sigma > 0 or release.sigma < needed * (1 - 1e-9):
-                asked = plan.spent()
+                asked = plan.spent()  # None: a release without noise, an unbounded ε
+                asked_words = "an unbounded epsilon" if asked is None else f"epsilon {asked:.3g}"
                 raise SiteRefusal(
                     f"The server's noise multiplier for {release.kind} ({release.sigma:.4g}) is below this "
                     f"site's own calibration ({needed:.4g} for epsilon={s.epsilon:g}, "
                     f"delta={self.delta:.1e}); it would spend more than the site allows: the run asks "
-                    f"epsilon {asked:.3g} of this site, which allows {s.epsilon:g} per run (--epsilon, or "
+                    f"{asked_words} of this site, which allows {s.epsilon:g} per run (--epsilon, or "
                     "epsilon in its settings file). Ask the server for a run of that epsilon."
                 )
         if not 0 < plan.delta <= self.delta * (1 + 1e-9):
