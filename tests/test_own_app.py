@@ -191,6 +191,8 @@ def test_the_loopback_recipe_of_the_docs_runs_as_written(tmp_path):
 
     text = (Path(__file__).parents[1] / "docs" / "usage.md").read_text()
     block = re.search(r"\*\*On one machine first\.\*\*.*?```bash\n(.*?)```", text, re.S).group(1)
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    assert f"```bash\n{block}```" in readme  # the README's loopback recipe is this one
     block = block.replace("8000", str(free_port()))
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     done = subprocess.run(["bash", "-c", block], cwd=tmp_path, env=env, timeout=500, capture_output=True)
