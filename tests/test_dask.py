@@ -83,7 +83,7 @@ def test_a_zarr_backed_anndata_read_lazily(small_adata, tmp_path):
 
 
 @pytest.mark.slow
-def test_on_a_cluster_the_callers_work_does_not_grow_with_the_cells(small_adata):
+def test_on_a_cluster_the_per_cell_work_stays_off_the_caller(small_adata):
     """A scheduler and 2 worker processes on 127.0.0.1 (stopped by the test); 10^5 and 3 × 10^5 cells.
 
     The scheduler runs in its own process, as on a real cluster (``LocalCluster`` would run it in
@@ -121,8 +121,15 @@ def test_on_a_cluster_the_callers_work_does_not_grow_with_the_cells(small_adata)
             dpsc.tl.cluster(adata, 3, key_added="timed")
             cpu[n] = time.process_time() - start
             assert adata.obs["timed"].notna().all()
+        in_memory = ad.AnnData(X=X[:100_000].compute())
+        start = time.process_time()
+        dpsc.tl.cluster(in_memory, 3)
+        cpu["in memory, 10^5"] = time.process_time() - start
         print(f"caller CPU s: {cpu}")
-        assert cpu[300_000] < 1.5 * cpu[100_000], cpu
+        # The caller still holds obs (the labels land there), so its work may grow a little; what
+        # must not reach it is the per-cell arithmetic: 2 × 10^5 more cells cost the caller under a
+        # tenth of what 10^5 cost in memory (measured: about a hundredth).
+        assert cpu[300_000] - cpu[100_000] < 0.1 * cpu["in memory, 10^5"], cpu
         client.close(timeout=30)
     finally:
         for process in processes:
