@@ -82,13 +82,15 @@ def per_file_main(doc: str, out: str, report, run) -> None:
 
 
 def write_per_file(args: argparse.Namespace, run) -> None:
-    """Write ``run(data, name, epsilons, runs, commit)``'s rows as JSON lines, file by file."""
+    """Write ``run(data, name, epsilons, runs, commit)``'s rows as JSON lines, file by file (gzip: ``.gz``)."""
+    import gzip
     import json
     import subprocess
 
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
     commit = head.stdout.strip()
-    with open(args.out, "a" if args.append else "w") as handle:
+    opener = gzip.open if str(args.out).endswith(".gz") else open
+    with opener(args.out, "at" if args.append else "wt") as handle:
         for name in args.datasets:
             for row in run(args.data, name, args.epsilons, args.runs, commit):
                 handle.write(json.dumps(row) + "\n")

@@ -12,8 +12,8 @@ under that candidate is reported. The scanpy reference is the one of the cluster
 random_state=0)``.
 
     OMP_NUM_THREADS=2 python benchmarks/cluster_lofo.py --data ../shared/data --runs 8 \
-        --out benchmarks/results/cluster_lofo.jsonl
-    python benchmarks/cluster_lofo.py --report benchmarks/results/cluster_lofo.jsonl \
+        --out benchmarks/results/cluster_lofo.jsonl.gz
+    python benchmarks/cluster_lofo.py --report benchmarks/results/cluster_lofo.jsonl.gz \
         > benchmarks/results/cluster_lofo.md
 """
 
@@ -345,7 +345,7 @@ def lofo_main(doc: str, out: str, report, run, only: list[str]) -> None:
 
 
 def main() -> None:
-    lofo_main(__doc__, "benchmarks/results/cluster_lofo.jsonl", report, run, ONLY)
+    lofo_main(__doc__, "benchmarks/results/cluster_lofo.jsonl.gz", report, run, ONLY)
 
 
 if __name__ == "__main__":

@@ -8,8 +8,8 @@ genes, and the time of the call. Groups below 2 % of the cells are reported sepa
 of fewer than 2 cells (which scanpy's t-test refuses) are left out of both.
 
     OMP_NUM_THREADS=2 python benchmarks/markers_benchmark.py --data ../shared/data --runs 5 \
-        --out benchmarks/results/markers.jsonl
-    python benchmarks/markers_benchmark.py --report benchmarks/results/markers.jsonl \
+        --out benchmarks/results/markers.jsonl.gz
+    python benchmarks/markers_benchmark.py --report benchmarks/results/markers.jsonl.gz \
         > benchmarks/results/markers.md
 
 ``--scale N`` instead times one call on N simulated cells (``dpsc.datasets.simulate``, 2,000
@@ -224,10 +224,10 @@ def report(path: Path) -> str:
         "```",
         "OMP_NUM_THREADS=2 python benchmarks/markers_benchmark.py --data ../shared/data \\",
         f"    --datasets pbmc bladder bladder_allgenes paul15 pancreas --runs {runs} \\",
-        "    --out benchmarks/results/markers.jsonl",
+        "    --out benchmarks/results/markers.jsonl.gz",
         "OMP_NUM_THREADS=2 python benchmarks/markers_benchmark.py --data ../shared/data \\",
-        f"    --datasets cite_cbmc --runs {runs} --append --out benchmarks/results/markers.jsonl",
-        "python benchmarks/markers_benchmark.py --report benchmarks/results/markers.jsonl \\",
+        f"    --datasets cite_cbmc --runs {runs} --append --out benchmarks/results/markers.jsonl.gz",
+        "python benchmarks/markers_benchmark.py --report benchmarks/results/markers.jsonl.gz \\",
         "    > benchmarks/results/markers.md",
         "```",
         "",
@@ -264,7 +264,7 @@ def report(path: Path) -> str:
 
 
 def main() -> None:
-    parser = per_file_parser(__doc__, "benchmarks/results/markers.jsonl")
+    parser = per_file_parser(__doc__, "benchmarks/results/markers.jsonl.gz")
     parser.add_argument("--scale", type=int, default=None, help="Time one call on this many simulated cells.")
     parser.add_argument("--federated", type=int, default=None, help="Central and over this many sites.")
     args = parser.parse_args()

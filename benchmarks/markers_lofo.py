@@ -12,8 +12,8 @@ with scanpy's markers over the other five (every ε, both groupings) and reports
 under it.
 
     OMP_NUM_THREADS=2 python benchmarks/markers_lofo.py --data ../shared/data \
-        --out benchmarks/results/markers_lofo.jsonl
-    python benchmarks/markers_lofo.py --report benchmarks/results/markers_lofo.jsonl \
+        --out benchmarks/results/markers_lofo.jsonl.gz
+    python benchmarks/markers_lofo.py --report benchmarks/results/markers_lofo.jsonl.gz \
         > benchmarks/results/markers_lofo.md
 
 The gene-weight candidates were added later to the same file, one command each:
@@ -228,7 +228,7 @@ def report(path: Path) -> str:
 
 
 def main() -> None:
-    lofo_main(__doc__, "benchmarks/results/markers_lofo.jsonl", report, run, ONLY)
+    lofo_main(__doc__, "benchmarks/results/markers_lofo.jsonl.gz", report, run, ONLY)
 
 
 if __name__ == "__main__":

@@ -8,14 +8,15 @@
 
 Usage (from the repo root)::
 
-    python benchmarks/regression_benchmark.py --data ../shared/data --out benchmarks/results/regression.json
-    python benchmarks/regression_benchmark.py --report benchmarks/results/regression.json \
+    python benchmarks/regression_benchmark.py --data ../shared/data --out benchmarks/results/regression.json.gz
+    python benchmarks/regression_benchmark.py --report benchmarks/results/regression.json.gz \
         > benchmarks/results/regression.md
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import sys
 import time
@@ -117,7 +118,7 @@ def gdsc(data: Path, eps_values, n_splits, n_public=10, n_test=15, n_genes=10):
 def report(path: Path) -> str:
     import pandas as pd
 
-    payload = json.loads(path.read_text())
+    payload = json.loads(gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_text())
     df = pd.DataFrame(payload["rows"])
     n_const = int(df.spearman.isna().sum())
     # A constant prediction (e.g. the lasso shrinking every coefficient to 0) has no rank
@@ -184,7 +185,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--data", type=Path, default=Path("../shared/data"))
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/regression.json"))
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/regression.json.gz"))
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--splits", type=int, default=50)
     parser.add_argument("--n-values", type=int, nargs="+", default=[100, 200, 300, 400, 500, 600, 700, 800])
@@ -209,7 +210,11 @@ def main() -> None:
         "rows": rows,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(payload))
+    text = json.dumps(payload)
+    if args.out.suffix == ".gz":
+        args.out.write_bytes(gzip.compress(text.encode()))
+    else:
+        args.out.write_text(text)
 
 
 if __name__ == "__main__":

@@ -43,6 +43,9 @@ def test_every_release_on_dask_equals_the_in_memory_one(small_adata, sparse):
             assert (lazy.uns[key][part] == memory.uns[key][part]).all()
     assert dpsc.privacy.spent(lazy) == pytest.approx(dpsc.privacy.spent(memory))
     assert _blocks.is_dask(lazy.obsm["X_dp_kmeans"])  # the projections stay lazy
+    for key in ("dp_kmeans", "highly_variable", "X_pca", "again"):  # who saw un-noised sums is stated
+        assert "Dask workers" in lazy.uns["dpsc"][key]["privacy"]["statement"], key
+        assert "Dask workers" not in memory.uns["dpsc"][key]["privacy"]["statement"], key
 
 
 def test_only_partial_sums_reach_the_caller(small_adata):
@@ -64,6 +67,12 @@ def test_a_matrix_chunked_across_genes_is_refused_with_the_fix(small_adata):
     with pytest.raises(ValueError, match=r"rechunk\(\{1: -1\}\)"):
         dpsc.tl.cluster(adata, 3)
     assert dpsc.privacy.spent(adata).epsilon == 0.0
+
+
+def test_long_local_work_shows_dask_progress(small_adata, capsys, monkeypatch):
+    monkeypatch.setattr(_blocks, "PROGRESS_AFTER_S", 0.0)
+    dpsc.tl.cluster(lazy_copy(small_adata, True), 3, noise_seed=1)
+    assert "Completed" in capsys.readouterr().out  # dask's ProgressBar line
 
 
 def test_a_zarr_backed_anndata_read_lazily(small_adata, tmp_path):

@@ -116,7 +116,21 @@ def blockwise_sum(matrix: Any, fn, *per_cell: np.ndarray):
     add = dask.delayed(_add, pure=True)
     while len(parts) > 1:  # a tree of additions on the workers: only the total reaches this process
         parts = [add(*parts[i : i + 2]) if i + 1 < len(parts) else parts[i] for i in range(0, len(parts), 2)]
-    return dask.compute(parts[0])[0]
+    return compute(parts[0])
+
+
+#: A Dask computation on the local (threaded or process) scheduler that runs longer than this many
+#: seconds shows dask's progress bar; on a ``dask.distributed`` cluster the dashboard shows it.
+PROGRESS_AFTER_S = 5.0
+
+
+def compute(lazy: Any) -> Any:
+    """Compute one Dask object; long work on a local scheduler shows dask's progress bar."""
+    import dask
+    from dask.diagnostics import ProgressBar
+
+    with ProgressBar(minimum=PROGRESS_AFTER_S, dt=1.0):
+        return dask.compute(lazy)[0]
 
 
 def map_row_blocks(matrix: Any, fn, n_out: int, dtype: type = np.float32):

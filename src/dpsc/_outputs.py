@@ -63,8 +63,8 @@ def write_clustering(
     if result.gene_means is not None:
         target.var[derived_key(key_added, "means")] = result.gene_means
         target.var[derived_key(key_added, "variances")] = result.gene_variances
-    labels = result.labels(matrix).astype(str)
-    target.obs[key_added] = pd.Categorical(labels, categories=[str(i) for i in range(n_clusters)])
+    labels = result.labels(matrix)  # codes straight into a categorical: no string per cell
+    target.obs[key_added] = pd.Categorical.from_codes(labels, categories=[str(i) for i in range(n_clusters)])
 
 
 def write_cluster_markers(

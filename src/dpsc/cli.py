@@ -31,13 +31,15 @@ ARGUMENTS = (
     "batch_size",
     "max_epochs",
     "noise_seed",
+    "reference_key",
+    "reference",
 )
 
 
 def speak_cli(message: str) -> str:
     """Rewrite a Python-API error message in the command line's words (flags, not arguments)."""
     names = "|".join(ARGUMENTS)
-    message = message.replace("epsilon=None", "--non-private")
+    message = message.replace("epsilon=None", "--non-private").replace("reference=...", "--reference FILE")
     message = re.sub(rf"\bPass ({names})=None\b", lambda m: f"Leave out --{m[1].replace('_', '-')}", message)
     message = re.sub(rf"\b({names})=None\b", lambda m: f"no --{m[1].replace('_', '-')}", message)
     message = re.sub(rf"\b({names})='([\w.-]+)'", lambda m: f"--{m[1].replace('_', '-')} {m[2]}", message)
@@ -135,6 +137,15 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
         "--markers", action="store_true", help="Also release each cluster's marker genes inside the same ε."
     )
     cluster.add_argument("--layer", default=None, help="Layer holding the raw counts (default: X).")
+    cluster.add_argument(
+        "--reference",
+        default=None,
+        help="A public reference of the same tissue (.h5ad of raw counts, not containing these cells): "
+        "its genes and components cost no ε.",
+    )
+    cluster.add_argument(
+        "--reference-key", default=None, help="obs column of the reference's cell types: names the clusters."
+    )
     cluster.add_argument(
         "--noise-seed",
         type=int,
@@ -392,6 +403,8 @@ def _cluster(args: argparse.Namespace) -> int:
             delta=args.delta,
             layer=args.layer,
             markers=args.markers,
+            reference=args.reference,
+            reference_key=args.reference_key,
             noise_seed=args.noise_seed,
         )
     wall = time.perf_counter() - start
@@ -404,6 +417,9 @@ def _cluster(args: argparse.Namespace) -> int:
     )
     if in_use < args.n_clusters / 2:
         print(_wrap(few_clusters_message(in_use, args.n_clusters)))
+    if args.reference_key:
+        named = adata.uns["dpsc"]["dp_kmeans"]["cluster_names"]
+        print("Names from the reference: " + ", ".join(f"{c}: {v['name']}" for c, v in named.items()))
     if args.markers:
         names = adata.uns[derived_key("dp_kmeans", "markers")]["names"]
         for group in names.dtype.names:

@@ -15,6 +15,7 @@ import numpy as np
 from dpsc._docs import doc_params
 
 from .._api import DEFAULT_EPSILON, result_target, store_result
+from .._blocks import is_dask
 from .._outputs import derived_key
 from .._validation import check_cells, check_privacy_args, check_public_counts, get_matrix, resolve_delta
 from ..privacy import (
@@ -27,6 +28,7 @@ from ..privacy import (
 )
 from ..privacy import _hvg as mechanism
 from ..privacy._hvg import DEFAULT_SQUARE_CLIP, FLAVORS, Flavor
+from ..privacy._record import with_storage_note
 
 
 def hvg_record(sigma: float, epsilon: float, delta: float, n_obs: int, noise: NoiseSource) -> PrivacyRecord:
@@ -152,7 +154,7 @@ def highly_variable_genes(
     plan = ReleasePlan.of(PlannedRelease("pp.highly_variable_genes")).calibrate(epsilon, delta)
     sigma = plan.sigma("pp.highly_variable_genes")
     noise = NoiseSource(noise_seed)
-    record = hvg_record(sigma, epsilon, delta, adata.n_obs, noise)
+    record = with_storage_note(hvg_record(sigma, epsilon, delta, adata.n_obs, noise), is_dask(matrix))
     with plan.spend(adata, record, key_added, noise) as releases:
         release = mechanism.gene_statistics_release(adata.n_vars, sigma)
         released = release.release(

@@ -13,6 +13,7 @@ import numpy as np
 from dpsc._docs import doc_params
 
 from .._api import DEFAULT_EPSILON, result_target, store_result
+from .._blocks import is_dask
 from .._outputs import derived_key
 from .._validation import check_cells, check_privacy_args, check_public_counts, get_matrix, resolve_delta
 from ..privacy import (
@@ -24,6 +25,7 @@ from ..privacy import (
     gaussian_release_record,
 )
 from ..privacy import _pca as mechanism
+from ..privacy._record import with_storage_note
 
 DEFAULT_PCA_GENES = mechanism.DEFAULT_GENE_BLOCK
 
@@ -146,7 +148,7 @@ def pca(
     plan = ReleasePlan.of(PlannedRelease("pp.pca")).calibrate(epsilon, delta)
     sigma = plan.sigma("pp.pca")
     noise = NoiseSource(noise_seed)
-    record = pca_record(sigma, epsilon, delta, adata.n_obs, noise)
+    record = with_storage_note(pca_record(sigma, epsilon, delta, adata.n_obs, noise), is_dask(matrix))
     with plan.spend(adata, record, record_key, noise) as releases:
         pcs, keep, eigval = mechanism.released_loadings(
             matrix, sigma, releases.stream("pp.pca"), n_comps, n_genes, drop_mean_component, log_normalize

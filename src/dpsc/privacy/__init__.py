@@ -56,6 +56,7 @@ _WHERE = {
     "kmeans_table": "._kmeans",
     "laplace_release": "._release",
     "ledger_frame": "._ledger",
+    "with_storage_note": "._record",
     "make_accountant": "._accounting",
     "no_guarantee_record": "._record",
     "planned_pure_record": "._record",

@@ -49,6 +49,7 @@ import numpy as np
 from .. import _blocks
 from . import _hvg, _kmeans, _markers, _pca
 from ._plan import PlannedRelease, ReleasePlan
+from ._public_basis import MIN_SCALE, PublicBasis
 from ._release import GaussianSum
 
 MAX_GENES = 2000  # genes the PCA reads without noise (scanpy's usual number of variable genes)
@@ -165,6 +166,7 @@ class ScheduledRelease:
     assignment: str | None = None
     rows: int = 0
     width: int = 0
+    public_basis: bool = False
 
     def release(self, columns: np.ndarray | None = None) -> GaussianSum:
         """Return the :class:`GaussianSum` of this release (sizes from the plan, not from a request).
@@ -211,6 +213,11 @@ class ScheduledRelease:
             _check_loadings(request.loadings, n_genes, self.width)
         if self.assignment is not None:
             _check_assignment(request.assignment, self.assignment, self.rows, self.width)
+        if self.public_basis != (request.basis is not None):
+            wrong = "needs the reference's basis" if self.public_basis else "carries an unplanned basis"
+            raise ScheduleError(f"release {self.index} ({self.kind}) {wrong}")
+        if request.basis is not None:
+            _check_basis(request.basis, request.genes, request.loadings, n_vars)
 
 
 def _check_frame(frame: Any, n_vars: int, bounds: bool) -> None:
@@ -272,6 +279,24 @@ def _check_loadings(loadings: Any, n_genes: int, width: int) -> None:
         raise ScheduleError("loadings whose columns are not orthonormal")
 
 
+def _check_basis(basis: Any, genes: Any, loadings: Any, n_vars: int) -> None:
+    """Refuse a public basis unless its genes and loadings are the request's, μ finite and s ≥ its floor."""
+    if not isinstance(basis, PublicBasis):
+        raise ScheduleError(f"a public basis of type {type(basis).__name__}")
+    same = np.array_equal(basis.genes, genes) and np.array_equal(basis.loadings, loadings)
+    n_genes = len(basis.genes)
+    if not same:
+        raise ScheduleError("a public basis whose genes or loadings are not the request's")
+    _check_gene_list(basis.shared, n_vars, max(1, len(np.asarray(basis.shared))))
+    _check_finite("the basis' gene means", basis.means, (n_genes,))
+    scales = _check_finite("the basis' gene scales", basis.scales, (n_genes,))
+    if (scales < MIN_SCALE).any():
+        raise ScheduleError(f"gene scales below {MIN_SCALE:g}")
+    for name, value in (("target sum", basis.target_sum), ("radius", basis.radius)):
+        if value is not None and not (np.isfinite(value) and 0 < value <= MAX_PUBLIC_VALUE):
+            raise ScheduleError(f"a basis {name} of {value!r}")
+
+
 def _check_assignment(assignment: Any, kind: str, rows: int, width: int) -> None:
     if not isinstance(assignment, _kmeans.Assignment) or assignment.kind != kind:
         got = getattr(assignment, "kind", None)
@@ -300,6 +325,9 @@ class ClusterPlan:
     random_state: int = 0
     kmeans: dict[str, Any] = field(default_factory=lambda: kmeans_plan())
     markers: bool = False  # a last release: each cluster's marker statistics (:mod:`._markers`)
+    #: genes and loadings come from a public reference (:mod:`._public_basis`): only the k-means
+    #: (and marker) releases read the cells
+    public_basis: bool = False
 
     def __post_init__(self) -> None:
         names = tuple(r.name for r in self.releases.releases)
@@ -323,6 +351,7 @@ class ClusterPlan:
         kmeans: dict[str, Any] | None = None,
         markers: bool = False,
         accountant: str = "rdp",
+        public_basis: bool = False,
     ) -> ClusterPlan:
         """Return the plan of these settings whose releases carry ``sigmas`` (by kind; no calibration).
 
@@ -333,7 +362,7 @@ class ClusterPlan:
         """
         kmeans = kmeans_plan() if kmeans is None else kmeans
         n_comps = min(N_COMPS, n_genes - 1) if n_comps is None else n_comps
-        kinds = release_kinds(n_genes < n_vars, markers, epsilon is not None)
+        kinds = release_kinds(n_genes < n_vars, markers, epsilon is not None, public_basis)
         steps = kmeans_steps(kmeans)
         releases = ReleasePlan.of(
             *(
@@ -344,7 +373,8 @@ class ClusterPlan:
             epsilon=epsilon,
             delta=delta,
         )
-        return cls(releases, n_vars, n_clusters, n_genes, n_comps, random_state, kmeans, markers)
+        settings = (n_vars, n_clusters, n_genes, n_comps, random_state, kmeans, markers, public_basis)
+        return cls(releases, *settings)
 
     @property
     def epsilon(self) -> float | None:
@@ -365,7 +395,7 @@ class ClusterPlan:
     @property
     def select_genes(self) -> bool:
         """Whether the plan starts with the DP gene selection (it reads fewer genes than there are)."""
-        return self.n_genes < self.n_vars
+        return self.n_genes < self.n_vars and not self.public_basis
 
     @property
     def kmeans_steps(self) -> int:
@@ -380,7 +410,8 @@ class ClusterPlan:
     @property
     def n_releases(self) -> int:
         """Every release of the plan, in order."""
-        return int(self.select_genes) + 2 + self.kmeans_steps + len(self.marker_kinds)
+        pca = 0 if self.public_basis else 2
+        return int(self.select_genes) + pca + self.kmeans_steps + len(self.marker_kinds)
 
     @property
     def coreset_size(self) -> int:
@@ -403,8 +434,9 @@ class ClusterPlan:
         entries: list[tuple] = []
         if self.select_genes:
             entries.append(("genes", 2 * self.n_vars + 1, _hvg.SENSITIVITY, None, 0, 0))
-        entries.append(("sum", self.n_genes, 1.0, None, 0, 0))
-        entries.append(("pca", self.n_genes * (self.n_genes + 1) // 2, 1.0, None, 0, 1))
+        if not self.public_basis:
+            entries.append(("sum", self.n_genes, 1.0, None, 0, 0))
+            entries.append(("pca", self.n_genes * (self.n_genes + 1) // 2, 1.0, None, 0, 1))
         sensitivity = _kmeans.table_sensitivity(CLIP_NORM, k["count_scale"])
         sketch_rows = 2**self.sketch_bits
         for _ in range(k["n_sketch_steps"]):
@@ -430,14 +462,24 @@ class ClusterPlan:
                 entries.append(("marker_focus_norms", norms.size, norms.sensitivity, None, rows, 0))
                 entries.append(("marker_focus", rows * width, table.sensitivity, "nearest", rows, d))
         return tuple(
-            ScheduledRelease(index, kind, self.sigmas[kind], size, delta, assignment, rows, width)
+            ScheduledRelease(
+                index,
+                kind,
+                self.sigmas[kind],
+                size,
+                delta,
+                assignment,
+                rows,
+                width,
+                self.public_basis and assignment is not None,
+            )
             for index, (kind, size, delta, assignment, rows, width) in enumerate(entries)
         )
 
     @property
     def kinds(self) -> tuple[str, ...]:
         """The kinds of release the plan makes, in order (the gene selection only when it selects)."""
-        return release_kinds(self.select_genes, self.markers, self.epsilon is not None)
+        return release_kinds(self.select_genes, self.markers, self.epsilon is not None, self.public_basis)
 
     def history(self) -> list[tuple[float, float, int]]:
         """Return the Opacus history of the whole clustering (every release reads all cells: q = 1)."""
@@ -488,8 +530,15 @@ def marker_kinds(markers: bool, private: bool) -> tuple[str, ...]:
     return MARKER_KINDS if private else ("marker_center", "markers")
 
 
-def release_kinds(select_genes: bool, markers: bool, private: bool) -> tuple[str, ...]:
-    """Return the kinds of release a clustering makes, in order (the gene selection when it selects)."""
+def release_kinds(
+    select_genes: bool, markers: bool, private: bool, public_basis: bool = False
+) -> tuple[str, ...]:
+    """Return the kinds of release a clustering makes, in order (the gene selection when it selects).
+
+    With a public basis the genes and loadings are public: the k-means (and markers) only.
+    """
+    if public_basis:
+        return ("kmeans", *marker_kinds(markers, private))
     return (*(KINDS if select_genes else KINDS[1:]), *marker_kinds(markers, private))
 
 
@@ -545,6 +594,7 @@ def plan_clustering(
     random_state: int = 0,
     accountant: str = "rdp",
     markers: bool = False,
+    public_basis: PublicBasis | None = None,
 ) -> ClusterPlan:
     """Split (ε, δ) over the releases by :data:`SHARES`, calibrate each σ once, choose the genes.
 
@@ -554,8 +604,14 @@ def plan_clustering(
     Reads no cell: ``n_obs`` (the number of cells, public) is needed when the matrix has more than
     :data:`MIN_GENES` genes and there is noise. ``markers``: the plan ends with the release of each
     cluster's marker statistics, its share :data:`MARKERS_SHARE` of the same (ε, δ).
+    ``public_basis``: genes and components from a public reference (:mod:`._public_basis`); the
+    whole ε goes to the k-means (and marker) releases.
     """
     extra = MARKER_KINDS if markers else ()
+    if public_basis is not None:
+        return _plan_on_public_basis(
+            epsilon, delta, n_vars, n_clusters, public_basis, random_state, accountant, markers
+        )
     if n_vars < 3:
         raise ValueError(f"A clustering needs at least 3 genes, got {n_vars}.")
     steps = kmeans_steps(kmeans_plan())
@@ -586,6 +642,37 @@ def plan_clustering(
     )
 
 
+def _plan_on_public_basis(
+    epsilon: float | None,
+    delta: float,
+    n_vars: int,
+    n_clusters: int,
+    basis: PublicBasis,
+    random_state: int,
+    accountant: str,
+    markers: bool,
+) -> ClusterPlan:
+    """Return the plan of a clustering on public genes and loadings: k-means (and markers) only."""
+    kinds = ("kmeans", *marker_kinds(markers, epsilon is not None))
+    steps = kmeans_steps(kmeans_plan())
+    sigmas = dict.fromkeys((*KINDS, *MARKER_KINDS), 0.0)
+    if epsilon is not None:
+        sigmas.update(_split(float(epsilon), delta, kinds, steps, accountant))
+    return ClusterPlan.of(
+        epsilon,
+        delta,
+        n_vars=n_vars,
+        n_clusters=n_clusters,
+        n_genes=len(basis.genes),
+        n_comps=basis.n_comps,
+        sigmas=sigmas,
+        random_state=random_state,
+        markers=markers,
+        accountant=accountant,
+        public_basis=True,
+    )
+
+
 @dataclass(frozen=True)
 class Request:
     """Which sum a release asks for, with what was released before it (all public).
@@ -596,7 +683,8 @@ class Request:
     set for the steps that need them; ``frame`` (the released centre, and for the tables the
     released bounds of the cells' expression, :class:`~._markers.MarkerFrame`) for the marker
     histograms and tables; ``columns`` (the genes of the focused marker table, post-processing of
-    the first) for the focused histograms and table.
+    the first) for the focused histograms and table; ``basis`` (the public reference's map of a
+    cell to its point, :mod:`._public_basis`) for the k-means and marker tables of a plan on one.
     """
 
     kind: str
@@ -607,6 +695,7 @@ class Request:
     assignment: _kmeans.Assignment | None = None
     frame: _markers.MarkerFrame | None = None
     columns: np.ndarray | None = None
+    basis: PublicBasis | None = None  # the public map of a cell to its k-means point, when public
 
     def marker_table(self, n_vars: int) -> _markers.MarkerTable:
         """Return the layout of the marker table this request asks for (over ``columns`` when focused)."""
@@ -656,26 +745,30 @@ def contribution(
     if request.kind == "pca":
         return _pca.upper(_pca.second_moment(matrix, True, request.genes, request.loadings))
     if request.kind == "kmeans":
-        points = cell_points(matrix, request.genes, request.loadings)
+        points = cell_points(matrix, request.genes, request.loadings, request.basis)
         return _kmeans.kmeans_table(points, request.assignment, CLIP_NORM, count_scale)
     if request.kind == "marker_center":
         return _markers.center_sum(matrix)
     if request.kind in ("marker_norms", "marker_focus_norms"):
         return _markers.norm_histograms(matrix, request.frame.center, request.columns)
     if request.kind in ("markers", "marker_focus"):  # each cell's cluster: its nearest released centroid
-        labels = _kmeans.nearest_centroid(
-            cell_points(matrix, request.genes, request.loadings), request.assignment.matrix
-        )
+        points = cell_points(matrix, request.genes, request.loadings, request.basis)
+        labels = _kmeans.nearest_centroid(points, request.assignment.matrix, "euclidean")
         return _markers.group_table(matrix, labels, request.marker_table(matrix.shape[1]))
     raise ValueError(f"Unknown release {request.kind!r}; the clustering has {KINDS}.")
 
 
-def cell_points(matrix: Any, genes: np.ndarray, loadings: np.ndarray) -> np.ndarray:
+def cell_points(
+    matrix: Any, genes: np.ndarray, loadings: np.ndarray, basis: PublicBasis | None = None
+) -> np.ndarray:
     r"""Each cell's k-means point: :math:`x_i = (w\,z_i^\top u,\ z_i^\top v_1, …) / \lVert\cdot\rVert_2`.
 
     The projection on the released loadings with the mean direction's coordinate weighted by
-    :data:`MEAN_WEIGHT`, scaled to unit norm (cosine; a map of each cell alone).
+    :data:`MEAN_WEIGHT`, scaled to unit norm (cosine; a map of each cell alone). With a public
+    ``basis``: its point :math:`p_i` (:mod:`._public_basis`; norm at most 1).
     """
+    if basis is not None:
+        return np.asarray(basis.points(matrix))
     weights = np.ones(loadings.shape[1])
     weights[0] = MEAN_WEIGHT
     return _kmeans.kmeans_points(_pca.project(matrix, loadings * weights, True, columns=genes), "cosine")
@@ -698,30 +791,39 @@ class ClusterResult:
     marker_focus_genes: np.ndarray | None = None  # the focused table's genes (post-processing)
     marker_focus_table: np.ndarray | None = None  # the released statistics over them
     marker_focus_frame: _markers.MarkerFrame | None = None  # that table's centre and released bounds
+    basis: PublicBasis | None = None  # the public reference's map of a cell to its point, when used
 
     def labels(self, matrix: Any) -> np.ndarray:
         """Each cell's nearest released centroid (post-processing; computed from each cell)."""
         if _blocks.is_dask(matrix):  # computed where the chunks are; only the labels come back
             lazy = _blocks.map_row_blocks(matrix, lambda b: self.labels(b)[:, None], 1, np.int64)
-            return np.asarray(lazy.compute()).ravel()
-        return _kmeans.nearest_centroid(cell_points(matrix, self.genes, self.loadings), self.centroids)
+            return np.asarray(_blocks.compute(lazy)).ravel()
+        points = cell_points(matrix, self.genes, self.loadings, self.basis)  # already the k-means points
+        return _kmeans.nearest_centroid(points, self.centroids, "euclidean")
 
     def projections(self, matrix: Any) -> Any:
         """Each cell's projection on the loadings (float32; a lazy Dask array for a Dask matrix)."""
         if _blocks.is_dask(matrix):
             return _blocks.map_row_blocks(matrix, self.projections, self.loadings.shape[1])
+        if self.basis is not None:  # the cell's point before its unit norm
+            return np.asarray(self.basis.scaled(matrix) @ self.loadings, dtype=np.float32)
         return _pca.project(matrix, self.loadings, True, columns=self.genes)
 
 
 ReleaseSum = Callable[[Request], np.ndarray]
 
 
-def run_clustering(plan: ClusterPlan, release_sum: ReleaseSum) -> ClusterResult:
+def run_clustering(
+    plan: ClusterPlan, release_sum: ReleaseSum, basis: PublicBasis | None = None
+) -> ClusterResult:
     """Run the plan: ask ``release_sum`` for each noisy sum, post-process between them (no cell read).
 
     Every request is checked against the plan's schedule (:meth:`ClusterPlan.schedule`) before it
-    is passed on, so the releases made here are the ones a federated site agrees to serve.
+    is passed on, so the releases made here are the ones a federated site agrees to serve. A plan
+    on a public basis takes its genes and loadings from ``basis`` and starts with the k-means.
     """
+    if plan.public_basis != (basis is not None):
+        raise ValueError("A plan on a public basis runs with that basis (and only such a plan does).")
     schedule = plan.schedule()
     ask = release_sum
 
@@ -734,7 +836,9 @@ def run_clustering(plan: ClusterPlan, release_sum: ReleaseSum) -> ClusterResult:
     index = 0
     genes = np.arange(plan.n_vars)
     means = variances = None
-    if plan.select_genes:
+    if basis is not None:
+        genes, loadings, eigenvalues = basis.genes, basis.loadings, np.zeros(0)
+    elif plan.select_genes:
         request = Request("genes", index, plan.sigmas["genes"])
         released = release_sum(request)
         spec = request.release(plan.n_vars)
@@ -743,16 +847,14 @@ def run_clustering(plan: ClusterPlan, release_sum: ReleaseSum) -> ClusterResult:
         )
         genes = np.sort(order[: plan.n_genes])
         index += 1
-    direction = _pca.mean_direction(release_sum(Request("sum", index, plan.sigmas["sum"], genes=genes)))
-    index += 1
-    request = Request("pca", index, plan.sigmas["pca"], genes=genes, loadings=direction[:, None])
-    S = _pca.from_upper(release_sum(request), len(genes))
-    loadings, eigenvalues = _pca.residual_loadings(S, direction, plan.n_comps)
-    index += 1
+    if basis is None:
+        loadings, eigenvalues = _release_loadings(plan, release_sum, genes, index)
+        index += 2
 
     def release_table(assignment: _kmeans.Assignment) -> tuple:
         nonlocal index
-        table_request = Request("kmeans", index, plan.sigmas["kmeans"], genes, loadings, assignment)
+        sigma = plan.sigmas["kmeans"]
+        table_request = Request("kmeans", index, sigma, genes, loadings, assignment, basis=basis)
         noisy = release_sum(table_request)
         index += 1
         return _kmeans.split_table(
@@ -788,12 +890,14 @@ def run_clustering(plan: ClusterPlan, release_sum: ReleaseSum) -> ClusterResult:
         )
         nearest = _kmeans.Assignment("nearest", np.asarray(centroids, dtype=np.float64))
         marker_table = release_sum(
-            Request("markers", index, plan.sigmas["markers"], genes, loadings, nearest, marker_frame)
+            Request(
+                "markers", index, plan.sigmas["markers"], genes, loadings, nearest, marker_frame, basis=basis
+            )
         )
         index += 1
         if "marker_focus" in plan.marker_kinds:
             focus = _release_focused_markers(
-                plan, index, marker_table, marker_frame, release_sum, genes, loadings, nearest
+                plan, index, marker_table, marker_frame, release_sum, genes, loadings, nearest, basis
             )
             index += 2
     if index != plan.n_releases:
@@ -803,9 +907,20 @@ def run_clustering(plan: ClusterPlan, release_sum: ReleaseSum) -> ClusterResult:
     result = ClusterResult(
         genes, loadings, eigenvalues, centroids, means, variances, index, in_use, marker_table, marker_frame
     )
+    result.basis = basis
     if focus is not None:
         result.marker_focus_genes, result.marker_focus_table, result.marker_focus_frame = focus
     return result
+
+
+def _release_loadings(
+    plan: ClusterPlan, release_sum: ReleaseSum, genes: np.ndarray, index: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Release the cell sum and the residuals' second moment; return the loadings and eigenvalues."""
+    direction = _pca.mean_direction(release_sum(Request("sum", index, plan.sigmas["sum"], genes=genes)))
+    request = Request("pca", index + 1, plan.sigmas["pca"], genes=genes, loadings=direction[:, None])
+    S = _pca.from_upper(release_sum(request), len(genes))
+    return _pca.residual_loadings(S, direction, plan.n_comps)
 
 
 def scheduled(plan: ClusterPlan, kind: str) -> ScheduledRelease:
@@ -831,6 +946,7 @@ def _release_focused_markers(
     genes: np.ndarray,
     loadings: np.ndarray,
     nearest: _kmeans.Assignment,
+    basis: PublicBasis | None = None,
 ) -> tuple[np.ndarray, np.ndarray, _markers.MarkerFrame]:
     """Release the histograms and the marker table over U, the union of each cluster's best genes.
 
@@ -851,7 +967,15 @@ def _release_focused_markers(
     frame = _markers.focused_frame(norms, marker_frame, columns)
     table = release_sum(
         Request(
-            "marker_focus", index + 1, plan.sigmas["marker_focus"], genes, loadings, nearest, frame, columns
+            "marker_focus",
+            index + 1,
+            plan.sigmas["marker_focus"],
+            genes,
+            loadings,
+            nearest,
+            frame,
+            columns,
+            basis,
         )
     )
     return columns, table, frame

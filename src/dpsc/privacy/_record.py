@@ -43,6 +43,26 @@ COMMON_NOT_COVERED = (
 )
 
 
+#: What a record adds when the cells were a Dask array: who saw what before the noise.
+DASK_BOUNDARY = (
+    "the Dask workers that computed the releases saw the cells and un-noised partial sums of them, "
+    "so the Dask cluster must be inside the data owner's boundary (encrypt its traffic with "
+    "distributed.Security)"
+)
+
+
+def with_storage_note(record: PrivacyRecord, dask: bool) -> PrivacyRecord:
+    """Return ``record`` with :data:`DASK_BOUNDARY` in what it does not cover, when ``dask``."""
+    if not dask or record.guarantee == "none":
+        return record
+    note = DASK_BOUNDARY
+    return replace(
+        record,
+        not_covered=f"{record.not_covered}; {note}",
+        statement=f"{record.statement} Not covered either: {note}.",
+    )
+
+
 def build_statement(
     *,
     guarantee: Guarantee,

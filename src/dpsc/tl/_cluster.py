@@ -12,10 +12,12 @@ from typing import Any
 
 import anndata as ad
 import numpy as np
+import pandas as pd
 
 from dpsc._docs import doc_params
 
 from .._api import DEFAULT_EPSILON, result_target, store_result
+from .._blocks import is_dask
 from .._outputs import write_cluster_markers, write_clustering
 from .._validation import check_cells, check_privacy_args, check_public_counts, get_matrix, resolve_delta
 from ..privacy import (
@@ -33,7 +35,10 @@ from ..privacy._clustering import (
     plan_clustering,
     run_clustering,
 )
+from ..privacy._public_basis import PublicBasis
+from ..privacy._record import with_storage_note
 from ._kmeans import warn_if_few_clusters
+from ._reference import PublicReference, name_clusters, read_reference
 
 MARKER_SUMS = [
     "the cells' mean expression",
@@ -55,6 +60,7 @@ def plan_for_cells(
     delta: float,
     random_state: int,
     markers: bool = False,
+    basis: PublicBasis | None = None,
 ) -> ClusterPlan:
     """Return the plan for these cells from their numbers of cells and genes, k and (ε, δ) (reads no cell)."""
     return plan_clustering(
@@ -65,11 +71,24 @@ def plan_for_cells(
         n_obs=adata.n_obs,
         random_state=random_state,
         markers=markers,
+        public_basis=basis,
     )
 
 
-def cluster_record(plan: ClusterPlan, n_obs: int, noise: NoiseSource, tool: str = "cluster") -> PrivacyRecord:
-    """Proven record of the whole clustering: every release in one Opacus history."""
+def cluster_record(
+    plan: ClusterPlan,
+    n_obs: int,
+    noise: NoiseSource,
+    tool: str = "cluster",
+    reference: dict[str, Any] | None = None,
+) -> PrivacyRecord:
+    """Proven record of the whole clustering: every release in one Opacus history.
+
+    ``reference``: the public reference's summary (:meth:`PublicReference.summary`), stated in the
+    record (``details["reference"]``) and in what the guarantee does not cover.
+    """
+    if reference is not None:
+        return _reference_record(plan, n_obs, noise, tool, reference)
     unit = f"adding or removing one of the {n_obs} cells"
     covered = (
         ("the selected genes and their noisy statistics, " if plan.select_genes else "")
@@ -106,6 +125,40 @@ def cluster_record(plan: ClusterPlan, n_obs: int, noise: NoiseSource, tool: str 
     )
 
 
+def _reference_record(
+    plan: ClusterPlan, n_obs: int, noise: NoiseSource, tool: str, reference: dict[str, Any]
+) -> PrivacyRecord:
+    """Record of a clustering on a public reference's genes and components: k-means (and markers)."""
+    sums = ", ".join(["k-means tables", *(marker_sums(plan) if plan.markers else [])])
+    mechanism = (
+        f"{plan.n_releases} discrete Gaussian releases of sums over cells ({sums}; lattice-encoded), "
+        "composed by the Opacus RDP accountant, of each cell's point in the public reference's "
+        f"basis ({plan.n_genes} genes, their scales and {plan.n_comps} components, computed from the "
+        "reference alone)"
+    )
+    covered = (
+        "the centroids, "
+        + ("each cluster's marker statistics (the marker table in uns), " if plan.markers else "")
+        + "the cluster names and anything computed from them on other data (e.g. the labels of new cells)"
+    )
+    not_covered = (
+        f"the public reference {reference['name']!r} (sha256 {reference['fingerprint'][:16]}…, "
+        f"{reference['n_obs']} cells): it is assumed public and must not contain these cells, and no "
+        "epsilon is spent on it; the projections and labels written for these cells (computed from "
+        "each cell); " + COMMON_NOT_COVERED
+    )
+    return plan.releases.record(
+        tool,
+        unit=f"adding or removing one of the {n_obs} cells",
+        mechanism=mechanism,
+        covered=covered,
+        not_covered=not_covered,
+        noise=noise,
+        scope="centroids",
+        details={"noise_multipliers": plan.releases.sigmas, "reference": reference},
+    )
+
+
 def store_clustering(
     adata: ad.AnnData,
     matrix,
@@ -128,6 +181,12 @@ def store_clustering(
         extra["clusters_in_use"] = result.clusters_in_use
     if result.marker_table is not None:
         extra["markers"] = write_cluster_markers(target, result, plan, key_added)
+    if "cluster_names" in extra:  # post-processing of the centroids and the public reference
+        names = extra.pop("cluster_names")
+        target.obs[f"{key_added}_names"] = pd.Categorical(
+            names["name"].reindex(target.obs[key_added].astype(str)).to_numpy()
+        )
+        extra["cluster_names"] = names.to_dict(orient="index")
     return store_result(
         adata,
         target,
@@ -152,6 +211,8 @@ def cluster(
     layer: str | None = None,
     key_added: str = "dp_kmeans",
     markers: bool = False,
+    reference: ad.AnnData | str | None = None,
+    reference_key: str | None = None,
     random_state: int = 0,
     noise_seed: int | None = None,
     copy: bool = False,
@@ -189,6 +250,17 @@ def cluster(
         quarter share: the cells' mean expression, the bounds, the table, then the bounds and the
         table over each cluster's best genes; :func:`dpsc.tl.rank_genes_groups` states the
         mechanism), and write them in scanpy's format to ``uns[f"{key_added}_markers"]``.
+    reference
+        A public reference of the same tissue (another donor, study or condition): an AnnData of
+        raw counts, or an ``.h5ad`` path. Its genes (the 2,000 of largest variance among those
+        shared with ``adata``), gene means and scales and 16 principal components are computed from
+        it alone (scanpy's recipe; :mod:`dpsc.privacy._public_basis`), so they cost no ε, and the
+        whole ε goes to the DP k-means of the cells' points in that basis (and to the markers).
+        It must not contain the cells of ``adata``; its name, sha256 fingerprint and size go into
+        the record.
+    reference_key
+        ``reference.obs`` column of cell types: each released centroid is named after the type it
+        matches, or ``"unmatched"`` (:func:`dpsc.tl._reference.name_clusters`; post-processing).
     random_state
         Seed of the k-means projections and post-processing (public; never of the noise).
     noise_seed
@@ -212,6 +284,12 @@ def cluster(
     the first loading's coordinate in the k-means points), the ``centroids``, the noisy
     ``eigenvalues`` and ``clusters_in_use`` (as :func:`dpsc.tl.kmeans`).
 
+    With ``reference``, ``varm``/``var`` describe the reference's genes and components, there is
+    no ``eigenvalues`` and no gene statistics, the record's ``details["reference"]`` names the
+    reference, and with ``reference_key`` ``obs[f"{{key_added}}_names"]`` holds each cell's
+    cluster name and ``uns["dpsc"][key_added]["cluster_names"]`` each cluster's name, nearest
+    reference type and the share of its nearest reference cells of that type.
+
     Warns
     -----
     {doc_warns_few_clusters}
@@ -227,11 +305,16 @@ def cluster(
         or not 2 <= n_clusters <= adata.n_obs
     ):
         raise ValueError(f"n_clusters must be an integer in [2, n_obs={adata.n_obs}], got {n_clusters!r}.")
-    plan = plan_for_cells(adata, int(n_clusters), epsilon, delta, random_state, markers=bool(markers))
+    public, basis = _public_basis(reference, reference_key, adata)
+    plan = plan_for_cells(adata, int(n_clusters), epsilon, delta, random_state, bool(markers), basis)
     noise = NoiseSource(noise_seed)
-    record = cluster_record(plan, adata.n_obs, noise)
+    summary = None if public is None else public.summary(basis)
+    record = with_storage_note(cluster_record(plan, adata.n_obs, noise, reference=summary), is_dask(matrix))
     with spending(adata, record, key_added) as booking:
-        result = run_clustering(plan, central_release_sum(matrix, noise))
+        result = run_clustering(plan, central_release_sum(matrix, noise), basis)
+        extra: dict[str, Any] = {} if summary is None else {"reference": summary}
+        if public is not None and public.labels is not None:
+            extra["cluster_names"] = name_clusters(result.centroids, public, basis)
         params = {
             "n_clusters": plan.n_clusters,
             "layer": layer,
@@ -240,5 +323,17 @@ def cluster(
             "random_state": random_state,
         }
         return store_clustering(
-            adata, matrix, result, key_added, record, params, copy=copy, booking=booking, plan=plan
+            adata, matrix, result, key_added, record, params, copy=copy, booking=booking, plan=plan, **extra
         )
+
+
+def _public_basis(
+    reference: ad.AnnData | str | None, reference_key: str | None, adata: ad.AnnData
+) -> tuple[PublicReference | None, PublicBasis | None]:
+    """Read and check the public reference and compute its basis (reads the reference only)."""
+    if reference is None:
+        if reference_key is not None:
+            raise ValueError("reference_key names a column of the reference; pass reference=... as well.")
+        return None, None
+    public = read_reference(reference, adata, reference_key, "dpsc.tl.cluster")
+    return public, public.basis()

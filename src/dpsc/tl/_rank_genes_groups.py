@@ -18,6 +18,7 @@ import pandas as pd
 from dpsc._docs import doc_params
 
 from .._api import DEFAULT_EPSILON, result_target, store_result
+from .._blocks import is_dask
 from .._outputs import write_marker_result
 from .._validation import check_cells, check_privacy_args, check_public_counts, get_matrix, resolve_delta
 from ..privacy import (
@@ -28,6 +29,7 @@ from ..privacy import (
     ReleasePlan,
 )
 from ..privacy import _markers as mechanism
+from ..privacy._record import with_storage_note
 
 CENTER, NORMS, TABLE = "tl.rank_genes_groups.center", "tl.rank_genes_groups.norms", "tl.rank_genes_groups"
 FOCUS_NORMS, FOCUS_TABLE = "tl.rank_genes_groups.focus_norms", "tl.rank_genes_groups.focus"
@@ -238,7 +240,7 @@ def rank_genes_groups(
     plan = markers_plan(epsilon, delta)
     sigmas = markers_sigmas(plan)
     noise = NoiseSource(noise_seed)
-    record = markers_record(plan, adata.n_obs, groupby, noise)
+    record = with_storage_note(markers_record(plan, adata.n_obs, groupby, noise), is_dask(matrix))
     with plan.spend(adata, record, key_added, noise) as releases:
         frame = mechanism.release_frame(
             adata.n_vars, sigmas["center"], *frame_releases(matrix, sigmas, releases, epsilon is not None)

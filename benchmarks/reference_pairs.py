@@ -1,0 +1,218 @@
+"""Reference-guided ``tl.cluster`` on reference / private pairs, against the same call without one.
+
+Pairs (all in ``../shared/data``): Baron mouse pancreas donor 1 → donor 2 and back; CellBench,
+each plate private with the other two as reference; the endocrinogenesis pancreas as a
+cross-study reference for Baron (both donors); the labelled files split in two random disjoint
+halves (seed 0: the first half is the reference). Per pair: the issue's non-private scanpy
+reference on the private cells alone (``cluster_lofo.scanpy_reference``), ``tl.cluster`` without
+a reference and with one for every candidate, ε = 8 and 2, noise seeds 20, 21, 22, plus one run
+without noise; and, where a type can be left out of the reference, the F1 of the cluster that
+best holds that type's private cells (``missing``). Labels score only.
+
+    OMP_NUM_THREADS=1 python benchmarks/reference_pairs.py --data ../shared/data \
+        --out benchmarks/results/reference_pairs.jsonl
+    python benchmarks/reference_pairs.py --report benchmarks/results/reference_pairs.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+import warnings
+from pathlib import Path
+
+import anndata as ad
+import numpy as np
+import pandas as pd
+from cluster_benchmark import load
+from cluster_lofo import scanpy_reference
+from sklearn.metrics import adjusted_rand_score
+
+EPSILONS = (8.0, 2.0)
+SEEDS = (20, 21, 22)
+#: candidate: (components, radius quantile; None = unit sphere)
+CANDIDATES = {
+    "ball, median radius": (16, 0.5),
+    "sphere": (16, None),
+    "ball, 0.9 radius": (16, 0.9),
+    "ball, median radius, 32 components": (32, 0.5),
+}
+SHIPPED = "ball, median radius"
+#: pairs whose reference has the private cells' types (names are scored there)
+SAME_TYPES = ("baron", "cellbench", "halves")
+HALVES = ("pbmc", "bladder", "bladder_allgenes", "paul15", "pancreas")
+MISSING = {"baron m1→m2": "ductal", "cellbench plate1": "H1975"}
+
+
+def pairs(data: Path):
+    """Yield (name, reference, private) AnnData pairs with ``obs["label"]``."""
+    baron = ad.read_h5ad(data / "baron_mouse_pancreas_2donors_counts.h5ad")
+    baron.obs["label"] = baron.obs["cell_type"].astype(str)
+    one, two = (baron[baron.obs["donor"] == d].copy() for d in ("mouse1", "mouse2"))
+    yield "baron m1→m2", one, two
+    yield "baron m2→m1", two, one
+    bench = ad.read_h5ad(data / "cellbench_celseq2_5celllines_3plates_counts.h5ad")
+    bench.obs["label"] = bench.obs["cell_type"].astype(str)
+    for plate in ("plate1", "plate2", "plate3"):
+        private = bench.obs["plate"] == plate
+        yield f"cellbench {plate}", bench[~private].copy(), bench[private].copy()
+    cross = load(data, "pancreas")
+    yield "endocrinogenesis→baron", cross, baron.copy()
+    for name in HALVES:
+        cells = load(data, name)
+        order = np.random.default_rng(0).permutation(cells.n_obs)
+        half = cells.n_obs // 2
+        yield f"{name} halves", cells[order[:half]].copy(), cells[order[half:]].copy()
+
+
+def best_f1(truth: np.ndarray, labels: np.ndarray, kind: str) -> float:
+    """F1 of the cluster that best holds the private cells of type ``kind``."""
+    inside = truth == kind
+    scores = []
+    for cluster in np.unique(labels):
+        chosen = labels == cluster
+        hit = (inside & chosen).sum()
+        scores.append(2 * hit / (inside.sum() + chosen.sum()))
+    return float(max(scores))
+
+
+def run_pair(name: str, reference, private, out) -> None:
+    import dpsc
+    import dpsc.tl._reference as reference_module
+    from dpsc.privacy import _public_basis as public_basis
+
+    truth = private.obs["label"].to_numpy()
+    k = len(np.unique(truth))
+    rows = [
+        {"pair": name, "variant": "scanpy", "epsilon": None, "seed": 0, "ari": scanpy_ari(private, truth, k)}
+    ]
+    for epsilon in EPSILONS:
+        for seed in SEEDS:
+            cells = private.copy()
+            dpsc.tl.cluster(cells, k, epsilon=epsilon, noise_seed=seed)
+            rows.append(row(name, "no reference", epsilon, seed, cells, truth))
+    shared = reference[:, reference.var_names.isin(private.var_names)]
+    named = any(word in name for word in SAME_TYPES)
+    if named:
+        rows.append(
+            {"pair": name, "variant": "ingest", "epsilon": None, "seed": 0, "names": ingest(shared, private)}
+        )
+    for candidate, (n_comps, quantile) in CANDIDATES.items():
+        reference_module.N_COMPS, public_basis.RADIUS_QUANTILE = n_comps, quantile
+        key = "label" if named else None
+        for epsilon in (*EPSILONS, None):
+            for seed in SEEDS if epsilon else (0,):
+                cells = private.copy()
+                start = time.process_time()
+                dpsc.tl.cluster(
+                    cells, k, epsilon=epsilon, reference=shared, reference_key=key, noise_seed=seed
+                )
+                entry = row(name, candidate, epsilon, seed, cells, truth, time.process_time() - start)
+                if named:
+                    entry["names"] = float((cells.obs["dp_kmeans_names"].astype(str) == truth).mean())
+                rows.append(entry)
+        if name in MISSING:
+            kind = MISSING[name]
+            lacking = shared[shared.obs["label"] != kind].copy()
+            for seed in SEEDS:
+                cells = private.copy()
+                dpsc.tl.cluster(
+                    cells, k, epsilon=8.0, reference=lacking, reference_key="label", noise_seed=seed
+                )
+                found = best_f1(truth, cells.obs["dp_kmeans"].to_numpy(), kind)
+                unmatched = float(
+                    (cells.obs["dp_kmeans_names"].astype(str)[truth == kind] == "unmatched").mean()
+                )
+                entry = {**row(name, candidate, 8.0, seed, cells, truth), "missing": kind, "f1": found}
+                rows.append({**entry, "missing_unmatched": unmatched})
+    reference_module.N_COMPS, public_basis.RADIUS_QUANTILE = CANDIDATES[SHIPPED]
+    for entry in rows:
+        out.write(json.dumps(entry) + "\n")
+    out.flush()
+
+
+def ingest(reference, private) -> float:
+    """Accuracy of non-private label transfer as ``sc.tl.ingest`` makes it (15 neighbours, reference PCA).
+
+    ``sc.tl.ingest`` itself fails with this environment's pynndescent, so its steps are written
+    out: normalise and log both, the reference's 2,000 variable genes and 32 components, the query
+    projected on them (centred by the reference's means), the majority label of 15 neighbours.
+    """
+    import scanpy as sc
+    from sklearn.neighbors import KNeighborsClassifier
+
+    genes = reference.var_names.intersection(private.var_names)
+    ref, query = reference[:, genes].copy(), private[:, genes].copy()
+    for cells in (ref, query):
+        sc.pp.normalize_total(cells)
+        sc.pp.log1p(cells)
+    sc.pp.highly_variable_genes(ref, n_top_genes=min(2000, len(genes)), subset=True)
+    query = query[:, ref.var_names].copy()
+    sc.pp.pca(ref, n_comps=32)
+    means = np.asarray(ref.X.mean(0)).ravel()
+    projected = (
+        np.asarray(query.X.toarray() if hasattr(query.X, "toarray") else query.X) - means
+    ) @ ref.varm["PCs"]
+    vote = KNeighborsClassifier(15).fit(ref.obsm["X_pca"], ref.obs["label"].astype(str))
+    return float((vote.predict(projected) == private.obs["label"].astype(str).to_numpy()).mean())
+
+
+def scanpy_ari(private, truth, k: int) -> float:
+    return float(adjusted_rand_score(truth, scanpy_reference(private, k)))
+
+
+def row(name, variant, epsilon, seed, cells, truth, cpu=None) -> dict:
+    entry = {
+        "pair": name,
+        "variant": variant,
+        "epsilon": epsilon,
+        "seed": seed,
+        "ari": float(adjusted_rand_score(truth, cells.obs["dp_kmeans"].to_numpy())),
+    }
+    if cpu is not None:
+        entry["cpu_s"] = round(cpu, 2)
+    return entry
+
+
+def report(path: Path) -> str:
+    rows = pd.DataFrame([json.loads(line) for line in path.read_text().splitlines()])
+    scanpy = rows[rows["variant"] == "scanpy"].set_index("pair")["ari"]
+    plain = rows[rows.get("missing").isna()] if "missing" in rows else rows
+    mean = plain.groupby(["pair", "variant", "epsilon"], dropna=False)["ari"].mean()
+    lines = [
+        "| pair | scanpy | "
+        + " | ".join(f"{v} ε={e:g}" for v in ["no reference", SHIPPED] for e in EPSILONS)
+        + " |"
+    ]
+    lines.append("|---" * (2 + 2 * len(EPSILONS)) + "|")
+    for pair in scanpy.index:
+        cells = [
+            f"{mean.get((pair, v, e), float('nan')):.2f}" for v in ["no reference", SHIPPED] for e in EPSILONS
+        ]
+        lines.append(f"| {pair} | {scanpy[pair]:.2f} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", type=Path, default=Path("../shared/data"))
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/reference_pairs.jsonl"))
+    parser.add_argument("--only", nargs="*", default=None, help="pair names to run")
+    parser.add_argument("--report", type=Path, default=None)
+    args = parser.parse_args()
+    if args.report:
+        print(report(args.report))
+        return
+    warnings.filterwarnings("ignore")
+    with args.out.open("a") as out:
+        for name, reference, private in pairs(args.data):
+            if args.only and name not in args.only:
+                continue
+            start = time.time()
+            run_pair(name, reference, private, out)
+            print(f"{name}: {time.time() - start:.0f} s", flush=True)
+
+
+if __name__ == "__main__":
+    main()

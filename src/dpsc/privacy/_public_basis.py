@@ -1,0 +1,171 @@
+r"""A representation taken from public cells: genes, gene scales and components, with no ε.
+
+A public reference (cells of the same tissue from another donor, study or condition, assumed
+public and disjoint from the private cells) fixes a map of one cell to a point:
+
+.. math::
+
+    y_i = \mathrm{clip}\big((\log(1 + T x_i / \textstyle\sum_g x_{ig}) - \mu) / s,\ -c,\ c\big),
+    \qquad p_i = V^\top y_i / \max(R, \lVert V^\top y_i\rVert_2)
+
+over the reference's highly variable genes :math:`g \in G` (scanpy's ``flavor="seurat"``
+selection on the reference), the total :math:`\sum_g x_{ig}` taken over every gene the reference
+shares with the cells, with :math:`\mu, s` the reference's gene means and standard deviations,
+:math:`c` = :data:`CLIP` (scanpy's ``sc.pp.scale(max_value=10)``) and :math:`V` the reference's top
+principal components of the same :math:`y` (scanpy's centred PCA), :math:`T` the reference's
+median total (scanpy's ``normalize_total``) and :math:`R` the median norm of the reference cells'
+:math:`V^\top y` (:data:`RADIUS_QUANTILE`): the point is the projection in units of R, clipped to
+the unit ball (k-means in the euclidean metric, as scanpy's; ``R = None``: on the unit sphere).
+:math:`\mu, s, V, T, R` are computed from the reference only (:func:`basis_from_reference`), so
+for the private cells :math:`p_i` is a map of that cell and public values: no release, no ε, and
+each :math:`p_i` has norm at most 1, the clipping radius of the DP k-means (:mod:`._kmeans`),
+whose sensitivity argument it meets unchanged.
+
+**Privacy argument.** The reference is an input the data owner declares public (it must not hold
+the private cells); whatever is computed from it alone is public. The private cells are read only
+through the DP k-means tables of their points :math:`p_i` (and, with markers, the marker tables),
+each a Gaussian release of a sum over cells with the plan's σ.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+
+from .. import _blocks
+
+CLIP = 10.0  # scanpy's sc.pp.scale(max_value=10): no gene dominates a cell's point
+MIN_SCALE = 1e-6  # a gene constant in the reference gets this standard deviation (its y is 0)
+#: The points' radius R is this quantile of the norms of the reference cells' :math:`V^\top y`
+#: (``None``: every point scaled to unit norm, k-means on the sphere).
+RADIUS_QUANTILE: float | None = 0.5
+
+
+@dataclass(frozen=True)
+class PublicBasis:
+    r"""The public map of a cell to its point (module docstring): genes, μ, s, V, T and R.
+
+    Attributes
+    ----------
+    genes
+        Indices of the reference's highly variable genes in the *private* matrix (n_genes).
+    means, scales
+        μ and s of :math:`\log(1 + T x / \sum x)` over those genes in the reference.
+    loadings
+        V, genes × components, orthonormal columns.
+    shared
+        Indices (in the same matrix) of every gene the reference shares with it: a cell's total.
+    target_sum
+        T, the reference's median total over the shared genes (scanpy's ``normalize_total``).
+    radius
+        R: each point is :math:`V^\top y / R` clipped to norm 1; ``None``: scaled to norm 1.
+    """
+
+    genes: np.ndarray
+    means: np.ndarray
+    scales: np.ndarray
+    loadings: np.ndarray
+    shared: np.ndarray
+    target_sum: float = 1e4
+    radius: float | None = None
+
+    @property
+    def n_comps(self) -> int:
+        """Number of components (the points' dimension)."""
+        return int(self.loadings.shape[1])
+
+    def scaled(self, block: Any) -> np.ndarray:
+        """Return :math:`y` of each cell of ``block`` (cells × all private genes), dense float64."""
+        return _scaled(_dense(block[:, self.shared]), _dense(block[:, self.genes]), self)
+
+    def points(self, matrix: Any) -> Any:
+        """Return each cell's point :math:`p_i`, of norm at most 1 (lazy for a Dask matrix)."""
+        return _blocks.map_row_blocks(matrix, self._block_points, self.n_comps, np.float64)
+
+    def _block_points(self, block: Any) -> np.ndarray:
+        return to_ball(self.scaled(block) @ self.loadings, self.radius)
+
+    def with_columns(self, genes: np.ndarray, shared: np.ndarray) -> PublicBasis:
+        """Return the same map for a matrix whose columns of these genes are ``genes`` and ``shared``."""
+        return PublicBasis(
+            genes, self.means, self.scales, self.loadings, shared, self.target_sum, self.radius
+        )
+
+
+def to_ball(rows: np.ndarray, radius: float | None) -> np.ndarray:
+    r"""Scale rows by 1/R and clip them to norm 1 (R = ``radius``), or scale them to norm 1 (``None``)."""
+    norms = np.linalg.norm(rows, axis=1, keepdims=True)
+    if radius is None:
+        return np.where(norms > 1e-12, rows / np.maximum(norms, 1e-12), 0.0)
+    return rows / np.maximum(radius, norms)
+
+
+def _dense(X: Any) -> np.ndarray:
+    """Return counts as dense float64, a value that is not finite or is negative read as 0 (per cell)."""
+    X = X.toarray() if sp.issparse(X) else np.asarray(X, dtype=np.float64)
+    return np.where(np.isfinite(X) & (X > 0), X, 0.0).astype(np.float64)
+
+
+def _logged(totals_of: np.ndarray, counts: np.ndarray, target_sum: float) -> np.ndarray:
+    totals = totals_of.sum(1, keepdims=True)
+    return np.log1p(counts * (target_sum / np.where(totals > 0, totals, 1.0)))
+
+
+def _scaled(totals_of: np.ndarray, counts: np.ndarray, basis: PublicBasis) -> np.ndarray:
+    logged = _logged(totals_of, counts, basis.target_sum)
+    return np.clip((logged - basis.means) / basis.scales, -CLIP, CLIP)
+
+
+def basis_from_reference(
+    reference: Any,
+    reference_genes: np.ndarray,
+    private_genes: np.ndarray,
+    n_genes: int,
+    n_comps: int,
+    radius_quantile: float | None = RADIUS_QUANTILE,
+) -> PublicBasis:
+    r"""Compute the basis from public counts alone (scanpy's recipe; no private cell is read).
+
+    Parameters
+    ----------
+    reference
+        The reference's counts, cells × its genes.
+    reference_genes, private_genes
+        The shared genes: column indices in the reference and in the private matrix, same order.
+    n_genes
+        Genes kept: scanpy's ``highly_variable_genes(flavor="seurat")`` on the reference's
+        :math:`\log(1 + T x/\sum x)` over the shared genes (every shared gene when there are
+        fewer), T the median total of the reference's cells.
+    n_comps
+        Components V: the top principal components of the reference's :math:`y`.
+    radius_quantile
+        R is this quantile of the reference cells' :math:`\lVert V^\top y\rVert`
+        (``None``: unit-norm points).
+    """
+    import anndata as ad
+    import scanpy as sc
+
+    counts = _dense(reference[:, reference_genes])
+    target_sum = float(np.median(counts.sum(1)))
+    target_sum = target_sum if target_sum > 0 else 1e4
+    logged = _logged(counts, counts, target_sum)
+    keep = np.arange(logged.shape[1])
+    if n_genes < logged.shape[1]:
+        cells = ad.AnnData(logged)
+        sc.pp.highly_variable_genes(cells, n_top_genes=n_genes, flavor="seurat")
+        keep = np.flatnonzero(cells.var["highly_variable"].to_numpy())
+    logged = logged[:, keep]
+    means, scales = logged.mean(0), np.maximum(logged.std(0), MIN_SCALE)
+    Y = np.clip((logged - means) / scales, -CLIP, CLIP)
+    n_comps = min(n_comps, min(Y.shape) - 1)
+    _, _, Vt = np.linalg.svd(Y - Y.mean(0), full_matrices=False)
+    V = np.ascontiguousarray(Vt[:n_comps].T)
+    V *= np.sign(V[np.abs(V).argmax(0), np.arange(n_comps)])
+    radius = None
+    if radius_quantile is not None:
+        radius = float(np.quantile(np.linalg.norm(Y @ V, axis=1), radius_quantile)) or 1.0
+    private_genes = np.asarray(private_genes, dtype=np.int64)
+    return PublicBasis(private_genes[keep], means, scales, V, private_genes, target_sum, radius)
