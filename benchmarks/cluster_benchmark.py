@@ -82,7 +82,7 @@ def per_file_main(doc: str, out: str, report, run) -> None:
 
 
 def write_per_file(args: argparse.Namespace, run) -> None:
-    """Write ``run(data, name, epsilons, runs, commit)``'s rows as JSON lines, file by file (gzip: ``.gz``)."""
+    """Write ``run(data, name, epsilons, runs, commit)``'s rows as JSON lines, per file (``.gz``: gzip)."""
     import gzip
     import json
     import subprocess

@@ -8,7 +8,8 @@
 
 Usage (from the repo root)::
 
-    python benchmarks/regression_benchmark.py --data ../shared/data --out benchmarks/results/regression.json.gz
+    python benchmarks/regression_benchmark.py --data ../shared/data \
+        --out benchmarks/results/regression.json.gz
     python benchmarks/regression_benchmark.py --report benchmarks/results/regression.json.gz \
         > benchmarks/results/regression.md
 """

@@ -60,14 +60,20 @@ def test_clusters_are_named_after_the_reference_types(pair):
     assert all(0 < entry["share"] <= 1 for entry in table.values())
 
 
-def test_a_type_the_reference_lacks_is_not_named_after_another(pair):
+def test_a_centroid_where_the_reference_has_no_cells_is_unmatched(pair):
+    """The naming rule on constructed centroids: at a type's cells, and far from every reference cell."""
+    from dpsc.tl._reference import name_clusters, read_reference
+
     reference, private = pair
-    kind = "type_4"  # distinct in these genes (type_1, without its reference cells, looks like type_4)
-    lacking = reference[reference.obs["cell_type"] != kind].copy()
-    dpsc.tl.cluster(private, 8, epsilon=None, reference=lacking, reference_key="cell_type")
-    names = private.obs["dp_kmeans_names"].astype(str)
-    assert kind not in set(names)
-    assert (names[private.obs["cell_type"] == kind] == UNMATCHED).mean() > 0.5
+    public = read_reference(reference, private, "cell_type", "test")
+    basis = public.basis()
+    points = np.asarray(public.own_basis(basis).points(public.counts))
+    labels = public.labels.to_numpy()
+    inside = np.stack([np.median(points[labels == kind], axis=0) for kind in ("type_1", "type_3")])
+    far = -points.mean(0, keepdims=True) * 3  # beyond the reference's cells, opposite their mean
+    names = name_clusters(np.vstack([inside, far]), public, basis)
+    assert names["name"].tolist() == ["type_1", "type_3", UNMATCHED]
+    assert names["nearest_type"].iloc[2] != UNMATCHED  # the nearest type is still reported
 
 
 def test_a_reference_path_and_a_lazy_cohort_give_the_same_clusters(pair, tmp_path):
@@ -153,3 +159,12 @@ def test_the_command_line_takes_a_reference_and_prints_the_names(pair, tmp_path,
     assert back.uns["dpsc"]["dp_kmeans"]["privacy"]["reference"]["n_obs"] == reference.n_obs
     assert main(["cluster", str(paths["private"]), "--reference-key", "cell_type"]) == 2
     assert "--reference-key names a column of the reference; pass --reference FILE" in capsys.readouterr().err
+
+
+def test_markers_on_a_reference_spend_inside_the_same_epsilon(pair):
+    reference, private = pair
+    dpsc.tl.cluster(private, 5, reference=reference, markers=True, noise_seed=2)
+    record = private.uns["dpsc"]["dp_kmeans"]["privacy"]
+    assert [m.split(":")[0] for m in record["mechanisms"]][:2] == ["kmeans", "marker_center"]
+    assert dpsc.privacy.spent(private)[0] == pytest.approx(8.0, rel=1e-3)
+    assert set(private.uns["dp_kmeans_markers"]["names"].dtype.names) == {str(i) for i in range(5)}

@@ -252,10 +252,10 @@ def cluster(
         mechanism), and write them in scanpy's format to ``uns[f"{key_added}_markers"]``.
     reference
         A public reference of the same tissue (another donor, study or condition): an AnnData of
-        raw counts, or an ``.h5ad`` path. Its genes (the 2,000 of largest variance among those
-        shared with ``adata``), gene means and scales and 16 principal components are computed from
-        it alone (scanpy's recipe; :mod:`dpsc.privacy._public_basis`), so they cost no ε, and the
-        whole ε goes to the DP k-means of the cells' points in that basis (and to the markers).
+        raw counts, or an ``.h5ad`` path. Its genes (scanpy's 2,000 highly variable genes among
+        those shared with ``adata``), gene means and scales and 16 principal components are computed
+        from it alone (scanpy's recipe; :mod:`dpsc.privacy._public_basis`), so they cost no ε, and
+        the whole ε goes to the DP k-means of the cells' points in that basis (and to the markers).
         It must not contain the cells of ``adata``; its name, sha256 fingerprint and size go into
         the record.
     reference_key
