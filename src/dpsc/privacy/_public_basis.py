@@ -82,7 +82,7 @@ class PublicBasis:
 
     def scaled(self, block: Any) -> np.ndarray:
         """Return :math:`y` of each cell of ``block`` (cells × all private genes), dense float64."""
-        return _scaled(_dense(block[:, self.shared]), _dense(block[:, self.genes]), self)
+        return _scaled(_row_totals(block[:, self.shared]), _dense(block[:, self.genes]), self)
 
     def points(self, matrix: Any) -> Any:
         """Return each cell's point :math:`p_i`, of norm at most 1 (lazy for a Dask matrix)."""
@@ -112,13 +112,21 @@ def _dense(X: Any) -> np.ndarray:
     return np.where(np.isfinite(X) & (X > 0), X, 0.0).astype(np.float64)
 
 
-def _logged(totals_of: np.ndarray, counts: np.ndarray, target_sum: float) -> np.ndarray:
-    totals = totals_of.sum(1, keepdims=True)
+def _row_totals(X: Any) -> np.ndarray:
+    """Return each cell's total count (cells × 1) as :func:`_dense` reads its values, without densifying."""
+    if not sp.issparse(X):
+        return _dense(X).sum(1, keepdims=True)
+    X = sp.csr_matrix(X, dtype=np.float64, copy=True)
+    X.data = np.where(np.isfinite(X.data) & (X.data > 0), X.data, 0.0)
+    return np.asarray(X.sum(1)).reshape(-1, 1)
+
+
+def _logged(totals: np.ndarray, counts: np.ndarray, target_sum: float) -> np.ndarray:
     return np.log1p(counts * (target_sum / np.where(totals > 0, totals, 1.0)))
 
 
-def _scaled(totals_of: np.ndarray, counts: np.ndarray, basis: PublicBasis) -> np.ndarray:
-    logged = _logged(totals_of, counts, basis.target_sum)
+def _scaled(totals: np.ndarray, counts: np.ndarray, basis: PublicBasis) -> np.ndarray:
+    logged = _logged(totals, counts, basis.target_sum)
     return np.clip((logged - basis.means) / basis.scales, -CLIP, CLIP)
 
 
@@ -154,7 +162,7 @@ def basis_from_reference(
     counts = _dense(reference[:, reference_genes])
     target_sum = float(np.median(counts.sum(1)))
     target_sum = target_sum if target_sum > 0 else 1e4
-    logged = _logged(counts, counts, target_sum)
+    logged = _logged(counts.sum(1, keepdims=True), counts, target_sum)
     keep = np.arange(logged.shape[1])
     if n_genes < logged.shape[1]:
         cells = ad.AnnData(logged)
