@@ -32,6 +32,7 @@ ARGUMENTS = (
     "max_epochs",
     "noise_seed",
     "reference_key",
+    "reference_model",
     "reference",
 )
 
@@ -112,6 +113,20 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
         "--label-key",
         default=None,
         help="obs column with known labels, for ARI/NMI (default: cell_type or label if present).",
+    )
+    fit.add_argument(
+        "--reference",
+        default=None,
+        help="A public reference of the same tissue (.h5ad of raw counts, not containing these cells): the "
+        "model is pretrained on it (no ε) and only its encoder is trained on these cells.",
+    )
+    fit.add_argument(
+        "--reference-key", default=None, help="obs column of the reference's cell types: names the clusters."
+    )
+    fit.add_argument(
+        "--reference-model",
+        default=None,
+        help="Directory for the model pretrained on --reference: reused from there, else saved there.",
     )
     fit.add_argument("--output", "-o", default=None, help="Write the annotated AnnData here (.h5ad).")
     fit.add_argument(
@@ -291,6 +306,11 @@ def _fit(args: argparse.Namespace) -> int:
 
     key = _label_key(adata, args.label_key)  # checked before any work
     _check_budgeted_input(adata, args.input, args.output)
+    if args.export and args.reference:  # refused before any work: it would fail after the fit spent ε
+        raise ValueError(
+            "--export writes an encoder that reads genes; a fit with --reference reads each cell's point "
+            "in the reference's basis. Leave out --export, and share the reference and --reference-model."
+        )
     if args.filter_genes:
         adata = _drop_empty_genes(adata, args.layer)
     epsilon = None if args.non_private else args.epsilon
@@ -313,6 +333,9 @@ def _fit(args: argparse.Namespace) -> int:
             optimizer=args.optimizer,
             random_state=args.seed,
             noise_seed=args.noise_seed,
+            reference=args.reference,
+            reference_key=args.reference_key,
+            reference_model=args.reference_model,
             progress_bar=not args.no_progress,
             return_model=True,
         )
@@ -342,6 +365,9 @@ def _fit(args: argparse.Namespace) -> int:
             "model": "the trained model (it scored clearly better than the clustering it started from)",
         }[partition]
         print(_wrap(f"Labels from {source}; the embedding is the model's."))
+    if args.reference_key:
+        named = result["cluster_names"]
+        print("Names from the reference: " + ", ".join(f"{c}: {v['name']}" for c, v in named.items()))
     _score(adata, key, "dp_cluster")
     if args.output:
         adata.write_h5ad(args.output)

@@ -47,6 +47,7 @@ from ..privacy._clustering import (
     kmeans_plan,
     kmeans_steps,
 )
+from ..privacy._public_basis import PublicBasis
 
 DECODER_WORDS = {
     "zinb": "decoder (hidden layers and ZINB heads)",
@@ -55,6 +56,7 @@ DECODER_WORDS = {
 LOADINGS = "input loadings (DP-PCA of the cells)"
 GENES = "gene selection (DP gene statistics)"
 START = "private clustering the fit starts from (its genes, loadings and centroids)"
+START_ON_REFERENCE = "private clustering the fit starts from (its centroids in the reference's basis)"
 CHOICE = "choice between its partition and the model's"
 
 #: Weight of the input-loadings release in the ε split of a model with ``input_pcs`` (the
@@ -78,6 +80,11 @@ HEURISTIC_REASON = (
 FIXED_DECODER = (
     "the decoder is fixed at its initialisation (drawn from random_state, before any cell is read) "
     "and never trains, so it is a public function"
+)
+#: What the record says of the decoder of a fit pretrained on a public reference.
+PRETRAINED_DECODER = (
+    "the decoder is pretrained on the public reference without noise, is fixed while the private "
+    "cells are read and never trains on them, so it is a public function"
 )
 
 #: Training-plan options of :meth:`DPDCAN.train` (``plan_kwargs`` overrides them), as scvi's
@@ -280,6 +287,9 @@ class FitPlan:
     releases: ReleasePlan
     likelihood: str = "zinb"
     start: ClusterPlan | None = None
+    #: The public reference's summary (:meth:`dpsc.tl._reference.PublicReference.summary`) when the
+    #: fit reads each cell's point in its basis and starts from a model pretrained on it.
+    reference: dict | None = None
 
     def sigma(self, name: str) -> float | None:
         """σ of release ``name`` (0 without ε), ``None`` when the fit does not make it."""
@@ -325,13 +335,18 @@ def plan_fit(
     likelihood: str = "zinb",
     select_genes: bool = False,
     start_n_vars: int | None = None,
+    start_basis: PublicBasis | None = None,
+    reference: dict | None = None,
 ) -> FitPlan:
     """Check every option of a fit, count its steps and calibrate σ (and σ_V, σ_G) once. Reads no cell.
 
     ``select_genes``: the fit starts with the DP gene selection (:data:`MODEL_GENES`), which takes
     :data:`GENE_SELECTION_SHARE` of ε. ``start_n_vars``: the fit starts from the private
     clustering of a matrix with that many genes (:func:`start_parts`; ``select_genes`` and the
-    loadings release are then the clustering's).
+    loadings release are then the clustering's). ``start_basis``: that clustering reads each cell's
+    point in a public reference's basis (:mod:`dpsc.privacy._public_basis`): it releases only its
+    k-means, with :data:`START_SHARE` of ε (:func:`start_parts_on_basis`); ``reference`` is that
+    reference's summary, for the record.
     """
     instance_epochs, cluster_epochs = settings.epochs()
     batch_size = check_fit_args(
@@ -361,8 +376,11 @@ def plan_fit(
     noise = NoiseSource(settings.noise_seed)
     start = None
     if start_n_vars is not None:  # the clustering releases the genes and the loadings
-        start, releases = start_parts(
-            settings, delta, n_obs, start_n_vars, n_clusters, (sample_rate, counts["total"])
+        training = (sample_rate, counts["total"])
+        start, releases = (
+            start_parts(settings, delta, n_obs, start_n_vars, n_clusters, training)
+            if start_basis is None
+            else start_parts_on_basis(settings, delta, start_n_vars, n_clusters, training, start_basis)
         )
     else:
         parts = own_releases(
@@ -394,6 +412,7 @@ def plan_fit(
         releases=releases,
         likelihood=likelihood,
         start=start,
+        reference=reference,
     )
 
 
@@ -465,6 +484,43 @@ def start_parts(
         sigmas=split.sigmas,
         random_state=settings.random_state,
         accountant=settings.accountant,
+    )
+    return plan, split
+
+
+def start_parts_on_basis(
+    settings: TrainSettings,
+    delta: float,
+    n_vars: int,
+    n_clusters: int,
+    training: tuple[float, int],
+    basis: PublicBasis,
+) -> tuple[ClusterPlan, ReleasePlan]:
+    r"""Return the clustering on a public basis a fit starts from and the fit's whole calibrated plan.
+
+    As :func:`start_parts`, but the genes and loadings are the reference's (no ε): the clustering
+    releases only its k-means tables, with :data:`START_SHARE` of ε; the training's sampled steps
+    (``training`` = (q, T)) take :data:`TRAINING_SHARE` and the choice the rest. One calibration.
+    Reads no cell.
+    """
+    steps = kmeans_steps(kmeans_plan())
+    split = ReleasePlan.of(
+        PlannedRelease("kmeans", share=START_SHARE, steps=steps),
+        PlannedRelease("training", share=TRAINING_SHARE, sample_rate=training[0], steps=training[1]),
+        PlannedRelease("selection", share=1 - START_SHARE - TRAINING_SHARE),
+        accountant=settings.accountant,
+    ).calibrate(settings.epsilon, delta)
+    plan = ClusterPlan.of(
+        settings.epsilon,
+        delta,
+        n_vars=n_vars,
+        n_clusters=n_clusters,
+        n_genes=len(basis.genes),
+        n_comps=basis.n_comps,
+        sigmas=split.sigmas,
+        random_state=settings.random_state,
+        accountant=settings.accountant,
+        public_basis=True,
     )
     return plan, split
 
@@ -555,7 +611,7 @@ def _record_words(plan: FitPlan) -> dict:
         not_covered = (
             f"the {decoder}, trained without noise and never exported by export_shared; " + not_covered
         )
-    fixed = f"; {FIXED_DECODER}" if plan.scope == "encoder" else ""
+    fixed = f"; {PRETRAINED_DECODER if plan.reference else FIXED_DECODER}" if plan.scope == "encoder" else ""
     trained = "the encoder and the centroids" + (" and the decoder" if plan.scope == "full" else "")
     mechanism = (
         f"DP-SGD (ghost-clipped per-cell gradients, Gaussian noise, Poisson sampling) on {trained}, plus "
@@ -574,11 +630,16 @@ def _record_words(plan: FitPlan) -> dict:
         details["loadings_noise_multiplier"] = sigma_v
     if plan.start is not None:
         start, sigma_s = plan.start, plan.releases.sigma("selection")
-        private[:0] = [START]
+        start_words = START if plan.reference is None else START_ON_REFERENCE
+        private[:0] = [start_words]
         private.append(CHOICE)
+        sums = (
+            "gene statistics when it selects genes, cell sum, second moments, k-means tables"
+            if plan.reference is None
+            else "k-means tables of each cell's point in the public reference's basis"
+        )
         mechanism = (
-            f"the private clustering's {start.n_releases} discrete Gaussian releases (gene statistics "
-            "when it selects genes, cell sum, second moments, k-means tables), then "
+            f"the private clustering's {start.n_releases} discrete Gaussian releases ({sums}), then "
             + mechanism
             + ", then one discrete Gaussian release of both partitions' tables (the choice)"
         )
@@ -586,7 +647,15 @@ def _record_words(plan: FitPlan) -> dict:
         mechanisms.append(f"partition tables: sigma={sigma_s:.4g}, sensitivity 2, q=1 (the choice)")
         details["start_noise_multipliers"] = {k: v for k, v in start.sigmas.items() if v}
         details["selection_noise_multiplier"] = sigma_s
-        covered = covered.replace("the released ", f"the released {START}, the {CHOICE}, ", 1)
+        covered = covered.replace("the released ", f"the released {start_words}, the {CHOICE}, ", 1)
+    if plan.reference is not None:
+        reference = plan.reference
+        details["reference"] = reference
+        not_covered = (
+            f"the public reference {reference['name']!r} (sha256 {reference['fingerprint'][:16]}…, "
+            f"{reference['n_obs']} cells), and the model pretrained on it: they are assumed public, "
+            "the reference must not contain these cells, and no epsilon is spent on them; " + not_covered
+        )
     if "genes" in plan.releases and plan.start is None:
         sigma_g = plan.releases.sigma("genes")
         private.insert(0, GENES)

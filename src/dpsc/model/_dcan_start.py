@@ -25,6 +25,7 @@ import torch
 
 from ..privacy import _hvg, _selection
 from ..privacy._clustering import MEAN_WEIGHT, ClusterResult, cell_points, central_release_sum, run_clustering
+from ..privacy._public_basis import PublicBasis
 from ._dcan_privacy import MODEL_GENES, FitPlan
 
 if TYPE_CHECKING:
@@ -32,17 +33,18 @@ if TYPE_CHECKING:
 
 
 def release_before_training(
-    matrix: Any, likelihood: str, plan: FitPlan
+    matrix: Any, likelihood: str, plan: FitPlan, basis: PublicBasis | None = None
 ) -> tuple[ClusterResult | None, np.ndarray | None]:
     """Make the releases before training: the clustering the fit starts from, or the gene selection.
 
     Returns the clustering (``None`` for a fit that does not start from it) and the mask of the
-    genes the model reads (``None``: all of them).
+    genes the model reads (``None``: all of them). ``basis``: the public reference's, for a plan
+    whose clustering reads each cell's point in it.
     """
     n_vars = matrix.shape[1]
     if plan.start is not None:
-        start = release_start(matrix, plan)
-        if not plan.start.select_genes:
+        start = release_start(matrix, plan, basis)
+        if not plan.start.select_genes and basis is None:
             return start, None
         genes = np.zeros(n_vars, dtype=bool)
         genes[start.genes] = True
@@ -52,13 +54,15 @@ def release_before_training(
     return None, None
 
 
-def release_start(matrix: Any, plan: FitPlan) -> ClusterResult:
+def release_start(matrix: Any, plan: FitPlan, basis: PublicBasis | None = None) -> ClusterResult:
     """Run the clustering the fit starts from (its releases, with the fit's noise) and account it.
 
     The releases of :func:`dpsc.tl.cluster` at the σ of the fit's split
-    (:func:`~dpsc.model._dcan_privacy.start_parts`), each told to the fit's accountant.
+    (:func:`~dpsc.model._dcan_privacy.start_parts`; with a public ``basis`` only its k-means,
+    :func:`~dpsc.model._dcan_privacy.start_parts_on_basis`), each told to the fit's accountant.
     """
-    start = run_clustering(plan.start, central_release_sum(matrix, plan.noise, prefix="tl.fit.start"))
+    release_sum = central_release_sum(matrix, plan.noise, prefix="tl.fit.start")
+    start = run_clustering(plan.start, release_sum, basis)
     for sigma, _, steps in plan.start.history():
         plan.step_full_release(sigma, steps)
     return start
@@ -79,7 +83,13 @@ def select_genes(matrix: Any, likelihood: str, plan: FitPlan) -> np.ndarray:
 
 
 def start_model_from(model: DPDCAN, start: ClusterResult) -> None:
-    """Make the encoder read the clustering's k-means points and start the centroids from its partition."""
+    """Make the encoder read the clustering's k-means points and start the centroids from its partition.
+
+    A model on a public reference's points (``start.basis``) already reads them.
+    """
+    if start.basis is not None:
+        model.start_from_partition(start.centroids)
+        return
     weights = np.ones(start.loadings.shape[1])
     weights[0] = MEAN_WEIGHT  # the model reads the clustering's k-means points
     model.module.set_input_loadings(torch.as_tensor(start.loadings * weights))
@@ -91,7 +101,7 @@ def choose_partition(matrix: Any, start: ClusterResult, model: DPDCAN, plan: Fit
 
     :mod:`dpsc.privacy._selection` states the release (sensitivity 2) and the score.
     """
-    points = cell_points(matrix, start.genes, start.loadings)
+    points = cell_points(matrix, start.genes, start.loadings, start.basis)
     labels = (start.labels(matrix), model.latent_and_labels()[1])
     k, d = model.n_clusters, points.shape[1]
     exact = _selection.partition_tables(points, labels, k)

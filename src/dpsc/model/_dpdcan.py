@@ -575,14 +575,20 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
     def start_from_partition(self, centroids: np.ndarray) -> None:
         """Start the centroids from the partition of the input points by ``centroids`` (public).
 
-        Each cell's start cluster is the nearest of ``centroids`` (clusters × ``input_pcs``) to its
-        input point (:meth:`~dpsc.module.DCANModule.represent`): ``dpsc.tl.fit`` passes the
+        Each cell's start cluster is the nearest of ``centroids`` (clusters × the encoder's input
+        width: ``input_pcs``, or the genes of a model that reads a public reference's points) to
+        its input point (:meth:`~dpsc.module.DCANModule.represent`): ``dpsc.tl.fit`` passes the
         private clustering's released centroids, so training refines that clustering.
         """
-        if self.module.input_pcs is None or np.shape(centroids) != (self.n_clusters, self.module.input_pcs):
+        module = self.module
+        width = module.n_input if module.input_pcs is None else module.input_pcs
+        if (module.input_pcs is None and module.likelihood != "gaussian") or np.shape(centroids) != (
+            self.n_clusters,
+            width,
+        ):
             raise ValueError(
-                f"start_from_partition needs centroids of shape ({self.n_clusters}, input_pcs) for a "
-                f"model that reads input_pcs components; got {np.shape(centroids)}."
+                f"start_from_partition needs centroids of shape ({self.n_clusters}, {width}) in the "
+                f"points the encoder reads (input_pcs, or likelihood='gaussian'); got {np.shape(centroids)}."
             )
         self._start_centroids = np.asarray(centroids, dtype=np.float64)
 
@@ -767,6 +773,12 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
         """
         if not self.is_trained_:
             raise RuntimeError("Train the model before exporting it.")
+        if getattr(self, "reads_reference_points_", False):
+            raise NotImplementedError(
+                "This model reads each cell's point in a public reference's basis, not its genes, so "
+                "the shared encoder could not embed new cells alone. Share the reference and the "
+                "directory of tl.fit(reference_model=...) instead; each site fits its own cells."
+            )
         if not self.privacy_ or np.isnan(self.privacy_.get("epsilon", float("nan"))):
             logger.warning("Exporting a NON-PRIVATE model: its weights carry no DP guarantee.")
         out = Path(dir_path)
@@ -808,9 +820,13 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
 
 @torch.no_grad()
 def start_labels(module: DCANModule, x: torch.Tensor, centroids: np.ndarray) -> np.ndarray:
-    """Each cell's nearest of the start ``centroids`` to its input point (a map of the cell alone)."""
+    """Each cell's nearest of the start ``centroids`` to its input point (a map of the cell alone).
+
+    Euclidean, as the clustering labels its cells: its points are unit-norm (cosine) or, on a
+    public reference's basis, inside the unit ball.
+    """
     points = module.represent(clean_input(x.to(next(module.parameters()).device), module.likelihood))
-    return nearest_centroid(points.cpu().double().numpy(), centroids)
+    return nearest_centroid(points.cpu().double().numpy(), centroids, "euclidean")
 
 
 def _json_safe(value):

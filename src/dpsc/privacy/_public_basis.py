@@ -130,6 +130,29 @@ def _scaled(totals: np.ndarray, counts: np.ndarray, basis: PublicBasis) -> np.nd
     return np.clip((logged - basis.means) / basis.scales, -CLIP, CLIP)
 
 
+def top_components(centred: np.ndarray, n_comps: int) -> np.ndarray:
+    r"""Return the top ``n_comps`` right singular vectors of ``centred`` (genes × components).
+
+    The eigenvectors of the smaller of the two Gram matrices (:math:`A A^\top` when there are
+    fewer cells than genes, mapped back by :math:`A^\top u / \lVert A^\top u \rVert`; else
+    :math:`A^\top A`), only the top ones computed: the principal components of a full SVD at a
+    fraction of its cost. Each column's largest entry is made positive (a deterministic sign).
+    """
+    import scipy.linalg
+
+    n, g = centred.shape
+    gram = centred @ centred.T if n < g else centred.T @ centred
+    size = gram.shape[0]
+    _, vectors = scipy.linalg.eigh(gram, subset_by_index=[size - n_comps, size - 1])
+    vectors = vectors[:, ::-1]  # largest first
+    if n < g:
+        vectors = centred.T @ vectors
+        vectors /= np.maximum(np.linalg.norm(vectors, axis=0, keepdims=True), 1e-300)
+    V = np.ascontiguousarray(vectors)
+    V *= np.sign(V[np.abs(V).argmax(0), np.arange(n_comps)])
+    return V
+
+
 def basis_from_reference(
     reference: Any,
     reference_genes: np.ndarray,
@@ -172,9 +195,7 @@ def basis_from_reference(
     means, scales = logged.mean(0), np.maximum(logged.std(0), MIN_SCALE)
     Y = np.clip((logged - means) / scales, -CLIP, CLIP)
     n_comps = min(n_comps, min(Y.shape) - 1)
-    _, _, Vt = np.linalg.svd(Y - Y.mean(0), full_matrices=False)
-    V = np.ascontiguousarray(Vt[:n_comps].T)
-    V *= np.sign(V[np.abs(V).argmax(0), np.arange(n_comps)])
+    V = top_components(Y - Y.mean(0), n_comps)
     radius = None
     if radius_quantile is not None:
         radius = float(np.quantile(np.linalg.norm(Y @ V, axis=1), radius_quantile)) or 1.0

@@ -12,7 +12,6 @@ from typing import Any
 
 import anndata as ad
 import numpy as np
-import pandas as pd
 
 from dpsc._docs import doc_params
 
@@ -38,7 +37,7 @@ from ..privacy._clustering import (
 from ..privacy._public_basis import PublicBasis
 from ..privacy._record import with_storage_note
 from ._kmeans import warn_if_few_clusters
-from ._reference import PublicReference, name_clusters, read_reference
+from ._reference import name_clusters, reference_basis, write_names
 
 MARKER_SUMS = [
     "the cells' mean expression",
@@ -182,11 +181,7 @@ def store_clustering(
     if result.marker_table is not None:
         extra["markers"] = write_cluster_markers(target, result, plan, key_added)
     if "cluster_names" in extra:  # post-processing of the centroids and the public reference
-        names = extra.pop("cluster_names")
-        target.obs[f"{key_added}_names"] = pd.Categorical(
-            names["name"].reindex(target.obs[key_added].astype(str)).to_numpy()
-        )
-        extra["cluster_names"] = names.to_dict(orient="index")
+        extra["cluster_names"] = write_names(target, key_added, extra["cluster_names"])
     return store_result(
         adata,
         target,
@@ -305,7 +300,7 @@ def cluster(
         or not 2 <= n_clusters <= adata.n_obs
     ):
         raise ValueError(f"n_clusters must be an integer in [2, n_obs={adata.n_obs}], got {n_clusters!r}.")
-    public, basis = _public_basis(reference, reference_key, adata)
+    public, basis = reference_basis(reference, reference_key, adata, "dpsc.tl.cluster")
     plan = plan_for_cells(adata, int(n_clusters), epsilon, delta, random_state, bool(markers), basis)
     noise = NoiseSource(noise_seed)
     summary = None if public is None else public.summary(basis)
@@ -325,15 +320,3 @@ def cluster(
         return store_clustering(
             adata, matrix, result, key_added, record, params, copy=copy, booking=booking, plan=plan, **extra
         )
-
-
-def _public_basis(
-    reference: ad.AnnData | str | None, reference_key: str | None, adata: ad.AnnData
-) -> tuple[PublicReference | None, PublicBasis | None]:
-    """Read and check the public reference and compute its basis (reads the reference only)."""
-    if reference is None:
-        if reference_key is not None:
-            raise ValueError("reference_key names a column of the reference; pass reference=... as well.")
-        return None, None
-    public = read_reference(reference, adata, reference_key, "dpsc.tl.cluster")
-    return public, public.basis()

@@ -10,6 +10,7 @@ the two partitions by one more release.
 
 from __future__ import annotations
 
+import os
 import warnings
 from typing import Any, Literal
 
@@ -44,6 +45,14 @@ from ..model import (
 from ..module import DEFAULT_LATENT_SCALE
 from ..privacy import _selection, spending
 from ..privacy._kmeans import clusters_above_noise
+from ._fit_reference import (
+    REFERENCE_FINE_TUNING_EPOCHS,
+    REFERENCE_FINE_TUNING_RATE,
+    REFERENCE_MODEL,
+    ReferenceFit,
+    reference_for_fit,
+    reference_outputs,
+)
 from ._small_data import small_data_message
 
 DEFAULT_N_CLUSTERS = 8
@@ -80,6 +89,9 @@ def fit(
     optimizer: Literal["sgd", "adam", "dpsignsgd", "dpsignadam"] = "sgd",
     random_state: int = 0,
     noise_seed: int | None = None,
+    reference: ad.AnnData | str | None = None,
+    reference_key: str | None = None,
+    reference_model: str | os.PathLike | None = None,
     key_added: str = "X_dpdcan",
     cluster_key: str = "dp_cluster",
     copy: bool = False,
@@ -136,6 +148,22 @@ def fit(
         samples: those are secret unless ``noise_seed`` is given.
     noise_seed
         {doc_noise_seed}
+    reference
+        A public reference of the same tissue (an AnnData of raw counts or an ``.h5ad`` path:
+        another donor, study or condition, which must not contain these cells). The model is
+        pretrained on it without noise (no ε) and only its encoder and centroids are then trained
+        on these cells with DP-SGD, the decoder kept at its public values; the fit starts from
+        ``dpsc.tl.cluster(reference=...)``'s clustering of them (see Notes). Needs the default
+        model (``scope="encoder"``, ``input_pcs="auto"``, ``likelihood="zinb"``).
+    reference_key
+        A column of ``reference.obs`` with cell types: each cluster is named after the reference
+        cells around its centroid (``obs[f"{cluster_key}_names"]``; ``"unmatched"`` where the
+        reference has no cells), as :func:`dpsc.tl.cluster` does.
+    reference_model
+        A directory for the model pretrained on ``reference``: reused from there when it holds
+        one for this reference, these genes and this architecture, else pretrained and saved
+        there (public: share it with every site that uses the same reference). ``None``:
+        pretrained in memory.
     key_added, cluster_key
         Where the embedding (``obsm``) and the clusters (``obs``) go; the privacy record and the
         parameters go to ``uns["dpsc"][key_added]``.
@@ -163,7 +191,9 @@ def fit(
     the released cluster frequencies, the released label counts and the clusters in use (counts
     above twice their noise) in ``uns["dpsc"][key_added]``, ``var["dpdcan_gene"]`` (the genes the
     model reads; the name is ``key_added`` without ``X_``, then ``_gene``) when genes were
-    selected, and one entry of
+    selected, with a ``reference`` its summary in ``uns["dpsc"][key_added]["reference"]`` and, with
+    ``reference_key``, ``obs[f"{cluster_key}_names"]`` and ``uns["dpsc"][key_added]["cluster_names"]``,
+    and one entry of
     the AnnData's privacy ledger (:func:`dpsc.privacy.spent`). With a budget set
     (:func:`dpsc.privacy.set_budget`), a fit that would exceed it is refused before any work.
 
@@ -180,6 +210,19 @@ def fit(
     (:mod:`dpsc.privacy._selection`): ``obs[cluster_key]`` holds the model's partition only when
     its score leads by twice its noise, the clustering's otherwise; ``obsm[key_added]`` is always
     the model's embedding.
+
+    With a ``reference``: the genes, their scales and 16 components come from the reference
+    (:mod:`dpsc.privacy._public_basis`, as in ``dpsc.tl.cluster(reference=...)``), and the model
+    reads each cell's point in that basis (a map of the cell and public values). The network
+    (:data:`dpsc.model._dcan_reference.REFERENCE_MODEL`) is pretrained on the reference's points
+    without noise, both stages and every parameter: public, no ε. On these cells
+    :data:`~dpsc.model._dcan_privacy.START_SHARE` of ε goes to the DP k-means of their points (the
+    only release of that clustering), the training share to DP-SGD on the encoder and the
+    centroids alone (the decoder keeps its pretrained, public values; 0 + 4 epochs at q = 0.25
+    unless given, :data:`~dpsc.tl._fit_reference.REFERENCE_FINE_TUNING_EPOCHS`) and the rest to the
+    choice of partition, as without one. The guarantee is proven; the record names the reference
+    (its sha256 fingerprint, size and genes) and states that it is assumed public and must not
+    contain these cells.
 
     What the ε covers: with the default ``scope="encoder"`` and with ``scope="full"``, (ε, δ)-DP
     (proven) for the released clustering (or input loadings), the choice, the encoder and the
@@ -203,10 +246,13 @@ def fit(
     matrix = get_matrix(adata, layer)
     check_choice("likelihood", likelihood, LIKELIHOODS)
     model_kwargs = _model_kwargs(scope, input_pcs, adata.n_vars)
+    public = reference_for_fit(reference, reference_key, reference_model, adata, scope, input_pcs, likelihood)
     run = {k: train_kwargs.pop(k) for k in RUN_OPTIONS if k in train_kwargs}
+    if public is not None and batch_size is None:  # a rule of n alone (reads no cell)
+        batch_size = max(1, round(REFERENCE_FINE_TUNING_RATE * adata.n_obs))
     settings = _settings(
         train_kwargs,
-        pc_model_default=scope != "paper" and input_pcs == "auto",
+        epoch_defaults=_epoch_defaults(scope, input_pcs, public is not None),
         epsilon=epsilon,
         delta=delta,
         scope=scope,
@@ -217,7 +263,7 @@ def fit(
         random_state=random_state,
         noise_seed=noise_seed,
     )
-    plan = _plan_for(adata, settings, n_clusters, model_kwargs, scope, input_pcs, likelihood)
+    plan = _plan_for(adata, settings, n_clusters, model_kwargs, scope, input_pcs, likelihood, public)
     _check_input_for(plan, adata, matrix, layer, likelihood, model_kwargs)
     check_cells(adata, matrix, "dpsc.tl.fit")
 
@@ -235,10 +281,12 @@ def fit(
             random_state,
             progress_bar,
             run,
+            public,
         )
         label_counts, in_use = _write_embedding_and_labels(
             target, model, selection, genes, key_added, cluster_key, epsilon
         )
+        extra = {} if public is None else reference_outputs(target, public, model, selection, cluster_key)
         params = _fit_params(
             plan,
             model,
@@ -266,6 +314,7 @@ def fit(
             cluster_frequencies=model.released_frequencies(),
             label_counts=label_counts,
             clusters_in_use=in_use,
+            **extra,
         )
 
 
@@ -304,11 +353,24 @@ def _plan_for(
     scope: str,
     input_pcs: int | str | None,
     likelihood: str,
+    public: ReferenceFit | None = None,
 ) -> FitPlan:
     """Plan and calibrate the fit's releases for these cells' shape (reads no cell).
 
     The model's input then reads as many components as the plan's start releases.
     """
+    if public is not None:
+        return plan_fit(
+            settings,
+            adata.n_obs,
+            n_clusters=n_clusters,
+            input_pcs=None,
+            latent_scale=DEFAULT_LATENT_SCALE,
+            likelihood=REFERENCE_MODEL["likelihood"],
+            start_n_vars=adata.n_vars,
+            start_basis=public.basis,
+            reference=public.summary,
+        )
     plan = plan_fit(
         settings,
         adata.n_obs,
@@ -336,17 +398,24 @@ def _train(
     random_state: int,
     progress_bar: bool,
     run: dict[str, Any],
+    public: ReferenceFit | None = None,
 ) -> tuple[DPDCAN, _selection.Selection | None, np.ndarray | None]:
     """Make the releases before training, build the model from them and train it under the plan.
 
     Returns the trained model, the choice between the start's partition and the model's (``None``
     when the fit does not start from the clustering) and the genes the model reads (``None``: all).
+    With a public reference the model reads each cell's point in its basis and starts from the
+    weights pretrained on it (:mod:`dpsc.model._dcan_reference`).
     """
-    start, genes = release_before_training(matrix, likelihood, plan)
-    train_on = target if genes is None else target[:, genes].copy()
-    DPDCAN.setup_anndata(train_on, layer=layer)
-    torch.manual_seed(random_state)  # the module's weights are drawn when the model is built
-    model = DPDCAN(train_on, n_clusters=n_clusters, likelihood=likelihood, **model_kwargs)
+    basis = None if public is None else public.basis
+    start, genes = release_before_training(matrix, likelihood, plan, basis)
+    if public is None:
+        train_on = target if genes is None else target[:, genes].copy()
+        DPDCAN.setup_anndata(train_on, layer=layer)
+        torch.manual_seed(random_state)  # the module's weights are drawn when the model is built
+        model = DPDCAN(train_on, n_clusters=n_clusters, likelihood=likelihood, **model_kwargs)
+    else:
+        model = public.model(matrix, n_clusters, random_state, progress_bar)
     choice: dict[str, _selection.Selection] = {}
     after_training = None
     if start is not None:
@@ -364,7 +433,8 @@ def _check_input_for(
 ) -> None:
     """Check the input as the plan needs it; warn when the cells are few for the noise (reads no cell)."""
     if plan.settings is None:  # a fit that selects genes (itself or by its start) trains on fewer
-        check_matrix(matrix, likelihood, training="genes" not in plan.releases)
+        # a fit on a reference's points reads no gene column directly: a gene no cell has is fine
+        check_matrix(matrix, likelihood, training="genes" not in plan.releases and plan.reference is None)
         return
     check_public_counts(adata, layer, likelihood == "zinb", "dpsc.tl.fit", "likelihood='gaussian'")
     message = small_data_message(
@@ -424,7 +494,14 @@ def _starts_from_clustering(scope: str, input_pcs: int | str | None, likelihood:
     return scope != "paper" and input_pcs == "auto" and likelihood == "zinb"
 
 
-def _settings(train_kwargs: dict[str, Any], *, pc_model_default: bool, **named: Any) -> TrainSettings:
+def _epoch_defaults(scope: str, input_pcs: int | str | None, reference: bool) -> dict[str, int]:
+    """Per-stage epochs a fit uses unless given: the fine-tuning's on a reference, the PC model's."""
+    if reference:
+        return REFERENCE_FINE_TUNING_EPOCHS
+    return PC_MODEL_EPOCHS if scope != "paper" and input_pcs == "auto" else {}
+
+
+def _settings(train_kwargs: dict[str, Any], *, epoch_defaults: dict[str, int], **named: Any) -> TrainSettings:
     """One :class:`TrainSettings` from ``tl.fit``'s named arguments and extra plan keywords.
 
     ``train_kwargs`` may hold plan options only; an unknown keyword is refused.
@@ -436,8 +513,8 @@ def _settings(train_kwargs: dict[str, Any], *, pc_model_default: bool, **named: 
             f"{sorted(PLAN_OPTIONS + RUN_OPTIONS)} "
             "besides its named parameters."
         )
-    if pc_model_default and named["max_epochs"] is None:
-        for name, epochs in PC_MODEL_EPOCHS.items():
+    if named["max_epochs"] is None:
+        for name, epochs in epoch_defaults.items():
             train_kwargs.setdefault(name, epochs)
     return TrainSettings(**named, **train_kwargs)
 

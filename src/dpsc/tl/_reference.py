@@ -181,19 +181,44 @@ def _reference_labels(reference: ad.AnnData, key: str, tool: str) -> pd.Series:
     return labels.reset_index(drop=True)
 
 
-def name_clusters(centroids: np.ndarray, reference: PublicReference, basis: PublicBasis) -> pd.DataFrame:
-    r"""Name each released centroid after the reference cells around it (post-processing).
+def reference_basis(
+    reference: ad.AnnData | str | os.PathLike | None, reference_key: str | None, adata: ad.AnnData, tool: str
+) -> tuple[PublicReference | None, PublicBasis | None]:
+    """Read and check the public reference and compute its basis (reads the reference only)."""
+    if reference is None:
+        if reference_key is not None:
+            raise ValueError("reference_key names a column of the reference; pass reference=... as well.")
+        return None, None
+    public = read_reference(reference, adata, reference_key, tool)
+    return public, public.basis()
 
-    In the basis' points, let :math:`N_j` be the :data:`NEIGHBOURS` reference cells nearest to
-    centroid :math:`\mu_j` and :math:`d_j` the distance to the farthest of them; :math:`D` the
-    same distance for reference cells (a sample of :data:`DENSITY_SAMPLE`, their neighbours among
-    all the others). Centroid j is named after the most frequent type of :math:`N_j` when
-    :math:`d_j \le` the :data:`MATCH_QUANTILE` quantile of :math:`D`, else :data:`UNMATCHED`.
-    Reads the released centroids and the public reference only. Returns one row per centroid:
-    ``name``, ``share`` (of :math:`N_j` with that type) and ``nearest_type``.
+
+def reference_points(reference: PublicReference, basis: PublicBasis) -> np.ndarray:
+    """Return the reference cells' points in the basis (public)."""
+    return np.asarray(reference.own_basis(basis).points(reference.counts))
+
+
+def name_clusters(centroids: np.ndarray, reference: PublicReference, basis: PublicBasis) -> pd.DataFrame:
+    """Name each released centroid (in the basis' points) after the reference cells around it.
+
+    :func:`name_centroids` in the basis' points of the reference's cells.
     """
-    points = np.asarray(reference.own_basis(basis).points(reference.counts))
-    labels = reference.labels.to_numpy()
+    return name_centroids(centroids, reference_points(reference, basis), reference.labels.to_numpy())
+
+
+def name_centroids(centroids: np.ndarray, points: np.ndarray, labels: np.ndarray) -> pd.DataFrame:
+    r"""Name each released centroid after the public reference cells around it (post-processing).
+
+    In the space of ``points`` (the reference cells, as the centroids' cells are read), let
+    :math:`N_j` be the :data:`NEIGHBOURS` reference cells nearest to centroid :math:`\mu_j` and
+    :math:`d_j` the distance to the farthest of them; :math:`D` the same distance for reference
+    cells (a sample of :data:`DENSITY_SAMPLE`, their neighbours among all the others). Centroid j
+    is named after the most frequent type of :math:`N_j` when :math:`d_j \le` the
+    :data:`MATCH_QUANTILE` quantile of :math:`D`, else :data:`UNMATCHED`. Reads the released
+    centroids and the public reference only. Returns one row per centroid: ``name``, ``share``
+    (of :math:`N_j` with that type) and ``nearest_type``.
+    """
+    points = np.asarray(points, dtype=np.float64)
     sample = np.random.default_rng(0).permutation(len(points))[:DENSITY_SAMPLE]
     own = _neighbour_distances(points[sample], points, NEIGHBOURS + 1)[0]  # itself is the first
     floor = float(np.quantile(own, MATCH_QUANTILE))
@@ -205,6 +230,12 @@ def name_clusters(centroids: np.ndarray, reference: PublicReference, basis: Publ
         name = best if distance[j] <= floor else UNMATCHED
         rows.append({"name": name, "share": votes.max() / NEIGHBOURS, "nearest_type": best})
     return pd.DataFrame(rows, index=pd.Index([str(j) for j in range(len(centroids))], name="cluster"))
+
+
+def write_names(target: ad.AnnData, key: str, names: pd.DataFrame) -> dict[str, Any]:
+    """Write each cell's cluster name to ``obs[f"{key}_names"]``; return the names as ``uns`` stores them."""
+    target.obs[f"{key}_names"] = pd.Categorical(names["name"].reindex(target.obs[key].astype(str)).to_numpy())
+    return names.to_dict(orient="index")
 
 
 def _neighbour_distances(queries: np.ndarray, points: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
