@@ -7,6 +7,12 @@ from ._dcan_privacy import MODEL_GENES as MODEL_GENES
 from ._dcan_privacy import FitPlan as FitPlan
 from ._dcan_privacy import TrainSettings as TrainSettings
 from ._dcan_privacy import plan_fit as plan_fit
+from ._dcan_reference import REFERENCE_MODEL as REFERENCE_MODEL
+from ._dcan_reference import load_pretrained as load_pretrained
+from ._dcan_reference import points_anndata as points_anndata
+from ._dcan_reference import pretrained_state as pretrained_state
+from ._dcan_reference import pretraining_key as pretraining_key
+from ._dcan_reference import save_pretrained as save_pretrained
 from ._dcan_start import choose_partition as choose_partition
 from ._dcan_start import release_before_training as release_before_training
 from ._dcan_start import start_model_from as start_model_from

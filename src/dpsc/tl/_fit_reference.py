@@ -15,8 +15,8 @@ import anndata as ad
 import numpy as np
 import pandas as pd
 
-from ..model import DPDCAN
-from ..model._dcan_reference import (
+from ..model import (
+    DPDCAN,
     REFERENCE_MODEL,
     load_pretrained,
     points_anndata,
