@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 from cluster_benchmark import FILES, load, per_file_parser, score, write_per_file
 
-from dpsc.privacy._clustering import KMEANS_PLAN
+from dpsc.methods._clustering import KMEANS_PLAN
 
 FILES["cite_cbmc"] = "cite_cbmc_top2000.h5"  # the six labelled count files
 CANDIDATES = {
@@ -64,13 +64,13 @@ CANDIDATES = {
         "GENE_RANKING": "variance",
     },
 }
-SHIPPED = "refine"  # the candidate whose constants dpsc.privacy._clustering holds
+SHIPPED = "refine"  # the candidate whose constants dpsc.methods._clustering holds
 ONLY: list[str] = []  # --candidates: the candidates this run makes rows for (empty: all)
 
 
 def use_constants(constants: dict) -> None:
-    """Set the design's constants (module attributes of ``dpsc.privacy._clustering``) to these values."""
-    from dpsc.privacy import _clustering
+    """Set the design's constants (module attributes of ``dpsc.methods._clustering``) to these values."""
+    from dpsc.methods import _clustering
 
     for attribute, value in constants.items():
         setattr(_clustering, attribute, value)
@@ -78,7 +78,7 @@ def use_constants(constants: dict) -> None:
 
 def shipped_constants() -> dict:
     """The shipped values of every constant a candidate sets."""
-    from dpsc.privacy import _clustering
+    from dpsc.methods import _clustering
 
     return {name: getattr(_clustering, name) for constants in CANDIDATES.values() for name in constants}
 

@@ -80,7 +80,7 @@ def best_f1(truth: np.ndarray, labels: np.ndarray, kind: str) -> float:
 def run_pair(name: str, reference, private, out) -> None:
     import dpsc
     import dpsc.tl._reference as reference_module
-    from dpsc.privacy import _public_basis as public_basis
+    from dpsc.methods import _public_basis as public_basis
 
     truth = private.obs["label"].to_numpy()
     k = len(np.unique(truth))

@@ -7,16 +7,16 @@ import pytest
 import torch
 from sklearn.metrics import adjusted_rand_score
 
-from dpsc.privacy import (
+from dpsc.methods import (
     Assignment,
-    NoiseSource,
     dp_kmeans_centroids,
     kmeans_release_steps,
     kmeans_table,
     split_table,
     table_release,
 )
-from dpsc.privacy._kmeans import table_sensitivity
+from dpsc.methods._kmeans import table_sensitivity
+from dpsc.privacy import NoiseSource
 
 RADIUS = 3.0
 
@@ -197,7 +197,7 @@ def test_a_clustering_plan_schedules_its_refine_round_and_runs_it(small_adata, m
     """The clustering's k-means ends with ``REFINE_ROUNDS`` Lloyd releases of the k centroids: the last
     release has k rows in the schedule (what a federated site serves), the plan is calibrated for
     every release, and the run follows it; without refine rounds the schedule loses that release."""
-    from dpsc.privacy import _clustering
+    from dpsc.methods import _clustering
 
     plan = _clustering.plan_clustering(
         8.0, 1e-5, n_vars=small_adata.n_vars, n_clusters=3, n_obs=small_adata.n_obs

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 
 import dpsc
+from dpsc.methods import _selection
+from dpsc.methods._clustering import cell_points
 from dpsc.model._dcan_privacy import CHOICE, START, START_TABLE_STEPS
-from dpsc.privacy import _selection
-from dpsc.privacy._clustering import cell_points
 
 
 def _unit_points(rng, centers, per_cluster, spread):

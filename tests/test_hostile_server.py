@@ -26,9 +26,8 @@ import scipy.sparse as sp
 
 from dpsc.federated._site import Site, SiteRefusal, SiteSettings, run_fallback_epsilon
 from dpsc.federated._trust import BudgetSettingError
-from dpsc.privacy import NoiseSource
-from dpsc.privacy import _markers as markers_mechanism
-from dpsc.privacy._clustering import (
+from dpsc.methods import _markers as markers_mechanism
+from dpsc.methods._clustering import (
     KINDS,
     ClusterPlan,
     Request,
@@ -38,7 +37,8 @@ from dpsc.privacy._clustering import (
     plan_clustering,
     run_clustering,
 )
-from dpsc.privacy._kmeans import Assignment
+from dpsc.methods._kmeans import Assignment
+from dpsc.privacy import NoiseSource
 from dpsc.privacy._ledger import compose
 
 N_VARS = 40

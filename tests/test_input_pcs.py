@@ -5,10 +5,10 @@ import pytest
 import torch
 
 import dpsc
+from dpsc.methods._pca import unit_rows
 from dpsc.model import DPDCAN, SharedEncoder
 from dpsc.model._dcan_privacy import LOADINGS
 from dpsc.privacy import make_accountant, split_budget
-from dpsc.privacy._pca import unit_rows
 
 
 def test_split_budget_composes_to_the_target_in_the_given_shares():

@@ -41,18 +41,106 @@ def test_nothing_below_tl_imports_tl():
     assert upward == []
 
 
-def test_no_package_reaches_into_another_packages_private_modules_except_privacy():
-    """A sibling is used through its ``__init__``; only dpsc.privacy's mechanism modules are shared."""
+def test_no_package_reaches_into_another_packages_private_modules_except_methods():
+    """A sibling is used through its ``__init__`` (its face), ``dpsc.privacy`` too; only the method
+    modules of ``dpsc.methods`` (one analysis each) are shared with the tools that run them."""
     reached = []
     for path in ROOT.rglob("*.py"):
         here = _where(path)
         for line, name in _imports(path):
             parts = name.split(".")
-            if len(parts) < 3 or parts[0] != "dpsc" or parts[1] in (here, "privacy"):
+            if len(parts) < 3 or parts[0] != "dpsc" or parts[1] in (here, "methods"):
                 continue
             if parts[1] in SUBPACKAGES and parts[2].startswith("_"):
                 reached.append(f"{path.relative_to(ROOT)}:{line} {name}")
     assert reached == []
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """Module → the dpsc modules it imports (any import, at any depth, ``TYPE_CHECKING`` ones too)."""
+    modules = {
+        ".".join(path.relative_to(ROOT.parent).with_suffix("").parts).removesuffix(".__init__"): path
+        for path in ROOT.rglob("*.py")
+    }
+    graph = {}
+    for module, path in modules.items():
+        targets = set()
+        for _, name in _imports(path):
+            while name and name not in modules:  # ``from pkg import name`` names pkg.name
+                name = name.rpartition(".")[0]
+            if name and name != module:
+                targets.add(name)
+        graph[module] = targets
+    return graph
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for other in graph.get(node, ()):
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in on_stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_circle_anywhere():
+    graph = _module_graph()
+    assert len(graph) > 100 and "dpsc.privacy" in graph["dpsc.methods._clustering"]
+    assert _circles(graph) == []
+    # the check itself finds a circle when there is one
+    assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_privacy_is_the_ground_floor_and_methods_stand_on_it_alone():
+    """``privacy/`` imports no other dpsc package; ``methods/`` imports only ``privacy``'s face and
+    the row blocks, and no AnnData at module level (the tools read and write it)."""
+    graph = _module_graph()
+    privacy_out = {
+        target
+        for module, targets in graph.items()
+        if module.startswith("dpsc.privacy")
+        for target in targets
+        if not target.startswith("dpsc.privacy")
+    }
+    assert privacy_out == set()
+    methods_out = {
+        target
+        for module, targets in graph.items()
+        if module.startswith("dpsc.methods")
+        for target in targets
+        if not target.startswith("dpsc.methods")
+    }
+    assert methods_out - {"dpsc"} <= {"dpsc.privacy", "dpsc._blocks"}  # ``from .. import _blocks``
+    anndata_at_top = [
+        path.name
+        for path in (ROOT / "methods").glob("*.py")
+        for node in ast.parse(path.read_text()).body
+        if isinstance(node, ast.Import | ast.ImportFrom)
+        and "anndata" in {getattr(node, "module", None), *(a.name for a in node.names)}
+    ]
+    assert anndata_at_top == []
 
 
 def test_tools_write_no_temporary_files():

@@ -211,8 +211,8 @@ def test_every_sigma_of_a_clustering_or_a_fit_lives_in_its_release_plan():
     and received unchanged); a fit's plan holds the clustering it starts from as its first part."""
     import dataclasses
 
+    from dpsc.methods._clustering import ClusterPlan, plan_clustering
     from dpsc.model._dcan_privacy import TrainSettings, plan_fit
-    from dpsc.privacy._clustering import ClusterPlan, plan_clustering
 
     plan = plan_clustering(8.0, 1e-5, n_vars=300, n_clusters=5, n_genes=100)
     assert [r.name for r in plan.releases.releases] == ["genes", "sum", "pca", "kmeans"]

@@ -8,9 +8,9 @@ import pytest
 from sklearn.metrics import adjusted_rand_score
 
 import dpsc
-from dpsc.privacy._clustering import Request, ScheduleError, kmeans_steps, plan_clustering
-from dpsc.privacy._kmeans import Assignment
-from dpsc.privacy._public_basis import PublicBasis
+from dpsc.methods._clustering import Request, ScheduleError, kmeans_steps, plan_clustering
+from dpsc.methods._kmeans import Assignment
+from dpsc.methods._public_basis import PublicBasis
 from dpsc.tl._reference import UNMATCHED, fingerprint
 
 
@@ -38,7 +38,7 @@ def test_a_reference_lifts_a_small_cohort_and_spends_only_on_the_kmeans(pair):
     assert record["epsilon"] == pytest.approx(8.0, rel=1e-3)
     assert dpsc.privacy.spent(guided)[0] == pytest.approx(8.0, rel=1e-3)
     assert record["mechanisms"] == ["kmeans: sigma=" + record["mechanisms"][0].split("=")[1]]
-    assert record["history"][0][2] == kmeans_steps(dict(dpsc.privacy._clustering.kmeans_plan()))
+    assert record["history"][0][2] == kmeans_steps(dict(dpsc.methods._clustering.kmeans_plan()))
     stated = record["reference"]
     assert stated["fingerprint"] == fingerprint(reference.X, reference.var_names)
     assert stated["n_obs"] == reference.n_obs

@@ -35,7 +35,7 @@ VARIANTS = ("plane", "sphere", "final")
 
 def run(data: Path, name: str, epsilons: list[float], runs: int, commit: str) -> list[dict]:
     """Rows of one file: ARI, NMI and clusters used of each variant, ε and seeded run."""
-    from dpsc.privacy import _clustering, _kmeans
+    from dpsc.methods import _clustering, _kmeans
 
     warnings.filterwarnings("ignore")
     shipped, plan = _kmeans.dp_kmeans_centroids, dict(_clustering.KMEANS_PLAN)

@@ -39,7 +39,7 @@ VARIANTS = {"W1": (1.0, 0.1), "W0.5": (0.5, 0.1), "W0": (0.0, 0.1), "S0.05": (0.
 
 def use_variant(name: str) -> None:
     """Set the mean weight and the cell sum's share of this process's clustering."""
-    from dpsc.privacy import _clustering
+    from dpsc.methods import _clustering
 
     weight, share = VARIANTS[name]
     shipped = use_variant.__dict__.setdefault("shares", dict(_clustering.SHARES))
@@ -60,7 +60,7 @@ def append_fit(adata, epsilon: float | None, run: int, out: Path, fields: dict) 
 
 def geometry(adata) -> dict:
     """``‖z̄‖²`` and the quantiles of ``z_i·u`` of the unit-norm cells on the genes the PCA reads."""
-    from dpsc.privacy import _pca
+    from dpsc.methods import _pca
 
     X = adata.X
     if X.shape[1] > 2000:  # the 2000 genes of largest (exact) second moment, as the selection aims

@@ -11,7 +11,7 @@ Per data set, ε and run (secret noise, k = the number of labelled types, labels
 
 Both ablations read the cells without noise: a diagnostic, never a release. ``--genes G`` fixes
 the number of genes the PCA reads (selected privately when the file has more; default: the
-plan's rule, :func:`dpsc.privacy._clustering.genes_for`); ``--shares`` changes the ε shares.
+plan's rule, :func:`dpsc.methods._clustering.genes_for`); ``--shares`` changes the ε shares.
 
     python benchmarks/diagnostics/cluster_steps.py --data ../shared/data \\
         --out benchmarks/results/cluster_steps.jsonl --epsilons 1 4
@@ -38,7 +38,7 @@ VARIANTS = ("private", "exact k-means", "exact PCA")
 
 def noisy_except(matrix, noise, exact_kinds: set[str]):
     """``release_sum`` that adds the plan's noise to every release but those of ``exact_kinds``."""
-    from dpsc.privacy import _clustering
+    from dpsc.methods import _clustering
 
     noisy = _clustering.central_release_sum(matrix, noise, prefix="diagnostic")
 
@@ -54,7 +54,7 @@ def labels(adata, epsilon: float, run: int, variant: str, n_genes: int | None = 
     """One variant's cluster labels (module docstring); ``n_genes``: a fixed number of genes."""
     from sklearn.cluster import KMeans
 
-    from dpsc.privacy import _clustering
+    from dpsc.methods import _clustering
     from dpsc.privacy._noise import NoiseSource
 
     matrix = adata.X
@@ -87,7 +87,7 @@ def main() -> None:
         return
     from cluster_benchmark import load
 
-    from dpsc.privacy import _clustering
+    from dpsc.methods import _clustering
 
     shares = {k: float(v) for k, v in (item.split("=") for item in args.shares.split(",") if item)}
     _clustering.SHARES.update(shares)

@@ -2,7 +2,7 @@
 
 For each seed: a private DP-DCAN instance stage (``cluster_epochs=0``, so the model is trained
 with the default 50 instance epochs at the given ε), then its latent codes are fixed and
-:func:`dpsc.privacy.dp_kmeans_centroids` is run ``--reps`` times per option set with fresh
+:func:`dpsc.methods.dp_kmeans_centroids` is run ``--reps`` times per option set with fresh
 Poisson samples and noise. σ for each option set is the one a full default fit
 (50 + 40 epochs) would use with that option set's number of releases. The start is scored by
 ARI (nearest centroid vs labels), agreement (ARI vs non-private k-means on the same latent, a
@@ -126,7 +126,8 @@ def score_starts(
     from sklearn.cluster import KMeans
     from sklearn.metrics import adjusted_rand_score
 
-    from dpsc.privacy import calibrate_noise_multiplier, dp_kmeans_centroids, kmeans_release_steps
+    from dpsc.methods import dp_kmeans_centroids, kmeans_release_steps
+    from dpsc.privacy import calibrate_noise_multiplier
 
     k = len(np.unique(truth))
     reference = KMeans(k, n_init=10, random_state=0).fit_predict(z)

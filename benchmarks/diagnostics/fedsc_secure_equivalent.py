@@ -98,7 +98,7 @@ def load(name: str, data_dir: Path):
 
 def rates(q: float, steps: int) -> dict[str, tuple[float, int]]:
     """``name -> (sample rate, steps)`` of each Gaussian part (k-means: ``dpsc.tl.kmeans``'s plan)."""
-    from dpsc.privacy._kmeans import kmeans_release_steps
+    from dpsc.methods._kmeans import kmeans_release_steps
     from dpsc.tl._kmeans import KMEANS_DEFAULTS as K
 
     kmeans = kmeans_release_steps(K["n_sketch_steps"], K["n_lloyd_rounds"], K["steps_per_round"])
@@ -119,10 +119,11 @@ def embedding_pcs(embedding, sigma: float, n_comps: int = 16):
 
     One Gaussian release of :math:`\sum_i u_i u_i^\top` over the unit rows :math:`u_i` of the
     embedding (sensitivity 1, σ = ``sigma``; 0: exact up to the lattice), the release
-    ``dpsc.pp.pca`` makes (``dpsc.privacy._pca.released_loadings``), then its post-processing
+    ``dpsc.pp.pca`` makes (``dpsc.methods._pca.released_loadings``), then its post-processing
     (eigenvectors, the first, mean-like one dropped).
     """
-    from dpsc.privacy import NoiseSource, _pca
+    from dpsc.methods import _pca
+    from dpsc.privacy import NoiseSource
 
     stream = NoiseSource().stream("embedding-pca")
     V, _, _ = _pca.released_loadings(embedding, sigma, stream, n_comps, None, True, log_normalize=False)
@@ -142,8 +143,9 @@ def scaled_genes(matrix, sigma: float):
     """
     import numpy as np
 
-    from dpsc.privacy import NoiseSource, _hvg
-    from dpsc.privacy._pca import unit_rows
+    from dpsc.methods import _hvg
+    from dpsc.methods._pca import unit_rows
+    from dpsc.privacy import NoiseSource
 
     clip = _hvg.DEFAULT_SQUARE_CLIP
     spec = _hvg.gene_statistics_release(matrix.shape[1], sigma)
@@ -182,8 +184,8 @@ def run_one(adata, epsilon: float | None, seed: int, variant: str, args) -> dict
         local_train,
         local_train_private,
     )
+    from dpsc.methods._pca import unit_rows
     from dpsc.optim._factory import DEFAULT_PRIVATE_LRS
-    from dpsc.privacy._pca import unit_rows
 
     cells = adata.copy()
     k = cells.obs["label"].nunique()

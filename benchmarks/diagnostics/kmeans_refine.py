@@ -3,7 +3,7 @@
 The shipped DP k-means (``KMEANS_PLAN``) releases one sketch and two Lloyd tables of m = 4k
 centroids, then reduces the m noisy centroids to k by a weighted k-means (post-processing). The
 ``refine`` variant adds one Lloyd release of the k reduced centroids (``refine_rounds=1`` of
-:func:`dpsc.privacy.dp_kmeans_centroids`, one more release in the plan, so every k-means σ is
+:func:`dpsc.methods.dp_kmeans_centroids`, one more release in the plan, so every k-means σ is
 calibrated for four releases instead of three): each final centroid becomes the noisy mean of the
 cells nearest to it. Seeded noise (the same seeds for both variants), ARI / NMI against the labels
 and the clusters the labels use.
@@ -32,7 +32,7 @@ VARIANTS = {"shipped": {}, "refine": {"n_lloyd_rounds": 3, "refine_rounds": 1}}
 
 def run(data: Path, name: str, epsilons: list[float], runs: int, commit: str) -> list[dict]:
     """Rows of one file: ARI, NMI and clusters used of each variant, ε and seeded run."""
-    from dpsc.privacy import _clustering
+    from dpsc.methods import _clustering
 
     warnings.filterwarnings("ignore")
     shipped = dict(_clustering.KMEANS_PLAN)

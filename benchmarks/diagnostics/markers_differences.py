@@ -1,7 +1,7 @@
 """Would shrinking each group's noisy differences from the rest help the markers? Look, paired.
 
 dpsc shrinks each group's noisy variances toward the genes of similar mean
-(`dpsc.privacy._markers.shrunk_variances`) but not its differences from the rest. This ranks the
+(`dpsc.methods._markers.shrunk_variances`) but not its differences from the rest. This ranks the
 same released table (one release per run) three ways: as dpsc does, and with each difference
 :math:`\\tilde d_j` moved toward a normal prior of its bin of genes (20 bins by the group's noisy
 mean) by its known noise :math:`\\eta_j^2` — the posterior mean
@@ -36,7 +36,7 @@ BINS = 20
 
 def _parts(stats):
     """The group-minus-rest differences, their squared standard errors and their noise variances."""
-    from dpsc.privacy import _markers
+    from dpsc.methods import _markers
 
     counts = np.maximum(stats.counts, 1.0)
     rest = lambda part: part.sum(0, keepdims=True) - part  # noqa: E731
@@ -67,7 +67,7 @@ def _shrunk(difference, mean, noise, toward_mean: bool):
 
 def _scores(released, table, release, cells, codes) -> dict[str, np.ndarray]:
     """dpsc's scores of the release and the two shrunk ones."""
-    from dpsc.privacy import _markers
+    from dpsc.methods import _markers
 
     mean, difference, se2, noise = _parts(_markers.group_statistics(released, table, release))
     root = np.sqrt(se2)

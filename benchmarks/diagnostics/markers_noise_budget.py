@@ -51,7 +51,7 @@ VARIANTS = (
 
 def _variants(released, table, release, cells, codes) -> dict[str, np.ndarray]:
     """The scores of every variant (module docstring), from one release."""
-    from dpsc.privacy import _markers
+    from dpsc.methods import _markers
 
     statistics = _markers.group_statistics
     exact = _markers.group_table(cells.X, codes, table).reshape(table.n_groups, table.width)

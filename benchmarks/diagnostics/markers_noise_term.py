@@ -1,6 +1,6 @@
 """Does the noise term under the marker t-test's root cost overlap? Scale it by λ and look.
 
-`dpsc.privacy._markers.rank_markers` adds the known variance of the noise of each group's mean
+`dpsc.methods._markers.rank_markers` adds the known variance of the noise of each group's mean
 under the root of the t-test's standard error. With λ = 0 (none) every gene whose noisy
 difference is large but noise-made ranks high; with λ = 1 (dpsc's choice) none does. This scales
 the term by λ and prints, per file and ε, the top-10 overlap with scanpy's t-test (groups = the
@@ -32,7 +32,7 @@ SCALES = (0.0, 0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0)
 def run(data: Path, name: str, epsilons: list[float], runs: int, commit: str) -> list[dict]:
     """Rows of one file: the top-10 overlap at every ε, run and λ (the same noise for every λ)."""
     import dpsc
-    from dpsc.privacy import _markers
+    from dpsc.methods import _markers
 
     warnings.filterwarnings("ignore")
     moments = _markers._moments
@@ -81,7 +81,7 @@ def report(path: Path) -> str:
         "```",
         "",
         "The known noise variance of each mean sits under the root of the t-test's standard error",
-        "(`dpsc.privacy._markers.rank_markers`); λ scales it. Groups = the true labels, groups of at",
+        "(`dpsc.methods._markers.rank_markers`); λ scales it. Groups = the true labels, groups of at",
         "least 2 % of the cells, 2 seeded runs, the same noise for every λ. Without the term (λ = 0)",
         "noise-made differences rank first; λ = 1, what dpsc uses, is within 0.03 of the best λ on",
         "every file and ε.",

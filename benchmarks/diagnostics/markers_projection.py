@@ -1,6 +1,6 @@
 """Do the markers gain from keeping what of the released sums stands above the noise? Paired, by folds.
 
-`dpsc.privacy._markers.projected_sums` keeps the singular directions of the released groups × genes
+`dpsc.methods._markers.projected_sums` keeps the singular directions of the released groups × genes
 expression sums above ``NOISE_EDGE`` times the edge of the noise's spectrum, s(√G + √K), and adds
 back the residual's entries beyond each group's universal threshold (post-processing, no ε). This
 ranks the same released table (one release per run) five ways: as released; the directions only;
@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from cluster_benchmark import per_file_main
 from paired_markers import paired_rows, variant_tables
 
-from dpsc.privacy._markers import projected_sums as _SHIPPED
+from dpsc.methods._markers import projected_sums as _SHIPPED
 
 
 def _directions_only(sums: np.ndarray, noise_std: float):
@@ -60,7 +60,7 @@ VARIANTS = {
 
 def _scores(released, table, release, cells, codes) -> dict[str, np.ndarray]:
     """The released table ranked by every variant (the same release)."""
-    from dpsc.privacy import _markers
+    from dpsc.methods import _markers
 
     edge, out = _markers.NOISE_EDGE, {}
     for variant, (scaled, projection) in VARIANTS.items():
@@ -101,7 +101,7 @@ def report(path: Path) -> str:
         "    --epsilons 8 2 --runs 3 --out benchmarks/results/markers_projection.jsonl",
         "```",
         "",
-        "The same released table of each run ranked five ways (`dpsc.privacy._markers.projected_sums`:",
+        "The same released table of each run ranked five ways (`dpsc.methods._markers.projected_sums`:",
         "the singular directions of the groups × genes sums above the edge s(√G + √K) of the noise's",
         "spectrum, then the residual's entries beyond a universal threshold added back; the script's",
         "docstring names the variants). Groups: the true labels and `tl.cluster`'s clusters at ε = 8,",

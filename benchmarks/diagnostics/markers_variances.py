@@ -1,6 +1,6 @@
 """Do the markers gain from shrinking each group's noisy variances toward their trend? Look, paired.
 
-`dpsc.privacy._markers.shrunk_variances` moves each gene's noisy variance in a group toward the
+`dpsc.methods._markers.shrunk_variances` moves each gene's noisy variance in a group toward the
 mean of the variances of the genes with similar noisy means (``TREND_BINS`` bins), by its known
 noise: post-processing, no ε. This ranks the same released table (one release per run) four ways,
 without the shrinkage (the noisy variances clipped at 0, dpsc's ranking before it) and with 10,
@@ -33,7 +33,7 @@ VARIANTS = {"no shrinkage": None, "10 bins": 10, "20 bins (dpsc)": 20, "40 bins"
 
 def _scores(released, table, release, cells, codes) -> dict[str, np.ndarray]:
     """The released statistics ranked by every variant (the same release)."""
-    from dpsc.privacy import _markers
+    from dpsc.methods import _markers
 
     statistics, shipped, out = _markers.group_statistics(released, table, release), _markers.TREND_BINS, {}
     for variant, bins in VARIANTS.items():
@@ -58,7 +58,7 @@ def report(path: Path) -> str:
         "    --epsilons 8 2 --runs 3 --out benchmarks/results/markers_variances.jsonl",
         "```",
         "",
-        "The same released table of each run ranked four ways (`dpsc.privacy._markers.shrunk_variances`;",
+        "The same released table of each run ranked four ways (`dpsc.methods._markers.shrunk_variances`;",
         "no shrinkage: the noisy variances clipped at 0). Groups: the true labels and `tl.cluster`'s",
         "clusters at ε = 8, groups of at least 2 % of the cells, mean over 3 runs with secret noise.",
         "",

@@ -66,8 +66,8 @@ def seconds(call: Callable[[], object]) -> float:
 def pca_release() -> tuple[int, float]:
     """Values and σ (lattice units) of the PCA release of a ``tl.cluster`` plan on PBMC 4k at ε = 8."""
     import dpsc
-    from dpsc.privacy._clustering import plan_clustering
-    from dpsc.privacy._pca import second_moment_release
+    from dpsc.methods._clustering import plan_clustering
+    from dpsc.methods._pca import second_moment_release
 
     adata = dpsc.datasets.pbmc4k()
     plan = plan_clustering(8.0, 1e-5, n_vars=adata.n_vars, n_clusters=8, n_obs=adata.n_obs)

@@ -31,7 +31,7 @@ def paired_rows(
 ) -> list[dict]:
     """Rows of one file: the top-10 overlap per grouping, ε, run and variant (one release per run)."""
     import dpsc
-    from dpsc.privacy import _markers
+    from dpsc.methods import _markers
 
     warnings.filterwarnings("ignore")
     adata = load(data, name)

@@ -79,7 +79,7 @@ STATISTICS = ("second_moment", "mean", "variance", "dispersion")
 
 def _ranking(statistic: str):
     """``_hvg.rank_genes`` ordering the eligible genes by ``statistic`` (dispersion: variance / mean)."""
-    from dpsc.privacy import _hvg
+    from dpsc.methods import _hvg
 
     rank = _hvg.rank_genes
 
@@ -99,7 +99,7 @@ def statistic(names: list[str], only: tuple[str, ...] = ()) -> None:
     the rest of the fit private as usual; ``dp_mean_alone``: see :data:`STATISTICS`). Source
     names among ``names`` restrict the run to those sources."""
     import dpsc
-    from dpsc.privacy import _hvg
+    from dpsc.methods import _hvg
 
     release, rank = _hvg.gene_statistics_release, _hvg.rank_genes
     sources = {

@@ -50,7 +50,7 @@ class ReductionObjective:
 
 def cell_objective(cells, key: str) -> float:
     """Sum over cells of the squared distance of its k-means point to the nearest released centroid."""
-    from dpsc.privacy._clustering import MEAN_WEIGHT
+    from dpsc.methods._clustering import MEAN_WEIGHT
 
     weights = np.ones(cells.obsm["X_pca"].shape[1])
     weights[0] = MEAN_WEIGHT
@@ -64,7 +64,7 @@ def run(data: Path, out: Path, runs: int, starts: list[int], datasets: list[str]
     from cluster_benchmark import load
 
     import dpsc
-    from dpsc.privacy._clustering import KMEANS_PLAN
+    from dpsc.methods._clustering import KMEANS_PLAN
 
     objective = ReductionObjective()
     for name in datasets:

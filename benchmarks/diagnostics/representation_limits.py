@@ -139,7 +139,7 @@ def ablation_points(values, genes, unit_rows, gene_scale, clip, n_comps, cosine)
 
 def dpsc_points(values: np.ndarray, genes: np.ndarray) -> np.ndarray:
     """``tl.cluster``'s k-means points without noise: mean direction, 15 residual PCs, weight 0.5, cosine."""
-    from dpsc.privacy import _clustering
+    from dpsc.methods import _clustering
 
     rows = unit(values[:, genes])
     direction = unit(rows.sum(0)[None])[0]
@@ -183,7 +183,7 @@ def ablation_rows(adata, truth, name: str) -> list[dict]:
 
 def scaled_labels(matrix, k: int, epsilon: float | None, clip: float, rng: np.random.Generator) -> np.ndarray:
     """The scaled representation's DP clustering (module docstring), seeded noise of the plan's σ."""
-    from dpsc.privacy import _clustering, _hvg, _kmeans, _pca
+    from dpsc.methods import _clustering, _hvg, _kmeans, _pca
 
     n, n_vars = matrix.shape
     plan = _clustering.kmeans_plan()

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from cluster_benchmark import FILES, load, score
 from cluster_lofo import scanpy_reference
 
-from dpsc.privacy import _clustering, _hvg, _kmeans, _pca
+from dpsc.methods import _clustering, _hvg, _kmeans, _pca
 
 FILES["cite_cbmc"] = "cite_cbmc_top2000.h5"
 VARIANTS = {

@@ -19,6 +19,7 @@ __all__ = [
     "federated",
     "fm",
     "linear",
+    "methods",
     "model",
     "module",
     "optim",

@@ -20,8 +20,8 @@ import anndata as ad
 import numpy as np
 import pandas as pd
 
-from .privacy import _markers as mechanism
-from .privacy._clustering import ClusterPlan, ClusterResult, first_marker_ranking, scheduled
+from .methods import _markers as mechanism
+from .methods._clustering import ClusterPlan, ClusterResult, first_marker_ranking, scheduled
 
 
 def stem(key_added: str) -> str:

@@ -11,7 +11,7 @@ when its ledger would pass its budget. Each round's DP-SGD steps, and each k-mea
 booked in its ledger file before the reply leaves.
 
 **The final clustering is federated.** After training, the server runs DP k-means
-(:func:`~dpsc.privacy.dp_kmeans_centroids`, the plan of :mod:`dpsc.privacy._clustering`) on the
+(:func:`~dpsc.methods.dp_kmeans_centroids`, the plan of :mod:`dpsc.methods._clustering`) on the
 global encoder's embeddings: each site adds the k-means table of its own embedded cells with its
 full noise (plain aggregation), the server sums the tables and post-processes, and each site labels
 its own cells with the released centroids. No central k-means sees anyone's embeddings.
@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from ..methods._clustering import CLIP_NORM, KMEANS_PLAN
+from ..methods._kmeans import Assignment, kmeans_points, kmeans_release_steps, kmeans_table, table_release
 from ..privacy import (
     ADD_REMOVE,
     BudgetExceededError,
@@ -33,11 +35,10 @@ from ..privacy import (
     PlannedRelease,
     PrivacyRecord,
     ReleasePlan,
+    check_within_budget,
+    ledger_entry,
     no_guarantee_record,
 )
-from ..privacy._clustering import CLIP_NORM, KMEANS_PLAN
-from ..privacy._kmeans import Assignment, kmeans_points, kmeans_release_steps, kmeans_table, table_release
-from ..privacy._ledger import _check, ledger_entry
 from ._site import SiteRefusal, SiteSettings
 
 TRAINING_SHARE = 0.9
@@ -131,7 +132,7 @@ class FedSCGuard:
                 )
         planned = self._record([(served, sample_rate, steps), (kmeans_served, 1.0, KMEANS_STEPS)], "run")
         try:
-            _check(self.ledger.entries(), ledger_entry(planned, "run", "planned"), self.cap)
+            check_within_budget(self.ledger.entries(), ledger_entry(planned, "run", "planned"), self.cap)
         except BudgetExceededError as err:
             raise SiteRefusal(f"This site's budget refuses the run: {err}") from None
         return float(served), float(kmeans_served)

@@ -17,9 +17,9 @@ import numpy as np
 import torch
 
 from .._api import renamed_argument
-from ..privacy import dp_kmeans_centroids, split_table
-from ..privacy._clustering import CLIP_NORM, KMEANS_PLAN
-from ..privacy._kmeans import Assignment, nearest_centroid, table_release
+from ..methods import dp_kmeans_centroids, split_table
+from ..methods._clustering import CLIP_NORM, KMEANS_PLAN
+from ..methods._kmeans import Assignment, nearest_centroid, table_release
 from ._ema import calibrate_lambda, divergence, divergence_aware_update, ema_weight
 from ._fedsc_site import KMEANS_STEPS, FedSCGuard
 from ._pipeline import site_settings_from

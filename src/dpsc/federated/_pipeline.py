@@ -1,6 +1,6 @@
 """Flower apps of the federated private clustering: the private pipeline, run over sites.
 
-The server runs :func:`dpsc.privacy._clustering.run_clustering` (post-processing only) and answers
+The server runs :func:`dpsc.methods._clustering.run_clustering` (post-processing only) and answers
 each of its ``release_sum`` calls with one Flower round: every site computes the requested sum over
 its own cells and adds its noise share (:class:`~dpsc.federated._site.Site`); the server obtains
 the total through SecAgg+ (``mode="secure"``, :mod:`dpsc.federated._secagg`) or as the sum of the
@@ -23,9 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from ..privacy._clustering import ClusterPlan, ClusterResult, Request, plan_clustering, run_clustering
-from ..privacy._kmeans import Assignment
-from ..privacy._markers import MarkerFrame
+from ..methods._clustering import ClusterPlan, ClusterResult, Request, plan_clustering, run_clustering
+from ..methods._kmeans import Assignment
+from ..methods._markers import MarkerFrame
 from ._requires import require_flwr
 from ._rounds import RoundResult, plain_round, read_request, reply_content, secure_round
 from ._secagg import LIMBS, from_digit_means, to_digits, use_secure_masks
@@ -353,7 +353,7 @@ def make_server_app(settings: dict[str, Any] | None = None, sink: dict[str, Any]
     """Return the server's ServerApp: plans the clustering, runs its releases over the sites, sends it.
 
     The released result and the run's summary go to ``sink`` (``"result"``: a
-    :class:`~dpsc.privacy._clustering.ClusterResult`, ``"summary"``: a dict) when one is given,
+    :class:`~dpsc.methods._clustering.ClusterResult`, ``"summary"``: a dict) when one is given,
     as in a simulation in this process, and to ``result.npz`` and ``summary.json`` in the run
     configuration's ``out-dir`` when it names one.
     """

@@ -3,7 +3,7 @@ r"""A federated site that enforces its own privacy.
 A hospital's privacy is the hospital's: its ε, δ, budget, noise and the number of releases it will
 serve come from its own :class:`SiteSettings` (a TOML file beside its data, or Flower's
 ``node_config``), never from the server. The server proposes a run (a public
-:class:`~dpsc.privacy._clustering.ClusterPlan`, the aggregation mode and the threshold); the site
+:class:`~dpsc.methods._clustering.ClusterPlan`, the aggregation mode and the threshold); the site
 checks it against its settings and its ledger (:meth:`Site.check_run`) and answers each release
 request with the integer lattice vector of its own sum plus its share of the noise
 (:meth:`Site.contribute`). It refuses, with a message that names the reason and sends nothing:
@@ -11,7 +11,7 @@ request with the integer lattice vector of its own sum plus its share of the noi
 * a run without noise, when the site is configured with an ε, and any release of a private run
   with a noise multiplier of 0 or below what the site's own (ε, δ) calls for (the site calibrates
   the same public plan with its own numbers);
-* anything but the plan's schedule (:meth:`~dpsc.privacy._clustering.ClusterPlan.schedule`): each
+* anything but the plan's schedule (:meth:`~dpsc.methods._clustering.ClusterPlan.schedule`): each
   release is served once, in order, with the kind, σ and sizes the schedule fixes; a release
   served before, a skipped or reordered one, one past the schedule, or a change of the plan or of
   the trust settings (mode, threshold, number of sites) in the middle of a run;
@@ -56,8 +56,6 @@ from __future__ import annotations
 
 import json
 import math
-import tomllib
-from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -65,15 +63,7 @@ import anndata as ad
 import numpy as np
 
 from .._validation import get_matrix, resolve_delta
-from ..privacy import (
-    ADD_REMOVE,
-    BudgetExceededError,
-    FileLedger,
-    MemoryLedger,
-    NoiseSource,
-    PrivacyRecord,
-)
-from ..privacy._clustering import (
+from ..methods._clustering import (
     MEAN_WEIGHT,
     ClusterPlan,
     Request,
@@ -81,7 +71,19 @@ from ..privacy._clustering import (
     contribution,
     plan_clustering,
 )
-from ..privacy._ledger import _check, _plain, compose, ledger_entry
+from ..privacy import (
+    ADD_REMOVE,
+    BudgetExceededError,
+    FileLedger,
+    MemoryLedger,
+    NoiseSource,
+    PrivacyRecord,
+    check_within_budget,
+    compose,
+    ledger_entry,
+    plain_entry,
+)
+from ._settings import SiteSettings
 from ._simulation import is_shared, resolve_shared
 from ._trust import (
     budget_source,
@@ -110,113 +112,6 @@ _EPSILONS: dict[tuple[float, float], float] = {}
 
 class SiteRefusal(ValueError):
     """A site refuses a request: the message says why; nothing was sent or booked."""
-
-
-@dataclass
-class SiteSettings:
-    """What a site decides for itself.
-
-    Attributes
-    ----------
-    data
-        Path of the site's ``.h5ad`` (raw counts); in a simulation inside one process
-        (:func:`dpsc.tl.cluster_federated`), the site's cells themselves: an AnnData, or a Ray
-        reference to one (:func:`~._simulation.shared`). Such a site keeps its ledger in memory
-        (:class:`~dpsc.privacy.MemoryLedger`) and writes no file.
-    epsilon
-        The largest ε the site spends on one run; ``None`` (``epsilon = "none"`` in a file): the
-        site takes part in non-private runs only.
-    delta
-        The site's δ (default: 10⁻⁵, or 1/(10 n) above 10⁴ cells).
-    budget
-        The largest total ε its ledger may reach over all runs (``None``: one run's ``epsilon``, or
-        the budget stored in the ledger file when smaller; :mod:`._trust`).
-    raise_budget
-        Allow ``budget`` to raise the budget stored in the ledger file (an explicit act).
-    max_fallback_epsilon
-        The largest ε the site accepts, over every run of its ledger composed, should the other
-        sites of a secure sum collude with the server (``None``: twice ``epsilon`` for one run and
-        twice its budget in total; :func:`~._trust.ledger_fallback_epsilon`).
-    max_rounds
-        The largest number of releases (or training rounds) it serves in one run.
-    honest_sites
-        The number of sites (itself included) the site trusts to add their noise and not to collude
-        with the server; a secure run whose threshold is larger is refused (``None``: any threshold
-        of at least 2).
-    layer
-        Layer with the counts (``None``: ``X``).
-    ledger
-        The ledger file (default ``<data>.dpsc-ledger.json``).
-    output
-        Where the site writes its results (default ``<data stem>.dpsc.h5ad`` beside the data).
-    noise_seed, site_index
-        Tests only: the site's own noise seed (the guarantee then does not hold against whoever
-        knows it) and its index among the sites. A seed sent by the server is always refused.
-    """
-
-    data: str | Any
-    epsilon: float | None = 8.0
-    delta: float | None = None
-    budget: float | None = None
-    raise_budget: bool = False
-    max_fallback_epsilon: float | None = None
-    max_rounds: int = 1000
-    honest_sites: int | None = None
-    layer: str | None = None
-    ledger: str | None = None
-    output: str | None = None
-    noise_seed: int | None = None
-    site_index: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.epsilon in ("none", "None"):
-            self.epsilon = None
-        if self.epsilon is not None and not (isinstance(self.epsilon, int | float) and self.epsilon > 0):
-            raise ValueError(f"The site's epsilon must be a positive number or 'none', got {self.epsilon!r}.")
-        if self.budget is not None and not self.budget > 0:
-            raise ValueError(f"The site's budget must be a positive number, got {self.budget!r}.")
-        if self.max_fallback_epsilon is not None and not self.max_fallback_epsilon > 0:
-            raise ValueError(
-                "The site's max_fallback_epsilon must be a positive number, got "
-                f"{self.max_fallback_epsilon!r}."
-            )
-        if self.honest_sites is not None and int(self.honest_sites) < 1:
-            raise ValueError(f"honest_sites must be at least 1, got {self.honest_sites!r}.")
-        if not self.in_memory:
-            data = Path(self.data)
-            self.ledger = self.ledger or str(data.with_name(data.name + ".dpsc-ledger.json"))
-            self.output = self.output or str(data.with_name(data.stem + ".dpsc.h5ad"))
-
-    @property
-    def in_memory(self) -> bool:
-        """Whether the site's cells are held in memory (a simulation) rather than in a file."""
-        return not isinstance(self.data, str | Path)
-
-    @property
-    def refusal_file(self) -> Path | None:
-        """Where the site writes the reason of its last refusal (read by ``dpsc federate site``)."""
-        return None if self.ledger is None else Path(str(self.ledger) + ".refusal")
-
-    @classmethod
-    def from_mapping(cls, values: dict[str, Any]) -> SiteSettings:
-        """Return settings from a mapping (a TOML table, or Flower's ``node_config``)."""
-        known = {f.name for f in fields(cls)}
-        given = {str(k).replace("-", "_"): v for k, v in values.items()}
-        unknown = sorted(set(given) - known - {"partition_id", "num_partitions", "settings"})
-        if unknown:
-            raise ValueError(f"Unknown site settings {unknown}; a site takes {sorted(known)}.")
-        return cls(**{k: v for k, v in given.items() if k in known})
-
-    @classmethod
-    def from_file(cls, path: str | Path) -> SiteSettings:
-        """Return settings from a TOML file (relative paths are taken from the file's folder)."""
-        path = Path(path)
-        values = tomllib.loads(path.read_text())
-        values = values.get("site", values)
-        for key in ("data", "ledger", "output"):
-            if key in values and not Path(values[key]).is_absolute():
-                values[key] = str(path.parent / values[key])
-        return cls.from_mapping(values)
 
 
 #: Simulated sites' ledgers in this process, by the Ray reference of their cells (unique per run).
@@ -376,7 +271,9 @@ class Site:
             self._check_trust(plan, threshold, n_sites)
         planned = site_record(plan, mode, threshold, n_sites, self.n_obs, self.noise)
         try:
-            _check(self.ledger.entries(), ledger_entry(planned, "run", "planned"), self._budget())
+            check_within_budget(
+                self.ledger.entries(), ledger_entry(planned, "run", "planned"), self._budget()
+            )
         except BudgetExceededError:
             raise SiteRefusal(self._budget_message(planned.epsilon, "run")) from None
 
@@ -524,7 +421,7 @@ class Site:
             vector = vector + self._noise(spec, request, threshold if mode == "secure" else 1, n_sites)
         line = self._book(plan, request, mode, threshold, n_sites)
         if booked is not None and line is not None:
-            booked.append(_plain(line))
+            booked.append(plain_entry(line))
         run_state["served"] = served + 1
         return vector
 

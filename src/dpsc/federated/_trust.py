@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ..privacy import FileLedger
-    from ._site import SiteSettings
+    from ._settings import SiteSettings
 
 #: Without ``max_fallback_epsilon``, a site accepts a secure run whose fallback ε is at most this
 #: multiple of its ``epsilon`` (at ε = 8 that allows a threshold of 3, where the fallback is about 15.7).

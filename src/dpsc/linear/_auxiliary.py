@@ -15,8 +15,7 @@ import numpy as np
 from scipy.stats import spearmanr
 
 from .._api import renamed_argument
-from ..privacy import SecureRandom
-from ..privacy._random import derive_key
+from ..privacy import SecureRandom, derive_key
 from ._private_fit import _fit_private_mean
 
 DEFAULT_OMEGAS = (0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0)

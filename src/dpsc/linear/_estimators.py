@@ -14,8 +14,7 @@ from typing import Any
 import numpy as np
 from sklearn.base import BaseEstimator, RegressorMixin
 
-from ..privacy import NoiseSource, SecureRandom, estimator_record
-from ..privacy._random import derive_key
+from ..privacy import NoiseSource, SecureRandom, derive_key, estimator_record
 from ._auxiliary import choose_bounds_and_split, synthetic_auxiliary
 from ._bayes import fixed_precision_posterior
 from ._preprocess import normalise_rows, project

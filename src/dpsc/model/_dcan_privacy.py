@@ -26,6 +26,17 @@ from .._validation import (
     check_target_frequency,
     resolve_delta,
 )
+from ..methods import kmeans_release_steps
+from ..methods._clustering import (
+    KINDS,
+    MIN_GENES,
+    SHARES,
+    ClusterPlan,
+    genes_for,
+    kmeans_plan,
+    kmeans_steps,
+)
+from ..methods._public_basis import PublicBasis
 from ..optim import DEFAULT_PRIVATE_LRS, check_optimizer
 from ..privacy import (
     COMMON_NOT_COVERED,
@@ -35,19 +46,8 @@ from ..privacy import (
     PrivacyRecord,
     ReleasePlan,
     epsilon_curve,
-    kmeans_release_steps,
     make_accountant,
 )
-from ..privacy._clustering import (
-    KINDS,
-    MIN_GENES,
-    SHARES,
-    ClusterPlan,
-    genes_for,
-    kmeans_plan,
-    kmeans_steps,
-)
-from ..privacy._public_basis import PublicBasis
 
 DECODER_WORDS = {
     "zinb": "decoder (hidden layers and ZINB heads)",
@@ -64,7 +64,7 @@ CHOICE = "choice between its partition and the model's"
 LOADINGS_SHARE = 0.6
 
 #: DP gene selection inside a fit: a matrix with more genes than :data:`MODEL_GENES` is first
-#: reduced to that many by one release of gene statistics (:mod:`dpsc.privacy._hvg`), which takes
+#: reduced to that many by one release of gene statistics (:mod:`dpsc.methods._hvg`), which takes
 #: :data:`GENE_SELECTION_SHARE` of the fit's ε. 2000 is the gene count DCAN's architecture and its
 #: reference preprocessing are built for; the rule reads only the number of genes.
 MODEL_GENES = 2000
@@ -105,7 +105,7 @@ DEFAULT_PLAN_OPTIONS: dict[str, object] = {
     "cluster_train_encoder": True,
 }
 
-#: Options of the DP k-means start (:func:`~dpsc.privacy.dp_kmeans_centroids`) unless
+#: Options of the DP k-means start (:func:`~dpsc.methods.dp_kmeans_centroids`) unless
 #: ``kmeans_kwargs`` overrides them: clipping radius (``None``: the latent sphere's radius, which
 #: clips nothing), 40 sketch releases with 2^6 buckets, 4 noisy Lloyd rounds of 40 releases with
 #: 3k centroids reduced to k, count column weighted 0.3·R (docs, Benchmarks: "DP-DCAN benchmark results").
@@ -344,7 +344,7 @@ def plan_fit(
     :data:`GENE_SELECTION_SHARE` of ε. ``start_n_vars``: the fit starts from the private
     clustering of a matrix with that many genes (:func:`start_parts`; ``select_genes`` and the
     loadings release are then the clustering's). ``start_basis``: that clustering reads each cell's
-    point in a public reference's basis (:mod:`dpsc.privacy._public_basis`): it releases only its
+    point in a public reference's basis (:mod:`dpsc.methods._public_basis`): it releases only its
     k-means, with :data:`START_SHARE` of ε (:func:`start_parts_on_basis`); ``reference`` is that
     reference's summary, for the record.
     """
@@ -449,11 +449,11 @@ def start_parts(
     r"""Return the clustering a fit starts from and the fit's whole calibrated plan.
 
     One calibration (:meth:`~dpsc.privacy.ReleasePlan.calibrate`) over every release of the fit:
-    the clustering's releases (their shares :data:`~dpsc.privacy._clustering.SHARES` scaled to
+    the clustering's releases (their shares :data:`~dpsc.methods._clustering.SHARES` scaled to
     :data:`START_SHARE`), the training's sampled steps (``training`` = (q, T)) with
     :data:`TRAINING_SHARE` and the choice between the two partitions
-    (:mod:`dpsc.privacy._selection`) with the rest. The genes the clustering reads follow its own
-    rule (:func:`~dpsc.privacy._clustering.genes_for`) at the PCA's σ of this split; when the rule
+    (:mod:`dpsc.methods._selection`) with the rest. The genes the clustering reads follow its own
+    rule (:func:`~dpsc.methods._clustering.genes_for`) at the PCA's σ of this split; when the rule
     keeps every gene, the gene release leaves the plan and its share goes to the others
     (:meth:`~dpsc.privacy.ReleasePlan.without`: one common scale, no second σ search). The
     clustering's plan is the first part of the fit's, with the same σ. Reads no cell. Without ε

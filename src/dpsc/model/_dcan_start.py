@@ -7,10 +7,10 @@ fit's accountant as it is made:
 - **before training**, either the private clustering the fit starts from (:func:`release_start`:
   the releases of :func:`dpsc.tl.cluster` at the σ of the fit's split, its genes, loadings and
   centroids), or, for a model that reads genes, the DP gene selection (:func:`select_genes`: one
-  release of gene statistics, :mod:`dpsc.privacy._hvg`);
+  release of gene statistics, :mod:`dpsc.methods._hvg`);
 - **after training**, the choice between the clustering's partition and the trained model's
   (:func:`choose_partition`: one release of both partitions' tables, sensitivity 2,
-  :mod:`dpsc.privacy._selection`).
+  :mod:`dpsc.methods._selection`).
 
 Everything else here is post-processing of released values. Matrices in, arrays out: nothing
 here reads or writes an AnnData.
@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from ..privacy import _hvg, _selection
-from ..privacy._clustering import MEAN_WEIGHT, ClusterResult, cell_points, central_release_sum, run_clustering
-from ..privacy._public_basis import PublicBasis
+from ..methods import _hvg, _selection
+from ..methods._clustering import MEAN_WEIGHT, ClusterResult, cell_points, central_release_sum, run_clustering
+from ..methods._public_basis import PublicBasis
 from ._dcan_privacy import MODEL_GENES, FitPlan
 
 if TYPE_CHECKING:
@@ -99,7 +99,7 @@ def start_model_from(model: DPDCAN, start: ClusterResult) -> None:
 def choose_partition(matrix: Any, start: ClusterResult, model: DPDCAN, plan: FitPlan) -> _selection.Selection:
     """Release both partitions' tables in the clustering's points and keep the better one.
 
-    :mod:`dpsc.privacy._selection` states the release (sensitivity 2) and the score.
+    :mod:`dpsc.methods._selection` states the release (sensitivity 2) and the score.
     """
     points = cell_points(matrix, start.genes, start.loadings, start.basis)
     labels = (start.labels(matrix), model.latent_and_labels()[1])

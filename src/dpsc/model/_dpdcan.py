@@ -20,21 +20,17 @@ from sklearn.cluster import KMeans
 from .. import _blocks
 from .._api import DEFAULT_EPSILON
 from .._validation import check_input_pcs, check_matrix, get_matrix
-from ..module import DEFAULT_LATENT_SCALE, DCANModule, clean_input
-from ..privacy import (
+from ..methods import (
     Assignment,
-    PrivacyRecord,
-    Spending,
     _pca,
-    broadcast_from_rank_zero,
-    dp_cluster_frequency,
     dp_kmeans_centroids,
     kmeans_table,
     nearest_centroid,
-    spending,
     split_table,
     table_release,
 )
+from ..module import DEFAULT_LATENT_SCALE, DCANModule, clean_input
+from ..privacy import PrivacyRecord, Spending, broadcast_from_rank_zero, dp_cluster_frequency, spending
 from ..train import DCANTrainingPlan, FitProgress, PoissonDataSplitter, quiet_training_logs
 from ._dcan_privacy import (
     FitPlan,
@@ -235,7 +231,7 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
             Options of the DP k-means start, updating :data:`dpsc.model.DEFAULT_KMEANS_OPTIONS`:
             ``clip_norm``, the release counts ``n_sketch_steps``, ``n_lloyd_rounds`` and
             ``steps_per_round`` (they set the planned steps), and ``n_bits``, ``oversampling``,
-            ``count_scale`` (:func:`~dpsc.privacy.dp_kmeans_centroids`).
+            ``count_scale`` (:func:`~dpsc.methods.dp_kmeans_centroids`).
         random_state
             Seed of initialisation, masking, projections and post-processing k-means. Never of the
             DP noise or the Poisson samples.
@@ -466,10 +462,10 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
     def _loadings_release(self, plan: FitPlan):
         r"""Callable that releases the frozen input loadings (once) and loads them into the module.
 
-        The release of :mod:`dpsc.privacy._pca` (the one :func:`dpsc.pp.pca` makes): the sum of
+        The release of :mod:`dpsc.methods._pca` (the one :func:`dpsc.pp.pca` makes): the sum of
         :math:`u_i u_i^\top` over every training cell, :math:`u_i` the cell's log1p(CP10k) row
         scaled to norm 1 (sensitivity 1), one lattice-encoded Gaussian release at :math:`\sigma_V`
-        (exact in a non-private fit), the gene block :data:`dpsc.privacy._pca.DEFAULT_GENE_BLOCK`
+        (exact in a non-private fit), the gene block :data:`dpsc.methods._pca.DEFAULT_GENE_BLOCK`
         and the dropped mean component; the accountant is told :math:`(\sigma_V, q = 1)`. Under
         data parallelism every process holds all cells and receives rank 0's release.
         """
@@ -653,7 +649,7 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
         k-means steps) sampled releases of the table :math:`\sum_{i\in B} e_{a(i)} \otimes
         (\mathrm{clip}_R(z_i), \kappa R)` over fresh Poisson samples B, :math:`a(i)` the cell's
         start cluster (a map of the cell and public centroids) and :math:`z_i` its latent: the
-        table of :func:`~dpsc.privacy.kmeans_table`, sensitivity :math:`R\sqrt{1+\kappa^2}`,
+        table of :func:`~dpsc.methods.kmeans_table`, sensitivity :math:`R\sqrt{1+\kappa^2}`,
         one step of the plan's sampled Gaussian each (``dp.record_release()``). The sums and counts
         are added over the releases; each centroid is its sum over its count, scaled to the
         latent sphere. Without DP: the exact means over every cell.

@@ -1,7 +1,7 @@
 """``dpsc.pp.pca``: principal components from one Gaussian release of the gene second moments.
 
 The mechanism (per-cell contribution, sum, noise, post-processing) is
-:mod:`dpsc.privacy._pca`; this module checks the arguments, books the release in the ledger and
+:mod:`dpsc.methods._pca`; this module checks the arguments, books the release in the ledger and
 writes scanpy's keys.
 """
 
@@ -16,6 +16,7 @@ from .._api import DEFAULT_EPSILON, result_target, store_result
 from .._blocks import is_dask
 from .._outputs import derived_key
 from .._validation import check_cells, check_privacy_args, check_public_counts, get_matrix, resolve_delta
+from ..methods import _pca as mechanism
 from ..privacy import (
     COMMON_NOT_COVERED,
     NoiseSource,
@@ -23,9 +24,8 @@ from ..privacy import (
     PrivacyRecord,
     ReleasePlan,
     gaussian_release_record,
+    with_storage_note,
 )
-from ..privacy import _pca as mechanism
-from ..privacy._record import with_storage_note
 
 DEFAULT_PCA_GENES = mechanism.DEFAULT_GENE_BLOCK
 
@@ -95,7 +95,7 @@ def pca(
     """Differentially private PCA of the cells (Analyze Gauss, Dwork et al. 2014).
 
     One Gaussian release of the genes × genes second-moment matrix of unit-norm cells; the
-    loadings are its top eigenvectors (:mod:`dpsc.privacy._pca` states the argument). Proven
+    loadings are its top eigenvectors (:mod:`dpsc.methods._pca` states the argument). Proven
     (ε, δ)-DP for the loadings with respect to adding or removing one cell; the ε goes into the
     AnnData's ledger (:func:`dpsc.privacy.spent`). Only the local refusal of NaN or infinite values
     reads the cells, before anything is booked: a cell without counts is a zero row, a negative

@@ -1,11 +1,11 @@
-"""Privacy: secure noise, the one release shape and its mechanisms, DP-SGD, accounting, records, ledger.
+"""Privacy: secure noise, the one release shape, DP-SGD, accounting, the plan, records, ledger.
 
 Every proven release is a :class:`GaussianSum` (per-cell contributions with a stated bound, a sum
-over cells or over sites, lattice-encoded discrete Gaussian noise); the mechanisms below state
-their contribution maps and post-processing: DP PCA (:mod:`._pca`), DP gene statistics
-(:mod:`._hvg`), DP k-means (:mod:`._kmeans`), DEC cluster frequencies (:mod:`._frequency`).
-DP-SGD steps go through :class:`DPSGDEngine`. Every call that reads cells books its record in the
-cells' ledger through :func:`spending`.
+over cells or over sites, lattice-encoded discrete Gaussian noise), planned and calibrated once by
+a :class:`ReleasePlan`; DEC cluster frequencies (:mod:`._frequency`) are the one mechanism kept
+here. DP-SGD steps go through :class:`DPSGDEngine`. Every call that reads cells books its record in
+the cells' ledger through :func:`spending`. The analyses built on these releases (gene selection,
+PCA, k-means, the clustering, markers, public references) live in :mod:`dpsc.methods`.
 """
 
 from importlib import import_module
@@ -16,7 +16,6 @@ from typing import Any
 _WHERE = {
     "ACCOUNTANTS": "._accounting",
     "ADD_REMOVE": "._record",
-    "Assignment": "._kmeans",
     "BudgetExceededError": "._ledger",
     "COMMON_NOT_COVERED": "._record",
     "DPSGDEngine": "._engine",
@@ -39,21 +38,22 @@ _WHERE = {
     "broadcast_from_rank_zero": "._distributed",
     "build_statement": "._record",
     "calibrate_noise_multiplier": "._accounting",
-    "central_table_release": "._kmeans",
     "check_budget": "._ledger",
+    "check_within_budget": "._ledger",
+    "compose": "._ledger",
+    "derive_key": "._random",
+    "ledger_entry": "._ledger",
+    "plain_entry": "._ledger",
     "concat": "._ledger",
     "distributed_slack": "._release",
     "dp_cluster_frequency": "._frequency",
-    "dp_kmeans_centroids": "._kmeans",
     "epsilon_curve": "._accounting",
     "estimator_record": "._record",
     "frequency_release": "._frequency",
-    "gaussian_release_record": "._record",
+    "gaussian_release_record": "._plan",
     "get_record": "._ledger",
     "history_epsilon": "._accounting",
     "is_distributed": "._distributed",
-    "kmeans_release_steps": "._kmeans",
-    "kmeans_table": "._kmeans",
     "laplace_release": "._release",
     "ledger_frame": "._ledger",
     "with_storage_note": "._record",
@@ -67,10 +67,7 @@ _WHERE = {
     "spent": "._ledger",
     "spent_epsilon": "._accounting",
     "split_budget": "._accounting",
-    "nearest_centroid": "._kmeans",
-    "split_table": "._kmeans",
     "sum_over_ranks": "._distributed",
-    "table_release": "._kmeans",
     "world": "._distributed",
     "write_record": "._ledger",
     "write_result": "._ledger",
@@ -96,15 +93,11 @@ __all__ = [
     "concat",
     "distributed_slack",
     "dp_cluster_frequency",
-    "dp_kmeans_centroids",
     "get_record",
-    "kmeans_table",
     "ledger_frame",
-    "nearest_centroid",
     "set_budget",
     "spent",
     "split_budget",
-    "table_release",
 ]
 
 

@@ -222,10 +222,10 @@ class FileLedger:
         """Check ``entry`` against the budget (and ``cap``, if given), book it atomically; return its id."""
         with self._locked() as state:
             entries = [state["entries"][k] for k in sorted(state["entries"])]
-            _check(entries, entry, state["budget"])
-            _check(entries, entry, cap)
+            check_within_budget(entries, entry, state["budget"])
+            check_within_budget(entries, entry, cap)
             key = _next_key(state["entries"])
-            state["entries"][key] = _plain(entry)
+            state["entries"][key] = plain_entry(entry)
         return key
 
     def count(self) -> int:
@@ -240,7 +240,7 @@ class FileLedger:
     def settle(self, key: str, entry: dict[str, Any]) -> None:
         """Replace the reservation ``key`` by the entry of what was released."""
         with self._locked() as state:
-            state["entries"][key] = _plain(entry)
+            state["entries"][key] = plain_entry(entry)
 
 
 class MemoryLedger(FileLedger):
@@ -275,7 +275,7 @@ class MemoryLedger(FileLedger):
         with self._locked() as state:
             known = {json.dumps(e, sort_keys=True) for e in state["entries"].values()}
             for entry in entries:
-                plain = _plain(entry)
+                plain = plain_entry(entry)
                 if json.dumps(plain, sort_keys=True) not in known:
                     state["entries"][f"{len(state['entries']):04d}"] = plain
                     known.add(json.dumps(plain, sort_keys=True))
@@ -289,7 +289,7 @@ def _json_default(value: Any) -> Any:
     raise TypeError(f"Cannot write {type(value).__name__} to a ledger file.")
 
 
-def _plain(entry: dict[str, Any]) -> dict[str, Any]:
+def plain_entry(entry: dict[str, Any]) -> dict[str, Any]:
     return json.loads(json.dumps(entry, default=_json_default))
 
 
@@ -325,7 +325,9 @@ def _budget(adata: ad.AnnData) -> dict[str, float] | None:
     return adata.uns.get("dpsc", {}).get(BUDGET_KEY)
 
 
-def _check(entries: list[dict[str, Any]], planned: dict[str, Any], budget: dict[str, float] | None) -> None:
+def check_within_budget(
+    entries: list[dict[str, Any]], planned: dict[str, Any], budget: dict[str, float] | None
+) -> None:
     if budget is None:
         return
     before = compose(entries)
@@ -418,7 +420,7 @@ def _from_plain(entry: dict[str, Any]) -> dict[str, Any]:
 
 def check_budget(adata: ad.AnnData, planned: PrivacyRecord, key: str) -> None:
     """Refuse (before any work) a call whose planned record would exceed the budget."""
-    _check(_entries(adata), ledger_entry(planned, key, "planned"), _budget(adata))
+    check_within_budget(_entries(adata), ledger_entry(planned, key, "planned"), _budget(adata))
 
 
 class Spending:
@@ -476,7 +478,7 @@ def spending(adata: ad.AnnData, planned: PrivacyRecord, key: str) -> Iterator[Sp
         entry_id = file.reserve(entry)
         _sync_uns(adata)
     else:
-        _check(_uns_entries(adata), entry, _budget(adata))
+        check_within_budget(_uns_entries(adata), entry, _budget(adata))
         ledger = _dpsc_uns(adata).setdefault(LEDGER_KEY, {})
         entry_id = _next_key(ledger)
         ledger[entry_id] = entry

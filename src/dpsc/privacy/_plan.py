@@ -271,3 +271,44 @@ class PlanSpending:
         if name not in self.plan:
             raise KeyError(f"Release {name!r} is not in the plan; nothing was released.")
         return self.noise.stream(name, *index)
+
+
+def gaussian_release_record(
+    tool: str,
+    *,
+    sigma: float,
+    target_epsilon: float | None,
+    delta: float,
+    unit: str,
+    mechanism: str,
+    covered: str,
+    not_covered: str,
+    noise: NoiseSource,
+    scope: str,
+    sample_rate: float = 1.0,
+    steps: int = 1,
+    max_grad_norm: float = 0.0,
+    accountant_name: str = "rdp",
+) -> PrivacyRecord:
+    """Proven record of ``steps`` Gaussian releases (σ, q): the record of their one-release plan.
+
+    The ε is the plan's (:meth:`ReleasePlan.record`: the named Opacus accountant composes
+    the history ``[(σ, q, steps)]`` at δ); the DP-SGD fields say σ, q, steps and the clip norm.
+    """
+    release = PlannedRelease(tool, sample_rate=sample_rate, steps=steps, sigma=sigma)
+    plan = ReleasePlan.of(release, accountant=accountant_name, epsilon=target_epsilon, delta=delta)
+    return plan.record(
+        tool,
+        unit=unit,
+        mechanism=mechanism,
+        covered=covered,
+        not_covered=not_covered,
+        noise=noise,
+        target_epsilon=None if target_epsilon is None else float(target_epsilon),
+        mechanisms=[f"Gaussian, sigma={sigma:.4g} x sensitivity, q={sample_rate:g}, {steps} release(s)"],
+        noise_multiplier=sigma,
+        sample_rate=sample_rate,
+        max_grad_norm=max_grad_norm,
+        scope=scope,
+        details={},
+    )

@@ -1,7 +1,7 @@
 """``dpsc.tl.cluster``: a whole proven private clustering in one call and one budget.
 
 Gene selection (when the plan reads fewer genes than the matrix has), PCA and k-means, each a
-release of a sum over cells (:mod:`dpsc.privacy._clustering`), with the asked ε split among them
+release of a sum over cells (:mod:`dpsc.methods._clustering`), with the asked ε split among them
 so that the composed spend is the asked ε. The separate steps (:func:`dpsc.pp.highly_variable_genes`,
 :func:`dpsc.pp.pca`, :func:`dpsc.tl.kmeans`) remain for users who want them.
 """
@@ -19,14 +19,7 @@ from .._api import DEFAULT_EPSILON, result_target, store_result
 from .._blocks import is_dask
 from .._outputs import write_cluster_markers, write_clustering
 from .._validation import check_cells, check_privacy_args, check_public_counts, get_matrix, resolve_delta
-from ..privacy import (
-    COMMON_NOT_COVERED,
-    NoiseSource,
-    PrivacyRecord,
-    Spending,
-    spending,
-)
-from ..privacy._clustering import (
+from ..methods._clustering import (
     MEAN_WEIGHT,
     ClusterPlan,
     ClusterResult,
@@ -34,8 +27,15 @@ from ..privacy._clustering import (
     plan_clustering,
     run_clustering,
 )
-from ..privacy._public_basis import PublicBasis
-from ..privacy._record import with_storage_note
+from ..methods._public_basis import PublicBasis
+from ..privacy import (
+    COMMON_NOT_COVERED,
+    NoiseSource,
+    PrivacyRecord,
+    Spending,
+    spending,
+    with_storage_note,
+)
 from ._kmeans import warn_if_few_clusters
 from ._reference import name_clusters, reference_basis, write_names
 
@@ -218,7 +218,7 @@ def cluster(
     then the second moment of each cell's unit residual orthogonal to it (the other loadings).
 
     Every step reads the cells only through a Gaussian release of a sum over cells
-    (:mod:`dpsc.privacy._clustering` states the plan and the argument); the asked (ε, δ) is split
+    (:mod:`dpsc.methods._clustering` states the plan and the argument); the asked (ε, δ) is split
     among the releases and composed by the Opacus RDP accountant, so that
     :func:`dpsc.privacy.spent` grows by the asked ε. Proven (ε, δ)-DP with respect to adding or
     removing one cell for the selected genes, the loadings and the centroids.
@@ -228,7 +228,7 @@ def cluster(
     adata
         Cells × genes, raw counts, all genes as they come: the PCA reads
         clip((0.02 n / σ)², 250, 2000) of them (n cells, σ the PCA's noise
-        multiplier; :func:`dpsc.privacy._clustering.genes_for`), chosen by the DP gene selection
+        multiplier; :func:`dpsc.methods._clustering.genes_for`), chosen by the DP gene selection
         inside ε when the matrix has more. No check reads the cells.
     n_clusters
         k (fixed in advance from prior knowledge; estimating it would spend privacy).
@@ -249,7 +249,7 @@ def cluster(
         A public reference of the same tissue (another donor, study or condition): an AnnData of
         raw counts, or an ``.h5ad`` path. Its genes (scanpy's 2,000 highly variable genes among
         those shared with ``adata``), gene means and scales and 16 principal components are computed
-        from it alone (scanpy's recipe; :mod:`dpsc.privacy._public_basis`), so they cost no ε, and
+        from it alone (scanpy's recipe; :mod:`dpsc.methods._public_basis`), so they cost no ε, and
         the whole ε goes to the DP k-means of the cells' points in that basis (and to the markers).
         It must not contain the cells of ``adata``; its name, sha256 fingerprint and size go into
         the record.

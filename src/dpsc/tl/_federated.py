@@ -33,13 +33,10 @@ from ..federated import (
     require_flwr,
     simulate_federation,
 )
+from ..methods import nearest_centroid
 from ..module import input_representation
 from ..optim import DEFAULT_PRIVATE_LRS, OPTIMIZERS
-from ..privacy import (
-    NoiseSource,
-    nearest_centroid,
-    spending,
-)
+from ..privacy import NoiseSource, spending
 from ._fit import DEFAULT_N_CLUSTERS
 
 MIN_CLIENT_CELLS = 2

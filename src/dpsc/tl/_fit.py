@@ -32,6 +32,8 @@ from .._validation import (
     check_public_counts,
     get_matrix,
 )
+from ..methods import _selection
+from ..methods._kmeans import clusters_above_noise
 from ..model import (
     DPDCAN,
     MODEL_GENES,
@@ -43,8 +45,7 @@ from ..model import (
     start_model_from,
 )
 from ..module import DEFAULT_LATENT_SCALE
-from ..privacy import _selection, spending
-from ..privacy._kmeans import clusters_above_noise
+from ..privacy import spending
 from ._fit_reference import (
     REFERENCE_FINE_TUNING_EPOCHS,
     REFERENCE_FINE_TUNING_RATE,
@@ -207,12 +208,12 @@ def fit(
     start cluster's latent sum). DP-SGD then refines them with
     :data:`~dpsc.model._dcan_privacy.TRAINING_SHARE` of ε. Last, one release of both partitions'
     per-cluster sums scores each by the k-means objective in the clustering's points
-    (:mod:`dpsc.privacy._selection`): ``obs[cluster_key]`` holds the model's partition only when
+    (:mod:`dpsc.methods._selection`): ``obs[cluster_key]`` holds the model's partition only when
     its score leads by twice its noise, the clustering's otherwise; ``obsm[key_added]`` is always
     the model's embedding.
 
     With a ``reference``: the genes, their scales and 16 components come from the reference
-    (:mod:`dpsc.privacy._public_basis`, as in ``dpsc.tl.cluster(reference=...)``), and the model
+    (:mod:`dpsc.methods._public_basis`, as in ``dpsc.tl.cluster(reference=...)``), and the model
     reads each cell's point in that basis (a map of the cell and public values). The network
     (:data:`dpsc.model._dcan_reference.REFERENCE_MODEL`) is pretrained on the reference's points
     without noise, both stages and every parameter: public, no ε. On these cells
@@ -233,8 +234,8 @@ def fit(
     statement say so. Neither covers the outputs written for the training cells themselves.
 
     Gene selection: the default model reads the genes its clustering reads (its rule,
-    :func:`dpsc.privacy._clustering.genes_for`); otherwise a matrix with more than 2000 genes is
-    first reduced to 2000 by :mod:`dpsc.privacy._hvg`'s release (the statistic of
+    :func:`dpsc.methods._clustering.genes_for`); otherwise a matrix with more than 2000 genes is
+    first reduced to 2000 by :mod:`dpsc.methods._hvg`'s release (the statistic of
     :func:`dpsc.pp.highly_variable_genes`), with 10 % of ε, inside the same record. The model, and
     :meth:`~dpsc.model.DPDCAN.export_shared`, then use those genes. Under DP the only check that
     reads the cells is the local refusal of NaN or infinite values, before anything is booked

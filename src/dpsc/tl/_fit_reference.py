@@ -15,6 +15,8 @@ import anndata as ad
 import numpy as np
 import pandas as pd
 
+from ..methods import _selection
+from ..methods._public_basis import PublicBasis
 from ..model import (
     DPDCAN,
     REFERENCE_MODEL,
@@ -24,8 +26,6 @@ from ..model import (
     pretraining_key,
     save_pretrained,
 )
-from ..privacy import _selection
-from ..privacy._public_basis import PublicBasis
 from ._reference import PublicReference, name_centroids, reference_basis, reference_points, write_names
 
 __all__ = [
@@ -82,7 +82,7 @@ class ReferenceFit:
     def model(self, matrix: Any, n_clusters: int, random_state: int, progress_bar: bool) -> DPDCAN:
         """Return a DP-DCAN on these cells' points in the basis, started from the pretrained weights.
 
-        Each point is a map of its cell and public values (:mod:`dpsc.privacy._public_basis`), so
+        Each point is a map of its cell and public values (:mod:`dpsc.methods._public_basis`), so
         training on the points is training on the cells with per-cell gradients.
         """
         state = self.pretrained(n_clusters, random_state, progress_bar)

@@ -2,7 +2,7 @@ r"""``dpsc.tl.kmeans``: k-means whose centroids are released with Gaussian noise
 
 The cells' rows of ``obsm[use_rep]`` (e.g. the projections of :func:`dpsc.pp.pca`, each a
 function of its own cell and of already-released loadings) are read only through the tables of
-:mod:`dpsc.privacy._kmeans`: every read is one release of all cells (q = 1) of per-row sums of
+:mod:`dpsc.methods._kmeans`: every read is one release of all cells (q = 1) of per-row sums of
 clipped points and weighted counts, sensitivity :math:`\Delta = R\sqrt{1+\kappa^2}`,
 lattice-encoded discrete Gaussian noise of scale :math:`\sigma\Delta`. With ``metric="cosine"`` (the
 default) each
@@ -29,18 +29,10 @@ from dpsc._docs import doc_params
 
 from .._api import DEFAULT_EPSILON, result_target, store_result
 from .._validation import check_privacy_args, resolve_delta
-from ..privacy import (
-    COMMON_NOT_COVERED,
-    NoiseSource,
-    PlannedRelease,
-    ReleasePlan,
-    central_table_release,
-    dp_kmeans_centroids,
-    gaussian_release_record,
-    kmeans_release_steps,
-)
-from ..privacy._clustering import KMEANS_PLAN
-from ..privacy._kmeans import Metric, _nearest, kmeans_points
+from ..methods import central_table_release, dp_kmeans_centroids, kmeans_release_steps
+from ..methods._clustering import KMEANS_PLAN
+from ..methods._kmeans import Metric, _nearest, kmeans_points
+from ..privacy import COMMON_NOT_COVERED, NoiseSource, PlannedRelease, ReleasePlan, gaussian_release_record
 
 #: Release plan and sketch of :func:`kmeans`: the private pipeline's (:data:`KMEANS_PLAN`).
 KMEANS_DEFAULTS = KMEANS_PLAN
@@ -208,7 +200,7 @@ def warn_if_few_clusters(in_use: int, n_clusters: int, stacklevel: int = 3) -> N
     """Warn (:func:`few_clusters_message`) when fewer than half of the ``n_clusters`` centroids are in use.
 
     ``in_use`` counts the centroids whose released count in the last Lloyd round is above twice
-    its noise (:func:`dpsc.privacy.dp_kmeans_centroids` with ``return_in_use=True``): a statement
+    its noise (:func:`dpsc.methods.dp_kmeans_centroids` with ``return_in_use=True``): a statement
     about released values, so the note costs no privacy. ``stacklevel`` points the warning at the
     user's call.
     """

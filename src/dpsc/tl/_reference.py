@@ -1,7 +1,7 @@
 r"""A public reference for the private clustering: read, checked, fingerprinted, and used to name clusters.
 
 ``dpsc.tl.cluster(adata, k, reference=ref)`` takes the genes, gene scales and components of a
-public reference of the same tissue (:mod:`dpsc.privacy._public_basis`): public cells cost no ε,
+public reference of the same tissue (:mod:`dpsc.methods._public_basis`): public cells cost no ε,
 so the whole budget goes to the DP k-means. With ``reference_key`` each released centroid is
 named after the reference type whose mean point it matches (:func:`name_clusters`): a map of the
 released centroids and the public reference only (post-processing).
@@ -23,9 +23,9 @@ import numpy as np
 import pandas as pd
 import scipy.sparse as sp
 
-from ..privacy import _public_basis
-from ..privacy._clustering import MAX_GENES, N_COMPS
-from ..privacy._public_basis import PublicBasis, basis_from_reference
+from ..methods import _public_basis
+from ..methods._clustering import MAX_GENES, N_COMPS
+from ..methods._public_basis import PublicBasis, basis_from_reference
 
 MIN_SHARED_GENES = 200  # fewer shared genes than this: another gene naming, or another species
 MIN_TYPE_CELLS = 50  # a reference type with fewer cells has a noisy mean point: warn
@@ -67,7 +67,7 @@ class PublicReference:
         }
 
     def basis(self) -> PublicBasis:
-        """Return the public basis (:mod:`dpsc.privacy._public_basis`) in the private columns."""
+        """Return the public basis (:mod:`dpsc.methods._public_basis`) in the private columns."""
         quantile = _public_basis.RADIUS_QUANTILE
         return basis_from_reference(
             self.counts, self.reference_genes, self.private_genes, MAX_GENES, N_COMPS, quantile

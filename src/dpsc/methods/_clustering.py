@@ -47,10 +47,9 @@ from typing import Any
 import numpy as np
 
 from .. import _blocks
+from ..privacy import GaussianSum, PlannedRelease, ReleasePlan
 from . import _hvg, _kmeans, _markers, _pca
-from ._plan import PlannedRelease, ReleasePlan
 from ._public_basis import MIN_SCALE, PublicBasis
-from ._release import GaussianSum
 
 MAX_GENES = 2000  # genes the PCA reads without noise (scanpy's usual number of variable genes)
 MIN_GENES = 250  # the fewest genes the rule of :func:`genes_for` keeps

@@ -30,8 +30,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from .. import _blocks
+from ..privacy import GaussianSum
 from ._pca import unit_rows
-from ._release import GaussianSum
 
 Flavor = Literal["second_moment", "variance", "mean"]
 FLAVORS = ("second_moment", "variance", "mean")  # what dpsc.pp.highly_variable_genes offers

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
-from ._release import GaussianSum
+from ..privacy import GaussianSum
 
 if TYPE_CHECKING:
     import torch

@@ -78,7 +78,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from .. import _blocks
-from ._release import GaussianSum
+from ..privacy import GaussianSum
 
 DENSE_VALUES = 8_000_000  # values of the per-cell rows densified at once
 DETECTION_GENES = 2000  # detection vectors are clipped to sqrt(min(G, this)) in L2

@@ -1,0 +1,173 @@
+"""``tl.cluster(markers=True)`` out of core: simulated cells written once to zarr, read lazily by Dask.
+
+Two steps, each its own process (peak RSS is the process's own ``ru_maxrss``):
+
+``write``: ``dpsc.datasets.simulate`` draws the cells in pieces (one seed per piece, one atlas
+model); the first piece is written as an AnnData to zarr and every later piece is appended to
+its sparse ``X`` on disk (``anndata.io.sparse_dataset(...).append``), so no step holds more than
+one piece. ``obs["cell_type"]`` is written last.
+
+``cluster``: ``X`` is read lazily (``anndata.experimental.read_elem_lazy``, row chunks), ``obs``
+and ``var`` in memory; one ``dpsc.tl.cluster(n_clusters=8, epsilon=8, markers=True)`` on Dask's
+threaded scheduler. It reports the wall time, the peak RSS and the ARI against the simulated types.
+
+    OMP_NUM_THREADS=2 python benchmarks/dask_out_of_core.py write --cells 10000000 --zarr /tmp/atlas.zarr
+    OMP_NUM_THREADS=2 python benchmarks/dask_out_of_core.py cluster --zarr /tmp/atlas.zarr \
+        --out benchmarks/results/dask_out_of_core.jsonl
+    python benchmarks/dask_out_of_core.py report --out benchmarks/results/dask_out_of_core.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import shutil
+import subprocess
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+
+def _peak_rss_gb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def _disk_gb(path: Path) -> float:
+    out = subprocess.run(["du", "-sb", str(path)], capture_output=True, text=True, check=True).stdout
+    return int(out.split()[0]) / 2**30
+
+
+def _group(path: Path):
+    """The zarr group at ``path``, read and written without its (stale) consolidated metadata."""
+    import zarr
+
+    return zarr.open_group(str(path), mode="r+", use_consolidated=False)
+
+
+def write(n_cells: int, zarr_path: str, piece: int) -> None:
+    """Simulate ``n_cells`` cells piece by piece into a zarr AnnData at ``zarr_path``."""
+    import anndata as ad
+    import zarr
+
+    import dpsc
+    from dpsc.datasets import fit_atlas_model
+
+    path = Path(zarr_path)
+    if path.exists():
+        shutil.rmtree(path)
+    model = fit_atlas_model(dpsc.datasets.pbmc4k())
+    start = time.perf_counter()
+    codes, categories = [], None
+    for index, first in enumerate(range(0, n_cells, piece)):
+        cells = dpsc.datasets.simulate(min(piece, n_cells - first), model=model, random_state=index)
+        categories = list(cells.obs["cell_type"].cat.categories)
+        codes.append(cells.obs["cell_type"].cat.codes.to_numpy().astype(np.int8))
+        if index == 0:
+            ad.AnnData(X=cells.X, var=cells.var).write_zarr(path)
+        else:
+            ad.io.sparse_dataset(_group(path)["X"]).append(cells.X)
+        print(f"{first + cells.n_obs:,} cells written, {time.perf_counter() - start:.0f} s", flush=True)
+    obs = pd.DataFrame(
+        {"cell_type": pd.Categorical.from_codes(np.concatenate(codes), categories)},
+        index=pd.RangeIndex(n_cells).astype(str),
+    )
+    group = _group(path)
+    del group["obs"]
+    ad.io.write_elem(group, "obs", obs)
+    zarr.consolidate_metadata(str(path))
+    row = {
+        "step": "write",
+        "cells": n_cells,
+        "write_s": round(time.perf_counter() - start, 1),
+        "zarr_gb": round(_disk_gb(path), 2),
+        "peak_rss_gb": round(_peak_rss_gb(), 2),
+    }
+    print(json.dumps(row))
+    (path.parent / (path.name + ".write.json")).write_text(json.dumps(row))
+
+
+def cluster(zarr_path: str, chunk: int, out: str) -> None:
+    """Cluster the zarr AnnData out of core; one JSON row appended to ``out``."""
+    import anndata as ad
+    import zarr
+    from sklearn.metrics import adjusted_rand_score
+
+    import dpsc
+
+    path = Path(zarr_path)
+    group = zarr.open(str(path), mode="r")
+    adata = ad.AnnData(
+        X=ad.experimental.read_elem_lazy(group["X"], chunks=(chunk, -1)),
+        obs=ad.io.read_elem(group["obs"]),
+        var=ad.io.read_elem(group["var"]),
+    )
+    start = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dpsc.tl.cluster(adata, n_clusters=8, epsilon=8, markers=True)
+    seconds = time.perf_counter() - start
+    written = path.parent / (path.name + ".write.json")
+    row = {
+        "cells": int(adata.n_obs),
+        "genes": int(adata.n_vars),
+        "chunk_rows": chunk,
+        **({k: v for k, v in json.loads(written.read_text()).items() if k != "step"} if written.exists() else {}),
+        "cluster_s": round(seconds, 1),
+        "cluster_peak_rss_gb": round(_peak_rss_gb(), 2),
+        "ari": round(float(adjusted_rand_score(adata.obs["cell_type"], adata.obs["dp_kmeans"])), 3),
+        "clusters_in_use": int(adata.uns["dpsc"]["dp_kmeans"]["clusters_in_use"]),
+        "epsilon": float(dpsc.privacy.get_record(adata, "dp_kmeans")["epsilon"]),
+        "threads": os.environ.get("OMP_NUM_THREADS", ""),
+        "machine": platform.machine(),
+        "cores": os.cpu_count(),
+    }
+    print(json.dumps(row))
+    with open(out, "a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
+def report(out: str) -> None:
+    """Write ``out`` as a markdown table beside it."""
+    rows = pd.DataFrame([json.loads(line) for line in Path(out).read_text().splitlines() if line])
+    lines = ["| " + " | ".join(rows.columns) + " |", "|" + "---|" * len(rows.columns)]
+    lines += ["| " + " | ".join(str(v) for v in row) + " |" for row in rows.itertuples(index=False)]
+    text = "\n".join(
+        [
+            "# The private clustering out of core (zarr on disk, Dask)",
+            "",
+            "Cells simulated by `dpsc.datasets.simulate` (2,000 genes, 8 types) written once to zarr piece by "
+            "piece, then `dpsc.tl.cluster(n_clusters=8, epsilon=8, markers=True)` on `X` read lazily "
+            "(Dask's threaded scheduler, 2 cores). `write_s`, `zarr_gb`, `peak_rss_gb`: the writing "
+            "process; `cluster_s`, `cluster_peak_rss_gb`: the clustering process (its `ru_maxrss`).",
+            "",
+            "Commands: see the docstring of `benchmarks/dask_out_of_core.py` (`write`, `cluster`, `report`).",
+            "",
+            *lines,
+            "",
+        ]
+    )
+    Path(out).with_suffix(".md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("step", choices=["write", "cluster", "report"])
+    parser.add_argument("--cells", type=int, default=10_000_000)
+    parser.add_argument("--piece", type=int, default=250_000, help="Cells simulated and appended at once.")
+    parser.add_argument("--chunk", type=int, default=100_000, help="Rows per Dask chunk.")
+    parser.add_argument("--zarr", default="/tmp/dpsc_atlas.zarr")
+    parser.add_argument("--out", default="benchmarks/results/dask_out_of_core.jsonl")
+    args = parser.parse_args()
+    if args.step == "write":
+        write(args.cells, args.zarr, args.piece)
+    elif args.step == "cluster":
+        cluster(args.zarr, args.chunk, args.out)
+    else:
+        report(args.out)

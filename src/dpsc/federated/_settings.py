@@ -1,0 +1,115 @@
+"""What a site decides for itself: its settings, from a TOML file or Flower's ``node_config``."""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class SiteSettings:
+    """What a site decides for itself.
+
+    Attributes
+    ----------
+    data
+        Path of the site's ``.h5ad`` (raw counts); in a simulation inside one process
+        (:func:`dpsc.tl.cluster_federated`), the site's cells themselves: an AnnData, or a Ray
+        reference to one (:func:`~._simulation.shared`). Such a site keeps its ledger in memory
+        (:class:`~dpsc.privacy.MemoryLedger`) and writes no file.
+    epsilon
+        The largest ε the site spends on one run; ``None`` (``epsilon = "none"`` in a file): the
+        site takes part in non-private runs only.
+    delta
+        The site's δ (default: 10⁻⁵, or 1/(10 n) above 10⁴ cells).
+    budget
+        The largest total ε its ledger may reach over all runs (``None``: one run's ``epsilon``, or
+        the budget stored in the ledger file when smaller; :mod:`._trust`).
+    raise_budget
+        Allow ``budget`` to raise the budget stored in the ledger file (an explicit act).
+    max_fallback_epsilon
+        The largest ε the site accepts, over every run of its ledger composed, should the other
+        sites of a secure sum collude with the server (``None``: twice ``epsilon`` for one run and
+        twice its budget in total; :func:`~._trust.ledger_fallback_epsilon`).
+    max_rounds
+        The largest number of releases (or training rounds) it serves in one run.
+    honest_sites
+        The number of sites (itself included) the site trusts to add their noise and not to collude
+        with the server; a secure run whose threshold is larger is refused (``None``: any threshold
+        of at least 2).
+    layer
+        Layer with the counts (``None``: ``X``).
+    ledger
+        The ledger file (default ``<data>.dpsc-ledger.json``).
+    output
+        Where the site writes its results (default ``<data stem>.dpsc.h5ad`` beside the data).
+    noise_seed, site_index
+        Tests only: the site's own noise seed (the guarantee then does not hold against whoever
+        knows it) and its index among the sites. A seed sent by the server is always refused.
+    """
+
+    data: str | Any
+    epsilon: float | None = 8.0
+    delta: float | None = None
+    budget: float | None = None
+    raise_budget: bool = False
+    max_fallback_epsilon: float | None = None
+    max_rounds: int = 1000
+    honest_sites: int | None = None
+    layer: str | None = None
+    ledger: str | None = None
+    output: str | None = None
+    noise_seed: int | None = None
+    site_index: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.epsilon in ("none", "None"):
+            self.epsilon = None
+        if self.epsilon is not None and not (isinstance(self.epsilon, int | float) and self.epsilon > 0):
+            raise ValueError(f"The site's epsilon must be a positive number or 'none', got {self.epsilon!r}.")
+        if self.budget is not None and not self.budget > 0:
+            raise ValueError(f"The site's budget must be a positive number, got {self.budget!r}.")
+        if self.max_fallback_epsilon is not None and not self.max_fallback_epsilon > 0:
+            raise ValueError(
+                "The site's max_fallback_epsilon must be a positive number, got "
+                f"{self.max_fallback_epsilon!r}."
+            )
+        if self.honest_sites is not None and int(self.honest_sites) < 1:
+            raise ValueError(f"honest_sites must be at least 1, got {self.honest_sites!r}.")
+        if not self.in_memory:
+            data = Path(self.data)
+            self.ledger = self.ledger or str(data.with_name(data.name + ".dpsc-ledger.json"))
+            self.output = self.output or str(data.with_name(data.stem + ".dpsc.h5ad"))
+
+    @property
+    def in_memory(self) -> bool:
+        """Whether the site's cells are held in memory (a simulation) rather than in a file."""
+        return not isinstance(self.data, str | Path)
+
+    @property
+    def refusal_file(self) -> Path | None:
+        """Where the site writes the reason of its last refusal (read by ``dpsc federate site``)."""
+        return None if self.ledger is None else Path(str(self.ledger) + ".refusal")
+
+    @classmethod
+    def from_mapping(cls, values: dict[str, Any]) -> SiteSettings:
+        """Return settings from a mapping (a TOML table, or Flower's ``node_config``)."""
+        known = {f.name for f in fields(cls)}
+        given = {str(k).replace("-", "_"): v for k, v in values.items()}
+        unknown = sorted(set(given) - known - {"partition_id", "num_partitions", "settings"})
+        if unknown:
+            raise ValueError(f"Unknown site settings {unknown}; a site takes {sorted(known)}.")
+        return cls(**{k: v for k, v in given.items() if k in known})
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> SiteSettings:
+        """Return settings from a TOML file (relative paths are taken from the file's folder)."""
+        path = Path(path)
+        values = tomllib.loads(path.read_text())
+        values = values.get("site", values)
+        for key in ("data", "ledger", "output"):
+            if key in values and not Path(values[key]).is_absolute():
+                values[key] = str(path.parent / values[key])
+        return cls.from_mapping(values)
