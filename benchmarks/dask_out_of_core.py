@@ -117,7 +117,11 @@ def cluster(zarr_path: str, chunk: int, out: str) -> None:
         "cells": int(adata.n_obs),
         "genes": int(adata.n_vars),
         "chunk_rows": chunk,
-        **({k: v for k, v in json.loads(written.read_text()).items() if k != "step"} if written.exists() else {}),
+        **(
+            {k: v for k, v in json.loads(written.read_text()).items() if k != "step"}
+            if written.exists()
+            else {}
+        ),
         "cluster_s": round(seconds, 1),
         "cluster_peak_rss_gb": round(_peak_rss_gb(), 2),
         "ari": round(float(adjusted_rand_score(adata.obs["cell_type"], adata.obs["dp_kmeans"])), 3),
@@ -141,9 +145,9 @@ def report(out: str) -> None:
         [
             "# The private clustering out of core (zarr on disk, Dask)",
             "",
-            "Cells simulated by `dpsc.datasets.simulate` (2,000 genes, 8 types) written once to zarr piece by "
-            "piece, then `dpsc.tl.cluster(n_clusters=8, epsilon=8, markers=True)` on `X` read lazily "
-            "(Dask's threaded scheduler, 2 cores). `write_s`, `zarr_gb`, `peak_rss_gb`: the writing "
+            "Cells simulated by `dpsc.datasets.simulate` (2,000 genes, 8 types) written once to zarr "
+            "piece by piece, then `dpsc.tl.cluster(n_clusters=8, epsilon=8, markers=True)` on `X` read "
+            "lazily (Dask's threaded scheduler, 2 cores). `write_s`, `zarr_gb`, `peak_rss_gb`: the writing "
             "process; `cluster_s`, `cluster_peak_rss_gb`: the clustering process (its `ru_maxrss`).",
             "",
             "Commands: see the docstring of `benchmarks/dask_out_of_core.py` (`write`, `cluster`, `report`).",

@@ -31,12 +31,14 @@ from sklearn.metrics import adjusted_rand_score
 
 EPSILONS = (8.0, 2.0)
 SEEDS = (20, 21, 22)
-#: candidate: (components, radius quantile; None = unit sphere)
+#: candidate: (components, radius quantile (None = unit sphere), where the DP k-means starts)
 CANDIDATES = {
-    "ball, median radius": (16, 0.5),
-    "sphere": (16, None),
-    "ball, 0.9 radius": (16, 0.9),
-    "ball, median radius, 32 components": (32, 0.5),
+    "ball, median radius": (16, 0.5, "sketch"),
+    "sphere": (16, None, "sketch"),
+    "ball, 0.9 radius": (16, 0.9, "sketch"),
+    "ball, median radius, 32 components": (32, 0.5, "sketch"),
+    "ball, 0.9 radius, reference k-means start": (16, 0.9, "reference kmeans"),
+    "ball, 0.9 radius, type means start": (16, 0.9, "type means"),
 }
 SHIPPED = "ball, 0.9 radius"
 #: pairs whose reference has the private cells' types (names are scored there)
@@ -77,29 +79,41 @@ def best_f1(truth: np.ndarray, labels: np.ndarray, kind: str) -> float:
     return float(max(scores))
 
 
-def run_pair(name: str, reference, private, out) -> None:
+def run_pair(name: str, reference, private, out, candidates=None, baselines: bool = True) -> None:
     import dpsc
+    import dpsc._public_reference as public_reference
     import dpsc.tl._reference as reference_module
     from dpsc.methods import _public_basis as public_basis
 
     truth = private.obs["label"].to_numpy()
     k = len(np.unique(truth))
-    rows = [
-        {"pair": name, "variant": "scanpy", "epsilon": None, "seed": 0, "ari": scanpy_ari(private, truth, k)}
-    ]
-    for epsilon in EPSILONS:
+    rows = []
+    if baselines:
+        rows.append(
+            {
+                "pair": name,
+                "variant": "scanpy",
+                "epsilon": None,
+                "seed": 0,
+                "ari": scanpy_ari(private, truth, k),
+            }
+        )
+    for epsilon in EPSILONS if baselines else ():
         for seed in SEEDS:
             cells = private.copy()
             dpsc.tl.cluster(cells, k, epsilon=epsilon, noise_seed=seed)
             rows.append(row(name, "no reference", epsilon, seed, cells, truth))
     shared = reference[:, reference.var_names.isin(private.var_names)]
     named = any(word in name for word in SAME_TYPES)
-    if named:
+    if named and baselines:
         rows.append(
             {"pair": name, "variant": "ingest", "epsilon": None, "seed": 0, "names": ingest(shared, private)}
         )
-    for candidate, (n_comps, quantile) in CANDIDATES.items():
-        reference_module.N_COMPS, public_basis.RADIUS_QUANTILE = n_comps, quantile
+    for candidate, (n_comps, quantile, start) in CANDIDATES.items():
+        if candidates and candidate not in candidates:
+            continue
+        public_reference.N_COMPS, public_basis.RADIUS_QUANTILE = n_comps, quantile
+        reference_module.START = start
         key = "label" if named else None
         for epsilon in (*EPSILONS, None):
             for seed in SEEDS if epsilon else (0,):
@@ -126,7 +140,7 @@ def run_pair(name: str, reference, private, out) -> None:
                 )
                 entry = {**row(name, candidate, 8.0, seed, cells, truth), "missing": kind, "f1": found}
                 rows.append({**entry, "missing_unmatched": unmatched})
-    reference_module.N_COMPS, public_basis.RADIUS_QUANTILE = CANDIDATES[SHIPPED]
+    public_reference.N_COMPS, public_basis.RADIUS_QUANTILE, reference_module.START = CANDIDATES[SHIPPED]
     for entry in rows:
         out.write(json.dumps(entry) + "\n")
     out.flush()
@@ -279,6 +293,10 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=Path("../shared/data"))
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/reference_pairs.jsonl"))
     parser.add_argument("--only", nargs="*", default=None, help="pair names to run")
+    parser.add_argument("--candidates", nargs="*", default=None, help="candidates to run (default: all)")
+    parser.add_argument(
+        "--no-baselines", action="store_true", help="only the candidates (scanpy and no-reference rows exist)"
+    )
     parser.add_argument("--report", type=Path, default=None)
     args = parser.parse_args()
     if args.report:
@@ -290,7 +308,7 @@ def main() -> None:
             if args.only and name not in args.only:
                 continue
             start = time.time()
-            run_pair(name, reference, private, out)
+            run_pair(name, reference, private, out, args.candidates, not args.no_baselines)
             print(f"{name}: {time.time() - start:.0f} s", flush=True)
 
 

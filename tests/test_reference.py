@@ -168,3 +168,80 @@ def test_markers_on_a_reference_spend_inside_the_same_epsilon(pair):
     assert [m.split(":")[0] for m in record["mechanisms"]][:2] == ["kmeans", "marker_center"]
     assert dpsc.privacy.spent(private)[0] == pytest.approx(8.0, rel=1e-3)
     assert set(private.uns["dp_kmeans_markers"]["names"].dtype.names) == {str(i) for i in range(5)}
+
+
+# -- the reference in a federation: each site its own copy -----------------------------------------
+def _site_files(private, reference, tmp_path, n_sites=2):
+    from dpsc.federated._site import SiteSettings
+
+    reference_path = tmp_path / "reference.h5ad"
+    reference.write_h5ad(reference_path)
+    settings = []
+    for k in range(n_sites):
+        path = tmp_path / f"site{k}.h5ad"
+        part = private[k::n_sites]
+        ad.AnnData(part.X, var=part.var[[]].copy()).write_h5ad(path)
+        settings.append(SiteSettings(data=str(path), epsilon=8.0, reference=str(reference_path)))
+    return settings
+
+
+def _basis_request(plan, basis, index=0):
+    from dpsc.methods._kmeans import Assignment as KMeansAssignment
+
+    rows = plan.kmeans["oversampling"] * plan.n_clusters
+    n_bits = max(int(plan.kmeans["n_bits"]), int(np.ceil(np.log2(2 * rows))))
+    sketch = KMeansAssignment("sketch", np.random.default_rng(0).normal(size=(basis.n_comps, n_bits)))
+    sigma = plan.sigmas["kmeans"]
+    return Request("kmeans", index, sigma, basis.genes, basis.loadings, sketch, basis=basis)
+
+
+def test_a_site_serves_a_reference_run_only_in_the_basis_of_its_own_copy(pair, tmp_path):
+    from dataclasses import replace
+
+    from dpsc.federated._site import Site, SiteRefusal
+
+    reference, private = pair
+    settings = _site_files(private, reference, tmp_path)
+    site = Site(settings[0])
+    fingerprint_ = fingerprint(reference.X, reference.var_names)
+    own, in_reference = site.public_basis(fingerprint_)
+    assert np.array_equal(in_reference.loadings, own.loadings) and len(own.genes) == len(in_reference.genes)
+    plan = plan_clustering(8.0, 1e-5, n_vars=private.n_vars, n_clusters=4, public_basis=own)
+    vector = site.contribute(plan, _basis_request(plan, own), "plain", 1, 2, {}, fingerprint_)
+    assert vector.shape[0] > 0
+    with pytest.raises(SiteRefusal, match="fingerprint"):  # another reference than the site's copy
+        Site(settings[1]).contribute(plan, _basis_request(plan, own), "plain", 1, 2, {}, "0" * 64)
+    skewed = replace(own, means=own.means + 0.5)  # the server's basis is not the site's
+    with pytest.raises(SiteRefusal, match="not the one this site computes"):
+        Site(settings[1]).contribute(plan, _basis_request(plan, skewed), "plain", 1, 2, {}, fingerprint_)
+    with pytest.raises(SiteRefusal, match="names its reference"):  # a basis plan without its reference
+        Site(settings[1]).contribute(plan, _basis_request(plan, own), "plain", 1, 2, {}, "")
+    without = Site(replace(settings[1], reference=None, ledger=str(tmp_path / "other.json")))
+    with pytest.raises(SiteRefusal, match="has none"):
+        without.contribute(plan, _basis_request(plan, own), "plain", 1, 2, {}, fingerprint_)
+    for refused in (settings[1], replace(settings[1], reference=None, ledger=str(tmp_path / "other.json"))):
+        assert dpsc.privacy.FileLedger(refused.ledger).entries() == []  # nothing booked on a refusal
+
+
+@pytest.mark.slow
+@pytest.mark.optional_extra
+def test_a_federated_clustering_on_a_reference_reproduces_the_central_one(pair):
+    pytest.importorskip("flwr")
+    reference, private = pair
+    dpsc.pp.partition(private, 2, random_state=0)
+    fed, central = private.copy(), private.copy()
+    dpsc.tl.cluster_federated(
+        fed, "site", 6, epsilon=8.0, noise_seed=4, reference=reference, reference_key="cell_type"
+    )
+    dpsc.tl.cluster(central, 6, epsilon=8.0, noise_seed=4, reference=reference, reference_key="cell_type")
+    np.testing.assert_allclose(
+        fed.uns["dpsc"]["dp_kmeans"]["centroids"], central.uns["dpsc"]["dp_kmeans"]["centroids"], atol=1e-4
+    )
+    assert (fed.obs["dp_kmeans"] == central.obs["dp_kmeans"]).mean() > 0.99
+    assert (
+        fed.obs["dp_kmeans_names"].astype(str) == central.obs["dp_kmeans_names"].astype(str)
+    ).mean() > 0.99
+    record = dpsc.privacy.get_record(fed, "dp_kmeans")
+    assert record["reference"]["fingerprint"] == fingerprint(reference.X, reference.var_names)
+    assert "assumed public" in record["statement"] and "SecAgg+" in record["statement"]
+    assert dpsc.privacy.spent(fed).epsilon == pytest.approx(dpsc.privacy.spent(central).epsilon)

@@ -26,6 +26,7 @@ import numpy as np
 from ..methods._clustering import ClusterPlan, ClusterResult, Request, plan_clustering, run_clustering
 from ..methods._kmeans import Assignment
 from ..methods._markers import MarkerFrame
+from ..methods._public_basis import PublicBasis, same_basis
 from ._requires import require_flwr
 from ._rounds import RoundResult, plain_round, read_request, reply_content, secure_round
 from ._secagg import LIMBS, from_digit_means, to_digits, use_secure_masks
@@ -45,6 +46,7 @@ SERVER_DEFAULTS: dict[str, Any] = {
     "n-obs": 0,  # the sites' cells in all (public; chooses the genes the PCA reads); 0: asked from the sites
     "random-state": 0,
     "markers": 0,  # 1: the plan ends with the release of each cluster's marker statistics
+    "reference-fingerprint": "",  # a public reference's sha256: every site computes its basis from its copy
     "out-dir": "",
     "timeout": 300.0,
 }
@@ -110,7 +112,45 @@ def _payload(request: Request) -> list[np.ndarray]:
     assignment = request.assignment.matrix if request.assignment is not None else np.zeros((0, 0))
     frame = request.frame.to_array() if request.frame is not None else np.zeros(0)
     columns = np.asarray(request.columns if request.columns is not None else [], dtype=np.int64)
-    return [genes, loadings, np.asarray(assignment, dtype=np.float64), frame, columns]
+    arrays = [genes, loadings, np.asarray(assignment, dtype=np.float64), frame, columns]
+    return arrays + (basis_arrays(request.basis) if request.basis is not None else [])
+
+
+def basis_arrays(basis: PublicBasis) -> list[np.ndarray]:
+    """Return the public basis beside its genes and loadings: μ, s, shared genes, (T, R; R < 0: none)."""
+    radius = -1.0 if basis.radius is None else float(basis.radius)
+    return [
+        np.asarray(basis.means, dtype=np.float64),
+        np.asarray(basis.scales, dtype=np.float64),
+        np.asarray(basis.shared, dtype=np.int64),
+        np.array([float(basis.target_sum), radius]),
+    ]
+
+
+def basis_from_arrays(genes: np.ndarray, loadings: np.ndarray, arrays: list[np.ndarray]) -> PublicBasis:
+    """Inverse of :func:`basis_arrays` (with the basis' genes and loadings)."""
+    means, scales, shared, scalars = arrays
+    target_sum, radius = (float(v) for v in np.asarray(scalars, dtype=np.float64).reshape(2))
+    return PublicBasis(
+        np.asarray(genes, dtype=np.int64),
+        np.asarray(means, dtype=np.float64),
+        np.asarray(scales, dtype=np.float64),
+        np.asarray(loadings, dtype=np.float64),
+        np.asarray(shared).astype(np.int64),
+        target_sum,
+        None if radius < 0 else radius,
+    )
+
+
+def describe_basis(own: PublicBasis, in_reference: PublicBasis) -> list[np.ndarray]:
+    """Return what a site tells the server of its basis (public): the basis, its genes in the reference."""
+    return [
+        np.asarray(own.genes, dtype=np.int64),
+        np.asarray(own.loadings, dtype=np.float64),
+        *basis_arrays(own),
+        np.asarray(in_reference.genes, dtype=np.int64),
+        np.asarray(in_reference.shared, dtype=np.int64),
+    ]
 
 
 NO_GENES = ("genes", "marker_center", "marker_norms", "marker_focus_norms")  # requests without a gene list
@@ -158,6 +198,12 @@ def _request(config: dict[str, Any], arrays: list[np.ndarray]) -> Request:
     try:
         kind, index, sigma = str(config["kind"]), int(config["index"]), float(config["sigma"])
         genes, loadings, matrix, frame, *focused = arrays
+        basis = None
+        if int(config.get("public-basis", 0)) and kind in WITH_LOADINGS:
+            focused, given = focused[:1], focused[1:]
+            if len(given) != 4:
+                raise ValueError("a request on a public basis without its basis")
+            basis = basis_from_arrays(genes, loadings, given)
         assignment = None
         if kind in WITH_LOADINGS and (np.ndim(loadings) != 2 or np.shape(loadings)[0] != len(genes)):
             raise ValueError(f"loadings of shape {np.shape(loadings)} for {len(genes)} genes")
@@ -177,6 +223,7 @@ def _request(config: dict[str, Any], arrays: list[np.ndarray]) -> Request:
             assignment=assignment,
             frame=MarkerFrame.from_array(frame) if kind in WITH_FRAME else None,
             columns=columns,
+            basis=basis,
         )
     except (KeyError, ValueError, TypeError) as err:
         raise SiteRefusal(f"Malformed request from the server ({err!r}); nothing was sent.") from None
@@ -232,8 +279,10 @@ class SiteHandler:
             raise SiteRefusal(f"Malformed request from the server ({err!r}); nothing was sent.") from None
         if mode not in MODES:
             raise SiteRefusal(f"Unknown aggregation mode {mode!r}; a site serves {MODES}.")
+        reference = str(config.get("reference-fingerprint", ""))
         if kind == "describe":  # public facts the plan needs: the numbers of genes and of cells
-            return [np.array([site.adata.n_vars, site.adata.n_obs], dtype=np.int64)], 1, {}
+            counts = [np.array([site.adata.n_vars, site.adata.n_obs], dtype=np.int64)]
+            return counts + (describe_basis(*site.public_basis(reference)) if reference else []), 1, {}
         if plan.n_vars <= 0:
             raise SiteRefusal("Malformed request from the server: the plan has no genes; nothing was sent.")
         records = self.context.state.config_records
@@ -248,7 +297,7 @@ class SiteHandler:
                 ) from None
             if plan.markers:
                 with_markers(result, markers)
-            path = site.finish(result, plan, mode, threshold, n_sites, run_state)
+            path = site.finish(result, plan, mode, threshold, n_sites, run_state, reference)
             records[RUN_STATE] = ConfigRecord({"json": json.dumps(run_state)})
             if self.site_settings is None:  # a deployed site: its data manager reads its terminal
                 print(f"Results written to {path}. {site.spent_words()}", flush=True)
@@ -256,7 +305,7 @@ class SiteHandler:
         if mode == "secure":
             self._check_secure(threshold)
         vector = site.contribute(
-            plan, _request(dict(config), parameters), mode, threshold, n_sites, run_state
+            plan, _request(dict(config), parameters), mode, threshold, n_sites, run_state, reference
         )
         records[RUN_STATE] = ConfigRecord({"json": json.dumps(run_state)})
         if self.site_settings is None:
@@ -378,12 +427,13 @@ def make_server_app(settings: dict[str, Any] | None = None, sink: dict[str, Any]
         epsilon = None if float(s["epsilon"]) < 0 else float(s["epsilon"])
         needed = threshold if mode == "secure" else 1
         rounds = Rounds(grid, context, n_sites, float(s["timeout"]), needed)
-        plan = _plan(rounds, s, epsilon, mode, threshold, n_sites)
+        plan, basis = _plan(rounds, s, epsilon, mode, threshold, n_sites)
         common = {
             "task": "pipeline",
             "mode": mode,
             "threshold": threshold,
             "n-sites": n_sites,
+            "reference-fingerprint": str(s["reference-fingerprint"]),
             **plan.to_config(),
         }
         log = ReleaseLog()
@@ -408,7 +458,7 @@ def make_server_app(settings: dict[str, Any] | None = None, sink: dict[str, Any]
 
         summary = {"plan": plan.to_config(), "mode": mode, "threshold": threshold, "n_sites": n_sites}
         try:
-            result = run_clustering(plan, release_sum)
+            result = run_clustering(plan, release_sum, basis)
         except RunStopped as stopped:
             summary |= {"releases": log.rows, "wall_s": time.perf_counter() - start, "error": str(stopped)}
             save(summary, None)
@@ -492,14 +542,20 @@ def release_failure(request: Request, round_: RoundResult, needed: int, mode: st
     return " ".join(parts)
 
 
-def _plan(rounds: Rounds, s: dict, epsilon, mode: str, threshold: int, n_sites: int) -> ClusterPlan:
-    """Return the run's plan; the numbers of genes and cells are asked from the sites when not given.
+def _plan(
+    rounds: Rounds, s: dict, epsilon, mode: str, threshold: int, n_sites: int
+) -> tuple[ClusterPlan, PublicBasis | None]:
+    """Return the run's plan (and its public basis); what the plan needs is asked from the sites.
 
-    Both are public facts (every site's record treats its number of cells as public): the sites
-    must agree on the genes, and their cells add up to the n that chooses the genes the PCA reads.
+    The numbers of genes and cells are public facts (every site's record treats its number of cells
+    as public): the sites must agree on the genes, and their cells add up to the n that chooses the
+    genes the PCA reads. On a public reference (``reference-fingerprint``) each site computes the
+    basis from its own copy of the reference; all must describe the same basis, which the plan uses.
     """
     n_vars, n_obs = int(s["n-vars"]), int(s.get("n-obs", 0))
-    if n_vars <= 0 or n_obs <= 0:
+    fingerprint = str(s.get("reference-fingerprint", ""))
+    basis = None
+    if n_vars <= 0 or n_obs <= 0 or fingerprint:
         probe = plan_clustering(epsilon, float(s["delta"]), n_vars=3, n_clusters=int(s["n-clusters"]))
         config = {
             "task": "pipeline",
@@ -507,28 +563,52 @@ def _plan(rounds: Rounds, s: dict, epsilon, mode: str, threshold: int, n_sites: 
             "threshold": threshold,
             "n-sites": n_sites,
             "kind": "describe",
+            "reference-fingerprint": fingerprint,
             **probe.to_config(),
             "n-vars": 0,
         }
         replies = rounds(config, [], secure=False)
         answers = {int(r[0][0]) for r in replies.replies}
         if len(answers) != 1 or len(replies.replies) < n_sites:
+            reasons = site_failures(replies.failures)
             raise RuntimeError(
-                f"The sites disagree on the number of genes or did not answer: {answers}, {replies.failures}"
+                f"The sites disagree on the number of genes or did not answer: {answers}, {reasons}"
             )
         if n_vars > 0 and answers != {n_vars}:
             raise RuntimeError(f"The run is set for {n_vars} genes; the sites hold {answers.pop()}.")
         n_vars = answers.pop()
         n_obs = sum(int(r[0][1]) for r in replies.replies)
-    return plan_clustering(
-        epsilon,
-        float(s["delta"]),
-        n_vars=n_vars,
-        n_clusters=int(s["n-clusters"]),
-        n_obs=n_obs,
-        random_state=int(s["random-state"]),
-        markers=bool(int(s.get("markers", 0))),
+        if fingerprint:
+            basis = _agreed_basis([r[1:] for r in replies.replies])
+    return (
+        plan_clustering(
+            epsilon,
+            float(s["delta"]),
+            n_vars=n_vars,
+            n_clusters=int(s["n-clusters"]),
+            n_obs=n_obs,
+            random_state=int(s["random-state"]),
+            markers=bool(int(s.get("markers", 0))),
+            public_basis=basis,
+        ),
+        basis,
     )
+
+
+def _agreed_basis(described: list[list[np.ndarray]]) -> PublicBasis:
+    """Return the basis every site described (:func:`describe_basis`); refuse the run if they differ."""
+    bases = []
+    for arrays in described:
+        if len(arrays) != 8:
+            raise RuntimeError("A site described no public basis; the run on a public reference stops.")
+        genes, loadings, *rest = arrays
+        bases.append(basis_from_arrays(genes, loadings, rest[:4]))
+    if not all(same_basis(other, bases[0]) for other in bases[1:]):
+        raise RuntimeError(
+            "The sites computed different public bases from their copies of the reference (the same "
+            "fingerprint, another gene list or another version of dpsc or scanpy); the run stops."
+        )
+    return bases[0]
 
 
 def run_pipeline_simulation(
@@ -543,7 +623,17 @@ def run_pipeline_simulation(
     require_flwr()
     sink: dict[str, Any] = {}
     with ray_session(n_cpus):
-        sites = [replace(s, data=shared(s.data)) if s.in_memory else s for s in site_settings]
+        references: dict[int, Any] = {}  # one shared copy of each in-memory reference
+
+        def reference(value: Any) -> Any:
+            if value is None or isinstance(value, str | Path):
+                return value
+            return references.setdefault(id(value), shared(value))
+
+        sites = [
+            replace(s, data=shared(s.data), reference=reference(s.reference)) if s.in_memory else s
+            for s in site_settings
+        ]
         simulate(
             make_server_app(server_settings, sink),
             make_client_app(dict(enumerate(sites))),

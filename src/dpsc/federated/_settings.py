@@ -41,6 +41,12 @@ class SiteSettings:
         of at least 2).
     layer
         Layer with the counts (``None``: ``X``).
+    reference
+        Path of the site's own copy of a public reference (``.h5ad`` of raw counts; in a simulation,
+        the AnnData or a Ray reference to it). A run on a public reference names the reference's
+        sha256 fingerprint; the site serves it only when its own copy has that fingerprint, computes
+        the basis from its own copy, and refuses a request whose basis is not that one. ``None``: the
+        site serves no run on a public reference.
     ledger
         The ledger file (default ``<data>.dpsc-ledger.json``).
     output
@@ -59,6 +65,7 @@ class SiteSettings:
     max_rounds: int = 1000
     honest_sites: int | None = None
     layer: str | None = None
+    reference: str | Any | None = None
     ledger: str | None = None
     output: str | None = None
     noise_seed: int | None = None
@@ -109,7 +116,7 @@ class SiteSettings:
         path = Path(path)
         values = tomllib.loads(path.read_text())
         values = values.get("site", values)
-        for key in ("data", "ledger", "output"):
+        for key in ("data", "ledger", "output", "reference"):
             if key in values and not Path(values[key]).is_absolute():
                 values[key] = str(path.parent / values[key])
         return cls.from_mapping(values)

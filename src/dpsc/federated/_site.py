@@ -26,6 +26,9 @@ request with the integer lattice vector of its own sum plus its share of the noi
   through SecAgg+ (the share it would send is not enough noise on its own);
 * a run, or a release, that would take its ledger past its budget (:func:`~._trust.resolve_budget`:
   one run's ε unless a budget is set), or past ``max_rounds``;
+* a run on a public reference whose fingerprint is not that of the site's own copy (or when the
+  site has none), and a request whose public basis is not the one the site computes from its own
+  copy (:meth:`Site.public_basis`);
 * a malformed request.
 
 Every refusal depends on the server's message, the site's settings and its ledger, never on the
@@ -62,6 +65,7 @@ from typing import Any
 import anndata as ad
 import numpy as np
 
+from .._public_reference import read_reference
 from .._validation import get_matrix, resolve_delta
 from ..methods._clustering import (
     MEAN_WEIGHT,
@@ -71,6 +75,7 @@ from ..methods._clustering import (
     contribution,
     plan_clustering,
 )
+from ..methods._public_basis import PublicBasis, same_basis
 from ..privacy import (
     ADD_REMOVE,
     BudgetExceededError,
@@ -156,11 +161,13 @@ def site_record(
     n_obs: int,
     noise: NoiseSource,
     simulated: bool = False,
+    reference: dict[str, Any] | None = None,
 ) -> PrivacyRecord:
     """Return the site's record of a federated clustering run (what its ε covers, under which assumption).
 
     ``simulated=True`` words it for one AnnData holding every simulated site's cells
     (:func:`dpsc.tl.cluster_federated`): each site's ε covers its own cells, and so every cell here.
+    ``reference``: the public reference's summary of a run on one (``details["reference"]``).
     """
     if simulated:
         unit = (
@@ -198,21 +205,34 @@ def site_record(
         "cells of each site (treated as public), and site-level privacy (whether "
         f"{'a' if simulated else 'this'} site took part)"
     )
+    details = {"mode": mode, "threshold": threshold, "n_sites": n_sites, "fallback_epsilon": fallback}
+    mechanism = f"{plan.n_releases} discrete Gaussian releases of sums, {assumption}"
+    if reference is not None:
+        mechanism += (
+            f"; each cell read as its point in the public reference's basis ({plan.n_genes} genes, their "
+            f"scales and {plan.n_comps} components), which each site computed from its own copy"
+        )
+        not_covered = (
+            f"the public reference {reference['name']!r} (sha256 {reference['fingerprint'][:16]}…, "
+            f"{reference['n_obs']} cells): it is assumed public and must not contain the sites' cells, and "
+            "no epsilon is spent on it; " + not_covered
+        )
+        details["reference"] = reference
     return plan.releases.record(
         "federated clustering",
         unit=unit,
-        mechanism=f"{plan.n_releases} discrete Gaussian releases of sums, {assumption}",
+        mechanism=mechanism,
         covered=covered,
         not_covered=not_covered,
         noise=noise,
         scope=f"site ({mode})",
-        details={"mode": mode, "threshold": threshold, "n_sites": n_sites, "fallback_epsilon": fallback},
+        details=details,
     )
 
 
-def run_signature(plan: ClusterPlan, mode: str, threshold: int, n_sites: int) -> str:
-    """Return the plan and trust settings of a run as one string: nothing of it may change mid-run."""
-    trust = {"mode": mode, "threshold": int(threshold), "n-sites": int(n_sites)}
+def run_signature(plan: ClusterPlan, mode: str, threshold: int, n_sites: int, reference: str = "") -> str:
+    """Return the plan, trust settings and reference of a run as one string: none may change mid-run."""
+    trust = {"mode": mode, "threshold": int(threshold), "n-sites": int(n_sites), "reference": reference}
     return json.dumps({**plan.to_config(), **trust}, sort_keys=True)
 
 
@@ -231,14 +251,58 @@ class Site:
         self.matrix = get_matrix(self.adata, settings.layer)
         self.noise = NoiseSource(settings.noise_seed)
         self.delta = resolve_delta(settings.delta, self.adata.n_obs)
+        self._bases: dict[str, tuple[PublicBasis, PublicBasis]] = {}
+        self._references: dict[str, dict[str, Any]] = {}  # what a record states of each reference
 
     @property
     def n_obs(self) -> int:
         """Cells at this site (treated as public)."""
         return self.adata.n_obs
 
+    def public_basis(self, fingerprint: str) -> tuple[PublicBasis, PublicBasis]:
+        """Return the basis of this site's own copy of the public reference the run names by ``fingerprint``.
+
+        The basis in this site's columns and the same basis in the reference's own columns (what
+        the server needs to map the reference's cells). Computed from the site's copy alone (no
+        cell of the site is read); refused unless that copy has the run's fingerprint.
+        """
+        if fingerprint not in self._bases:
+            reference = self.settings.reference
+            if reference is None:
+                raise SiteRefusal(
+                    "The server asks for a run on a public reference, but this site has none; start it "
+                    "with its own copy of the reference (--reference FILE, or reference in its settings)."
+                )
+            if is_shared(reference):
+                reference = resolve_shared(reference)
+            try:
+                public = read_reference(reference, self.adata, None, "this site")
+            except (ValueError, TypeError) as err:
+                raise SiteRefusal(f"This site's public reference cannot be used: {err}") from None
+            if public.fingerprint != fingerprint:
+                raise SiteRefusal(
+                    f"The run's public reference has fingerprint {fingerprint[:16]}…; this site's own copy "
+                    f"({public.name}) has {public.fingerprint[:16]}…: another reference or another version "
+                    "of it. Nothing was sent."
+                )
+            basis = public.basis()
+            self._bases[fingerprint] = (basis, public.own_basis(basis))
+            self._references[fingerprint] = public.summary(basis)
+        return self._bases[fingerprint]
+
+    def check_basis(self, request: Request, fingerprint: str) -> None:
+        """Refuse a request whose public basis is not the one this site computes from its own copy."""
+        own, _ = self.public_basis(fingerprint)
+        if not same_basis(request.basis, own):
+            raise SiteRefusal(
+                "The server's public basis (genes, gene scales, components) is not the one this site "
+                "computes from its own copy of the reference; nothing was sent."
+            )
+
     # -- checks --------------------------------------------------------------------------------
-    def check_run(self, plan: ClusterPlan, mode: str, threshold: int, n_sites: int) -> None:
+    def check_run(
+        self, plan: ClusterPlan, mode: str, threshold: int, n_sites: int, reference: str = ""
+    ) -> None:
         """Refuse a run this site's settings or budget do not allow (module docstring).
 
         Checks the plan against the site's own calibration of the same releases, the trust
@@ -257,6 +321,11 @@ class Site:
             raise SiteRefusal(
                 f"The run has {plan.n_releases} releases; this site serves at most {s.max_rounds}."
             )
+        if plan.public_basis != bool(reference):
+            raise SiteRefusal(
+                "Malformed plan from the server: a plan on a public basis names its reference's "
+                "fingerprint, and only such a plan does; nothing was sent."
+            )
         if plan.epsilon is None:
             if s.epsilon is not None:
                 raise SiteRefusal(
@@ -266,7 +335,7 @@ class Site:
             return
         if s.epsilon is None:
             raise SiteRefusal("This site is configured for non-private runs only (epsilon = 'none').")
-        self._check_calibration(plan)
+        self._check_calibration(plan, reference)
         if mode == "secure":
             self._check_trust(plan, threshold, n_sites)
         planned = site_record(plan, mode, threshold, n_sites, self.n_obs, self.noise)
@@ -277,10 +346,11 @@ class Site:
         except BudgetExceededError:
             raise SiteRefusal(self._budget_message(planned.epsilon, "run")) from None
 
-    def _check_calibration(self, plan: ClusterPlan) -> None:
+    def _check_calibration(self, plan: ClusterPlan, reference: str = "") -> None:
         """Refuse a plan whose releases carry less noise than this site's own calibration of them."""
         s = self.settings
-        try:  # this site's own calibration of the same releases (the plan's genes)
+        basis = self.public_basis(reference)[0] if plan.public_basis else None
+        try:  # this site's own calibration of the same releases (the plan's genes, or its own basis)
             own = plan_clustering(
                 s.epsilon,
                 self.delta,
@@ -288,10 +358,12 @@ class Site:
                 n_clusters=plan.n_clusters,
                 n_genes=plan.n_genes,
                 markers=plan.markers,
+                public_basis=basis,
+                public_start=plan.kmeans["n_sketch_steps"] == 0,  # a public start: no sketch release
             )
         except ValueError as err:
             raise SiteRefusal(f"Malformed plan from the server ({err}); nothing was sent.") from None
-        if plan.n_comps != own.n_comps or plan.kmeans != own.kmeans:
+        if plan.n_genes != own.n_genes or plan.n_comps != own.n_comps or plan.kmeans != own.kmeans:
             raise SiteRefusal(
                 f"Malformed plan from the server: {plan.n_comps} components where a plan of {plan.n_genes} "
                 f"genes has {own.n_comps}; nothing was sent."
@@ -375,6 +447,7 @@ class Site:
         threshold: int,
         n_sites: int,
         run_state: dict[str, Any] | None = None,
+        reference: str = "",
     ) -> np.ndarray:
         """Return this site's integer lattice vector of the requested sum plus its noise share; booked first.
 
@@ -388,14 +461,14 @@ class Site:
         booked = run_state.setdefault("booked", []) if isinstance(self.ledger, MemoryLedger) else None
         if booked:  # this run's bookings made by other worker processes of the simulation
             self.ledger.adopt(booked)
-        signature = run_signature(plan, mode, threshold, n_sites)
+        signature = run_signature(plan, mode, threshold, n_sites, reference)
         if run_state.get("signature", signature) != signature:
             raise SiteRefusal(
                 "The server changed the plan or the trust settings (mode, threshold, number of sites) in "
                 "the middle of the run; nothing was sent."
             )
         if "signature" not in run_state:
-            self.check_run(plan, mode, threshold, n_sites)
+            self.check_run(plan, mode, threshold, n_sites, reference)
             run_state.update(signature=signature, served=0)
         schedule = plan.schedule()
         served = int(run_state["served"])
@@ -414,6 +487,8 @@ class Site:
             scheduled.check(request, plan.n_vars, plan.n_genes)
         except ScheduleError as err:
             raise SiteRefusal(f"Malformed request from the server: {err}; nothing was sent.") from None
+        if request.basis is not None:
+            self.check_basis(request, reference)
         spec = scheduled.release(request.columns)
         vector = spec.encode(contribution(request, self.matrix))
         _check_bound(vector, spec, self.n_obs)
@@ -477,7 +552,14 @@ class Site:
 
     # -- the end of a run ------------------------------------------------------------------------------
     def finish(
-        self, result, plan: ClusterPlan, mode: str, threshold: int, n_sites: int, run_state: dict[str, Any]
+        self,
+        result,
+        plan: ClusterPlan,
+        mode: str,
+        threshold: int,
+        n_sites: int,
+        run_state: dict[str, Any],
+        reference: str = "",
     ) -> Path | None:
         """Write the run's results, once, for the run this site served to its end, with its plan.
 
@@ -488,7 +570,7 @@ class Site:
         """
         if "signature" not in run_state:
             raise SiteRefusal("The server asks this site to write results of a run it did not serve.")
-        if run_state["signature"] != run_signature(plan, mode, threshold, n_sites):
+        if run_state["signature"] != run_signature(plan, mode, threshold, n_sites, reference):
             raise SiteRefusal(
                 "The server's results name another plan or trust settings than the run this site served; "
                 "nothing was written."
@@ -501,10 +583,18 @@ class Site:
         if run_state.get("finished"):
             raise SiteRefusal("This site already wrote this run's results; it writes them once.")
         run_state["finished"] = True
-        return self.write_results(result, plan, mode, threshold, n_sites)
+        if plan.public_basis:  # the cells' points in this site's own (checked) basis
+            result.basis = self.public_basis(reference)[0]
+        return self.write_results(result, plan, mode, threshold, n_sites, self._references.get(reference))
 
     def write_results(
-        self, result, plan: ClusterPlan, mode: str, threshold: int, n_sites: int
+        self,
+        result,
+        plan: ClusterPlan,
+        mode: str,
+        threshold: int,
+        n_sites: int,
+        reference: dict[str, Any] | None = None,
     ) -> Path | None:
         """Label this site's cells with the released centroids; write them, the record and the ledger.
 
@@ -519,7 +609,7 @@ class Site:
 
         out = self.adata.copy()
         write_clustering(out, self.matrix, result, "dp_kmeans", plan.n_clusters)
-        record = site_record(plan, mode, threshold, n_sites, self.n_obs, self.noise)
+        record = site_record(plan, mode, threshold, n_sites, self.n_obs, self.noise, reference=reference)
         write_record(
             out,
             "dp_kmeans",

@@ -499,13 +499,23 @@ class ClusterPlan:
             "n-comps": int(self.n_comps),
             "random-state": int(self.random_state),
             "markers": int(self.markers),
+            "public-basis": int(self.public_basis),
+            "kmeans-sketch-steps": int(self.kmeans["n_sketch_steps"]),
             **{f"sigma-{k}": float(v) for k, v in self.sigmas.items()},
         }
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> ClusterPlan:
-        """Inverse of :meth:`to_config` (σ of kinds the plan does not make are not part of it)."""
+        """Inverse of :meth:`to_config` (σ of kinds the plan does not make are not part of it).
+
+        The k-means settings are :func:`kmeans_plan`'s; a plan on a public basis may start from
+        public centroids and so make no sketch release (``kmeans-sketch-steps`` 0).
+        """
         epsilon = float(config["epsilon"])
+        public_basis = bool(int(config.get("public-basis", 0)))
+        kmeans = kmeans_plan()
+        if public_basis and int(config.get("kmeans-sketch-steps", kmeans["n_sketch_steps"])) == 0:
+            kmeans["n_sketch_steps"] = 0
         return cls.of(
             None if epsilon < 0 else epsilon,
             float(config["delta"]),
@@ -516,6 +526,8 @@ class ClusterPlan:
             sigmas={k: float(config.get(f"sigma-{k}", 0.0)) for k in (*KINDS, *MARKER_KINDS)},
             random_state=int(config["random-state"]),
             markers=bool(int(config.get("markers", 0))),
+            kmeans=kmeans,
+            public_basis=public_basis,
         )
 
 
@@ -594,6 +606,7 @@ def plan_clustering(
     accountant: str = "rdp",
     markers: bool = False,
     public_basis: PublicBasis | None = None,
+    public_start: bool | None = None,
 ) -> ClusterPlan:
     """Split (ε, δ) over the releases by :data:`SHARES`, calibrate each σ once, choose the genes.
 
@@ -604,12 +617,14 @@ def plan_clustering(
     :data:`MIN_GENES` genes and there is noise. ``markers``: the plan ends with the release of each
     cluster's marker statistics, its share :data:`MARKERS_SHARE` of the same (ε, δ).
     ``public_basis``: genes and components from a public reference (:mod:`._public_basis`); the
-    whole ε goes to the k-means (and marker) releases.
+    whole ε goes to the k-means (and marker) releases, with no sketch release when the k-means
+    starts from public centroids (``public_start``; ``None``: when the basis holds a start).
     """
     extra = MARKER_KINDS if markers else ()
     if public_basis is not None:
+        start = public_basis.start is not None if public_start is None else bool(public_start)
         return _plan_on_public_basis(
-            epsilon, delta, n_vars, n_clusters, public_basis, random_state, accountant, markers
+            epsilon, delta, n_vars, n_clusters, public_basis, random_state, accountant, markers, start
         )
     if n_vars < 3:
         raise ValueError(f"A clustering needs at least 3 genes, got {n_vars}.")
@@ -650,10 +665,14 @@ def _plan_on_public_basis(
     random_state: int,
     accountant: str,
     markers: bool,
+    public_start: bool,
 ) -> ClusterPlan:
     """Return the plan of a clustering on public genes and loadings: k-means (and markers) only."""
     kinds = ("kmeans", *marker_kinds(markers, epsilon is not None))
-    steps = kmeans_steps(kmeans_plan())
+    kmeans = kmeans_plan()
+    if public_start:  # public starting centroids: no sketch release
+        kmeans["n_sketch_steps"] = 0
+    steps = kmeans_steps(kmeans)
     sigmas = dict.fromkeys((*KINDS, *MARKER_KINDS), 0.0)
     if epsilon is not None:
         sigmas.update(_split(float(epsilon), delta, kinds, steps, accountant))
@@ -666,6 +685,7 @@ def _plan_on_public_basis(
         n_comps=basis.n_comps,
         sigmas=sigmas,
         random_state=random_state,
+        kmeans=kmeans,
         markers=markers,
         accountant=accountant,
         public_basis=True,
@@ -868,6 +888,7 @@ def run_clustering(
         clip_norm=CLIP_NORM,
         random_state=plan.random_state,
         return_in_use=True,
+        start=None if basis is None else basis.start,
         **plan.kmeans,
     )
     marker_table = marker_frame = focus = None

@@ -201,6 +201,7 @@ def dp_kmeans_centroids(
     refine_rounds: int = 0,
     random_state: int = 0,
     return_in_use: bool = False,
+    start: np.ndarray | None = None,
 ) -> np.ndarray | tuple[np.ndarray, int]:
     r"""Return ``(n_clusters, d)`` centroids computed from noisy releases only (module docstring).
 
@@ -240,6 +241,10 @@ def dp_kmeans_centroids(
         :math:`s\sqrt{m_j}`) exceeds twice that sd (:func:`clusters_above_noise`; an empty
         cluster passes by chance with probability about 2.3 %). Post-processing of released
         counts: no cell is read. Without Lloyd rounds every centroid counts as in use.
+    start
+        Public starting centroids of the Lloyd phase (``(m, d)``, from public data alone, e.g. a
+        public reference's points): step 1 is skipped (``n_sketch_steps`` must be 0) and the
+        Lloyd phase runs with these :math:`m` centroids. Public values: no ε.
     """
     import torch
     from sklearn.cluster import KMeans
@@ -270,17 +275,14 @@ def dp_kmeans_centroids(
         count_noise = one.noise_std / (count_scale * clip_norm) * float(np.sqrt(n_releases))
         return sums, counts, count_noise
 
-    n_bits = max(n_bits, int(np.ceil(np.log2(2 * n_coreset))))  # at least 2m buckets
-    sketch = Assignment("sketch", rng.normal(size=(d, n_bits)))
-    sums, counts, count_noise = accumulate(sketch, n_sketch_steps)
-    valid = counts > 2.0 * count_noise
-    if int(valid.sum()) < n_coreset:
-        valid = torch.zeros_like(valid)
-        valid[torch.argsort(counts, descending=True)[:n_coreset]] = True
-    points = to_sphere(sums[valid] / counts[valid].clamp(min=1.0)[:, None]).numpy()
-    seeds = KMeans(n_clusters=min(n_coreset, len(points)), n_init=10, random_state=random_state)
-    seeds.fit(points, sample_weight=counts[valid].clamp(min=1e-3).numpy())
-    centroids = to_sphere(torch.as_tensor(seeds.cluster_centers_, dtype=torch.float64))
+    if start is not None:
+        if n_sketch_steps:
+            raise ValueError("A k-means with public starting centroids makes no sketch release.")
+        centroids = to_sphere(torch.as_tensor(np.asarray(start, dtype=np.float64).reshape(-1, d)))
+    else:
+        centroids = _sketch_seeds(
+            accumulate, to_sphere, d, n_coreset, n_bits, n_sketch_steps, rng, random_state
+        )
 
     counts = torch.ones(len(centroids), dtype=torch.float64)
 
@@ -330,6 +332,25 @@ def dp_kmeans_centroids(
             held, count_noise * np.sqrt(np.bincount(merged, minlength=len(centroids)))
         )
     return centroids.float().numpy(), in_use
+
+
+def _sketch_seeds(accumulate, to_sphere, d, n_coreset, n_bits, n_sketch_steps, rng, random_state):
+    """Step 1 of :func:`dp_kmeans_centroids`: ``m`` seeds from the noisy bucket means of the sketch."""
+    import torch
+    from sklearn.cluster import KMeans
+
+    n_bits = max(n_bits, int(np.ceil(np.log2(2 * n_coreset))))  # at least 2m buckets
+    sketch = Assignment("sketch", rng.normal(size=(d, n_bits)))
+    sums, counts, count_noise = accumulate(sketch, n_sketch_steps)
+    valid = counts > 2.0 * count_noise
+    if int(valid.sum()) < n_coreset:
+        valid = torch.zeros_like(valid)
+        valid[torch.argsort(counts, descending=True)[:n_coreset]] = True
+    points = to_sphere(sums[valid] / counts[valid].clamp(min=1.0)[:, None]).numpy()
+    seeds = KMeans(n_clusters=min(n_coreset, len(points)), n_init=10, random_state=random_state)
+    seeds.fit(points, sample_weight=counts[valid].clamp(min=1e-3).numpy())
+    centroids = to_sphere(torch.as_tensor(seeds.cluster_centers_, dtype=torch.float64))
+    return centroids
 
 
 def clusters_above_noise(counts: np.ndarray, noise_sd: float | np.ndarray) -> int:

@@ -30,7 +30,7 @@ each a Gaussian release of a sum over cells with the plan's σ.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -65,6 +65,9 @@ class PublicBasis:
         T, the reference's median total over the shared genes (scanpy's ``normalize_total``).
     radius
         R: each point is :math:`V^\top y / R` clipped to norm 1; ``None``: scaled to norm 1.
+    start
+        Public starting centroids of the DP k-means in the points' space (computed from the
+        reference's points alone), or ``None``: the k-means starts from its own sketch release.
     """
 
     genes: np.ndarray
@@ -74,6 +77,7 @@ class PublicBasis:
     shared: np.ndarray
     target_sum: float = 1e4
     radius: float | None = None
+    start: np.ndarray | None = None
 
     @property
     def n_comps(self) -> int:
@@ -93,9 +97,35 @@ class PublicBasis:
 
     def with_columns(self, genes: np.ndarray, shared: np.ndarray) -> PublicBasis:
         """Return the same map for a matrix whose columns of these genes are ``genes`` and ``shared``."""
-        return PublicBasis(
-            genes, self.means, self.scales, self.loadings, shared, self.target_sum, self.radius
-        )
+        return replace(self, genes=genes, shared=shared)
+
+    def with_start(self, start: np.ndarray | None) -> PublicBasis:
+        """Return the same map with public starting centroids for the DP k-means."""
+        return replace(self, start=None if start is None else np.asarray(start, dtype=np.float64))
+
+
+def same_basis(given: Any, own: PublicBasis, rtol: float = 1e-6) -> bool:
+    """Whether ``given`` is the map ``own`` (same genes; μ, s, V, T and R equal up to round-off).
+
+    A site compares the basis a server sends with the one it computes from its own copy of the
+    reference; the starting centroids are the server's post-processing and are not compared.
+    """
+    if not isinstance(given, PublicBasis):
+        return False
+    ints = all(
+        np.shape(a) == np.shape(b) and np.array_equal(a, b)
+        for a, b in ((given.genes, own.genes), (given.shared, own.shared))
+    )
+    if not ints or np.shape(given.loadings) != np.shape(own.loadings):
+        return False
+    close = all(
+        np.shape(a) == np.shape(b) and np.allclose(a, b, rtol=rtol, atol=rtol * 1e-3)
+        for a, b in ((given.means, own.means), (given.scales, own.scales), (given.loadings, own.loadings))
+    )
+    radii = (given.radius is None) == (own.radius is None) and (
+        own.radius is None or np.isclose(given.radius, own.radius, rtol=rtol)
+    )
+    return bool(close and radii and np.isclose(given.target_sum, own.target_sum, rtol=rtol))
 
 
 def to_ball(rows: np.ndarray, radius: float | None) -> np.ndarray:

@@ -287,7 +287,7 @@ class FitPlan:
     releases: ReleasePlan
     likelihood: str = "zinb"
     start: ClusterPlan | None = None
-    #: The public reference's summary (:meth:`dpsc.tl._reference.PublicReference.summary`) when the
+    #: The public reference's summary (:meth:`dpsc._public_reference.PublicReference.summary`) when the
     #: fit reads each cell's point in its basis and starts from a model pretrained on it.
     reference: dict | None = None
 

@@ -45,9 +45,9 @@ def _title(adata: ad.AnnData, color: str | None) -> str:
 
 def embedding(
     adata: ad.AnnData,
-    color: str | Sequence[str] | None = None,
     basis: str = "umap",
     *,
+    color: str | Sequence[str] | None = None,
     title: str | Sequence[str] | None = None,
     ax: Axes | None = None,
     show: bool | None = None,
@@ -56,17 +56,19 @@ def embedding(
 ) -> Axes | list[Axes] | None:
     """Scatter of ``adata.obsm[f"X_{basis}"]`` coloured by ``color`` (via :func:`scanpy.pl.embedding`).
 
+    The signature is scanpy's: ``embedding(adata, basis, *, color=...)``.
+
     Parameters
     ----------
     adata
         Annotated data with the embedding, e.g. after ``sc.pp.neighbors(adata,
         use_rep="X_dpdcan"); sc.tl.umap(adata)``.
-    color
-        What :func:`scanpy.pl.embedding` takes: an ``obs`` column or gene, or a list of them (one
-        panel each). ``None``: the first of :data:`DEFAULT_CLUSTER_KEYS` in ``obs``.
     basis
         Embedding name (``"umap"`` reads ``obsm["X_umap"]``); the axes are named as scanpy names
         them (``UMAP1``, ``UMAP2``).
+    color
+        What :func:`scanpy.pl.embedding` takes: an ``obs`` column or gene, or a list of them (one
+        panel each). ``None``: the first of :data:`DEFAULT_CLUSTER_KEYS` in ``obs``.
     title
         Panel title(s); the default names ε and the guarantee on dpsc's private outputs (a result's
         own column, e.g. ``dp_kmeans``, or the clusters of a fit, e.g. ``dp_cluster``) and only the
@@ -77,6 +79,11 @@ def embedding(
         Passed to :func:`scanpy.pl.embedding`.
     """
     key = basis if basis.startswith("X_") else f"X_{basis}"
+    if key not in adata.obsm and basis in adata.obs:
+        raise KeyError(
+            f"adata.obsm has no {key!r}; {basis!r} is a column of adata.obs. The second argument is the "
+            f"basis, as in sc.pl.embedding: pass dpsc.pl.embedding(adata, 'umap', color={basis!r})."
+        )
     if key not in adata.obsm:
         raise KeyError(
             f"adata.obsm has no {key!r}. Compute it first, e.g. sc.pp.neighbors(adata, "

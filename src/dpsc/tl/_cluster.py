@@ -20,6 +20,7 @@ from .._blocks import is_dask
 from .._outputs import write_cluster_markers, write_clustering
 from .._validation import check_cells, check_privacy_args, check_public_counts, get_matrix, resolve_delta
 from ..methods._clustering import (
+    KMEANS_PLAN,
     MEAN_WEIGHT,
     ClusterPlan,
     ClusterResult,
@@ -37,7 +38,7 @@ from ..privacy import (
     with_storage_note,
 )
 from ._kmeans import warn_if_few_clusters
-from ._reference import name_clusters, reference_basis, write_names
+from ._reference import name_clusters, reference_basis, start_centroids, write_names
 
 MARKER_SUMS = [
     "the cells' mean expression",
@@ -301,6 +302,9 @@ def cluster(
     ):
         raise ValueError(f"n_clusters must be an integer in [2, n_obs={adata.n_obs}], got {n_clusters!r}.")
     public, basis = reference_basis(reference, reference_key, adata, "dpsc.tl.cluster")
+    if public is not None:
+        oversampling = int(KMEANS_PLAN["oversampling"])
+        basis = basis.with_start(start_centroids(public, basis, int(n_clusters), oversampling))
     plan = plan_for_cells(adata, int(n_clusters), epsilon, delta, random_state, bool(markers), basis)
     noise = NoiseSource(noise_seed)
     summary = None if public is None else public.summary(basis)

@@ -10,7 +10,7 @@ and ledger (:class:`~dpsc.federated.SiteSettings`); the server runs the plan of
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Any, Literal
 
 import anndata as ad
 import numpy as np
@@ -27,6 +27,7 @@ from .._validation import (
 )
 from ..privacy import NoiseSource, spending
 from ._cluster import plan_for_cells, store_clustering
+from ._reference import name_clusters, reference_basis
 
 MIN_SITE_CELLS = 2
 
@@ -57,6 +58,8 @@ def cluster_federated(
     layer: str | None = None,
     key_added: str = "dp_kmeans",
     markers: bool = False,
+    reference: ad.AnnData | str | None = None,
+    reference_key: str | None = None,
     random_state: int = 0,
     noise_seed: int | None = None,
     n_cpus: int = 2,
@@ -97,6 +100,12 @@ def cluster_federated(
         the cells' expression bound and the table, summed over sites as the others), and write
         scanpy's ``uns["rank_genes_groups"]``; every site receives the marker table (as
         :func:`dpsc.tl.cluster` with ``markers=True``).
+    reference, reference_key
+        A public reference of the same tissue, as in :func:`dpsc.tl.cluster`: every site computes
+        the genes, gene scales and components from its own copy of it (here: the same object), checks
+        that its copy has the run's sha256 fingerprint, and serves only requests in that basis; the
+        whole ε goes to the k-means (and markers). With ``reference_key`` the clusters are named
+        after the reference's types (post-processing of the released centroids).
     random_state
         Seed of the public k-means projections and post-processing.
     noise_seed
@@ -139,12 +148,21 @@ def cluster_federated(
     threshold = n_sites if threshold is None else int(threshold)
     if mode == "secure" and not 2 <= threshold <= n_sites:
         raise ValueError(f"threshold must be in [2, {n_sites}] (the number of sites), got {threshold}.")
+    public, basis = reference_basis(reference, reference_key, adata, "dpsc.tl.cluster_federated")
     from ..federated import SiteSettings, run_pipeline_simulation, site_record  # after the input checks
 
-    plan = plan_for_cells(adata, int(n_clusters), epsilon, delta, random_state, markers=bool(markers))
+    plan = plan_for_cells(adata, int(n_clusters), epsilon, delta, random_state, bool(markers), basis)
     noise = NoiseSource(noise_seed)
+    summary = None if public is None else public.summary(basis)
     record = site_record(
-        plan, mode, threshold if mode == "secure" else 1, n_sites, adata.n_obs, noise, simulated=True
+        plan,
+        mode,
+        threshold if mode == "secure" else 1,
+        n_sites,
+        adata.n_obs,
+        noise,
+        simulated=True,
+        reference=summary,
     )
     with spending(adata, record, key_added) as booking:
         settings = [
@@ -156,6 +174,7 @@ def cluster_federated(
                 site_index=index if noise_seed is not None else None,
                 # one user simulates every site: no cap on the fallback ε (the record states it)
                 max_fallback_epsilon=math.inf,
+                reference=reference,  # each simulated site's own copy of the public reference
             )
             for index, name in enumerate(names)
         ]
@@ -170,9 +189,13 @@ def cluster_federated(
             "n-obs": adata.n_obs,
             "random-state": random_state,
             "markers": int(bool(markers)),
+            "reference-fingerprint": "" if public is None else public.fingerprint,
         }
-        result, summary = run_pipeline_simulation(server, settings, n_cpus=n_cpus)
+        result, run = run_pipeline_simulation(server, settings, n_cpus=n_cpus)
         params = {"n_clusters": int(n_clusters), "mode": mode, "threshold": threshold, "n_sites": n_sites}
+        extra: dict[str, Any] = {} if summary is None else {"reference": summary}
+        if public is not None and public.labels is not None:
+            extra["cluster_names"] = name_clusters(result.centroids, public, basis)
         return store_clustering(
             adata,
             matrix,
@@ -184,6 +207,7 @@ def cluster_federated(
             booking=booking,
             plan=plan,
             sites={name: int((sites == name).sum()) for name in names},
-            releases=[{k: v for k, v in row.items() if k != "failures"} for row in summary["releases"]],
-            wall_s=float(summary["wall_s"]),
+            releases=[{k: v for k, v in row.items() if k != "failures"} for row in run["releases"]],
+            wall_s=float(run["wall_s"]),
+            **extra,
         )

@@ -15,7 +15,7 @@ import torch
 
 from dpsc._docs import doc_params
 
-from .._api import renamed_argument, result_target, store_result
+from .._api import DEFAULT_EPSILON, renamed_argument, result_target, store_result
 from .._validation import check_matrix, check_site_key, get_matrix, resolve_delta
 from ..federated import (
     KMEANS_STEPS,
@@ -53,7 +53,7 @@ def fit_federated(
     adata: ad.AnnData,
     site_key: str = "site",
     *,
-    epsilon: float | None,
+    epsilon: float | None = DEFAULT_EPSILON,
     method: Literal["fedsc", "fedbyol", "fedsimsiam", "fedsimclr", "fedmoco", "fedmocov2"] = "fedsc",
     n_clusters: int | None = None,
     rounds: int = 250,
@@ -110,7 +110,8 @@ def fit_federated(
         Client-level DP: every site trains with DP-SGD calibrated (Opacus ``accountant``) so
         that its ``rounds × local_epochs × ⌈1/q⌉`` Poisson steps spend at most ``(epsilon,
         delta)`` with respect to its own cells (``q = min(1, 128/n_k)``). Only for the methods
-        with per-cell losses (``"fedsc"``, ``"fedbyol"``, ``"fedsimsiam"``). ``None``: no DP.
+        with per-cell losses (``"fedsc"``, ``"fedbyol"``, ``"fedsimsiam"``). ε = 8 by default, as
+        every dpsc call; ``None``: no DP (the other methods, non-private baselines).
         ``delta=None``: 10⁻⁵, or 1/(10 n_k) for the largest site above 10⁴ cells.
         The one dpsc tool without the default ε = 8: at 8 per site the clustering is not yet
         useful (docs, Benchmarks: "FedSC benchmark"), and a silent non-private default would be
@@ -261,7 +262,8 @@ def _check_fedsc_args(
         if method not in PER_CELL_METHODS:
             raise ValueError(
                 f"method={method!r} compares cells within a batch, so per-cell gradients are not "
-                f"independent and DP-SGD's accounting would not hold; use one of {PER_CELL_METHODS}."
+                f"independent and DP-SGD's accounting would not hold; use one of {PER_CELL_METHODS}, or "
+                "epsilon=None for a non-private baseline."
             )
         if optimizer not in OPTIMIZERS:
             raise ValueError(f"Unknown optimizer {optimizer!r}; choose one of {OPTIMIZERS}.")

@@ -1,0 +1,169 @@
+r"""A public reference read, checked and fingerprinted, aligned to the private cells' genes.
+
+The reference is an input the caller (or a site's data manager) declares public: cells of another
+donor, study or condition that must not contain the private cells. Every check here reads the
+reference and the private cells' gene names only; :meth:`PublicReference.basis` computes the
+public basis (:mod:`dpsc.methods._public_basis`) from the reference alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import anndata as ad
+import numpy as np
+import pandas as pd
+import scipy.sparse as sp
+
+from .methods import _public_basis
+from .methods._clustering import MAX_GENES, N_COMPS
+from .methods._public_basis import PublicBasis, basis_from_reference
+
+MIN_SHARED_GENES = 200  # fewer shared genes than this: another gene naming, or another species
+MIN_TYPE_CELLS = 50  # a reference type with fewer cells has a noisy mean point: warn
+
+
+@dataclass(frozen=True)
+class PublicReference:
+    """A public reference aligned to the private cells' genes (everything here is public)."""
+
+    counts: Any  # reference cells × its genes (raw counts)
+    name: str
+    fingerprint: str  # sha256 of the matrix and the gene list
+    reference_genes: np.ndarray  # shared genes: columns in the reference …
+    private_genes: np.ndarray  # … and the same genes' columns in the private matrix
+    labels: pd.Series | None  # the reference_key column, when given
+    reference_key: str | None
+
+    @property
+    def n_obs(self) -> int:
+        """Cells of the reference."""
+        return int(self.counts.shape[0])
+
+    def summary(self, basis: PublicBasis) -> dict[str, Any]:
+        """Return what the record states about the reference (public)."""
+        return {
+            "name": self.name,
+            "fingerprint": self.fingerprint,
+            "n_obs": self.n_obs,
+            "n_genes": len(basis.genes),
+            "reference_key": self.reference_key or "",
+        }
+
+    def basis(self) -> PublicBasis:
+        """Return the public basis (:mod:`dpsc.methods._public_basis`) in the private columns."""
+        quantile = _public_basis.RADIUS_QUANTILE
+        return basis_from_reference(
+            self.counts, self.reference_genes, self.private_genes, MAX_GENES, N_COMPS, quantile
+        )
+
+    def own_basis(self, basis: PublicBasis) -> PublicBasis:
+        """Return the same basis in the reference's own columns (to map the reference's cells)."""
+        columns = dict(zip(self.private_genes.tolist(), self.reference_genes.tolist(), strict=True))
+        genes = np.array([columns[g] for g in basis.genes.tolist()], dtype=np.int64)
+        return basis.with_columns(genes, self.reference_genes)
+
+
+def read_reference(
+    reference: ad.AnnData | str | os.PathLike, adata: ad.AnnData, reference_key: str | None, tool: str
+) -> PublicReference:
+    """Return ``reference`` (an AnnData of raw counts or an ``.h5ad`` path) aligned to ``adata``'s genes.
+
+    Raises ``ValueError`` (with the fix) for a reference that is not raw counts, shares too few
+    genes with ``adata`` (another naming or species), or lacks ``reference_key``; warns for a type
+    with fewer than :data:`MIN_TYPE_CELLS` cells. Reads the reference and ``adata.var_names`` only.
+    """
+    name = "AnnData"
+    if isinstance(reference, str | os.PathLike):
+        name = os.fspath(reference)
+        if not os.path.exists(name):
+            raise ValueError(f"{tool}: reference={name!r} does not exist; pass an AnnData or an .h5ad path.")
+        reference = ad.read_h5ad(name)
+    if not isinstance(reference, ad.AnnData):
+        raise TypeError(
+            f"{tool}: reference must be an AnnData or an .h5ad path, got {type(reference).__name__}."
+        )
+    counts = reference.X
+    _check_reference_counts(reference, counts, tool)
+    reference_genes, private_genes = _shared_genes(reference.var_names, adata.var_names, tool)
+    labels = None
+    if reference_key is not None:
+        labels = _reference_labels(reference, reference_key, tool)
+    return PublicReference(
+        counts,
+        name,
+        fingerprint(counts, reference.var_names),
+        reference_genes,
+        private_genes,
+        labels,
+        reference_key,
+    )
+
+
+def fingerprint(counts: Any, genes: pd.Index) -> str:
+    """Return the sha256 of a matrix (its values and layout) and its gene list."""
+    digest = hashlib.sha256()
+    matrix = sp.csr_matrix(counts)
+    for part in (matrix.indptr, matrix.indices, matrix.data.astype(np.float64)):
+        digest.update(np.ascontiguousarray(part).tobytes())
+    digest.update("\n".join(map(str, genes)).encode())
+    return digest.hexdigest()
+
+
+def _check_reference_counts(reference: ad.AnnData, counts: Any, tool: str) -> None:
+    values = counts.data if sp.issparse(counts) else np.asarray(counts)
+    raw = values.size == 0 or (
+        np.isfinite(values).all() and values.min() >= 0 and np.array_equal(values, np.round(values))
+    )
+    if "log1p" in reference.uns or not raw:
+        hint = "reference.layers['counts']" if "counts" in reference.layers else "the raw counts"
+        raise ValueError(
+            f"{tool}: the reference's X is not raw counts (log-transformed, scaled or not integer); pass "
+            f"an AnnData whose X holds {hint}, e.g. reference = reference.raw.to_adata()."
+        )
+    if reference.n_obs < 2 * N_COMPS:
+        raise ValueError(
+            f"{tool}: the reference has {reference.n_obs} cells; it needs at least {2 * N_COMPS}."
+        )
+
+
+def _shared_genes(reference: pd.Index, private: pd.Index, tool: str) -> tuple[np.ndarray, np.ndarray]:
+    position = pd.Index(reference).get_indexer(pd.Index(private))
+    private_genes = np.flatnonzero(position >= 0)
+    if len(private_genes) < MIN_SHARED_GENES:
+        lower = pd.Index(reference.str.upper()).get_indexer(pd.Index(private.str.upper()))
+        case = int((lower >= 0).sum())
+        why = (
+            f"{case} match when case is ignored: another species' gene names (e.g. mouse 'Gcg' and "
+            "human 'GCG')? Map them to one species first"
+            if case >= MIN_SHARED_GENES
+            else "use the same gene identifiers in both (symbols or Ensembl IDs: adata.var_names)"
+        )
+        raise ValueError(
+            f"{tool}: the reference shares {len(private_genes)} gene names with adata (at least "
+            f"{MIN_SHARED_GENES} are needed); {why}."
+        )
+    return position[private_genes].astype(np.int64), private_genes.astype(np.int64)
+
+
+def _reference_labels(reference: ad.AnnData, key: str, tool: str) -> pd.Series:
+    if key not in reference.obs:
+        raise ValueError(
+            f"{tool}: reference.obs has no {key!r} (reference_key); its columns are "
+            f"{list(reference.obs.columns)}."
+        )
+    labels = reference.obs[key].astype(str)
+    counts = labels.value_counts()
+    small = counts[counts < MIN_TYPE_CELLS]
+    if len(small):
+        warnings.warn(
+            f"{len(small)} reference types have fewer than {MIN_TYPE_CELLS} cells (e.g. {small.index[0]!r}: "
+            f"{int(small.iloc[0])}); their mean points are noisy, so names matched to them are less certain.",
+            UserWarning,
+            stacklevel=4,
+        )
+    return labels.reset_index(drop=True)
