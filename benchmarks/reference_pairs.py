@@ -268,6 +268,15 @@ def report(path: Path) -> str:
     lines.append("|---" * (len(table.columns) + 1) + "|")
     for pair in pairs:
         lines.append(f"| {pair} | " + " | ".join(f"{v:.2f}" for v in table.loc[pair]) + " |")
+    overall = table.drop(columns="no reference").mean()
+    lines += [
+        "",
+        "Over all pairs (the choice of what ships): "
+        + ", ".join(f"{name} {value:.3f}" for name, value in overall.sort_values(ascending=False).items())
+        + f"; shipped: {SHIPPED}. The two `start` candidates (the DP k-means started from public centroids "
+        "of the reference's points, k-means or the types' means, and no sketch release) ran later, "
+        "with `--no-baselines --candidates …`.",
+    ]
     missing = rows[rows["missing"].notna()]
     if len(missing):
         lines += ["", "A type left out of the reference (ε = 8): F1 of the cluster that best holds that", ""]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import anndata as ad
 import numpy as np
 import pytest
@@ -245,3 +247,62 @@ def test_a_federated_clustering_on_a_reference_reproduces_the_central_one(pair):
     assert record["reference"]["fingerprint"] == fingerprint(reference.X, reference.var_names)
     assert "assumed public" in record["statement"] and "SecAgg+" in record["statement"]
     assert dpsc.privacy.spent(fed).epsilon == pytest.approx(dpsc.privacy.spent(central).epsilon)
+
+
+@pytest.mark.optional_extra
+def test_a_deployed_federation_on_a_reference_each_site_with_its_own_copy(pair, tmp_path):
+    """SuperLink + 2 SuperNodes on loopback (separate processes, bounded, stopping by themselves)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    pytest.importorskip("flwr")
+    from dpsc.federated._deploy import free_port
+
+    reference, private = pair
+    ref_path = tmp_path / "reference.h5ad"
+    reference.write_h5ad(ref_path)
+    data = []
+    for k in range(2):
+        path = tmp_path / f"site{k}.h5ad"
+        ad.AnnData(private.X[k::2], var=private.var[[]].copy()).write_h5ad(path)
+        data.append(path)
+    port = free_port()
+
+    def launch(args, log):
+        return subprocess.Popen(
+            [sys.executable, "-m", "dpsc.cli", *args],
+            stdout=open(log, "w"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    bounded = ("--timeout", "170", "--reference", str(ref_path))
+    run = ("--sites", "2", "--mode", "plain", "--n-clusters", "4", "--port", str(port))
+    server = launch(
+        ["federate", "server", *run, "--out", str(tmp_path / "fed"), *bounded], tmp_path / "s.log"
+    )
+    nodes = [
+        launch(
+            ["federate", "site", "--data", str(path), "--superlink", f"127.0.0.1:{port}", *bounded],
+            tmp_path / f"site{k}.log",
+        )
+        for k, path in enumerate(data)
+    ]
+    try:
+        codes = [p.wait(timeout=190) for p in [server, *nodes]]
+    finally:
+        for p in [server, *nodes]:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+    assert codes == [0, 0, 0], (tmp_path / "s.log").read_text()[-2000:]
+    assert "sha256" in (tmp_path / "s.log").read_text()
+    summary = json.loads((tmp_path / "fed" / "result" / "summary.json").read_text())
+    assert {r["kind"] for r in summary["releases"]} == {"kmeans"}  # genes and components: the reference's
+    for path in data:
+        out = ad.read_h5ad(path.with_name(path.stem + ".dpsc.h5ad"))
+        assert out.obs["dp_kmeans"].notna().all()
+        record = out.uns["dpsc"]["dp_kmeans"]["privacy"]
+        assert record["reference"]["fingerprint"] == fingerprint(reference.X, reference.var_names)
+        assert "assumed public" in record["statement"]

@@ -198,6 +198,12 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
         help="Also release each cluster's marker genes inside the same ε; every site receives them.",
     )
     server.add_argument(
+        "--reference",
+        default=None,
+        help="A public reference (.h5ad of raw counts) every site holds a copy of: the run is on its genes, "
+        "scales and components; each site checks its own copy's sha256 fingerprint against this one's.",
+    )
+    server.add_argument(
         "--n-vars",
         type=int,
         default=0,
@@ -244,6 +250,12 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     site.add_argument("--max-rounds", type=int, default=1000, help="The most releases served in one run.")
     site.add_argument("--layer", default=None, help="Layer with the raw counts (default: X).")
     site.add_argument("--output", default=None, help="Where to write the labelled cells (.h5ad).")
+    site.add_argument(
+        "--reference",
+        default=None,
+        help="This site's own copy of a public reference (.h5ad of raw counts): it serves runs on that "
+        "reference only when the server names the same sha256 fingerprint.",
+    )
     site.add_argument(
         "--port", type=int, default=None, help="Local port of the SuperNode (default: a free one)."
     )
@@ -497,6 +509,18 @@ def _load(path: str | None) -> tuple[ad.AnnData, str]:
         raise ValueError(f"{path} is not a readable .h5ad file ({err}).") from None
 
 
+def _reference_fingerprint(path: str) -> str:
+    """Return the sha256 fingerprint of a public reference file (its matrix and gene list)."""
+    import anndata as ad
+
+    from ._public_reference import fingerprint
+
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"--reference {path} does not exist; give the reference's .h5ad file.")
+    reference = ad.read_h5ad(path)
+    return fingerprint(reference.X, reference.var_names)
+
+
 def _federate(args: argparse.Namespace) -> int:
     from .federated import SiteSettings, read_result, run_server, run_site, write_site_settings
     from .tl import few_clusters_message
@@ -510,6 +534,13 @@ def _federate(args: argparse.Namespace) -> int:
 
         fingerprint = app_fingerprint()
         print(f"Submitting dpsc's own app (fingerprint {fingerprint}); each site checks it.", flush=True)
+        reference = ""
+        if args.reference:
+            reference = _reference_fingerprint(args.reference)
+            print(
+                f"On the public reference {args.reference} (sha256 {reference[:16]}…); "
+                "each site checks its own copy."
+            )
         summary = run_server(
             n_sites=args.sites,
             out=args.out,
@@ -528,6 +559,7 @@ def _federate(args: argparse.Namespace) -> int:
             n_clusters=args.n_clusters,
             n_vars=args.n_vars,
             markers=int(args.markers),
+            reference_fingerprint=reference,
         )
         print(
             f"Federated clustering over {summary['n_sites']} sites ({summary['mode']}, threshold "
@@ -558,6 +590,7 @@ def _federate(args: argparse.Namespace) -> int:
             max_rounds=args.max_rounds,
             layer=args.layer,
             output=args.output,
+            reference=None if args.reference is None else str(Path(args.reference).resolve()),
         )
         settings_file = write_site_settings(settings, Path(args.data).with_suffix(".dpsc-site.toml"))
     else:
