@@ -120,6 +120,10 @@ def test_full_batch_audit_claims_with_the_named_accountant_and_still_flags_a_bro
     assert row["epsilon_claimed"] == pytest.approx(prv_epsilon, rel=1e-3)  # the claim is PRV's
     rdp_sigma = dpsc.privacy.calibrate_noise_multiplier(2.0, delta, 1.0, steps, accountant="rdp")
     assert record["noise_multiplier"] < 0.97 * rdp_sigma  # PRV is tighter: less noise for the same ε
+    again = dpsc.tl.audit(small_adata, epsilon=1.0, method="one_run", key_added="second", **RUN)
+    assert small_adata.uns["dpsc"]["audit"]["privacy"] == record  # a second key keeps the first report
+    assert small_adata.uns["dpsc"]["second"]["table"]["epsilon_claimed"] == list(again["epsilon_claimed"])
+    assert dpsc.pl.audit(small_adata, "second", show=False).get_ylabel() == "ε"
     assert record["epsilon"] == pytest.approx(row["epsilon_claimed"], rel=1e-3)
     assert 0.0 <= row["epsilon_lower"] <= row["epsilon_claimed"]
     x = _small_counts(small_adata)

@@ -13,6 +13,7 @@ from ._utils import finish, get_ax, uns_record
 
 def audit(
     adata: ad.AnnData,
+    key: str = "audit",
     *,
     ax: Axes | None = None,
     show: bool | None = None,
@@ -29,11 +30,13 @@ def audit(
     Parameters
     ----------
     adata
-        AnnData passed to :func:`dpsc.tl.audit` (reads ``uns["dpsc"]["audit"]``).
+        AnnData passed to :func:`dpsc.tl.audit`.
+    key
+        The audit's ``key_added`` (reads ``uns["dpsc"][key]``).
     ax, show, save
         scanpy's conventions; the Axes is returned when not shown.
     """
-    record = uns_record(adata, "audit", "dpsc.tl.audit(adata, ...)")
+    record = uns_record(adata, key, "dpsc.tl.audit(adata, ...)")
     if "roc" not in record:
         return _one_run(record["table"], ax, show, save)
     target = get_ax(ax, figsize=(4.0, 4.0))

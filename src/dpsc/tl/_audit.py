@@ -30,6 +30,7 @@ def audit(
     guess_fraction: float = 0.1,
     confidence: float = 0.95,
     noise_seed: int | None = None,
+    key_added: str = "audit",
     **fit_kwargs: Any,
 ) -> pd.DataFrame:
     """Audit DP-DCAN's privacy: a one-run canary audit, or membership inference on trained models.
@@ -98,13 +99,17 @@ def audit(
         releasing the decoder would leak.
     random_state
         Seed of the split, the fits and the attack.
+    key_added
+        Where the report and its record go: ``uns["dpsc"][key_added]`` (two audits under two keys
+        keep both reports). The audit is an evaluation, not an annotation of the cells: it returns
+        its table and has no ``copy``.
     **fit_kwargs
         Passed to :func:`dpsc.tl.fit` for target and shadow models (e.g. ``max_epochs``,
         ``optimizer``, ``scope``, ``layer``).
 
     Returns
     -------
-    DataFrame with one row per attack; also written to ``adata.uns["dpsc"]["audit"]`` with the
+    DataFrame with one row per attack; also written to ``adata.uns["dpsc"][key_added]`` with the
     ROC curves.
     """
     delta = resolve_delta(delta, adata.n_obs)
@@ -121,6 +126,7 @@ def audit(
             layer=fit_kwargs.pop("layer", None),
             random_state=random_state,
             noise_seed=noise_seed,
+            key_added=key_added,
             **fit_kwargs,
         )
     if method != "shadow":
@@ -135,7 +141,7 @@ def audit(
         if key in fit_kwargs:
             raise ValueError(f"{key!r} is set by the audit itself; remove it from the arguments.")
     record = audit_record(adata.n_obs)
-    with spending(adata, record, "audit") as booking:
+    with spending(adata, record, key_added) as booking:
         table, report = shadow_audit(
             adata,
             fit=fit,
@@ -147,7 +153,7 @@ def audit(
             random_state=random_state,
             fit_kwargs=fit_kwargs,
         )
-        write_record(adata, "audit", record, **report)
+        write_record(adata, key_added, record, **report)
         booking.settle(record)
     return table
 

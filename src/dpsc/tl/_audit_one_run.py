@@ -101,9 +101,10 @@ def one_run_audit(
     layer: str | None,
     random_state: int,
     noise_seed: int | None,
+    key_added: str = "audit",
     **run_kwargs: Any,
 ) -> pd.DataFrame:
-    """Run a one-run canary audit on the cells; book it before any work, write the report."""
+    """Run a one-run canary audit on the cells; book it before any work, write the report (``key_added``)."""
     if canaries not in CANARIES:
         raise ValueError(
             f"Unknown canaries {canaries!r}; choose 'gradient' (white box, DP-SGD engine) or 'input' "
@@ -125,7 +126,7 @@ def one_run_audit(
         "noise_seed": noise_seed,
     }
     if canaries == "input":
-        return _input_audit(adata, fit, request, layer, run_kwargs)
+        return _input_audit(adata, fit, request, layer, run_kwargs, key_added)
     accountant = run_kwargs.get("accountant", "rdp")
     placement = run_kwargs.get("placement", "padding")
     _, q, steps = audit_schedule(adata.n_obs, run_kwargs.get("epochs", 5), run_kwargs.get("batch_size"))
@@ -133,7 +134,7 @@ def one_run_audit(
     sigma = plan.calibrate(epsilon, delta).sigma("dpsgd")
     noise = NoiseSource(noise_seed)
     record = one_run_record(sigma, q, steps, delta, accountant, placement, adata.n_obs, noise)
-    with spending(adata, record, "audit") as booking:
+    with spending(adata, record, key_added) as booking:
         run = gradient_canary_run(matrix, **request, noise_multiplier=sigma, **run_kwargs)
         columns = ["epsilon_claimed", "epsilon_lower", "confidence", "n_canaries", "ceiling", "n_guesses"]
         columns += ["n_correct", "noise_multiplier", "sample_rate", "steps"]
@@ -147,13 +148,18 @@ def one_run_audit(
                 "about the true ε, and ceiling is the most these canaries could ever show."
             ),
         }
-        write_record(adata, "audit", record, **report)
+        write_record(adata, key_added, record, **report)
         booking.settle(record)
     return table
 
 
 def _input_audit(
-    adata: ad.AnnData, fit: Callable, request: dict[str, Any], layer: str | None, fit_kwargs: dict[str, Any]
+    adata: ad.AnnData,
+    fit: Callable,
+    request: dict[str, Any],
+    layer: str | None,
+    fit_kwargs: dict[str, Any],
+    key_added: str = "audit",
 ) -> pd.DataFrame:
     """Black-box one-run audit (:func:`dpsc.audit.input_canary_run`); booked before any work.
 
@@ -174,7 +180,7 @@ def _input_audit(
             guarantee="proven",
             statement="",
         )
-    with spending(adata, planned, "audit") as booking:
+    with spending(adata, planned, key_added) as booking:
         run = input_canary_run(adata, fit=fit, layer=layer, **request, **fit_kwargs)
         common = {
             "method": "one_run",
@@ -199,6 +205,6 @@ def _input_audit(
             ),
         }
         record = group_of_two(run["record"], adata.n_obs)
-        write_record(adata, "audit", record, **report)
+        write_record(adata, key_added, record, **report)
         booking.settle(record)
     return table
