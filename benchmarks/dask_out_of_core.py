@@ -148,7 +148,10 @@ def report(out: str) -> None:
             "Cells simulated by `dpsc.datasets.simulate` (2,000 genes, 8 types) written once to zarr "
             "piece by piece, then `dpsc.tl.cluster(n_clusters=8, epsilon=8, markers=True)` on `X` read "
             "lazily (Dask's threaded scheduler, 2 cores). `write_s`, `zarr_gb`, `peak_rss_gb`: the writing "
-            "process; `cluster_s`, `cluster_peak_rss_gb`: the clustering process (its `ru_maxrss`).",
+            "process; `cluster_s`, `cluster_peak_rss_gb`: the clustering process (its `ru_maxrss`). The "
+            "clustering ran alone on the machine; the writing shared it with other jobs, so `write_s` is "
+            "an upper bound. The clustering holds row chunks, partial sums, `obs` and the labels in "
+            "memory, never the matrix.",
             "",
             "Commands: see the docstring of `benchmarks/dask_out_of_core.py` (`write`, `cluster`, `report`).",
             "",

@@ -306,3 +306,28 @@ def test_a_deployed_federation_on_a_reference_each_site_with_its_own_copy(pair, 
         record = out.uns["dpsc"]["dp_kmeans"]["privacy"]
         assert record["reference"]["fingerprint"] == fingerprint(reference.X, reference.var_names)
         assert "assumed public" in record["statement"]
+
+
+def test_a_basis_travels_whole_and_same_basis_tells_another_apart(pair):
+    from dataclasses import replace
+
+    from dpsc.federated._pipeline import basis_arrays, basis_from_arrays
+    from dpsc.methods._public_basis import same_basis
+    from dpsc.tl._reference import reference_basis
+
+    reference, private = pair
+    _, basis = reference_basis(reference, None, private, "test")
+    back = basis_from_arrays(basis.genes, basis.loadings, basis_arrays(basis))
+    assert same_basis(back, basis) and back.radius == basis.radius and back.target_sum == basis.target_sum
+    sphere = replace(basis, radius=None)
+    assert same_basis(basis_from_arrays(sphere.genes, sphere.loadings, basis_arrays(sphere)), sphere)
+    assert same_basis(replace(basis, means=basis.means * (1 + 1e-9)), basis)  # round-off
+    for changed in (
+        replace(basis, means=basis.means + 1e-3),
+        replace(basis, loadings=-basis.loadings),
+        replace(basis, genes=basis.genes[::-1].copy()),
+        replace(basis, radius=None),
+        replace(basis, target_sum=basis.target_sum * 2),
+        "not a basis",
+    ):
+        assert not same_basis(changed, basis)

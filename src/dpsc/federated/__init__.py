@@ -36,7 +36,7 @@ _WHERE = {
     "nt_xent": "._ssl",
     "Site": "._site",
     "SiteRefusal": "._site",
-    "SiteSettings": "._site",
+    "SiteSettings": "._settings",
     "run_pipeline_simulation": "._pipeline",
     "site_record": "._site",
     "KMEANS_STEPS": "._fedsc_site",
