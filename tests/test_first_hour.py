@@ -165,7 +165,7 @@ def test_embedding_takes_what_scanpy_takes_and_names_epsilon_on_private_outputs_
     assert "ε" in dpsc.pl.embedding(adata, show=False).get_title()  # color=None: the clusters dpsc wrote
     assert dpsc.pl.embedding(adata, "umap", color="cell_type", show=False).get_xlabel() == "UMAP1"
     with pytest.raises(KeyError, match="second argument is the basis"):  # scanpy's order, a clear hint
-        dpsc.pl.embedding(adata, "dp_kmeans", show=False)
+        dpsc.pl.embedding(adata, "cell_type", show=False)
 
 
 PUBLIC = {
