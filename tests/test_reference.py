@@ -223,6 +223,8 @@ def test_a_site_serves_a_reference_run_only_in_the_basis_of_its_own_copy(pair, t
         without.contribute(plan, _basis_request(plan, own), "plain", 1, 2, {}, fingerprint_)
     for refused in (settings[1], replace(settings[1], reference=None, ledger=str(tmp_path / "other.json"))):
         assert dpsc.privacy.FileLedger(refused.ledger).entries() == []  # nothing booked on a refusal
+    with pytest.raises(FileNotFoundError, match="--reference FILE"):  # a missing copy fails at start
+        replace(settings[1], reference=str(tmp_path / "missing.h5ad"))
 
 
 @pytest.mark.slow

@@ -85,6 +85,11 @@ class SiteSettings:
             )
         if self.honest_sites is not None and int(self.honest_sites) < 1:
             raise ValueError(f"honest_sites must be at least 1, got {self.honest_sites!r}.")
+        if isinstance(self.reference, str | Path) and not Path(self.reference).is_file():
+            raise FileNotFoundError(
+                f"The site's reference {self.reference} does not exist; give its own copy of the public "
+                "reference (--reference FILE, or reference in its settings file)."
+            )
         if not self.in_memory:
             data = Path(self.data)
             self.ledger = self.ledger or str(data.with_name(data.name + ".dpsc-ledger.json"))
