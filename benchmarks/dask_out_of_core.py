@@ -23,7 +23,6 @@ import argparse
 import json
 import os
 import platform
-import resource
 import shutil
 import subprocess
 import time
@@ -32,10 +31,8 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-
-
-def _peak_rss_gb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+from dask_scale import _table
+from scale import _peak_rss_gb
 
 
 def _disk_gb(path: Path) -> float:
@@ -139,8 +136,6 @@ def cluster(zarr_path: str, chunk: int, out: str) -> None:
 def report(out: str) -> None:
     """Write ``out`` as a markdown table beside it."""
     rows = pd.DataFrame([json.loads(line) for line in Path(out).read_text().splitlines() if line])
-    lines = ["| " + " | ".join(rows.columns) + " |", "|" + "---|" * len(rows.columns)]
-    lines += ["| " + " | ".join(str(v) for v in row) + " |" for row in rows.itertuples(index=False)]
     text = "\n".join(
         [
             "# The private clustering out of core (zarr on disk, Dask)",
@@ -155,7 +150,7 @@ def report(out: str) -> None:
             "",
             "Commands: see the docstring of `benchmarks/dask_out_of_core.py` (`write`, `cluster`, `report`).",
             "",
-            *lines,
+            _table(rows),
             "",
         ]
     )
