@@ -248,6 +248,7 @@ def test_a_federated_clustering_on_a_reference_reproduces_the_central_one(pair):
     record = dpsc.privacy.get_record(fed, "dp_kmeans")
     assert record["reference"]["fingerprint"] == fingerprint(reference.X, reference.var_names)
     assert "assumed public" in record["statement"] and "SecAgg+" in record["statement"]
+    assert "released centroids" in record["statement"] and "loadings" not in record["covered"]
     assert dpsc.privacy.spent(fed).epsilon == pytest.approx(dpsc.privacy.spent(central).epsilon)
 
 

@@ -182,6 +182,8 @@ def site_record(
         covered = (
             "every message this site sent (its noisy sums), hence the released genes, loadings and centroids"
         )
+    if reference is not None:  # the genes and loadings are the public reference's, not released
+        covered = covered.replace("the released genes, loadings and centroids", "the released centroids")
     if plan.epsilon is None:
         return plan.releases.record("federated clustering", unit=unit, mechanism="", covered=covered)
     fallback = run_fallback_epsilon(plan, mode, threshold)
