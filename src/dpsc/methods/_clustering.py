@@ -1,6 +1,6 @@
 r"""The proven private clustering as one plan: DP gene selection, DP PCA and DP k-means, all sums.
 
-Every step reads the cells only through a release of a sum over cells (:mod:`._release`):
+Every step reads the cells only through a release of a sum over cells (:mod:`dpsc.privacy._release`):
 
 1. when the plan reads fewer genes than the matrix has (:func:`genes_for`), the gene statistics
    of :mod:`._hvg` (one release), and the genes with the largest noisy second moments are kept;
@@ -24,7 +24,7 @@ against the same noise (spectral norm :math:`\approx 2\sigma\sqrt G`, the semici
 if the PCA had a larger ε. Without noise the loadings span the mean direction and the top
 components of the residuals (close to scanpy's centred PCA, plus the mean direction).
 
-:func:`plan_clustering` splits the asked (ε, δ) over the releases (:func:`~._accounting.split_budget`,
+:func:`plan_clustering` splits the asked (ε, δ) over the releases (:func:`~dpsc.privacy.split_budget`,
 shares :data:`SHARES`) and calibrates each σ once. :func:`run_clustering` is the post-processing
 between the releases: it never reads a cell. It asks ``release_sum(request)`` for each noisy sum,
 where a :class:`Request` says which sum (and carries what was released before: the kept genes, the
@@ -309,7 +309,7 @@ def _check_assignment(assignment: Any, kind: str, rows: int, width: int) -> None
 class ClusterPlan:
     """A whole private clustering, fixed before any cell is read (public: sent to every site).
 
-    ``releases`` is the plan as the one plan type (:class:`~._plan.ReleasePlan`): every release
+    ``releases`` is the plan as the one plan type (:class:`~dpsc.privacy.ReleasePlan`): every release
     the clustering makes, in order, each with its σ (q = 1; the k-means release counts
     :attr:`kmeans_steps` steps), and the (ε, δ) they were calibrated for; the σ live there only.
     The other fields are the clustering's public settings. Build one with :meth:`of` (or
