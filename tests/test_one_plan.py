@@ -97,6 +97,63 @@ def test_calibration_and_accountant_steps_live_only_in_dpsc_privacy():
     assert outside == []
 
 
+#: Bookings that are not Gaussian release plans, so they cannot go through ``ReleasePlan.spend``:
+#: pure-ε mechanisms (the functional mechanism, objective perturbation, PCDBN), readings without
+#: any guarantee (membership audits, a classifier's query cells) and FedSC's per-site parallel
+#: composition. Converting one removes it from this list.
+NOT_A_GAUSSIAN_PLAN = {
+    "tl/_annotate.py",
+    "tl/_audit.py",
+    "tl/_audit_one_run.py",
+    "tl/_federated.py",
+    "tl/_regression.py",
+}
+
+
+def test_every_gaussian_release_plan_is_spent_through_release_plan_spend():
+    """A scan for direct ``spending(`` calls outside dpsc.privacy: only the bookings listed above."""
+    import re
+    from pathlib import Path
+
+    root = Path(dpsc.__file__).parent
+    direct = re.compile(r"\bspending\(")
+    callers = {
+        str(path.relative_to(root))
+        for path in sorted(root.rglob("*.py"))
+        if path.relative_to(root).parts[0] != "privacy"
+        for line in path.read_text().splitlines()
+        if direct.search(line) and not line.lstrip().startswith(("#", "``", ":"))
+    }
+    assert callers == NOT_A_GAUSSIAN_PLAN
+    spenders = {
+        "tl/_cluster.py",
+        "tl/_cluster_federated.py",
+        "tl/_fit.py",
+        "tl/_kmeans.py",
+        "model/_dpdcan.py",
+    }
+    spenders |= {"pp/_dp_pca.py", "pp/_dp_hvg.py", "tl/_rank_genes_groups.py"}
+    for name in spenders:
+        assert ".spend(" in (root / name).read_text(), name
+
+
+def test_the_clustering_and_kmeans_book_through_their_release_plan(small_adata, monkeypatch):
+    from dpsc.privacy import ReleasePlan
+
+    spent = []
+    original = ReleasePlan.spend
+
+    def counted(self, target, record, key, noise):
+        spent.append((key, tuple(r.name for r in self.releases)))
+        return original(self, target, record, key, noise)
+
+    monkeypatch.setattr(ReleasePlan, "spend", counted)
+    dpsc.tl.cluster(small_adata, 3, epsilon=8, noise_seed=0)
+    small_adata.obsm["X_points"] = np.random.default_rng(0).normal(size=(small_adata.n_obs, 4))
+    dpsc.tl.kmeans(small_adata, 3, use_rep="X_points", epsilon=8, noise_seed=0, key_added="km")
+    assert spent == [("dp_kmeans", ("sum", "pca", "kmeans")), ("km", ("tl.kmeans",))]
+
+
 def test_a_release_plan_calibrates_once_and_composes_to_the_asked_epsilon(calibrations):
     from dpsc.privacy import PlannedRelease, ReleasePlan
 
@@ -151,6 +208,29 @@ def test_a_fit_whose_gene_rule_keeps_every_gene_searches_each_sigma_once(calibra
     assert plan.n_genes == 300 and plan.sigmas["genes"] == 0.0
     assert len(calibrations) == 6  # genes, cell sum, PCA, k-means, training, choice: once each
     assert training_sigma > 0 and choice_sigma > 0
+
+
+@pytest.mark.parametrize(("n_obs", "selects"), [(200_000, False), (2_000, True)])
+def test_the_clustering_at_2000_genes_searches_each_sigma_once(calibrations, n_obs, selects):
+    """2,000 genes: the plan is calibrated with its gene release (one σ search each for genes, cell
+    sum, PCA, k-means); when the rule keeps every gene, that release is dropped by a common scale,
+    not a second split. A site told the plan's gene count rebuilds the same σ."""
+    from dpsc.methods._clustering import plan_clustering
+
+    plan = plan_clustering(8.0, 1e-5, n_vars=2000, n_clusters=8, n_obs=n_obs)
+    assert len(calibrations) == 4
+    assert (plan.n_genes < 2000) is selects
+    assert ("genes" in plan.releases) is selects
+    assert plan.releases.spent() <= 8.0 + 1e-6
+    site = plan_clustering(8.0, 1e-5, n_vars=2000, n_clusters=8, n_genes=plan.n_genes)
+    assert site.releases.sigmas == pytest.approx(plan.releases.sigmas, rel=1e-12)
+
+
+def test_tl_cluster_at_2000_genes_calibrates_once_per_planned_release(calibrations):
+    adata = dpsc.datasets.simulate(1500, random_state=0)
+    assert adata.n_vars == 2000
+    dpsc.tl.cluster(adata, 4, epsilon=8, noise_seed=0)
+    assert len(calibrations) == 4  # genes, cell sum, PCA, k-means: one search each, no second split
 
 
 def test_spending_a_plan_books_first_and_refuses_releases_it_does_not_hold(small_adata):

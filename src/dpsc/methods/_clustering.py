@@ -585,13 +585,25 @@ def genes_for(n_obs: int, sigma_pca: float, n_vars: int) -> int:
     return min(n_vars, max(MIN_GENES, min(MAX_GENES, wanted)))
 
 
-def _split(epsilon: float, delta: float, kinds: tuple[str, ...], steps: int, accountant: str) -> dict:
-    """σ of each release kind, the shares of :data:`SHARES` composed to (ε, δ)."""
+def _kinds(n_vars: int, n_genes: int | None) -> tuple[str, ...]:
+    """Return the releases a plan is calibrated with: the gene selection above :data:`MIN_GENES` genes.
+
+    Also when a stated ``n_genes`` (a site checking a server's plan) is below ``n_vars``.
+    """
+    selecting = n_vars > MIN_GENES or (n_genes is not None and n_genes < n_vars)
+    return KINDS if selecting else KINDS[1:]
+
+
+def _split(epsilon: float, delta: float, kinds: tuple[str, ...], steps: int, accountant: str) -> ReleasePlan:
+    """Return the calibrated plan of these releases, the shares of :data:`SHARES` composed to (ε, δ).
+
+    One σ search per release (:meth:`~dpsc.privacy.ReleasePlan.calibrate`).
+    """
     parts = _markers.FOCUSED_SHARES
     total = sum(parts.values())
     shares = {**SHARES, **{kind: MARKERS_SHARE * parts[part] / total for kind, part in MARKER_PARTS.items()}}
     releases = [PlannedRelease(k, share=shares[k], steps=steps if k == "kmeans" else 1) for k in kinds]
-    return ReleasePlan.of(*releases, accountant=accountant).calibrate(epsilon, delta).sigmas
+    return ReleasePlan.of(*releases, accountant=accountant).calibrate(epsilon, delta)
 
 
 def plan_clustering(
@@ -611,8 +623,11 @@ def plan_clustering(
     """Split (ε, δ) over the releases by :data:`SHARES`, calibrate each σ once, choose the genes.
 
     The number of genes the PCA reads is ``n_genes`` when given (a site checking a server's plan),
-    else :func:`genes_for` at the PCA's σ of a plan with gene selection; the σ are those of the
-    releases the plan makes (the gene selection only when it reads fewer genes than there are).
+    else :func:`genes_for` at the PCA's σ of a plan with gene selection. One calibration: a plan
+    over more than :data:`MIN_GENES` genes is calibrated with the gene selection, one σ search per
+    release; when it reads every gene, that release leaves the plan and its share goes to the
+    others (:meth:`~dpsc.privacy.ReleasePlan.without`: one common scale, no second σ search), as in
+    a fit's start (:func:`dpsc.model._dcan_privacy.start_parts`).
     Reads no cell: ``n_obs`` (the number of cells, public) is needed when the matrix has more than
     :data:`MIN_GENES` genes and there is noise. ``markers``: the plan ends with the release of each
     cluster's marker statistics, its share :data:`MARKERS_SHARE` of the same (ε, δ).
@@ -629,20 +644,20 @@ def plan_clustering(
     if n_vars < 3:
         raise ValueError(f"A clustering needs at least 3 genes, got {n_vars}.")
     steps = kmeans_steps(kmeans_plan())
-    with_selection: dict[str, float] = {}  # σ of a plan with gene selection, when the rule needs it
-    if n_genes is None:
-        if epsilon is not None and n_vars > MIN_GENES:
-            if n_obs is None:
-                raise ValueError("plan_clustering needs n_obs (the number of cells) to choose the genes.")
-            with_selection = _split(float(epsilon), delta, (*KINDS, *extra), steps, accountant)
-        n_genes = genes_for(n_obs or 0, with_selection.get("pca", 0.0), n_vars)
+    sigmas = dict.fromkeys((*KINDS, *MARKER_KINDS), 0.0)
+    if epsilon is None:
+        n_genes = genes_for(0, 0.0, n_vars) if n_genes is None else n_genes
+    else:
+        if n_vars > MIN_GENES and n_genes is None and n_obs is None:
+            raise ValueError("plan_clustering needs n_obs (the number of cells) to choose the genes.")
+        split = _split(float(epsilon), delta, (*_kinds(n_vars, n_genes), *extra), steps, accountant)
+        if n_genes is None:
+            n_genes = genes_for(n_obs or 0, split.sigma("pca"), n_vars)
+        if n_genes == n_vars and "genes" in split:  # every gene read: no gene selection
+            split = split.without("genes")  # its share goes to the rest, with no second σ search
+        sigmas.update(split.sigmas)
     if not 3 <= n_genes <= n_vars:
         raise ValueError(f"A clustering reads between 3 and {n_vars} genes, got {n_genes}.")
-    sigmas = dict.fromkeys((*KINDS, *MARKER_KINDS), 0.0)
-    if epsilon is not None:  # the releases this plan makes: with the gene selection when G < n_vars
-        kinds = (*(KINDS if n_genes < n_vars else KINDS[1:]), *extra)
-        reuse = with_selection and n_genes < n_vars  # the rule's probe is this plan: calibrate once
-        sigmas.update(with_selection if reuse else _split(float(epsilon), delta, kinds, steps, accountant))
     return ClusterPlan.of(
         epsilon,
         delta,
@@ -675,7 +690,7 @@ def _plan_on_public_basis(
     steps = kmeans_steps(kmeans)
     sigmas = dict.fromkeys((*KINDS, *MARKER_KINDS), 0.0)
     if epsilon is not None:
-        sigmas.update(_split(float(epsilon), delta, kinds, steps, accountant))
+        sigmas.update(_split(float(epsilon), delta, kinds, steps, accountant).sigmas)
     return ClusterPlan.of(
         epsilon,
         delta,

@@ -30,7 +30,7 @@ from ..methods import (
     table_release,
 )
 from ..module import DEFAULT_LATENT_SCALE, DCANModule, clean_input
-from ..privacy import PrivacyRecord, Spending, broadcast_from_rank_zero, dp_cluster_frequency, spending
+from ..privacy import PrivacyRecord, Spending, broadcast_from_rank_zero, dp_cluster_frequency
 from ..train import DCANTrainingPlan, FitProgress, PoissonDataSplitter, quiet_training_logs
 from ._dcan_privacy import (
     FitPlan,
@@ -188,7 +188,7 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
         (:func:`~dpsc.model._dcan_privacy.plan_fit`). The ε recorded is the accountant's value
         after the steps that actually ran. No epoch, learning rate or checkpoint is chosen from the
         data: the final model is the result. The spend is booked in the AnnData's ledger
-        (:func:`dpsc.privacy.spending`): a budget refuses the fit before any work.
+        (:meth:`dpsc.privacy.ReleasePlan.spend`): a budget refuses the fit before any work.
 
         Parameters
         ----------
@@ -299,9 +299,11 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
         if booking is not None:
             self._train(plan, **run)
             return
-        with spending(self.adata, plan.planned_record(self.adata.n_obs), "DPDCAN") as own:
+        with plan.releases.spend(
+            self.adata, plan.planned_record(self.adata.n_obs), "DPDCAN", plan.noise
+        ) as own:
             self._train(plan, **run)
-            own.settle(self._record)
+            own.booking.settle(self._record)
 
     def plan_training(self, settings: TrainSettings) -> FitPlan:
         """Return the :class:`~dpsc.model._dcan_privacy.FitPlan` of ``settings`` for this model."""

@@ -45,6 +45,7 @@ import fcntl
 import json
 import math
 import os
+import sys
 import tempfile
 import threading
 import time
@@ -442,6 +443,17 @@ class Spending:
         self.settled = True
 
 
+def _outside_dpsc() -> int:
+    """Return the ``stacklevel`` of the first frame outside dpsc and contextlib: the user's call."""
+    package = str(Path(__file__).resolve().parent.parent)
+    frame, level = sys._getframe(1), 1
+    while frame is not None and (
+        frame.f_code.co_filename.startswith(package) or frame.f_code.co_filename == contextlib.__file__
+    ):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
 @contextlib.contextmanager
 def spending(adata: ad.AnnData, planned: PrivacyRecord, key: str) -> Iterator[Spending]:
     """Check the budget, reserve the planned spend, run the call, settle what it released.
@@ -467,7 +479,7 @@ def spending(adata: ad.AnnData, planned: PrivacyRecord, key: str) -> Iterator[Sp
             f"A result is already stored under key {key!r}; this call replaces it (the ledger keeps what "
             "both spent). Pass another key_added to keep both.",
             UserWarning,
-            stacklevel=4,
+            stacklevel=_outside_dpsc(),
         )
     entry = ledger_entry(planned, key, "reserved")
     uns_before = {k: adata.uns[k] for k in adata.uns.keys()}

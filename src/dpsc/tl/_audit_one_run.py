@@ -134,7 +134,7 @@ def one_run_audit(
     sigma = plan.calibrate(epsilon, delta).sigma("dpsgd")
     noise = NoiseSource(noise_seed)
     record = one_run_record(sigma, q, steps, delta, accountant, placement, adata.n_obs, noise)
-    with spending(adata, record, key_added) as booking:
+    with plan.spend(adata, record, key_added, noise) as spent:
         run = gradient_canary_run(matrix, **request, noise_multiplier=sigma, **run_kwargs)
         columns = ["epsilon_claimed", "epsilon_lower", "confidence", "n_canaries", "ceiling", "n_guesses"]
         columns += ["n_correct", "noise_multiplier", "sample_rate", "steps"]
@@ -149,7 +149,7 @@ def one_run_audit(
             ),
         }
         write_record(adata, key_added, record, **report)
-        booking.settle(record)
+        spent.booking.settle(record)
     return table
 
 

@@ -34,7 +34,6 @@ from ..privacy import (
     NoiseSource,
     PrivacyRecord,
     Spending,
-    spending,
     with_storage_note,
 )
 from ._kmeans import warn_if_few_clusters
@@ -309,7 +308,7 @@ def cluster(
     noise = NoiseSource(noise_seed)
     summary = None if public is None else public.summary(basis)
     record = with_storage_note(cluster_record(plan, adata.n_obs, noise, reference=summary), is_dask(matrix))
-    with spending(adata, record, key_added) as booking:
+    with plan.releases.spend(adata, record, key_added, noise) as spent:
         result = run_clustering(plan, central_release_sum(matrix, noise), basis)
         extra: dict[str, Any] = {} if summary is None else {"reference": summary}
         if public is not None and public.labels is not None:
@@ -322,5 +321,14 @@ def cluster(
             "random_state": random_state,
         }
         return store_clustering(
-            adata, matrix, result, key_added, record, params, copy=copy, booking=booking, plan=plan, **extra
+            adata,
+            matrix,
+            result,
+            key_added,
+            record,
+            params,
+            copy=copy,
+            booking=spent.booking,
+            plan=plan,
+            **extra,
         )

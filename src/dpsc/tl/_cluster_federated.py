@@ -25,7 +25,7 @@ from .._validation import (
     get_matrix,
     resolve_delta,
 )
-from ..privacy import NoiseSource, spending
+from ..privacy import NoiseSource
 from ._cluster import plan_for_cells, store_clustering
 from ._reference import name_clusters, reference_basis
 
@@ -137,19 +137,9 @@ def cluster_federated(
     delta = resolve_delta(delta, largest)
     check_privacy_args(epsilon, delta, largest)
     check_public_counts(adata, layer, True, "dpsc.tl.cluster_federated")
-    if mode not in ("secure", "plain"):
-        raise ValueError(f"mode must be 'secure' or 'plain', got {mode!r}.")
-    n_sites = len(names)
-    if mode == "secure" and n_sites < 2:
-        raise ValueError(
-            f"Secure aggregation needs at least 2 sites; {site_key!r} names {n_sites}. Pass mode='plain' "
-            "(the site adds its full noise) or split the cells over more sites."
-        )
-    threshold = n_sites if threshold is None else int(threshold)
-    if mode == "secure" and not 2 <= threshold <= n_sites:
-        raise ValueError(f"threshold must be in [2, {n_sites}] (the number of sites), got {threshold}.")
+    threshold = _check_mode(mode, threshold, len(names), site_key)
     public, basis = reference_basis(reference, reference_key, adata, "dpsc.tl.cluster_federated")
-    from ..federated import SiteSettings, run_pipeline_simulation, site_record  # after the input checks
+    from ..federated import run_pipeline_simulation, site_record  # after the input checks
 
     plan = plan_for_cells(adata, int(n_clusters), epsilon, delta, random_state, bool(markers), basis)
     noise = NoiseSource(noise_seed)
@@ -158,41 +148,16 @@ def cluster_federated(
         plan,
         mode,
         threshold if mode == "secure" else 1,
-        n_sites,
+        len(names),
         adata.n_obs,
         noise,
         simulated=True,
         reference=summary,
     )
-    with spending(adata, record, key_added) as booking:
-        settings = [
-            SiteSettings(
-                data=ad.AnnData(matrix[np.flatnonzero(sites == name)], var=adata.var[[]].copy()),
-                epsilon=epsilon,
-                delta=delta,
-                noise_seed=noise_seed,
-                site_index=index if noise_seed is not None else None,
-                # one user simulates every site: no cap on the fallback ε (the record states it)
-                max_fallback_epsilon=math.inf,
-                reference=reference,  # each simulated site's own copy of the public reference
-            )
-            for index, name in enumerate(names)
-        ]
-        server = {
-            "n-sites": n_sites,
-            "mode": mode,
-            "threshold": threshold,
-            "epsilon": -1.0 if epsilon is None else float(epsilon),
-            "delta": delta,
-            "n-clusters": int(n_clusters),
-            "n-vars": adata.n_vars,
-            "n-obs": adata.n_obs,
-            "random-state": random_state,
-            "markers": int(bool(markers)),
-            "reference-fingerprint": "" if public is None else public.fingerprint,
-        }
+    with plan.releases.spend(adata, record, key_added, noise) as spent:
+        settings = _simulated_sites(matrix, adata.var, sites, names, epsilon, delta, noise_seed, reference)
+        server = _server_config(adata, plan, mode, threshold, len(names), epsilon, delta, public)
         result, run = run_pipeline_simulation(server, settings, n_cpus=n_cpus)
-        params = {"n_clusters": int(n_clusters), "mode": mode, "threshold": threshold, "n_sites": n_sites}
         extra: dict[str, Any] = {} if summary is None else {"reference": summary}
         if public is not None and public.labels is not None:
             extra["cluster_names"] = name_clusters(result.centroids, public, basis)
@@ -202,12 +167,81 @@ def cluster_federated(
             result,
             key_added,
             record,
-            params,
+            {"n_clusters": int(n_clusters), "mode": mode, "threshold": threshold, "n_sites": len(names)},
             copy=copy,
-            booking=booking,
+            booking=spent.booking,
             plan=plan,
             sites={name: int((sites == name).sum()) for name in names},
             releases=[{k: v for k, v in row.items() if k != "failures"} for row in run["releases"]],
             wall_s=float(run["wall_s"]),
             **extra,
         )
+
+
+def _check_mode(mode: str, threshold: int | None, n_sites: int, site_key: str) -> int:
+    """Return the number of sites a secure sum needs (all by default), or refuse the settings."""
+    if mode not in ("secure", "plain"):
+        raise ValueError(f"mode must be 'secure' or 'plain', got {mode!r}.")
+    if mode == "secure" and n_sites < 2:
+        raise ValueError(
+            f"Secure aggregation needs at least 2 sites; {site_key!r} names {n_sites}. Pass mode='plain' "
+            "(the site adds its full noise) or split the cells over more sites."
+        )
+    threshold = n_sites if threshold is None else int(threshold)
+    if mode == "secure" and not 2 <= threshold <= n_sites:
+        raise ValueError(f"threshold must be in [2, {n_sites}] (the number of sites), got {threshold}.")
+    return threshold
+
+
+def _simulated_sites(
+    matrix: Any,
+    var: Any,
+    sites: np.ndarray,
+    names: list[str],
+    epsilon: float | None,
+    delta: float,
+    noise_seed: int | None,
+    reference: Any,
+) -> list[Any]:
+    """Return one :class:`~dpsc.federated.SiteSettings` per site: its cells, noise and reference copy."""
+    from ..federated import SiteSettings
+
+    return [
+        SiteSettings(
+            data=ad.AnnData(matrix[np.flatnonzero(sites == name)], var=var[[]].copy()),
+            epsilon=epsilon,
+            delta=delta,
+            noise_seed=noise_seed,
+            site_index=index if noise_seed is not None else None,
+            # one user simulates every site: no cap on the fallback ε (the record states it)
+            max_fallback_epsilon=math.inf,
+            reference=reference,  # each simulated site's own copy of the public reference
+        )
+        for index, name in enumerate(names)
+    ]
+
+
+def _server_config(
+    adata: ad.AnnData,
+    plan: Any,
+    mode: str,
+    threshold: int,
+    n_sites: int,
+    epsilon: float | None,
+    delta: float,
+    public: Any,
+) -> dict[str, Any]:
+    """Return the server's run config (what ``dpsc federate server`` reads from its flags)."""
+    return {
+        "n-sites": n_sites,
+        "mode": mode,
+        "threshold": threshold,
+        "epsilon": -1.0 if epsilon is None else float(epsilon),
+        "delta": delta,
+        "n-clusters": plan.n_clusters,
+        "n-vars": adata.n_vars,
+        "n-obs": adata.n_obs,
+        "random-state": plan.random_state,
+        "markers": int(bool(plan.markers)),
+        "reference-fingerprint": "" if public is None else public.fingerprint,
+    }

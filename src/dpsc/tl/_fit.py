@@ -2,7 +2,7 @@
 
 One way through: the arguments become one :class:`~dpsc.model._dcan_privacy.TrainSettings`;
 :func:`~dpsc.model._dcan_privacy.plan_fit` checks them and calibrates σ once; the plan's record is
-booked in the AnnData's ledger (:func:`dpsc.privacy.spending`, which refuses before any work
+booked in the AnnData's ledger (:meth:`dpsc.privacy.ReleasePlan.spend`, which refuses before any work
 when a budget would be exceeded); the default model starts from the private clustering's
 releases (:mod:`dpsc.model._dcan_start`), trains with the plan as it is, and keeps the better of
 the two partitions by one more release.
@@ -45,7 +45,6 @@ from ..model import (
     start_model_from,
 )
 from ..module import DEFAULT_LATENT_SCALE
-from ..privacy import spending
 from ._fit_reference import (
     REFERENCE_FINE_TUNING_EPOCHS,
     REFERENCE_FINE_TUNING_RATE,
@@ -268,55 +267,59 @@ def fit(
     _check_input_for(plan, adata, matrix, layer, likelihood, model_kwargs)
     check_cells(adata, matrix, "dpsc.tl.fit")
 
-    with spending(adata, plan.planned_record(adata.n_obs), key_added) as booking:
+    call = {
+        "n_clusters": n_clusters,
+        "scope": scope,
+        "layer": layer,
+        "likelihood": likelihood,
+        "accountant": accountant,
+        "key_added": key_added,
+        "cluster_key": cluster_key,
+    }
+    with plan.releases.spend(adata, plan.planned_record(adata.n_obs), key_added, plan.noise) as spent:
         target = result_target(adata, copy)
-        model, selection, genes = _train(
-            target,
-            matrix,
-            plan,
-            booking,
-            n_clusters,
-            likelihood,
-            layer,
-            model_kwargs,
-            random_state,
-            progress_bar,
-            run,
-            public,
-        )
-        label_counts, in_use = _write_embedding_and_labels(
-            target, model, selection, genes, key_added, cluster_key, epsilon
-        )
-        extra = {} if public is None else reference_outputs(target, public, model, selection, cluster_key)
-        params = _fit_params(
-            plan,
-            model,
-            selection,
-            genes,
-            model_kwargs,
-            n_clusters=n_clusters,
-            scope=scope,
-            layer=layer,
-            likelihood=likelihood,
-            accountant=accountant,
-            key_added=key_added,
-            cluster_key=cluster_key,
-        )
-        return store_result(
-            adata,
-            target,
-            key_added,
-            model.privacy_record(),
-            params,
-            copy=copy,
-            booking=booking,
-            model=model,
-            return_model=return_model,
-            cluster_frequencies=model.released_frequencies(),
-            label_counts=label_counts,
-            clusters_in_use=in_use,
-            **extra,
-        )
+        training = (matrix, plan, spent.booking, model_kwargs, public, run)
+        model, selection, genes = _train(target, *training, call, random_state, progress_bar)
+        trained = (model, selection, genes, model_kwargs, public)
+        return _store(adata, target, plan, spent.booking, trained, call, copy, return_model)
+
+
+def _store(
+    adata: ad.AnnData,
+    target: ad.AnnData,
+    plan: FitPlan,
+    booking: Any,
+    trained: tuple[DPDCAN, _selection.Selection | None, np.ndarray | None, dict, ReferenceFit | None],
+    call: dict[str, Any],
+    copy: bool,
+    return_model: bool,
+) -> ad.AnnData | DPDCAN | tuple[ad.AnnData, DPDCAN] | None:
+    """Write the embedding, labels, record and parameters of a trained fit (scanpy's return rule).
+
+    ``trained``: the model, the partition choice, the genes it reads, its options and the public
+    reference (``None`` without one); ``booking`` is settled with the model's record.
+    """
+    model, selection, genes, model_kwargs, public = trained
+    key_added, cluster_key = call["key_added"], call["cluster_key"]
+    label_counts, in_use = _write_embedding_and_labels(
+        target, model, selection, genes, key_added, cluster_key, plan.epsilon
+    )
+    extra = {} if public is None else reference_outputs(target, public, model, selection, cluster_key)
+    return store_result(
+        adata,
+        target,
+        key_added,
+        model.privacy_record(),
+        _fit_params(plan, model, selection, genes, model_kwargs, **call),
+        copy=copy,
+        booking=booking,
+        model=model,
+        return_model=return_model,
+        cluster_frequencies=model.released_frequencies(),
+        label_counts=label_counts,
+        clusters_in_use=in_use,
+        **extra,
+    )
 
 
 def _fit_params(
@@ -392,22 +395,22 @@ def _train(
     matrix,
     plan: FitPlan,
     booking,
-    n_clusters: int,
-    likelihood: str,
-    layer: str | None,
     model_kwargs: dict,
+    public: ReferenceFit | None,
+    run: dict[str, Any],
+    call: dict[str, Any],
     random_state: int,
     progress_bar: bool,
-    run: dict[str, Any],
-    public: ReferenceFit | None = None,
 ) -> tuple[DPDCAN, _selection.Selection | None, np.ndarray | None]:
     """Make the releases before training, build the model from them and train it under the plan.
 
     Returns the trained model, the choice between the start's partition and the model's (``None``
     when the fit does not start from the clustering) and the genes the model reads (``None``: all).
     With a public reference the model reads each cell's point in its basis and starts from the
-    weights pretrained on it (:mod:`dpsc.model._dcan_reference`).
+    weights pretrained on it (:mod:`dpsc.model._dcan_reference`). ``call``: ``tl.fit``'s named
+    choices (``n_clusters``, ``likelihood``, ``layer``, …).
     """
+    n_clusters, likelihood, layer = call["n_clusters"], call["likelihood"], call["layer"]
     basis = None if public is None else public.basis
     start, genes = release_before_training(matrix, likelihood, plan, basis)
     if public is None:
@@ -479,7 +482,7 @@ def _write_embedding_and_labels(
         label_counts = np.bincount(labels, minlength=n_clusters).astype(np.float64)
     in_use = clusters_above_noise(label_counts, count_noise)
     if in_use < n_clusters / 2:
-        warnings.warn(collapse_message(in_use, n_clusters, epsilon), UserWarning, stacklevel=3)
+        warnings.warn(collapse_message(in_use, n_clusters, epsilon), UserWarning, stacklevel=4)
     return label_counts, in_use
 
 

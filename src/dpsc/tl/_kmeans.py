@@ -120,23 +120,9 @@ def kmeans(
     -----
     {doc_warns_few_clusters}
     """
-    if use_rep not in adata.obsm:
-        raise ValueError(
-            f"adata.obsm has no {use_rep!r}; compute a representation first, "
-            "e.g. dpsc.pp.pca(adata, epsilon=4)."
-        )
     delta = resolve_delta(delta, adata.n_obs)
     check_privacy_args(epsilon, delta, adata.n_obs)
-    if not 2 <= n_clusters <= adata.n_obs:
-        raise ValueError(f"n_clusters must be in [2, n_obs={adata.n_obs}], got {n_clusters}.")
-    if not clip_norm > 0:
-        raise ValueError(f"clip_norm must be > 0, got {clip_norm}.")
-    if metric not in ("cosine", "euclidean"):
-        raise ValueError(f"metric must be 'cosine' or 'euclidean', got {metric!r}.")
-    rows = np.asarray(adata.obsm[use_rep], dtype=np.float64)
-    if not np.isfinite(rows).all():
-        raise ValueError(f"obsm[{use_rep!r}] has NaN or infinite values.")
-    points = kmeans_points(rows, metric)
+    points = _points(adata, use_rep, n_clusters, clip_norm, metric)
     steps = kmeans_release_steps(
         *(KMEANS_DEFAULTS[k] for k in ("n_sketch_steps", "n_lloyd_rounds", "steps_per_round"))
     )
@@ -181,6 +167,25 @@ def kmeans(
         return store_result(
             adata, target, key_added, record, params, copy=copy, booking=releases.booking, **released_values
         )
+
+
+def _points(adata: ad.AnnData, use_rep: str, n_clusters: int, clip_norm: float, metric: str) -> np.ndarray:
+    """Return the points the k-means reads from ``obsm[use_rep]``, or refuse the settings."""
+    if use_rep not in adata.obsm:
+        raise ValueError(
+            f"adata.obsm has no {use_rep!r}; compute a representation first, "
+            "e.g. dpsc.pp.pca(adata, epsilon=4)."
+        )
+    if not 2 <= n_clusters <= adata.n_obs:
+        raise ValueError(f"n_clusters must be in [2, n_obs={adata.n_obs}], got {n_clusters}.")
+    if not clip_norm > 0:
+        raise ValueError(f"clip_norm must be > 0, got {clip_norm}.")
+    if metric not in ("cosine", "euclidean"):
+        raise ValueError(f"metric must be 'cosine' or 'euclidean', got {metric!r}.")
+    rows = np.asarray(adata.obsm[use_rep], dtype=np.float64)
+    if not np.isfinite(rows).all():
+        raise ValueError(f"obsm[{use_rep!r}] has NaN or infinite values.")
+    return kmeans_points(rows, metric)
 
 
 def few_clusters_message(in_use: int, n_clusters: int) -> str:
