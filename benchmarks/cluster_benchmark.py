@@ -117,7 +117,7 @@ def seeded_cluster_rows(
     for run_index in range(runs):
         cells = adata.copy()
         dpsc.tl.cluster(cells, k, epsilon=epsilon, noise_seed=20 + run_index)
-        labels = cells.obs["dp_kmeans"].to_numpy()
+        labels = cells.obs["dp_cluster"].to_numpy()
         row = {"dataset": name, "epsilon": epsilon, "variant": variant, "run": run_index}
         rows.append({**row, **score(truth, labels), "n_clusters": k, **extra})
     return rows
@@ -301,7 +301,7 @@ def main() -> None:
                     {
                         "method": "tl.cluster" if eps is not None else "tl.cluster, no noise (design limit)",
                         "epsilon": "inf" if eps is None else eps,
-                        **score(cells.obs["label"], cells.obs["dp_kmeans"]),
+                        **score(cells.obs["label"], cells.obs["dp_cluster"]),
                         "wall_s": time.perf_counter() - start,
                         "epsilon_spent": float(dpsc.privacy.spent(cells).epsilon),
                     }

@@ -123,7 +123,7 @@ def run(data: Path, name: str, epsilons: list[float], runs: int, commit: str) ->
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
                     dpsc.tl.cluster(cells, k, epsilon=epsilon)
-                row = score(truth, cells.obs["dp_kmeans"].to_numpy())
+                row = score(truth, cells.obs["dp_cluster"].to_numpy())
                 rows.append(
                     {
                         "dataset": name,

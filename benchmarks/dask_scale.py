@@ -62,7 +62,7 @@ def run(n_cells: int, chunk: int, workers: int, out: str) -> None:
         "memory_s": round(times["memory"], 1),
         "dask_s": round(times["dask"], 1),
         "dask_over_memory": round(times["dask"] / times["memory"], 2),
-        "labels_equal": bool(np.array_equal(memory.obs["dp_kmeans"], lazy.obs["dp_kmeans"])),
+        "labels_equal": bool(np.array_equal(memory.obs["dp_cluster"], lazy.obs["dp_cluster"])),
         "process_peak_rss_gb": round(_peak_rss_gb(), 2),
         "threads": os.environ.get("OMP_NUM_THREADS", ""),
         "machine": platform.machine(),

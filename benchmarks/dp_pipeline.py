@@ -105,8 +105,8 @@ def release_ari(adata, eps: float, seed: int, hvg: bool = False) -> tuple[float,
     train, held = adata[np.sort(order[:cut])].copy(), adata[np.sort(order[cut:])]
     fit_pipeline(train, eps, seed, hvg)
     z = project(held[:, train.var_names].X, train.varm["PCs"])  # as pp.pca projects (log1p CP10k, unit rows)
-    pred = nearest_centroid(z, train.uns["dpsc"]["dp_kmeans"]["centroids"]).astype(str)
-    own = adjusted_rand_score(train.obs["label"], train.obs["dp_kmeans"])
+    pred = nearest_centroid(z, train.uns["dpsc"]["dp_cluster"]["centroids"]).astype(str)
+    own = adjusted_rand_score(train.obs["label"], train.obs["dp_cluster"])
     return adjusted_rand_score(held.obs["label"], pred), own
 
 
@@ -122,7 +122,7 @@ def run_pipeline(adata, eps: float, seed: int, hvg: bool = False) -> dict:
     held_ari, train_split_ari = release_ari(adata, eps, seed, hvg)
     return {
         "method": f"DP pipeline ({steps})",
-        **score(cells.obs["label"], cells.obs["dp_kmeans"]),
+        **score(cells.obs["label"], cells.obs["dp_cluster"]),
         "release_ari": held_ari,
         "train_split_ari": train_split_ari,
         "epsilon_spent": spent,

@@ -112,7 +112,7 @@ def run(args: argparse.Namespace) -> None:
                     if eps is not None:
                         row["epsilon_spent_max_site"] = rec["privacy"]["epsilon"]
                     Z = adata.obsm["X_fedsc"]
-                    pred = adata.obs["fed_cluster"].astype(int).to_numpy()
+                    pred = adata.obs["dp_cluster"].astype(int).to_numpy()
                     loss = list(rec["loss"])  # empty under DP: the sites send no loss
                     row.update(
                         seconds_per_round=rec["seconds_per_round"], final_loss=loss[-1] if loss else None

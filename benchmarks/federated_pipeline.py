@@ -73,12 +73,12 @@ def run_one(adata, dataset, n_sites, split, mode, eps, run, noise="secret") -> l
     start = time.perf_counter()
     fed = cells.copy()
     dpsc.tl.cluster_federated(fed, "site", k, epsilon=eps, mode=mode, random_state=run, noise_seed=noise_seed)
-    record = fed.uns["dpsc"]["dp_kmeans"]
+    record = fed.uns["dpsc"]["dp_cluster"]
     rows.append(
         {
             **common,
             "method": f"federated pipeline ({mode})",
-            **score(fed.obs["label"], fed.obs["dp_kmeans"]),
+            **score(fed.obs["label"], fed.obs["dp_cluster"]),
             "wall_s": time.perf_counter() - start,
             "bytes_per_site": int(sum(record["releases"]["bytes_per_site"])),
             "rounds": len(record["releases"]["bytes_per_site"]) + 2,
@@ -90,14 +90,14 @@ def run_one(adata, dataset, n_sites, split, mode, eps, run, noise="secret") -> l
         central = cells.copy()
         dpsc.tl.cluster(central, k, epsilon=eps, random_state=run, noise_seed=noise_seed)
         if noise == "paired":
-            centroids = [np.asarray(a.uns["dpsc"]["dp_kmeans"]["centroids"]) for a in (fed, central)]
+            centroids = [np.asarray(a.uns["dpsc"]["dp_cluster"]["centroids"]) for a in (fed, central)]
             rows[0]["centroid_max_diff"] = float(np.abs(centroids[0] - centroids[1]).max())
-            rows[0]["labels_differ"] = float((fed.obs["dp_kmeans"] != central.obs["dp_kmeans"]).mean())
+            rows[0]["labels_differ"] = float((fed.obs["dp_cluster"] != central.obs["dp_cluster"]).mean())
         rows.append(
             {
                 **common,
                 "method": "central pipeline",
-                **score(central.obs["label"], central.obs["dp_kmeans"]),
+                **score(central.obs["label"], central.obs["dp_cluster"]),
                 "wall_s": time.perf_counter() - start,
                 "epsilon_spent": dpsc.privacy.spent(central)[0],
             }

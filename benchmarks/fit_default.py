@@ -46,7 +46,7 @@ def one_run(adata, k: int, epsilon: float | None, method: str) -> tuple[np.ndarr
             key, column = "X_dpdcan", "dp_cluster"
         else:
             dpsc.tl.cluster(cells, k, epsilon=epsilon)
-            key, column = "dp_kmeans", "dp_kmeans"
+            key, column = "dp_cluster", "dp_cluster"
     seconds = time.perf_counter() - start
     partition = cells.uns["dpsc"][key]["params"].get("partition", "")
     return cells.obs[column].to_numpy(), seconds, dpsc.privacy.get_record(cells, key)["guarantee"], partition

@@ -79,7 +79,7 @@ def run(data: Path, name: str, epsilons: list[float], runs: int, commit: str) ->
     adata.obs["labels"] = adata.obs["label"].astype("category")
     dpsc.tl.cluster(adata, k, epsilon=8.0, noise_seed=0)  # the clusters (seeded: the same groups each run)
     rows = []
-    for grouping in ("labels", "dp_kmeans"):
+    for grouping in ("labels", "dp_cluster"):
         counts = adata.obs[grouping].value_counts()
         cells = adata[adata.obs[grouping].isin(counts.index[counts >= 2])].copy()  # scanpy needs 2 a group
         cells.obs[grouping] = cells.obs[grouping].cat.remove_unused_categories()
@@ -126,12 +126,12 @@ def run_federated(data: Path, name: str, epsilons: list[float], runs: int, commi
                     dpsc.pp.partition(cells, n_sites, random_state=r)
                     dpsc.tl.cluster_federated(cells, "site", k, epsilon=epsilon, markers=True)
                 seconds = time.perf_counter() - start
-                counts = cells.obs["dp_kmeans"].value_counts()
-                kept = cells[cells.obs["dp_kmeans"].isin(counts.index[counts >= 2])].copy()
-                kept.obs["dp_kmeans"] = kept.obs["dp_kmeans"].cat.remove_unused_categories()
-                ref = reference(kept, "dp_kmeans")
-                ours = cells.uns["dp_kmeans_markers"]
-                sizes = kept.obs["dp_kmeans"].value_counts() / kept.n_obs
+                counts = cells.obs["dp_cluster"].value_counts()
+                kept = cells[cells.obs["dp_cluster"].isin(counts.index[counts >= 2])].copy()
+                kept.obs["dp_cluster"] = kept.obs["dp_cluster"].cat.remove_unused_categories()
+                ref = reference(kept, "dp_cluster")
+                ours = cells.uns["dp_cluster_markers"]
+                sizes = kept.obs["dp_cluster"].value_counts() / kept.n_obs
                 for row in compare(ours, ref):
                     rows.append(
                         {

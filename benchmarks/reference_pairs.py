@@ -124,7 +124,7 @@ def run_pair(name: str, reference, private, out, candidates=None, baselines: boo
                 )
                 entry = row(name, candidate, epsilon, seed, cells, truth, time.process_time() - start)
                 if named:
-                    entry["names"] = float((cells.obs["dp_kmeans_names"].astype(str) == truth).mean())
+                    entry["names"] = float((cells.obs["dp_cluster_names"].astype(str) == truth).mean())
                 rows.append(entry)
         if name in MISSING:
             kind = MISSING[name]
@@ -134,9 +134,9 @@ def run_pair(name: str, reference, private, out, candidates=None, baselines: boo
                 dpsc.tl.cluster(
                     cells, k, epsilon=8.0, reference=lacking, reference_key="label", noise_seed=seed
                 )
-                found = best_f1(truth, cells.obs["dp_kmeans"].to_numpy(), kind)
+                found = best_f1(truth, cells.obs["dp_cluster"].to_numpy(), kind)
                 unmatched = float(
-                    (cells.obs["dp_kmeans_names"].astype(str)[truth == kind] == "unmatched").mean()
+                    (cells.obs["dp_cluster_names"].astype(str)[truth == kind] == "unmatched").mean()
                 )
                 entry = {**row(name, candidate, 8.0, seed, cells, truth), "missing": kind, "f1": found}
                 rows.append({**entry, "missing_unmatched": unmatched})
@@ -182,7 +182,7 @@ def row(name, variant, epsilon, seed, cells, truth, cpu=None) -> dict:
         "variant": variant,
         "epsilon": epsilon,
         "seed": seed,
-        "ari": float(adjusted_rand_score(truth, cells.obs["dp_kmeans"].to_numpy())),
+        "ari": float(adjusted_rand_score(truth, cells.obs["dp_cluster"].to_numpy())),
     }
     if cpu is not None:
         entry["cpu_s"] = round(cpu, 2)

@@ -163,9 +163,33 @@ def test_a_clustering_never_overwrites_a_scanpy_pca(small_adata):
     pcs = adata.varm["PCs"].copy()
     dpsc.tl.cluster(adata, 3, epsilon=8, noise_seed=0)
     assert np.array_equal(adata.varm["PCs"], pcs) and "pca" in adata.uns
-    assert adata.obsm["X_dp_kmeans"].shape == (adata.n_obs, 16)
-    assert adata.varm["dp_kmeans_loadings"].shape == (adata.n_vars, 16)
-    assert adata.var["dp_kmeans_gene"].all()  # 200 genes: the plan reads them all
+    assert adata.obsm["X_dp_cluster"].shape == (adata.n_obs, 16)
+    assert adata.varm["dp_cluster_loadings"].shape == (adata.n_vars, 16)
+    assert adata.var["dp_cluster_gene"].all()  # 200 genes: the plan reads them all
+
+
+def test_the_clustering_tools_share_one_cluster_column_and_a_later_one_says_it_replaces_it(
+    small_adata, tiny_fit
+):
+    """tl.cluster, tl.kmeans, tl.cluster_federated, tl.fit and tl.fit_federated default to
+    obs["dp_cluster"]; a fit after a clustering warns, and the embedding's title names the fit's ε."""
+    import inspect
+
+    tools = ("cluster", "kmeans", "cluster_federated", "fit", "fit_federated")
+    defaults = set()
+    for name in tools:
+        parameters = inspect.signature(getattr(dpsc.tl, name)).parameters
+        column = parameters["cluster_key"] if "cluster_key" in parameters else parameters["key_added"]
+        defaults.add(column.default)
+    assert defaults == {"dp_cluster"}
+    adata = small_adata.copy()
+    dpsc.tl.cluster(adata, 3, epsilon=4, noise_seed=0)
+    with pytest.warns(UserWarning, match="held the clusters of the earlier result 'dp_cluster'"):
+        dpsc.tl.fit(adata, epsilon=8, noise_seed=0, **tiny_fit)
+    assert adata.uns["dpsc"]["dp_cluster"]["labels_replaced_by"] == "X_dpdcan"
+    record = dpsc.pl._embedding.private_record(adata, "dp_cluster")
+    assert record["tool"] == dpsc.privacy.get_record(adata, "X_dpdcan")["tool"] != "tl.cluster"
+    assert record["epsilon"] == pytest.approx(dpsc.privacy.get_record(adata, "X_dpdcan")["epsilon"])
 
 
 def test_old_argument_names_warn_and_keep_working(small_adata):

@@ -71,7 +71,7 @@ def test_cli_cluster_prints_a_plain_summary_first(small_adata, tmp_path, capsys)
     assert " of 3 in use" in text and "cluster 0:" in text and "--verbose" in text
     assert "What this covers" not in text  # the full statement only with --verbose
     back = ad.read_h5ad(out)
-    assert "dp_kmeans" in back.obs and "dp_kmeans_markers" in back.uns
+    assert "dp_cluster" in back.obs and "dp_cluster_markers" in back.uns
     assert main(["cluster", str(src), "--n-clusters", "3", "--verbose", "--non-private"]) == 0
     text = " ".join(capsys.readouterr().out.split())
     assert "Privacy: none" in text and "What this covers" in text

@@ -31,19 +31,21 @@ def test_every_release_on_dask_equals_the_in_memory_one(small_adata, sparse):
         dpsc.pp.highly_variable_genes(adata, n_top_genes=50, noise_seed=6)
         dpsc.pp.pca(adata, n_comps=5, noise_seed=7)
         dpsc.tl.kmeans(adata, 3, noise_seed=8, key_added="pca_kmeans")
-        dpsc.tl.rank_genes_groups(adata, "dp_kmeans", noise_seed=9, key_added="again")
-    assert (lazy.obs["dp_kmeans"] == memory.obs["dp_kmeans"]).all()
+        dpsc.tl.rank_genes_groups(adata, "dp_cluster", noise_seed=9, key_added="again")
+    assert (lazy.obs["dp_cluster"] == memory.obs["dp_cluster"]).all()
     assert (lazy.obs["pca_kmeans"] == memory.obs["pca_kmeans"]).all()
-    np.testing.assert_allclose(lazy.varm["dp_kmeans_loadings"], memory.varm["dp_kmeans_loadings"], atol=1e-9)
-    np.testing.assert_allclose(np.asarray(lazy.obsm["X_dp_kmeans"]), memory.obsm["X_dp_kmeans"], atol=1e-6)
+    np.testing.assert_allclose(
+        lazy.varm["dp_cluster_loadings"], memory.varm["dp_cluster_loadings"], atol=1e-9
+    )
+    np.testing.assert_allclose(np.asarray(lazy.obsm["X_dp_cluster"]), memory.obsm["X_dp_cluster"], atol=1e-6)
     np.testing.assert_allclose(lazy.varm["PCs"], memory.varm["PCs"], atol=1e-9)
     assert (lazy.var["highly_variable"] == memory.var["highly_variable"]).all()
-    for key in ("dp_kmeans_markers", "again"):
+    for key in ("dp_cluster_markers", "again"):
         for part in ("names", "scores"):
             assert (lazy.uns[key][part] == memory.uns[key][part]).all()
     assert dpsc.privacy.spent(lazy) == pytest.approx(dpsc.privacy.spent(memory))
-    assert _blocks.is_dask(lazy.obsm["X_dp_kmeans"])  # the projections stay lazy
-    for key in ("dp_kmeans", "highly_variable", "X_pca", "again"):  # who saw un-noised sums is stated
+    assert _blocks.is_dask(lazy.obsm["X_dp_cluster"])  # the projections stay lazy
+    for key in ("dp_cluster", "highly_variable", "X_pca", "again"):  # who saw un-noised sums is stated
         assert "Dask workers" in lazy.uns["dpsc"][key]["privacy"]["statement"], key
         assert "Dask workers" not in memory.uns["dpsc"][key]["privacy"]["statement"], key
 
@@ -88,7 +90,7 @@ def test_a_zarr_backed_anndata_read_lazily(small_adata, tmp_path):
     memory = small_adata.copy()
     dpsc.tl.cluster(lazy, 3, noise_seed=2)
     dpsc.tl.cluster(memory, 3, noise_seed=2)
-    assert (lazy.obs["dp_kmeans"] == memory.obs["dp_kmeans"]).all()
+    assert (lazy.obs["dp_cluster"] == memory.obs["dp_cluster"]).all()
 
 
 @pytest.mark.slow
@@ -119,7 +121,7 @@ def test_on_a_cluster_the_per_cell_work_stays_off_the_caller(small_adata):
         lazy, memory = lazy_copy(small_adata, True), small_adata.copy()
         dpsc.tl.cluster(lazy, 3, noise_seed=4)  # on the cluster's workers
         dpsc.tl.cluster(memory, 3, noise_seed=4)
-        assert (lazy.obs["dp_kmeans"] == memory.obs["dp_kmeans"]).all()
+        assert (lazy.obs["dp_cluster"] == memory.obs["dp_cluster"]).all()
         cpu = {}
         for n in (100_000, 300_000):
             rng = da.random.default_rng(0)

@@ -103,11 +103,11 @@ def test_pipeline_recovers_separated_types_and_composes_in_the_ledger():
     adata = blobs()
     dpsc.pp.pca(adata, n_comps=4, epsilon=4.0, n_genes=None, noise_seed=1)
     out = dpsc.tl.kmeans(adata, 4, epsilon=4.0, noise_seed=1, copy=True)
-    assert "dp_kmeans" not in adata.obs and "dp_kmeans" in out.obs  # copy=True leaves adata alone
-    labels = out.obs["dp_kmeans"]
+    assert "dp_cluster" not in adata.obs and "dp_cluster" in out.obs  # copy=True leaves adata alone
+    labels = out.obs["dp_cluster"]
     assert list(labels.cat.categories) == ["0", "1", "2", "3"]
     assert adjusted_rand_score(out.obs["truth"], labels) > 0.9
-    result = out.uns["dpsc"]["dp_kmeans"]
+    result = out.uns["dpsc"]["dp_cluster"]
     plan = (KMEANS_DEFAULTS[key] for key in ("n_sketch_steps", "n_lloyd_rounds", "steps_per_round"))
     assert result["centroids"].shape == (4, 4) and result["privacy"]["steps"] == kmeans_release_steps(*plan)
     eps, delta = spent(out)
@@ -121,7 +121,7 @@ def test_kmeans_warns_when_few_released_centroids_hold_cells():
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # separated types: every centroid labels cells, no note
         dpsc.tl.kmeans(adata, 4, epsilon=4.0, noise_seed=1)
-    assert adata.uns["dpsc"]["dp_kmeans"]["clusters_in_use"] == 4
+    assert adata.uns["dpsc"]["dp_cluster"]["clusters_in_use"] == 4
     adata.obsm["one_direction"] = np.tile([[0.3, 0.1, 0.0, 0.2]], (adata.n_obs, 1))
     with pytest.warns(UserWarning, match="Only 1 of the 6 released centroids hold a share"):
         dpsc.tl.kmeans(adata, 6, epsilon=4.0, use_rep="one_direction", key_added="flat", noise_seed=2)
@@ -164,7 +164,7 @@ def test_the_one_call_loads_the_mean_direction_then_the_residual_components():
     adata = blobs(n_per=60, k=4, genes=80)
     exact = adata.copy()
     dpsc.tl.cluster(exact, 4, epsilon=None)
-    loadings = exact.varm["dp_kmeans_loadings"]
+    loadings = exact.varm["dp_cluster_loadings"]
     np.testing.assert_allclose(loadings.T @ loadings, np.eye(loadings.shape[1]), atol=1e-10)
     Z = unit_rows(adata.X).toarray()
     u = Z.sum(0) / np.linalg.norm(Z.sum(0))
@@ -172,11 +172,11 @@ def test_the_one_call_loads_the_mean_direction_then_the_residual_components():
     R = residual_rows(Z, u[:, None])
     top = np.linalg.eigh(R.T @ R)[1][:, ::-1][:, :3]  # the types' directions: 3 clear components
     np.testing.assert_allclose(np.linalg.svd(top.T @ loadings[:, 1:4])[1], 1.0, atol=1e-6)
-    assert exact.var["dp_kmeans_gene"].all()
-    assert adjusted_rand_score(adata.obs["truth"], exact.obs["dp_kmeans"]) == 1.0
+    assert exact.var["dp_cluster_gene"].all()
+    assert adjusted_rand_score(adata.obs["truth"], exact.obs["dp_cluster"]) == 1.0
     noisy = adata.copy()
     dpsc.tl.cluster(noisy, 4, epsilon=8.0, noise_seed=0)
-    released = noisy.varm["dp_kmeans_loadings"]
+    released = noisy.varm["dp_cluster_loadings"]
     assert released[:, 0] @ u > 0.95  # the released sum's direction, off by its noise
     np.testing.assert_allclose(released.T @ released, np.eye(16), atol=1e-10)
 
@@ -210,11 +210,11 @@ def test_the_plan_reads_fewer_genes_when_the_noise_would_drown_them():
 def test_the_one_call_selects_the_genes_of_its_plan_at_small_epsilon():
     adata = blobs(n_per=150, k=4, genes=400)  # 600 cells: at ε = 1 the plan reads 250 of 400 genes
     dpsc.tl.cluster(adata, 4, epsilon=1.0, noise_seed=0)
-    record = dpsc.privacy.get_record(adata, "dp_kmeans")
+    record = dpsc.privacy.get_record(adata, "dp_cluster")
     assert (
-        int(adata.var["dp_kmeans_gene"].sum())
+        int(adata.var["dp_cluster_gene"].sum())
         == 250
-        == adata.uns["dpsc"]["dp_kmeans"]["params"]["genes_selected"]
+        == adata.uns["dpsc"]["dp_cluster"]["params"]["genes_selected"]
     )
     assert "gene statistics" in record["statement"]
     assert spent(adata).epsilon == pytest.approx(1.0, rel=0.01)

@@ -91,7 +91,7 @@ def test_fit_federated_two_clients_two_rounds(small_adata):
     dpsc.tl.fit_federated(adata, epsilon=None, rounds=2, local_epochs=1, n_clusters=4)
     record = adata.uns["dpsc"]["X_fedsc"]
     assert adata.obsm["X_fedsc"].shape == (adata.n_obs, 60)
-    assert adata.obs["fed_cluster"].nunique() <= 4
+    assert adata.obs["dp_cluster"].nunique() <= 4
     assert len(record["loss"]) == 2 and np.isfinite(record["loss"]).all()
     assert record["mu"][0] == 0.0 and record["mu"][1] == pytest.approx(0.7)  # EMA from round 2 on
     # default without epsilon: no guarantee, and the statement names the noise-free gene sums

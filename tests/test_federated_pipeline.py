@@ -248,22 +248,24 @@ def test_secure_federated_clustering_reproduces_the_central_one(small_adata):
     dpsc.tl.cluster_federated(fed, "site", 3, epsilon=8.0, noise_seed=4, markers=True)
     dpsc.tl.cluster(central, 3, epsilon=8.0, noise_seed=4, markers=True)
     for group in ("0", "1", "2"):  # the marker table: the central one up to the sites' round-off
-        ours, theirs = fed.uns["dp_kmeans_markers"], central.uns["dp_kmeans_markers"]
+        ours, theirs = fed.uns["dp_cluster_markers"], central.uns["dp_cluster_markers"]
         assert list(ours["names"][group][:10]) == list(theirs["names"][group][:10])
         np.testing.assert_allclose(ours["scores"][group], theirs["scores"][group], rtol=1e-3, atol=1e-3)
-    focused = [a.uns["dpsc"]["dp_kmeans"]["markers"]["focus_genes"] for a in (fed, central)]
+    focused = [a.uns["dpsc"]["dp_cluster"]["markers"]["focus_genes"] for a in (fed, central)]
     assert focused[0] == focused[1] > 0  # the same focused table over the same genes
-    np.testing.assert_allclose(fed.varm["dp_kmeans_loadings"], central.varm["dp_kmeans_loadings"], atol=1e-4)
     np.testing.assert_allclose(
-        fed.uns["dpsc"]["dp_kmeans"]["centroids"], central.uns["dpsc"]["dp_kmeans"]["centroids"], atol=1e-4
+        fed.varm["dp_cluster_loadings"], central.varm["dp_cluster_loadings"], atol=1e-4
     )
-    assert (fed.obs["dp_kmeans"] == central.obs["dp_kmeans"]).mean() > 0.99
-    in_use = fed.uns["dpsc"]["dp_kmeans"]["clusters_in_use"]
-    assert 1 <= in_use <= 3 and in_use == central.uns["dpsc"]["dp_kmeans"]["clusters_in_use"]
-    record = dpsc.privacy.get_record(fed, "dp_kmeans")
+    np.testing.assert_allclose(
+        fed.uns["dpsc"]["dp_cluster"]["centroids"], central.uns["dpsc"]["dp_cluster"]["centroids"], atol=1e-4
+    )
+    assert (fed.obs["dp_cluster"] == central.obs["dp_cluster"]).mean() > 0.99
+    in_use = fed.uns["dpsc"]["dp_cluster"]["clusters_in_use"]
+    assert 1 <= in_use <= 3 and in_use == central.uns["dpsc"]["dp_cluster"]["clusters_in_use"]
+    record = dpsc.privacy.get_record(fed, "dp_cluster")
     assert record["guarantee"] == "proven" and "SecAgg+" in record["statement"]
     assert dpsc.privacy.spent(fed).epsilon == pytest.approx(dpsc.privacy.spent(central).epsilon)
-    releases = fed.uns["dpsc"]["dp_kmeans"]["releases"]  # stored as columns (h5ad-safe)
+    releases = fed.uns["dpsc"]["dp_cluster"]["releases"]  # stored as columns (h5ad-safe)
     assert list(releases["contributors"]) == [3] * len(releases["contributors"])
 
 
@@ -338,11 +340,11 @@ def test_loopback_deployment_in_separate_processes(sites, tmp_path):
     assert [r["contributors"] for r in summary["releases"]] == [2] * len(summary["releases"])
     for s in sites[:2]:
         out = ad.read_h5ad(s.output)
-        assert out.obs["dp_kmeans"].notna().all() and out.varm["dp_kmeans_loadings"].shape == (
+        assert out.obs["dp_cluster"].notna().all() and out.varm["dp_cluster_loadings"].shape == (
             200,
-            out.obsm["X_dp_kmeans"].shape[1],
+            out.obsm["X_dp_cluster"].shape[1],
         )
-        claimed = out.uns["dpsc"]["dp_kmeans"]["privacy"]["epsilon"]
+        claimed = out.uns["dpsc"]["dp_cluster"]["privacy"]["epsilon"]
         assert 0 < claimed <= 8.0 and dpsc.privacy.spent(out).epsilon == pytest.approx(claimed, rel=0.05)
     for node in nodes:  # a completed site removes its SuperNode's temporary log
         assert not list(Path(tempfile.gettempdir()).glob(f"dpsc-site-{node.pid}-*.log"))

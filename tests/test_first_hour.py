@@ -112,14 +112,14 @@ def test_backed_with_copy_and_sparse_dask_chunks_work(small_adata, tmp_path):
     small_adata.write_h5ad(path)
     backed = ad.read_h5ad(path, backed="r")
     out = dpsc.tl.cluster(backed, 3, copy=True)
-    assert "dp_kmeans" in out.obs and "dp_kmeans" not in backed.obs
+    assert "dp_cluster" in out.obs and "dp_cluster" not in backed.obs
     da = pytest.importorskip("dask.array")
     lazy = small_adata.copy()
     lazy.X = da.from_array(sp.csr_matrix(small_adata.X), chunks=(100, small_adata.n_vars), asarray=False)
     dpsc.tl.cluster(lazy, 3, noise_seed=1)
     dense = small_adata.copy()
     dpsc.tl.cluster(dense, 3, noise_seed=1)
-    np.testing.assert_allclose(lazy.obsm["X_dp_kmeans"], dense.obsm["X_dp_kmeans"], rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(lazy.obsm["X_dp_cluster"], dense.obsm["X_dp_cluster"], rtol=1e-6, atol=1e-8)
 
 
 def test_non_finite_values_are_refused_up_front_and_cost_nothing(small_adata):
@@ -140,7 +140,7 @@ def test_duplicate_gene_names_and_an_overwritten_key_each_get_a_word(small_adata
         adata.var_names = [adata.var_names[0], *adata.var_names[:-1]]
     with pytest.warns(UserWarning, match="duplicate gene names"):
         dpsc.tl.cluster(adata, 3)
-    with pytest.warns(UserWarning, match="already stored under key 'dp_kmeans'"):
+    with pytest.warns(UserWarning, match="already stored under key 'dp_cluster'"):
         dpsc.tl.cluster(adata, 3)
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
@@ -154,12 +154,12 @@ def test_duplicate_gene_names_and_an_overwritten_key_each_get_a_word(small_adata
 def test_embedding_takes_what_scanpy_takes_and_names_epsilon_on_private_outputs_only(small_adata):
     adata = small_adata.copy()
     dpsc.tl.cluster(adata, 3)
-    adata.obsm["X_umap"] = adata.obsm["X_dp_kmeans"][:, :2]
-    ax = dpsc.pl.embedding(adata, color="dp_kmeans", show=False)
+    adata.obsm["X_umap"] = adata.obsm["X_dp_cluster"][:, :2]
+    ax = dpsc.pl.embedding(adata, color="dp_cluster", show=False)
     assert "ε" in ax.get_title() and ax.get_xlabel() == "UMAP1"
     ax = dpsc.pl.embedding(adata, color="cell_type", show=False)
     assert "ε" not in ax.get_title()
-    axes = dpsc.pl.embedding(adata, color=["dp_kmeans", "cell_type"], show=False)
+    axes = dpsc.pl.embedding(adata, color=["dp_cluster", "cell_type"], show=False)
     titles = [a.get_title() for a in axes]
     assert "ε" in titles[0] and titles[1] == "cell_type"
     assert "ε" in dpsc.pl.embedding(adata, show=False).get_title()  # color=None: the clusters dpsc wrote

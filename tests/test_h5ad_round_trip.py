@@ -26,7 +26,7 @@ def test_pipeline_tools_write_and_read_back(small_adata, tmp_path):
     assert list(dpsc.privacy.ledger_frame(back)["key"]) == [
         "highly_variable",
         "X_pca",
-        "dp_kmeans",
+        "dp_cluster",
         "one_call",
     ]
 

@@ -730,6 +730,6 @@ def test_finish_belongs_to_the_run_the_site_served(neighbours, tmp_path):
         handler.fit(*finish())
     assert output.stat().st_mtime_ns == written
     out = ad.read_h5ad(output)
-    claimed = out.uns["dpsc"]["dp_kmeans"]["privacy"]["epsilon"]
+    claimed = out.uns["dpsc"]["dp_cluster"]["privacy"]["epsilon"]
     ledger = compose(Site(settings).ledger.entries()).epsilon
     assert claimed == pytest.approx(ledger, rel=0.05) and ledger <= 8.0 * (1 + 1e-9)

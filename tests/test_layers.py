@@ -170,3 +170,31 @@ def test_one_federated_frame():
         if any(word in line for word in legacy)
     ]
     assert found == []
+
+
+def _code_lines(source: list[str], function: ast.FunctionDef) -> int:
+    """Lines of a function's body that hold code: no docstring, blank line or comment."""
+    body = function.body
+    docstring = isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+    start = body[0].end_lineno + 1 if docstring else body[0].lineno
+    return sum(
+        1
+        for line in source[start - 1 : function.end_lineno]
+        if line.strip() and not line.strip().startswith("#")
+    )
+
+
+def test_every_public_tool_is_thin():
+    """Each public ``pp``/``tl``/``pl`` function validates, calls its method, spends and stores:
+    at most 60 code lines; the steps of a longer recipe are named functions of their own."""
+    long = []
+    for path in sorted(ROOT.rglob("*.py")):
+        if _where(path) not in ("pp", "tl", "pl"):
+            continue
+        source = path.read_text()
+        for node in ast.parse(source).body:
+            if isinstance(node, ast.FunctionDef) and not node.name.startswith("_"):
+                lines = _code_lines(source.splitlines(), node)
+                if lines > 60:
+                    long.append(f"{path.relative_to(ROOT)}:{node.name} ({lines} lines)")
+    assert long == []

@@ -206,7 +206,7 @@ def test_scanpys_return_rule_budget_and_bad_input(grouped):
     with pytest.raises(ValueError, match="not categorical"):
         dpsc.tl.rank_genes_groups(plain, "text")
     with pytest.raises(KeyError, match=r"tl\.cluster"):
-        dpsc.tl.rank_genes_groups(plain, "dp_kmeans")
+        dpsc.tl.rank_genes_groups(plain, "dp_cluster")
     assert "rank_genes_groups" not in plain.uns
 
 
@@ -222,9 +222,9 @@ def test_tl_cluster_releases_the_clusters_markers_inside_its_epsilon(small_adata
     adata = small_adata.copy()
     dpsc.tl.cluster(adata, 3, epsilon=8, markers=True, noise_seed=1)
     assert dpsc.privacy.spent(adata).epsilon == pytest.approx(8.0, rel=0.01)  # one budget, five releases
-    result = adata.uns["dp_kmeans_markers"]
-    assert result["params"]["groupby"] == "dp_kmeans" and set(result["names"].dtype.names) == {"0", "1", "2"}
-    record = dpsc.privacy.get_record(adata, "dp_kmeans")
+    result = adata.uns["dp_cluster_markers"]
+    assert result["params"]["groupby"] == "dp_cluster" and set(result["names"].dtype.names) == {"0", "1", "2"}
+    record = dpsc.privacy.get_record(adata, "dp_cluster")
     assert "marker" in record["statement"] and record["guarantee"] == "proven"
     without = small_adata.copy()
     dpsc.tl.cluster(without, 3, epsilon=8, noise_seed=1)
@@ -235,9 +235,9 @@ def test_tl_cluster_releases_the_clusters_markers_inside_its_epsilon(small_adata
     kinds = [r.kind for r in plan.schedule()][-5:]
     assert kinds == ["marker_center", "marker_norms", "markers", "marker_focus_norms", "marker_focus"]
     assert plan.n_releases == len(plan.history()) + plan.kmeans_steps - 1
-    written = adata.uns["dpsc"]["dp_kmeans"]["markers"]
+    written = adata.uns["dpsc"]["dp_cluster"]["markers"]
     assert 0 < written["focus_genes"] <= 3 * dpsc.methods._markers.FOCUS_GENES
-    assert "dp_kmeans_markers" not in without.uns
+    assert "dp_cluster_markers" not in without.uns
 
 
 def test_a_clustering_without_epsilon_gives_its_clusters_exact_markers(small_adata):
@@ -246,8 +246,8 @@ def test_a_clustering_without_epsilon_gives_its_clusters_exact_markers(small_ada
     plan = dpsc.methods._clustering.plan_clustering(None, 1e-5, n_vars=200, n_clusters=3, markers=True)
     assert [r.kind for r in plan.schedule()][-2:] == ["marker_center", "markers"]  # no histogram to release
     exact = adata.copy()
-    dpsc.tl.rank_genes_groups(exact, "dp_kmeans", epsilon=None, n_genes=20)
-    ours, reference = adata.uns["dp_kmeans_markers"], exact.uns["rank_genes_groups"]
+    dpsc.tl.rank_genes_groups(exact, "dp_cluster", epsilon=None, n_genes=20)
+    ours, reference = adata.uns["dp_cluster_markers"], exact.uns["rank_genes_groups"]
     for group in ours["names"].dtype.names:
         assert list(ours["names"][group][:20]) == list(reference["names"][group])
         np.testing.assert_allclose(ours["scores"][group][:20], reference["scores"][group], rtol=1e-3)

@@ -37,7 +37,7 @@ def test_a_fit_calibrates_each_release_once(small_adata, tiny_fit, calibrations,
 
 def test_the_one_call_clustering_calibrates_each_release_once(small_adata, calibrations):
     dpsc.tl.cluster(small_adata, 3, epsilon=8, noise_seed=0, random_state=0)
-    record = dpsc.privacy.get_record(small_adata, "dp_kmeans")
+    record = dpsc.privacy.get_record(small_adata, "dp_cluster")
     # 200 genes: no gene selection; one σ each for the cell sum, the PCA and the k-means releases
     assert len(calibrations) == len(record["mechanisms"]) == 3
     assert "gene statistics" not in record["statement"]
@@ -151,7 +151,7 @@ def test_the_clustering_and_kmeans_book_through_their_release_plan(small_adata, 
     dpsc.tl.cluster(small_adata, 3, epsilon=8, noise_seed=0)
     small_adata.obsm["X_points"] = np.random.default_rng(0).normal(size=(small_adata.n_obs, 4))
     dpsc.tl.kmeans(small_adata, 3, use_rep="X_points", epsilon=8, noise_seed=0, key_added="km")
-    assert spent == [("dp_kmeans", ("sum", "pca", "kmeans")), ("km", ("tl.kmeans",))]
+    assert spent == [("dp_cluster", ("sum", "pca", "kmeans")), ("km", ("tl.kmeans",))]
 
 
 def test_a_release_plan_calibrates_once_and_composes_to_the_asked_epsilon(calibrations):
@@ -270,7 +270,7 @@ def test_the_clustering_and_the_fit_are_plans_of_the_one_plan_type(small_adata):
 
     adata = small_adata.copy()
     dpsc.tl.cluster(adata, 4, epsilon=4.0, noise_seed=0)
-    record = adata.uns["dpsc"]["dp_kmeans"]["privacy"]
+    record = adata.uns["dpsc"]["dp_cluster"]["privacy"]
     plan = plan_for_cells(adata, 4, 4.0, record["delta"], 0)
     assert record["epsilon"] == pytest.approx(plan.releases.spent()) == pytest.approx(plan.spent())
     assert [tuple(h) for h in record["history"]] == [tuple(h) for h in plan.releases.history()]

@@ -203,5 +203,5 @@ def test_the_loopback_recipe_of_the_docs_runs_as_written(tmp_path):
         log = (tmp_path / f"{name}.log").read_text()
         assert f"fingerprint {fingerprint}" in log and "Release 1 of" in log and "left." in log
         out = ad.read_h5ad(tmp_path / f"{name}.dpsc.h5ad")
-        assert out.obs["dp_kmeans"].notna().all()
+        assert out.obs["dp_cluster"].notna().all()
     assert "8 released centroids" in server or "released centroids hold cells" in server

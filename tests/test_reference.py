@@ -33,9 +33,9 @@ def test_a_reference_lifts_a_small_cohort_and_spends_only_on_the_kmeans(pair):
     alone, guided = private.copy(), private.copy()
     dpsc.tl.cluster(alone, 8, noise_seed=3)
     dpsc.tl.cluster(guided, 8, reference=reference, noise_seed=3)
-    scores = [adjusted_rand_score(truth, cells.obs["dp_kmeans"]) for cells in (alone, guided)]
+    scores = [adjusted_rand_score(truth, cells.obs["dp_cluster"]) for cells in (alone, guided)]
     assert scores[1] > scores[0] + 0.1, scores
-    record = guided.uns["dpsc"]["dp_kmeans"]["privacy"]
+    record = guided.uns["dpsc"]["dp_cluster"]["privacy"]
     assert record["guarantee"] == "proven"
     assert record["epsilon"] == pytest.approx(8.0, rel=1e-3)
     assert dpsc.privacy.spent(guided)[0] == pytest.approx(8.0, rel=1e-3)
@@ -45,19 +45,19 @@ def test_a_reference_lifts_a_small_cohort_and_spends_only_on_the_kmeans(pair):
     assert stated["fingerprint"] == fingerprint(reference.X, reference.var_names)
     assert stated["n_obs"] == reference.n_obs
     assert "assumed public" in record["statement"]
-    assert guided.obsm["X_dp_kmeans"].shape == (private.n_obs, 16)
-    assert guided.var["dp_kmeans_gene"].sum() == stated["n_genes"]
+    assert guided.obsm["X_dp_cluster"].shape == (private.n_obs, 16)
+    assert guided.var["dp_cluster_gene"].sum() == stated["n_genes"]
 
 
 def test_clusters_are_named_after_the_reference_types(pair):
     reference, private = pair
     dpsc.tl.cluster(private, 8, epsilon=None, reference=reference, reference_key="cell_type")
-    names = private.obs["dp_kmeans_names"].astype(str)
+    names = private.obs["dp_cluster_names"].astype(str)
     assert set(names) <= set(reference.obs["cell_type"].astype(str)) | {UNMATCHED}
     named = names != UNMATCHED
     accuracy = (names[named] == private.obs["cell_type"].astype(str)[named]).mean()
     assert named.mean() > 0.8 and accuracy > 0.8, (named.mean(), accuracy)
-    table = private.uns["dpsc"]["dp_kmeans"]["cluster_names"]
+    table = private.uns["dpsc"]["dp_cluster"]["cluster_names"]
     assert set(table) == {str(i) for i in range(8)}
     assert all(0 < entry["share"] <= 1 for entry in table.values())
 
@@ -87,8 +87,8 @@ def test_a_reference_path_and_a_lazy_cohort_give_the_same_clusters(pair, tmp_pat
     lazy.X = dask_array.from_array(private.X.toarray(), chunks=(100, private.n_vars))
     dpsc.tl.cluster(private, 5, reference=reference, noise_seed=7)
     dpsc.tl.cluster(lazy, 5, reference=str(path), noise_seed=7)
-    assert (lazy.obs["dp_kmeans"] == private.obs["dp_kmeans"]).all()
-    assert lazy.uns["dpsc"]["dp_kmeans"]["reference"]["name"] == str(path)
+    assert (lazy.obs["dp_cluster"] == private.obs["dp_cluster"]).all()
+    assert lazy.uns["dpsc"]["dp_cluster"]["reference"]["name"] == str(path)
 
 
 def test_a_plan_on_a_public_basis_refuses_requests_without_it_or_with_a_bad_one():
@@ -158,7 +158,7 @@ def test_the_command_line_takes_a_reference_and_prints_the_names(pair, tmp_path,
     text = capsys.readouterr().out
     assert "Names from the reference: 0: " in text
     back = ad.read_h5ad(paths["out"])
-    assert back.uns["dpsc"]["dp_kmeans"]["privacy"]["reference"]["n_obs"] == reference.n_obs
+    assert back.uns["dpsc"]["dp_cluster"]["privacy"]["reference"]["n_obs"] == reference.n_obs
     assert main(["cluster", str(paths["private"]), "--reference-key", "cell_type"]) == 2
     assert "--reference-key names a column of the reference; pass --reference FILE" in capsys.readouterr().err
 
@@ -166,10 +166,56 @@ def test_the_command_line_takes_a_reference_and_prints_the_names(pair, tmp_path,
 def test_markers_on_a_reference_spend_inside_the_same_epsilon(pair):
     reference, private = pair
     dpsc.tl.cluster(private, 5, reference=reference, markers=True, noise_seed=2)
-    record = private.uns["dpsc"]["dp_kmeans"]["privacy"]
+    record = private.uns["dpsc"]["dp_cluster"]["privacy"]
     assert [m.split(":")[0] for m in record["mechanisms"]][:2] == ["kmeans", "marker_center"]
     assert dpsc.privacy.spent(private)[0] == pytest.approx(8.0, rel=1e-3)
-    assert set(private.uns["dp_kmeans_markers"]["names"].dtype.names) == {str(i) for i in range(5)}
+    assert set(private.uns["dp_cluster_markers"]["names"].dtype.names) == {str(i) for i in range(5)}
+
+
+def test_private_markers_measured_from_a_reference_spend_nothing_on_the_centre(pair):
+    """tl.rank_genes_groups(reference=...): the centre is the reference's mean and, with its types, the
+    focused genes are each type's best in the reference; only the bounds and tables spend ε, and the
+    top genes agree better with scanpy's non-private t-test on the same cells than without."""
+    import scanpy as sc
+
+    from dpsc.methods import _markers
+    from dpsc.methods._public_markers import reference_focus_genes
+
+    reference, private = pair
+    private.obs["cell_type"] = private.obs["cell_type"].astype("category")
+    truth = private.copy()
+    sc.pp.normalize_total(truth, target_sum=1e4)
+    sc.pp.log1p(truth)
+    sc.tl.rank_genes_groups(truth, "cell_type", method="t-test", n_genes=private.n_vars)
+    names = truth.uns["rank_genes_groups"]["names"]
+
+    def top50(result) -> float:
+        return float(
+            np.mean([len(set(result["names"][g][:50]) & set(names[g][:50])) / 50 for g in names.dtype.names])
+        )
+
+    agreement = {}
+    for variant in ("none", "reference"):
+        scores = []
+        for seed in (0, 1):
+            cells = private.copy()
+            given = {"reference": reference, "reference_key": "cell_type"} if variant == "reference" else {}
+            dpsc.tl.rank_genes_groups(cells, "cell_type", epsilon=2, noise_seed=seed, **given)
+            scores.append(top50(cells.uns["rank_genes_groups"]))
+        agreement[variant] = np.mean(scores)
+    assert agreement["reference"] > agreement["none"] + 0.1, agreement
+    record = cells.uns["dpsc"]["rank_genes_groups"]["privacy"]
+    assert [m.split(":")[0] for m in record["mechanisms"]] == ["norms", "table", "focus_norms", "focus_table"]
+    assert record["epsilon"] == pytest.approx(2.0, rel=1e-2)
+    assert record["reference"]["fingerprint"] == fingerprint(reference.X, reference.var_names)
+    assert "assumed public" in record["statement"]
+    shared = np.arange(private.n_vars)
+    genes = reference_focus_genes(
+        reference.X, reference.obs["cell_type"].to_numpy(), shared, shared, _markers.FOCUS_GENES
+    )
+    assert cells.uns["dpsc"]["rank_genes_groups"]["params"]["focus_genes"] == len(genes)
+    with pytest.raises(ValueError, match=r"pass reference=\.\.\. as well"):
+        dpsc.tl.rank_genes_groups(private, "cell_type", reference_key="cell_type")
 
 
 # -- the reference in a federation: each site its own copy -----------------------------------------
@@ -239,13 +285,13 @@ def test_a_federated_clustering_on_a_reference_reproduces_the_central_one(pair):
     )
     dpsc.tl.cluster(central, 6, epsilon=8.0, noise_seed=4, reference=reference, reference_key="cell_type")
     np.testing.assert_allclose(
-        fed.uns["dpsc"]["dp_kmeans"]["centroids"], central.uns["dpsc"]["dp_kmeans"]["centroids"], atol=1e-4
+        fed.uns["dpsc"]["dp_cluster"]["centroids"], central.uns["dpsc"]["dp_cluster"]["centroids"], atol=1e-4
     )
-    assert (fed.obs["dp_kmeans"] == central.obs["dp_kmeans"]).mean() > 0.99
+    assert (fed.obs["dp_cluster"] == central.obs["dp_cluster"]).mean() > 0.99
     assert (
-        fed.obs["dp_kmeans_names"].astype(str) == central.obs["dp_kmeans_names"].astype(str)
+        fed.obs["dp_cluster_names"].astype(str) == central.obs["dp_cluster_names"].astype(str)
     ).mean() > 0.99
-    record = dpsc.privacy.get_record(fed, "dp_kmeans")
+    record = dpsc.privacy.get_record(fed, "dp_cluster")
     assert record["reference"]["fingerprint"] == fingerprint(reference.X, reference.var_names)
     assert "assumed public" in record["statement"] and "SecAgg+" in record["statement"]
     assert "released centroids" in record["statement"] and "loadings" not in record["covered"]
@@ -286,9 +332,19 @@ def test_a_deployed_federation_on_a_reference_each_site_with_its_own_copy(pair, 
     server = launch(
         ["federate", "server", *run, "--out", str(tmp_path / "fed"), *bounded], tmp_path / "s.log"
     )
+    named = [("--reference-key", "cell_type"), ()]  # the first site names its clusters, the other not
     nodes = [
         launch(
-            ["federate", "site", "--data", str(path), "--superlink", f"127.0.0.1:{port}", *bounded],
+            [
+                "federate",
+                "site",
+                "--data",
+                str(path),
+                "--superlink",
+                f"127.0.0.1:{port}",
+                *bounded,
+                *named[k],
+            ],
             tmp_path / f"site{k}.log",
         )
         for k, path in enumerate(data)
@@ -303,12 +359,19 @@ def test_a_deployed_federation_on_a_reference_each_site_with_its_own_copy(pair, 
     assert "sha256" in (tmp_path / "s.log").read_text()
     summary = json.loads((tmp_path / "fed" / "result" / "summary.json").read_text())
     assert {r["kind"] for r in summary["releases"]} == {"kmeans"}  # genes and components: the reference's
+    outputs = []
     for path in data:
         out = ad.read_h5ad(path.with_name(path.stem + ".dpsc.h5ad"))
-        assert out.obs["dp_kmeans"].notna().all()
-        record = out.uns["dpsc"]["dp_kmeans"]["privacy"]
+        assert out.obs["dp_cluster"].notna().all()
+        record = out.uns["dpsc"]["dp_cluster"]["privacy"]
         assert record["reference"]["fingerprint"] == fingerprint(reference.X, reference.var_names)
         assert "assumed public" in record["statement"]
+        outputs.append(out)
+    names = outputs[0].obs["dp_cluster_names"].astype(str)  # named from the site's own copy: no ε
+    assert set(names) <= set(reference.obs["cell_type"].astype(str)) | {UNMATCHED}
+    assert (names != UNMATCHED).mean() > 0.5
+    assert set(outputs[0].uns["dpsc"]["dp_cluster"]["cluster_names"]) == {"0", "1", "2", "3"}
+    assert "dp_cluster_names" not in outputs[1].obs
 
 
 def test_a_basis_travels_whole_and_same_basis_tells_another_apart(pair):

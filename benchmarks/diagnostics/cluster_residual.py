@@ -53,7 +53,7 @@ def append_fit(adata, epsilon: float | None, run: int, out: Path, fields: dict) 
 
     cells = adata.copy()
     dpsc.tl.cluster(cells, adata.obs["label"].nunique(), epsilon=epsilon, random_state=run)
-    row = {**fields, "run": run, "ari": adjusted_rand_score(adata.obs["label"], cells.obs["dp_kmeans"])}
+    row = {**fields, "run": run, "ari": adjusted_rand_score(adata.obs["label"], cells.obs["dp_cluster"])}
     with out.open("a") as handle:
         handle.write(json.dumps(row) + "\n")
 

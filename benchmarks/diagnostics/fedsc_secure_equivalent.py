@@ -225,7 +225,7 @@ def run_one(adata, epsilon: float | None, seed: int, variant: str, args) -> dict
     eps_kmeans = parts["kmeans"][0] if private else NO_NOISE
     dpsc.tl.kmeans(cells, k, epsilon=eps_kmeans, delta=delta, use_rep=rep, random_state=seed)
     wall = time.perf_counter() - start
-    truth, pred = cells.obs["label"].astype(str), cells.obs["dp_kmeans"].astype(str)
+    truth, pred = cells.obs["label"].astype(str), cells.obs["dp_cluster"].astype(str)
     # diagnostic of the representation alone (not a release): exact k-means on its unit rows
     unit = np.asarray(cells.obsm[rep], dtype=np.float64)
     unit /= np.maximum(np.linalg.norm(unit, axis=1, keepdims=True), 1e-12)

@@ -44,7 +44,7 @@ def paired_rows(
         return statistics_of(*args)
 
     rows = []
-    for grouping in ("labels", "dp_kmeans"):
+    for grouping in ("labels", "dp_cluster"):
         sizes = adata.obs[grouping].value_counts()
         cells = adata[adata.obs[grouping].isin(sizes.index[sizes >= 2])].copy()
         cells.obs[grouping] = cells.obs[grouping].cat.remove_unused_categories()

@@ -79,9 +79,9 @@ def run(data: Path, out: Path, runs: int, starts: list[int], datasets: list[str]
                     "data": name,
                     "starts": n_starts,
                     "run": seed,
-                    "ari": adjusted_rand_score(cells.obs["label"], cells.obs["dp_kmeans"]),
+                    "ari": adjusted_rand_score(cells.obs["label"], cells.obs["dp_cluster"]),
                     "reduction_objective": objective.last_inertia,
-                    "cell_objective": cell_objective(cells, "dp_kmeans"),
+                    "cell_objective": cell_objective(cells, "dp_cluster"),
                 }
                 with out.open("a") as handle:
                     handle.write(json.dumps(row) + "\n")

@@ -239,7 +239,7 @@ def noise_rows(adata, truth, name: str, runs: int) -> list[dict]:
                 if variant == "unit":
                     cells = adata.copy()
                     dpsc.tl.cluster(cells, k, epsilon=epsilon, random_state=run)
-                    labels = cells.obs["dp_kmeans"].to_numpy()
+                    labels = cells.obs["dp_cluster"].to_numpy()
                 else:
                     clip = float(variant.split()[1])
                     labels = scaled_labels(adata.X, k, epsilon, clip, np.random.default_rng(100 + run))

@@ -136,7 +136,7 @@ def main():
                         if variant == "unit":
                             cells = adata.copy()
                             dpsc.tl.cluster(cells, k, epsilon=eps)
-                            pred = cells.obs["dp_kmeans"].to_numpy()
+                            pred = cells.obs["dp_cluster"].to_numpy()
                         else:
                             opts = VARIANTS[variant]
                             pred = run_scaled(adata.X, k, eps, rng, **opts)

@@ -70,7 +70,7 @@ def one(
         start = time.perf_counter()
         piped = adata.copy()
         fit_pipeline(piped, epsilon, seed)
-        rows.append(("DP pipeline", piped.obs["dp_kmeans"], time.perf_counter() - start, {}))
+        rows.append(("DP pipeline", piped.obs["dp_cluster"], time.perf_counter() - start, {}))
     truth = adata.obs["label"].astype(str)
     return [
         {

@@ -87,11 +87,43 @@ def store_result(
     ``None``; ``annotated`` with ``copy=True``; ``model`` (or ``(annotated, model)``) with
     ``return_model=True``.
     """
+    _mark_replaced_labels(annotated, key, (params or {}).get("cluster_key", key))
     write_record(annotated, key, record, params, **extra)
     booking.settle(record, *([annotated] if annotated is not adata else []))
     if return_model:
         return (annotated, model) if copy else model
     return annotated if copy else None
+
+
+def _mark_replaced_labels(annotated: ad.AnnData, key: str, column: str) -> None:
+    """Mark every earlier result whose labels were ``obs[column]`` as replaced by result ``key``.
+
+    dpsc's clustering tools share one default column (``obs["dp_cluster"]``), so a fit after a
+    clustering (or the reverse) replaces the labels another result's record describes. That record
+    stays (its other outputs and the ledger are unchanged) with ``labels_replaced_by`` set, and
+    :func:`dpsc.pl.embedding` no longer names its ε on the column; a warning says how to keep both.
+    """
+    if column not in annotated.obs:
+        return
+    replaced = [
+        name
+        for name, result in annotated.uns.get("dpsc", {}).items()
+        if name != key
+        and isinstance(result, dict)
+        and "privacy" in result
+        and "labels_replaced_by" not in result
+        and column in (name, result.get("params", {}).get("cluster_key"))
+    ]
+    for name in replaced:
+        annotated.uns["dpsc"][name]["labels_replaced_by"] = key
+    if replaced:
+        warnings.warn(
+            f"obs[{column!r}] held the clusters of the earlier result {replaced[0]!r}; this call replaces "
+            "them (that result's other outputs and the ledger are kept). Pass another key_added "
+            "(cluster_key for dpsc.tl.fit) to keep both.",
+            UserWarning,
+            stacklevel=4,
+        )
 
 
 REMOVED_IN = "0.4"

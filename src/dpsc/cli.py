@@ -257,6 +257,11 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
         "reference only when the server names the same sha256 fingerprint.",
     )
     site.add_argument(
+        "--reference-key",
+        default=None,
+        help="obs column of the cell types in --reference: names this site's clusters in its output.",
+    )
+    site.add_argument(
         "--port", type=int, default=None, help="Local port of the SuperNode (default: a free one)."
     )
     site.add_argument("--timeout", type=float, default=600.0, help="Stop after this many seconds.")
@@ -446,23 +451,23 @@ def _cluster(args: argparse.Namespace) -> int:
             noise_seed=args.noise_seed,
         )
     wall = time.perf_counter() - start
-    record = get_record(adata, "dp_kmeans")
-    in_use = int(adata.uns["dpsc"]["dp_kmeans"]["clusters_in_use"])
+    record = get_record(adata, "dp_cluster")
+    in_use = int(adata.uns["dpsc"]["dp_cluster"]["clusters_in_use"])
     print(_wrap(_summary(record)))
     print(
         f"Clusters: {in_use} of {args.n_clusters} in use (released counts above their noise), in "
-        f"obs['dp_kmeans']. Time: {wall:.1f} s."
+        f"obs['dp_cluster']. Time: {wall:.1f} s."
     )
     if in_use < args.n_clusters / 2:
         print(_wrap(few_clusters_message(in_use, args.n_clusters)))
     if args.reference_key:
-        named = adata.uns["dpsc"]["dp_kmeans"]["cluster_names"]
+        named = adata.uns["dpsc"]["dp_cluster"]["cluster_names"]
         print("Names from the reference: " + ", ".join(f"{c}: {v['name']}" for c, v in named.items()))
     if args.markers:
-        names = adata.uns[derived_key("dp_kmeans", "markers")]["names"]
+        names = adata.uns[derived_key("dp_cluster", "markers")]["names"]
         for group in names.dtype.names:
             print(f"  cluster {group}: " + ", ".join(str(g) for g in names[group][:5]))
-    _score(adata, key, "dp_kmeans")
+    _score(adata, key, "dp_cluster")
     if args.verbose:
         print("What this covers:")
         print(_wrap(record["statement"]))
@@ -591,6 +596,7 @@ def _federate(args: argparse.Namespace) -> int:
             layer=args.layer,
             output=args.output,
             reference=None if args.reference is None else str(Path(args.reference).resolve()),
+            reference_key=args.reference_key,
         )
         settings_file = write_site_settings(settings, Path(args.data).with_suffix(".dpsc-site.toml"))
     else:

@@ -47,6 +47,10 @@ class SiteSettings:
         sha256 fingerprint; the site serves it only when its own copy has that fingerprint, computes
         the basis from its own copy, and refuses a request whose basis is not that one. ``None``: the
         site serves no run on a public reference.
+    reference_key
+        ``obs`` column of the cell types in the site's copy of the reference: the site names each
+        released cluster after the reference cells around its centroid (post-processing, no ε) in
+        ``obs["dp_cluster_names"]`` of its output. ``None``: no names.
     ledger
         The ledger file (default ``<data>.dpsc-ledger.json``).
     output
@@ -66,6 +70,7 @@ class SiteSettings:
     honest_sites: int | None = None
     layer: str | None = None
     reference: str | Any | None = None
+    reference_key: str | None = None
     ledger: str | None = None
     output: str | None = None
     noise_seed: int | None = None
@@ -89,6 +94,11 @@ class SiteSettings:
             raise FileNotFoundError(
                 f"The site's reference {self.reference} does not exist; give its own copy of the public "
                 "reference (--reference FILE, or reference in its settings file)."
+            )
+        if self.reference_key is not None and self.reference is None:
+            raise ValueError(
+                "reference_key names a column of the site's reference; give the reference too "
+                "(--reference FILE, or reference in its settings file)."
             )
         if not self.in_memory:
             data = Path(self.data)

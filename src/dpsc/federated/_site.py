@@ -65,6 +65,7 @@ from typing import Any
 import anndata as ad
 import numpy as np
 
+from .._cluster_names import name_clusters, write_names
 from .._public_reference import read_reference
 from .._validation import get_matrix, resolve_delta
 from ..methods._clustering import (
@@ -255,6 +256,7 @@ class Site:
         self.delta = resolve_delta(settings.delta, self.adata.n_obs)
         self._bases: dict[str, tuple[PublicBasis, PublicBasis]] = {}
         self._references: dict[str, dict[str, Any]] = {}  # what a record states of each reference
+        self._publics: dict[str, Any] = {}  # the site's own copy of each reference (for cluster names)
 
     @property
     def n_obs(self) -> int:
@@ -278,7 +280,7 @@ class Site:
             if is_shared(reference):
                 reference = resolve_shared(reference)
             try:
-                public = read_reference(reference, self.adata, None, "this site")
+                public = read_reference(reference, self.adata, self.settings.reference_key, "this site")
             except (ValueError, TypeError) as err:
                 raise SiteRefusal(f"This site's public reference cannot be used: {err}") from None
             if public.fingerprint != fingerprint:
@@ -290,6 +292,7 @@ class Site:
             basis = public.basis()
             self._bases[fingerprint] = (basis, public.own_basis(basis))
             self._references[fingerprint] = public.summary(basis)
+            self._publics[fingerprint] = public
         return self._bases[fingerprint]
 
     def check_basis(self, request: Request, fingerprint: str) -> None:
@@ -587,7 +590,13 @@ class Site:
         run_state["finished"] = True
         if plan.public_basis:  # the cells' points in this site's own (checked) basis
             result.basis = self.public_basis(reference)[0]
-        return self.write_results(result, plan, mode, threshold, n_sites, self._references.get(reference))
+        names = None
+        public = self._publics.get(reference)
+        if plan.public_basis and public is not None and public.labels is not None:
+            names = name_clusters(result.centroids, public, result.basis)  # post-processing: no ε
+        return self.write_results(
+            result, plan, mode, threshold, n_sites, self._references.get(reference), names
+        )
 
     def write_results(
         self,
@@ -597,11 +606,14 @@ class Site:
         threshold: int,
         n_sites: int,
         reference: dict[str, Any] | None = None,
+        names: Any = None,
     ) -> Path | None:
         """Label this site's cells with the released centroids; write them, the record and the ledger.
 
-        A site simulated in memory writes nothing (``None``): the simulation labels every cell
-        from the same released centroids in the user's own AnnData.
+        ``names``: each cluster's name from the site's own copy of the reference
+        (:func:`dpsc._cluster_names.name_clusters`), written to ``obs["dp_cluster_names"]``. A site
+        simulated in memory writes nothing (``None``): the simulation labels every cell from the
+        same released centroids in the user's own AnnData.
         """
         from .._outputs import write_cluster_markers, write_clustering
         from ..privacy import attach_ledger, write_record
@@ -610,19 +622,21 @@ class Site:
             return None
 
         out = self.adata.copy()
-        write_clustering(out, self.matrix, result, "dp_kmeans", plan.n_clusters)
+        write_clustering(out, self.matrix, result, "dp_cluster", plan.n_clusters)
+        named = {} if names is None else {"cluster_names": write_names(out, "dp_cluster", names)}
         record = site_record(plan, mode, threshold, n_sites, self.n_obs, self.noise, reference=reference)
         write_record(
             out,
-            "dp_kmeans",
+            "dp_cluster",
             record,
             {"mode": mode, "threshold": threshold, "n_sites": n_sites, "mean_weight": MEAN_WEIGHT},
             centroids=result.centroids,
             **(
-                {"markers": write_cluster_markers(out, result, plan, "dp_kmeans")}
+                {"markers": write_cluster_markers(out, result, plan, "dp_cluster")}
                 if result.marker_table is not None
                 else {}
             ),
+            **named,
         )
         attach_ledger(out, self.settings.ledger)
         out.uns["dpsc"].pop("ledger_file", None)  # the written file carries a copy; the site keeps the file

@@ -14,24 +14,26 @@ from matplotlib.axes import Axes
 from ._utils import finish
 
 #: Cluster columns dpsc writes by default, in the order ``color=None`` looks for them.
-DEFAULT_CLUSTER_KEYS = ("dp_cluster", "dp_kmeans", "fed_cluster", "dp_label")
+DEFAULT_CLUSTER_KEYS = ("dp_cluster", "dp_label")
 
 
 def private_record(adata: ad.AnnData, color: str) -> dict[str, Any] | None:
     """Return the privacy record of the dpsc result ``color`` names, or ``None`` (labels, genes).
 
-    ``color`` is a result when its own key holds a record (``tl.cluster``'s ``dp_kmeans``) or a
-    record's parameters name it as their ``cluster_key`` (``tl.fit``'s ``dp_cluster``).
+    ``color`` is a result when its own key holds a record (``tl.cluster``'s ``dp_cluster``) or a
+    record's parameters name it as their ``cluster_key`` (``tl.fit``'s ``dp_cluster``); a record
+    whose labels a later result replaced (``labels_replaced_by``) no longer describes the column.
     """
-    results = adata.uns.get("dpsc", {})
+    results = {
+        name: result
+        for name, result in adata.uns.get("dpsc", {}).items()
+        if isinstance(result, dict) and "privacy" in result and "labels_replaced_by" not in result
+    }
     own = results.get(color)
-    if isinstance(own, dict) and "privacy" in own:
+    if own is not None:
         return own["privacy"]
-    for result in results.values():
-        if isinstance(result, dict) and "privacy" in result:
-            if result.get("params", {}).get("cluster_key") == color:
-                return result["privacy"]
-    return None
+    named = (r for r in results.values() if r.get("params", {}).get("cluster_key") == color)
+    return next((r["privacy"] for r in named), None)
 
 
 def _title(adata: ad.AnnData, color: str | None) -> str:
@@ -71,7 +73,7 @@ def embedding(
         panel each). ``None``: the first of :data:`DEFAULT_CLUSTER_KEYS` in ``obs``.
     title
         Panel title(s); the default names ε and the guarantee on dpsc's private outputs (a result's
-        own column, e.g. ``dp_kmeans``, or the clusters of a fit, e.g. ``dp_cluster``) and only the
+        own column, e.g. ``tl.cluster``'s ``dp_cluster``, or the clusters a fit writes) and only the
         column's name on anything else (true labels, genes).
     ax, show, save
         scanpy's conventions; the Axes (a list for several panels) is returned when not shown.

@@ -204,7 +204,7 @@ def cluster(
     epsilon: float | None = DEFAULT_EPSILON,
     delta: float | None = None,
     layer: str | None = None,
-    key_added: str = "dp_kmeans",
+    key_added: str = "dp_cluster",
     markers: bool = False,
     reference: ad.AnnData | str | None = None,
     reference_key: str | None = None,
@@ -266,16 +266,16 @@ def cluster(
     Returns
     -------
     ``None``, or the new AnnData with ``copy=True``. Every output is named from ``key_added``
-    (``"dp_kmeans"`` below), so a scanpy PCA, gene selection or marker table already in ``adata``
-    stays untouched: ``obs["dp_kmeans"]`` (categorical: each cell's nearest released centroid),
-    ``obsm["X_dp_kmeans"]`` (cells × 16; ``sc.pp.neighbors(adata, use_rep="X_dp_kmeans")``),
-    ``varm["dp_kmeans_loadings"]`` (zero rows for the genes the PCA did not read; the first column
+    (``"dp_cluster"`` below), so a scanpy PCA, gene selection or marker table already in ``adata``
+    stays untouched: ``obs["dp_cluster"]`` (categorical: each cell's nearest released centroid),
+    ``obsm["X_dp_cluster"]`` (cells × 16; ``sc.pp.neighbors(adata, use_rep="X_dp_cluster")``),
+    ``varm["dp_cluster_loadings"]`` (zero rows for the genes the PCA did not read; the first column
     is the released mean direction, the others the top components of the cells' residuals),
-    ``var["dp_kmeans_gene"]`` (the genes the PCA read: all, or the selected ones), with gene
-    selection also ``var["dp_kmeans_means"]`` and ``var["dp_kmeans_variances"]`` (noisy), with
-    ``markers=True`` ``uns["dp_kmeans_markers"]`` (scanpy's format:
-    ``sc.pl.rank_genes_groups_dotplot(adata, key="dp_kmeans_markers")``), and
-    ``uns["dpsc"]["dp_kmeans"]`` with the record, the parameters (``mean_weight``: the weight of
+    ``var["dp_cluster_gene"]`` (the genes the PCA read: all, or the selected ones), with gene
+    selection also ``var["dp_cluster_means"]`` and ``var["dp_cluster_variances"]`` (noisy), with
+    ``markers=True`` ``uns["dp_cluster_markers"]`` (scanpy's format:
+    ``sc.pl.rank_genes_groups_dotplot(adata, key="dp_cluster_markers")``), and
+    ``uns["dpsc"]["dp_cluster"]`` with the record, the parameters (``mean_weight``: the weight of
     the first loading's coordinate in the k-means points), the ``centroids``, the noisy
     ``eigenvalues`` and ``clusters_in_use`` (as :func:`dpsc.tl.kmeans`).
 

@@ -56,7 +56,7 @@ def cluster_federated(
     mode: Literal["secure", "plain"] = "secure",
     threshold: int | None = None,
     layer: str | None = None,
-    key_added: str = "dp_kmeans",
+    key_added: str = "dp_cluster",
     markers: bool = False,
     reference: ad.AnnData | str | None = None,
     reference_key: str | None = None,

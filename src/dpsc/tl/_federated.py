@@ -68,7 +68,7 @@ def fit_federated(
     likelihood: str = "zinb",
     random_state: int = 0,
     key_added: str = "X_fedsc",
-    cluster_key: str = "fed_cluster",
+    cluster_key: str = "dp_cluster",
     n_cpus: int = 2,
     scale_genes: bool | None = None,
     noise_seed: int | None = None,

@@ -67,7 +67,7 @@ def kmeans(
     use_rep: str = "X_pca",
     metric: Metric = "cosine",
     clip_norm: float = 1.0,
-    key_added: str = "dp_kmeans",
+    key_added: str = "dp_cluster",
     random_state: int = 0,
     noise_seed: int | None = None,
     copy: bool = False,

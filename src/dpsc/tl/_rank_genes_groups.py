@@ -9,7 +9,10 @@ The mechanism (per-cell rows, their bounds, the per-group table and scanpy's t-t
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import anndata as ad
 import numpy as np
@@ -20,8 +23,10 @@ from dpsc._docs import doc_params
 from .._api import DEFAULT_EPSILON, result_target, store_result
 from .._blocks import is_dask
 from .._outputs import write_marker_result
+from .._public_reference import read_reference
 from .._validation import check_cells, check_privacy_args, check_public_counts, get_matrix, resolve_delta
 from ..methods import _markers as mechanism
+from ..methods._public_markers import reference_center, reference_focus_genes
 from ..privacy import (
     COMMON_NOT_COVERED,
     NoiseSource,
@@ -42,19 +47,27 @@ PARTS = {
     "focus_table": FOCUS_TABLE,
 }
 
+#: The focused genes U with a reference's types: ``"types"`` (each reference type's best genes) or
+#: ``"union"`` (those and each group's best in the first, private table).
+REFERENCE_FOCUS = "types"
 
-def markers_plan(epsilon: float | None, delta: float) -> ReleasePlan:
+
+def markers_plan(epsilon: float | None, delta: float, public_center: bool = False) -> ReleasePlan:
     """Return the releases sharing (ε, δ), calibrated: centre, norms, table, then the focused two.
 
     Shares :data:`~dpsc.methods._markers.FOCUSED_SHARES`. Without ε there is no norm histogram
     and no focused table: the frame states the worst-case bounds
     (:func:`~dpsc.methods._markers.release_frame`), so the plan holds only the centre and the
-    table, and the statistics are exact.
+    table, and the statistics are exact. ``public_center``: the centre comes from a public
+    reference (:mod:`dpsc.methods._public_markers`), so there is no centre release and its share
+    goes to the others (the shares are relative).
     """
+    parts = [part for part in PARTS if not (public_center and part == "center")]
     if epsilon is None:
-        return ReleasePlan.of(PlannedRelease(CENTER), PlannedRelease(TABLE)).calibrate(None, delta)
+        exact = [part for part in ("center", "table") if part in parts]
+        return ReleasePlan.of(*(PlannedRelease(PARTS[part]) for part in exact)).calibrate(None, delta)
     shares = mechanism.FOCUSED_SHARES
-    return ReleasePlan.of(*(PlannedRelease(PARTS[part], share=shares[part]) for part in PARTS)).calibrate(
+    return ReleasePlan.of(*(PlannedRelease(PARTS[part], share=shares[part]) for part in parts)).calibrate(
         epsilon, delta
     )
 
@@ -64,34 +77,73 @@ def markers_sigmas(plan: ReleasePlan) -> dict[str, float]:
     return {part: plan.sigma(name) if name in plan else 0.0 for part, name in PARTS.items()}
 
 
-def markers_record(plan: ReleasePlan, n_obs: int, groupby: str, noise: NoiseSource) -> PrivacyRecord:
-    """Record of the three Gaussian releases (centre, norm histograms, group table); none without ε."""
+def markers_record(
+    plan: ReleasePlan, n_obs: int, groupby: str, noise: NoiseSource, reference: dict | None = None
+) -> PrivacyRecord:
+    """Record of the Gaussian releases (centre, norm histograms, group table, focused two); none without ε.
+
+    ``reference``: what the record states of a public reference that gave the centre (and the
+    focused genes, with its types); its statement says it is assumed public.
+    """
     tool, covered = (
         "tl.rank_genes_groups",
         f"the marker table in uns (every gene's statistics in every group of obs[{groupby!r}])",
     )
     if plan.epsilon is None:
         return plan.record(tool, unit=f"one of the {n_obs} cells", mechanism="", covered=covered)
-    sigmas = markers_sigmas(plan)
+    sigmas = {part: sigma for part, sigma in markers_sigmas(plan).items() if PARTS[part] in plan}
     return plan.record(
         tool,
         unit=f"adding or removing one of the {n_obs} cells (with its value of obs[{groupby!r}])",
-        mechanism="five discrete Gaussian releases composed by the Opacus RDP accountant: the cells' mean "
-        "log1p(CP10k) expression (the centre the cells are measured from), histograms of the cells' norms "
-        "from it (which set the bounds of the sums), then per-group sums of each cell's expression from the "
-        "centre (each gene weighted by a function of its released mean), its squares and its detected "
-        "genes, and the group sizes (each cell adds to its own group only; every part bounded); then the "
-        f"same two over the union of each group's {mechanism.FOCUS_GENES} best genes in that table "
-        "(histograms of the shorter norms there, and the focused table)",
+        mechanism=_mechanism_words(reference),
         covered=f"{covered}, the released centre, bounds and focused genes, and anything computed from them",
         not_covered=f"{COMMON_NOT_COVERED}; the groups themselves (obs[{groupby!r}] is read as part of "
         "each cell: when it comes from a private clustering, that clustering's ε covers it); plots "
-        "such as sc.pl.rank_genes_groups_dotplot, which read the cells again on this machine",
+        "such as sc.pl.rank_genes_groups_dotplot, which read the cells again on this machine"
+        + _reference_words(reference),
         noise=noise,
         mechanisms=[f"{name}: sigma={sigma:.4g}" for name, sigma in sigmas.items()],
         max_grad_norm=mechanism.SENSITIVITY,
         scope="marker genes",
-        details={"noise_multipliers": sigmas},
+        details={"noise_multipliers": sigmas, **({} if reference is None else {"reference": reference})},
+    )
+
+
+def _reference_words(reference: dict | None) -> str:
+    """Return what the guarantee does not cover of a public reference (nothing without one)."""
+    if reference is None:
+        return ""
+    return (
+        f"; the public reference {reference['name']!r} (sha256 {reference['fingerprint'][:16]}…, "
+        f"{reference['n_obs']} cells): it is assumed public and must not contain these cells, and no "
+        "epsilon is spent on it"
+    )
+
+
+def _mechanism_words(reference: dict | None) -> str:
+    """Return the record's mechanism: the releases, and what a public reference gave instead."""
+    if reference is None:
+        center = (
+            "five discrete Gaussian releases composed by the Opacus RDP accountant: the cells' mean "
+            "log1p(CP10k) expression (the centre the cells are measured from), "
+        )
+    else:
+        center = (
+            "four discrete Gaussian releases composed by the Opacus RDP accountant, the cells measured "
+            f"from the public reference {reference['name']!r}'s mean log1p(CP10k) expression (no ε): "
+        )
+    focus = f"the union of each group's {mechanism.FOCUS_GENES} best genes in that table"
+    if reference is not None and reference.get("reference_key"):
+        focus = (
+            f"the union of each reference type's {mechanism.FOCUS_GENES} best genes in the public "
+            "reference (scanpy's t-test; no ε)"
+        )
+    return (
+        f"{center}histograms of the cells' norms from it (which set the bounds of the sums), then "
+        "per-group sums of each cell's expression from the centre (each gene weighted by a function of "
+        "the centre), its squares and its detected genes, and the group sizes (each cell adds to its own "
+        f"group only; every part bounded); then the same two over {focus} (histograms of the shorter "
+        "norms there, and the focused table)"
     )
 
 
@@ -116,15 +168,29 @@ def frame_releases(matrix, sigmas: dict[str, float], releases, private: bool) ->
 
 
 def focused_markers(
-    matrix, codes: np.ndarray, n_groups: int, first: mechanism.MarkerResult, frame, sigmas, releases
+    matrix,
+    codes: np.ndarray,
+    n_groups: int,
+    first: mechanism.MarkerResult,
+    frame,
+    sigmas,
+    releases,
+    genes: np.ndarray | None = None,
 ) -> tuple[mechanism.MarkerResult, np.ndarray, mechanism.MarkerTable]:
     """Release the focused table over U (:func:`~dpsc.methods._markers.focus_genes`) and join the rankings.
 
-    U and its centre and weights are post-processing of the first table and centre; then one
-    release of the histograms of the cells' norms over U (their bounds) and one of the table over U.
-    Returns the joined ranking, U and the focused table's layout.
+    U and its centre and weights are post-processing of the first table and centre (or U is
+    ``genes``, public: a reference's); then one release of the histograms of the cells' norms over
+    U (their bounds) and one of the table over U. Returns the joined ranking, U and the focused
+    table's layout.
     """
-    genes = mechanism.focus_genes(first)
+    own = mechanism.focus_genes(first)
+    if genes is None:
+        genes = own
+    elif REFERENCE_FOCUS == "union":  # the reference types' genes and the first table's best
+        genes = np.union1d(np.asarray(genes), own)
+    else:
+        genes = np.asarray(genes)
     center = np.asarray(frame.center)[genes]
     histograms = mechanism.norm_histograms(matrix, center, genes)
     norms_release = mechanism.norm_release(sigmas["focus_norms"])
@@ -160,7 +226,7 @@ def _group_codes(adata: ad.AnnData, groupby: str, groups: Sequence[str] | None) 
 @doc_params
 def rank_genes_groups(
     adata: ad.AnnData,
-    groupby: str = "dp_kmeans",
+    groupby: str = "dp_cluster",
     *,
     groups: Sequence[str] | None = None,
     n_genes: int | None = 100,
@@ -168,6 +234,8 @@ def rank_genes_groups(
     epsilon: float | None = DEFAULT_EPSILON,
     delta: float | None = None,
     layer: str | None = None,
+    reference: ad.AnnData | str | os.PathLike | None = None,
+    reference_key: str | None = None,
     noise_seed: int | None = None,
     key_added: str = "rank_genes_groups",
     copy: bool = False,
@@ -212,6 +280,14 @@ def rank_genes_groups(
         ``delta=None``: 10⁻⁵, or 1/(10 n) above 10⁴ cells.
     layer
         Layer with the counts; ``None`` for ``X``.
+    reference
+        A public reference of the same tissue (an AnnData of raw counts or an ``.h5ad`` path; another
+        donor, study or condition, never these cells): the cells are measured from its mean
+        expression instead of a released one (:mod:`dpsc.methods._public_markers`), so no ε goes to
+        the centre. Stated in the record; no ε is spent on it.
+    reference_key
+        ``obs`` column of the reference's cell types: the focused table reads each type's best
+        genes in the reference (scanpy's t-test, public) instead of those of the first, noisy table.
     noise_seed
         {doc_noise_seed}
     key_added
@@ -237,14 +313,14 @@ def rank_genes_groups(
     if n_genes is not None and (isinstance(n_genes, bool) or int(n_genes) < 1):
         raise ValueError(f"n_genes must be a positive integer or None, got {n_genes!r}.")
     kept = adata.n_vars if n_genes is None else min(int(n_genes), adata.n_vars)
-    plan = markers_plan(epsilon, delta)
+    public = public_marker_parts(reference, reference_key, adata)
+    plan = markers_plan(epsilon, delta, public_center=public is not None)
     sigmas = markers_sigmas(plan)
     noise = NoiseSource(noise_seed)
-    record = with_storage_note(markers_record(plan, adata.n_obs, groupby, noise), is_dask(matrix))
+    summary = None if public is None else public.summary
+    record = with_storage_note(markers_record(plan, adata.n_obs, groupby, noise, summary), is_dask(matrix))
     with plan.spend(adata, record, key_added, noise) as releases:
-        frame = mechanism.release_frame(
-            adata.n_vars, sigmas["center"], *frame_releases(matrix, sigmas, releases, epsilon is not None)
-        )
+        frame = marker_frame(matrix, sigmas, releases, epsilon is not None, public)
         table = mechanism.MarkerTable(len(names), adata.n_vars, frame)
         release = mechanism.marker_release(table, sigmas["table"])
         exact = mechanism.group_table(matrix, codes, table)
@@ -252,8 +328,9 @@ def rank_genes_groups(
         result = mechanism.rank_markers(mechanism.group_statistics(released, table, release))
         focus = {}
         if epsilon is not None:
+            chosen = None if public is None else public.focus_genes
             result, genes, focused = focused_markers(
-                matrix, codes, len(names), result, frame, sigmas, releases
+                matrix, codes, len(names), result, frame, sigmas, releases, chosen
             )
             focus = {"focus_genes": len(genes), "focus_expression_bound": focused.bounds["sum"]}
         target = result_target(adata, copy)
@@ -271,6 +348,55 @@ def rank_genes_groups(
         )
         params = {"groupby": groupby, "groups": names, "layer": layer, **written, **focus}
         return store_result(adata, target, key_added, record, params, copy=copy, booking=releases.booking)
+
+
+@dataclass(frozen=True)
+class PublicMarkerParts:
+    """What a public reference gives a marker release: its centre, and with its types the genes U."""
+
+    center: np.ndarray
+    focus_genes: np.ndarray | None
+    summary: dict[str, Any]
+
+
+def public_marker_parts(
+    reference: ad.AnnData | str | os.PathLike | None, reference_key: str | None, adata: ad.AnnData
+) -> PublicMarkerParts | None:
+    """Read and check the public reference; return its centre and focused genes (reads no private cell)."""
+    if reference is None:
+        if reference_key is not None:
+            raise ValueError("reference_key names a column of the reference; pass reference=... as well.")
+        return None
+    public = read_reference(reference, adata, reference_key, "dpsc.tl.rank_genes_groups")
+    shared = (public.counts, public.reference_genes, public.private_genes)
+    center = reference_center(*shared, adata.n_vars)
+    genes = None
+    if public.labels is not None:
+        genes = reference_focus_genes(
+            public.counts, public.labels.to_numpy(), *shared[1:], mechanism.FOCUS_GENES
+        )
+    summary = {
+        "name": public.name,
+        "fingerprint": public.fingerprint,
+        "n_obs": public.n_obs,
+        "n_genes": len(public.private_genes),
+        "reference_key": reference_key or "",
+    }
+    return PublicMarkerParts(center, genes, summary)
+
+
+def marker_frame(
+    matrix, sigmas: dict[str, float], releases, private: bool, public: PublicMarkerParts | None
+) -> mechanism.MarkerFrame:
+    """Release the first table's frame: the centre (or the reference's) and the bounds from it."""
+    if public is None:
+        first = frame_releases(matrix, sigmas, releases, private)
+        return mechanism.release_frame(matrix.shape[1], sigmas["center"], *first)
+    frame = mechanism.MarkerFrame(public.center)
+    if not private:
+        return mechanism.MarkerFrame(public.center, *frame.worst)
+    _, release_norms = frame_releases(matrix, sigmas, releases, private)
+    return mechanism.released_frame(release_norms(frame), public.center)
 
 
 __all__ = ["rank_genes_groups"]
