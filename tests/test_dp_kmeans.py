@@ -213,3 +213,41 @@ def test_a_clustering_plan_schedules_its_refine_round_and_runs_it(small_adata, m
     tables = [entry for entry in plain.schedule() if entry.kind == "kmeans"]
     assert [entry.rows for entry in tables[1:]] == [12, 12] and plain.kmeans_steps == 3
     assert plain.sigmas["kmeans"] < plan.sigmas["kmeans"]  # one release fewer shares the k-means' ε
+
+
+def test_the_reported_centroid_noise_is_the_spread_of_the_released_means():
+    """return_noise: each centroid's noise sd per coordinate, κRs/c_j from released counts and σ,
+    matches the spread of its noisy mean over independent noise draws (one Lloyd round from
+    public starting centroids); 0 without noise."""
+    from dpsc.methods import central_table_release
+
+    z, truth = _blobs_on_sphere(n_per=200, k=3, d=6)
+    start = np.stack([z.numpy()[truth == g].mean(0) for g in range(3)])
+    settings = {"n_sketch_steps": 0, "n_lloyd_rounds": 1, "steps_per_round": 2, "start": start}
+
+    def once(sigma, seed):
+        noise, drawn = NoiseSource(seed), iter(range(100))
+        release = central_table_release(
+            z,
+            clip_norm=RADIUS,
+            count_scale=1.0,
+            noise_multiplier=sigma,
+            draw_stream=lambda: noise.stream("kmeans", next(drawn)),
+        )
+        return dp_kmeans_centroids(
+            release,
+            3,
+            6,
+            noise_multiplier=sigma,
+            clip_norm=RADIUS,
+            return_in_use=True,
+            return_noise=True,
+            **settings,
+        )
+
+    draws = [once(20.0, seed) for seed in range(40)]
+    spread = np.stack([centroids for centroids, _, _ in draws]).std(axis=0).mean(axis=1)
+    reported = np.mean([noise for _, _, noise in draws], axis=0)
+    assert np.all(reported > 0)
+    np.testing.assert_allclose(spread, reported, rtol=0.35)
+    assert np.all(once(0.0, 0)[2] == 0)

@@ -78,6 +78,26 @@ def test_a_centroid_where_the_reference_has_no_cells_is_unmatched(pair):
     assert names["nearest_type"].iloc[2] != UNMATCHED  # the nearest type is still reported
 
 
+def test_the_noise_aware_density_test_widens_by_each_centroids_own_noise(pair, monkeypatch):
+    """With NOISE_AWARE, a centroid is matched within sqrt(q² + p s_j²) of the reference's cells: the
+    far centroid with a large noise is named, with none it is not; the shipped test ignores noise."""
+    import dpsc._cluster_names as naming
+    from dpsc.tl._reference import read_reference
+
+    reference, private = pair
+    public = read_reference(reference, private, "cell_type", "test")
+    basis = public.basis()
+    points = naming.reference_points(public, basis)
+    labels = public.labels.to_numpy()
+    far = -points.mean(0, keepdims=True) * 3
+    distance = naming._neighbour_distances(far, points, naming.NEIGHBOURS)[0][0]
+    wide = np.array([distance / np.sqrt(points.shape[1])])  # √p s above the distance: matched
+    assert naming.name_centroids(far, points, labels, wide)["name"].iloc[0] == UNMATCHED  # shipped
+    monkeypatch.setattr(naming, "NOISE_AWARE", True)
+    assert naming.name_centroids(far, points, labels, wide)["name"].iloc[0] != UNMATCHED
+    assert naming.name_centroids(far, points, labels, np.zeros(1))["name"].iloc[0] == UNMATCHED
+
+
 def test_a_reference_path_and_a_lazy_cohort_give_the_same_clusters(pair, tmp_path):
     dask_array = pytest.importorskip("dask.array")
     reference, private = pair

@@ -826,6 +826,8 @@ class ClusterResult:
     marker_focus_table: np.ndarray | None = None  # the released statistics over them
     marker_focus_frame: _markers.MarkerFrame | None = None  # that table's centre and released bounds
     basis: PublicBasis | None = None  # the public reference's map of a cell to its point, when used
+    #: each centroid's noise sd per coordinate (:func:`~._kmeans.dp_kmeans_centroids`; post-processing)
+    centroid_noise: np.ndarray | None = None
 
     def labels(self, matrix: Any) -> np.ndarray:
         """Each cell's nearest released centroid (post-processing; computed from each cell)."""
@@ -895,7 +897,7 @@ def run_clustering(
             noisy, assignment.n_rows, plan.n_comps, CLIP_NORM, plan.kmeans["count_scale"]
         )
 
-    centroids, in_use = _kmeans.dp_kmeans_centroids(
+    centroids, in_use, centroid_noise = _kmeans.dp_kmeans_centroids(
         release_table,
         plan.n_clusters,
         plan.n_comps,
@@ -903,6 +905,7 @@ def run_clustering(
         clip_norm=CLIP_NORM,
         random_state=plan.random_state,
         return_in_use=True,
+        return_noise=True,
         start=None if basis is None else basis.start,
         **plan.kmeans,
     )
@@ -942,7 +945,7 @@ def run_clustering(
     result = ClusterResult(
         genes, loadings, eigenvalues, centroids, means, variances, index, in_use, marker_table, marker_frame
     )
-    result.basis = basis
+    result.basis, result.centroid_noise = basis, centroid_noise
     if focus is not None:
         result.marker_focus_genes, result.marker_focus_table, result.marker_focus_frame = focus
     return result

@@ -202,7 +202,8 @@ def dp_kmeans_centroids(
     random_state: int = 0,
     return_in_use: bool = False,
     start: np.ndarray | None = None,
-) -> np.ndarray | tuple[np.ndarray, int]:
+    return_noise: bool = False,
+) -> np.ndarray | tuple[np.ndarray, int] | tuple[np.ndarray, int, np.ndarray]:
     r"""Return ``(n_clusters, d)`` centroids computed from noisy releases only (module docstring).
 
     Parameters
@@ -245,6 +246,12 @@ def dp_kmeans_centroids(
         Public starting centroids of the Lloyd phase (``(m, d)``, from public data alone, e.g. a
         public reference's points): step 1 is skipped (``n_sketch_steps`` must be 0) and the
         Lloyd phase runs with these :math:`m` centroids. Public values: no ε.
+    return_noise
+        With ``return_in_use``, also return each centroid's noise: the standard deviation of one
+        coordinate of its last noisy mean, :math:`\kappa R s \sqrt{m_j} / c_j` with :math:`s` the
+        noise sd of the last round's accumulated counts, :math:`c_j` the count it holds (summed over
+        the :math:`m_j` Lloyd centroids merged into it; at least :math:`s`). Post-processing of the
+        released counts and the public σ; 0 without Lloyd rounds or without noise.
     """
     import torch
     from sklearn.cluster import KMeans
@@ -325,12 +332,15 @@ def dp_kmeans_centroids(
         merged = np.arange(len(centroids))
     if not return_in_use:
         return centroids.float().numpy()
-    in_use = len(centroids)
+    in_use, noise = len(centroids), np.zeros(len(centroids))
     if n_lloyd_rounds > 0:
         held = np.bincount(merged, weights=counts.numpy(), minlength=len(centroids))
-        in_use = clusters_above_noise(
-            held, count_noise * np.sqrt(np.bincount(merged, minlength=len(centroids)))
-        )
+        held_noise = count_noise * np.sqrt(np.bincount(merged, minlength=len(centroids)))
+        in_use = clusters_above_noise(held, held_noise)
+        scale = count_scale * clip_norm  # a count of one cell in the table's units
+        noise = scale * held_noise / np.maximum(held, np.maximum(held_noise, 1e-12))
+    if return_noise:
+        return centroids.float().numpy(), in_use, noise
     return centroids.float().numpy(), in_use
 
 

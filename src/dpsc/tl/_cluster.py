@@ -312,7 +312,7 @@ def cluster(
         result = run_clustering(plan, central_release_sum(matrix, noise), basis)
         extra: dict[str, Any] = {} if summary is None else {"reference": summary}
         if public is not None and public.labels is not None:
-            extra["cluster_names"] = name_clusters(result.centroids, public, basis)
+            extra["cluster_names"] = name_clusters(result.centroids, public, basis, result.centroid_noise)
         params = {
             "n_clusters": plan.n_clusters,
             "layer": layer,

@@ -160,7 +160,7 @@ def cluster_federated(
         result, run = run_pipeline_simulation(server, settings, n_cpus=n_cpus)
         extra: dict[str, Any] = {} if summary is None else {"reference": summary}
         if public is not None and public.labels is not None:
-            extra["cluster_names"] = name_clusters(result.centroids, public, basis)
+            extra["cluster_names"] = name_clusters(result.centroids, public, basis, result.centroid_noise)
         return store_clustering(
             adata,
             matrix,
