@@ -3,7 +3,7 @@
 On the reference / private pairs of ``reference_pairs.py`` whose reference has the private cells'
 types (Baron donors, CellBench plates, the random halves), ``tl.cluster(reference=...,
 reference_key="label")`` at ε = 8 and 2 (noise seeds 20, 21, 22) names its clusters; each run's
-released centroids are also named by the other rule (``dpsc._cluster_names.name_centroids``
+released centroids are also named by the other rule (``dpsc._public_reference.name_centroids``
 with and without the centroids' noise, ``NOISE_AWARE``). Scored: the share of cells whose cluster
 name is their type, and, where one type is left out of the reference (``MISSING``), the share of
 that type's cells named ``"unmatched"`` (and of the other cells). Two further columns bound the
@@ -36,7 +36,7 @@ def _named(names: pd.Series, clusters: np.ndarray) -> np.ndarray:
 def run(name: str, reference, private, out) -> None:
     """Append one row per (case, ε, seed) of this pair to ``out``."""
     import dpsc
-    import dpsc._cluster_names as naming
+    import dpsc._public_reference as naming
     from dpsc.tl._reference import reference_basis
 
     truth = private.obs["label"].astype(str).to_numpy()

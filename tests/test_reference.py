@@ -81,7 +81,7 @@ def test_a_centroid_where_the_reference_has_no_cells_is_unmatched(pair):
 def test_the_noise_aware_density_test_widens_by_each_centroids_own_noise(pair, monkeypatch):
     """With NOISE_AWARE, a centroid is matched within sqrt(q² + p s_j²) of the reference's cells: the
     far centroid with a large noise is named, with none it is not; the shipped test ignores noise."""
-    import dpsc._cluster_names as naming
+    import dpsc._public_reference as naming
     from dpsc.tl._reference import read_reference
 
     reference, private = pair

@@ -65,8 +65,7 @@ from typing import Any
 import anndata as ad
 import numpy as np
 
-from .._cluster_names import name_clusters, write_names
-from .._public_reference import read_reference
+from .._public_reference import name_clusters, read_reference, write_names
 from .._validation import get_matrix, resolve_delta
 from ..methods._clustering import (
     MEAN_WEIGHT,
@@ -611,7 +610,7 @@ class Site:
         """Label this site's cells with the released centroids; write them, the record and the ledger.
 
         ``names``: each cluster's name from the site's own copy of the reference
-        (:func:`dpsc._cluster_names.name_clusters`), written to ``obs["dp_cluster_names"]``. A site
+        (:func:`dpsc._public_reference.name_clusters`), written to ``obs["dp_cluster_names"]``. A site
         simulated in memory writes nothing (``None``): the simulation labels every cell from the
         same released centroids in the user's own AnnData.
         """
