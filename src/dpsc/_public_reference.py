@@ -50,13 +50,13 @@ class PublicReference:
         """Cells of the reference."""
         return int(self.counts.shape[0])
 
-    def summary(self, basis: PublicBasis) -> dict[str, Any]:
-        """Return what the record states about the reference (public)."""
+    def summary(self, basis: PublicBasis | None = None) -> dict[str, Any]:
+        """Return what the record states about the reference (public): genes of ``basis``, else shared."""
         return {
             "name": self.name,
             "fingerprint": self.fingerprint,
             "n_obs": self.n_obs,
-            "n_genes": len(basis.genes),
+            "n_genes": len(self.private_genes if basis is None else basis.genes),
             "reference_key": self.reference_key or "",
         }
 

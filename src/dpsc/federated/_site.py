@@ -254,8 +254,7 @@ class Site:
         self.noise = NoiseSource(settings.noise_seed)
         self.delta = resolve_delta(settings.delta, self.adata.n_obs)
         self._bases: dict[str, tuple[PublicBasis, PublicBasis]] = {}
-        self._references: dict[str, dict[str, Any]] = {}  # what a record states of each reference
-        self._publics: dict[str, Any] = {}  # the site's own copy of each reference (for cluster names)
+        self._publics: dict[str, Any] = {}  # the site's own copy of each reference (records, names)
 
     @property
     def n_obs(self) -> int:
@@ -290,7 +289,6 @@ class Site:
                 )
             basis = public.basis()
             self._bases[fingerprint] = (basis, public.own_basis(basis))
-            self._references[fingerprint] = public.summary(basis)
             self._publics[fingerprint] = public
         return self._bases[fingerprint]
 
@@ -589,13 +587,13 @@ class Site:
         run_state["finished"] = True
         if plan.public_basis:  # the cells' points in this site's own (checked) basis
             result.basis = self.public_basis(reference)[0]
-        names = None
+        names = summary = None
         public = self._publics.get(reference)
-        if plan.public_basis and public is not None and public.labels is not None:
-            names = name_clusters(result.centroids, public, result.basis)  # post-processing: no ε
-        return self.write_results(
-            result, plan, mode, threshold, n_sites, self._references.get(reference), names
-        )
+        if public is not None:
+            summary = public.summary(self._bases[reference][0])
+            if plan.public_basis and public.labels is not None:
+                names = name_clusters(result.centroids, public, result.basis)  # post-processing: no ε
+        return self.write_results(result, plan, mode, threshold, n_sites, summary, names)
 
     def write_results(
         self,

@@ -23,7 +23,6 @@ from dpsc._docs import doc_params
 from .._api import DEFAULT_EPSILON, result_target, store_result
 from .._blocks import is_dask
 from .._outputs import write_marker_result
-from .._public_reference import read_reference
 from .._validation import check_cells, check_privacy_args, check_public_counts, get_matrix, resolve_delta
 from ..methods import _markers as mechanism
 from ..methods._public_markers import reference_center, reference_focus_genes
@@ -35,6 +34,7 @@ from ..privacy import (
     ReleasePlan,
     with_storage_note,
 )
+from ._reference import optional_reference
 
 CENTER, NORMS, TABLE = "tl.rank_genes_groups.center", "tl.rank_genes_groups.norms", "tl.rank_genes_groups"
 FOCUS_NORMS, FOCUS_TABLE = "tl.rank_genes_groups.focus_norms", "tl.rank_genes_groups.focus"
@@ -363,11 +363,9 @@ def public_marker_parts(
     reference: ad.AnnData | str | os.PathLike | None, reference_key: str | None, adata: ad.AnnData
 ) -> PublicMarkerParts | None:
     """Read and check the public reference; return its centre and focused genes (reads no private cell)."""
-    if reference is None:
-        if reference_key is not None:
-            raise ValueError("reference_key names a column of the reference; pass reference=... as well.")
+    public = optional_reference(reference, reference_key, adata, "dpsc.tl.rank_genes_groups")
+    if public is None:
         return None
-    public = read_reference(reference, adata, reference_key, "dpsc.tl.rank_genes_groups")
     shared = (public.counts, public.reference_genes, public.private_genes)
     center = reference_center(*shared, adata.n_vars)
     genes = None
@@ -375,14 +373,7 @@ def public_marker_parts(
         genes = reference_focus_genes(
             public.counts, public.labels.to_numpy(), *shared[1:], mechanism.FOCUS_GENES
         )
-    summary = {
-        "name": public.name,
-        "fingerprint": public.fingerprint,
-        "n_obs": public.n_obs,
-        "n_genes": len(public.private_genes),
-        "reference_key": reference_key or "",
-    }
-    return PublicMarkerParts(center, genes, summary)
+    return PublicMarkerParts(center, genes, public.summary())
 
 
 def marker_frame(

@@ -34,12 +34,19 @@ def reference_basis(
     reference: ad.AnnData | str | os.PathLike | None, reference_key: str | None, adata: ad.AnnData, tool: str
 ) -> tuple[PublicReference | None, PublicBasis | None]:
     """Read and check the public reference and compute its basis (reads the reference only)."""
+    public = optional_reference(reference, reference_key, adata, tool)
+    return (None, None) if public is None else (public, public.basis())
+
+
+def optional_reference(
+    reference: ad.AnnData | str | os.PathLike | None, reference_key: str | None, adata: ad.AnnData, tool: str
+) -> PublicReference | None:
+    """Read and check the public reference a tool was given, if any (reads the reference only)."""
     if reference is None:
         if reference_key is not None:
             raise ValueError("reference_key names a column of the reference; pass reference=... as well.")
-        return None, None
-    public = read_reference(reference, adata, reference_key, tool)
-    return public, public.basis()
+        return None
+    return read_reference(reference, adata, reference_key, tool)
 
 
 #: Where the DP k-means on a reference's basis starts: ``"sketch"`` (its own sketch release, as
