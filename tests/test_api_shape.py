@@ -192,49 +192,41 @@ def test_the_clustering_tools_share_one_cluster_column_and_a_later_one_says_it_r
     assert record["epsilon"] == pytest.approx(dpsc.privacy.get_record(adata, "X_dpdcan")["epsilon"])
 
 
-def test_old_argument_names_warn_and_keep_working(small_adata):
-    new = dpsc.pp.partition(small_adata, n_sites=3, types_per_site=None, copy=True)
-    with pytest.warns(FutureWarning, match=r"n_clients= is renamed n_sites="):
-        old = dpsc.pp.partition(small_adata, n_clients=3, copy=True)
-    assert (old.obs["site"] == new.obs["site"]).all() and "site" not in small_adata.obs
-    with pytest.raises(TypeError, match="both n_clients= and n_sites="):
-        dpsc.pp.partition(small_adata, n_sites=5, n_clients=3, copy=True)
-    with pytest.raises(ValueError, match=r"pass site_key='client'"):
-        legacy = small_adata.copy()
-        legacy.obs["client"] = new.obs["site"].to_numpy()
-        dpsc.tl.cluster_federated(legacy, n_clusters=3)
-
-
-def test_annotate_takes_the_cells_to_label_first_and_still_reads_the_old_order(small_adata):
-    """``annotate(adata, adata_ref, key)`` as ``sc.tl.ingest``; the reference-first order warns and works."""
-    ref = _reference(small_adata[:150])
-    query = small_adata[150:].copy()
-    del query.obs["cell_type"]  # only the reference is labelled: the order of the old call is unambiguous
-    kwargs = {"epsilon": 2.0, "epochs": 1, "noise_seed": 3}
-    dpsc.tl.annotate(query, ref, "cell_type", **kwargs)
-    new = query.obs["dp_label"].copy()
-    assert "dp_label" in ref.uns["dpsc"] and "dp_label" not in ref.obs
-    old_query = small_adata[150:].copy()
-    del old_query.obs["cell_type"]
-    with pytest.warns(FutureWarning, match=r"cells to label first and the labelled reference second"):
-        dpsc.tl.annotate(_reference(small_adata[:150]), old_query, "cell_type", **kwargs)
-    assert (old_query.obs["dp_label"] == new).all()
-    renamed = small_adata[150:].copy()
-    with pytest.warns(FutureWarning, match=r"adata_query= is renamed adata"):
-        dpsc.tl.annotate(None, _reference(small_adata[:150]), "cell_type", adata_query=renamed, **kwargs)
-    assert (renamed.obs["dp_label"] == new).all()
-
-
-def test_renamed_arguments_of_the_tools_warn_before_anything_runs(small_adata):
-    ref, query = _reference(small_adata[:150]), small_adata[150:].copy()
-    with pytest.warns(FutureWarning, match=r"n_components= is renamed n_comps="):
-        dpsc.tl.annotate(query, ref, "cell_type", epsilon=2.0, epochs=1, n_components=4)
-    assert query.uns["dpsc"]["dp_label"]["features"].startswith("log-normalised, PCA (4 components)")
+def test_old_argument_names_fail_fast_with_the_new_name_and_leave_the_data_alone(small_adata):
+    """dpsc 0.2's names were renamed in 0.3: a call with one names the fix and reads nothing."""
+    with pytest.raises(TypeError, match=r"n_clients= was renamed n_sites= in dpsc 0\.3; pass n_sites=3"):
+        dpsc.pp.partition(small_adata, n_clients=3)
+    with pytest.raises(TypeError, match=r"types_per_client= was renamed types_per_site="):
+        dpsc.pp.partition(small_adata, n_sites=3, types_per_client=2)
+    assert "site" not in small_adata.obs
     legacy = small_adata.copy()
     legacy.obs["client"] = pd.Categorical(np.arange(legacy.n_obs) % 2)
-    with pytest.warns(FutureWarning, match=r"client_key= is renamed site_key="):
-        with pytest.raises(ValueError, match="Unknown method"):  # the warning comes first, then the checks
-            dpsc.tl.fit_federated(legacy, client_key="client", epsilon=None, method="fedprox")
+    with pytest.raises(TypeError, match=r"client_key= was renamed site_key=.*pass site_key='client'"):
+        dpsc.tl.fit_federated(legacy, client_key="client", epsilon=None, method="fedprox")
+    with pytest.raises(TypeError, match=r"client_key= was renamed site_key="):
+        dpsc.tl.cluster_federated(legacy, n_clusters=3, client_key="client")
+    with pytest.raises(ValueError, match=r"pass site_key='client'"):
+        dpsc.tl.cluster_federated(legacy, n_clusters=3)
+    assert "dpsc" not in legacy.uns and dpsc.privacy.ledger_frame(legacy).empty
+
+
+def test_annotate_takes_the_cells_to_label_first_and_refuses_the_old_order(small_adata):
+    """``annotate(adata, adata_ref, key)`` as ``sc.tl.ingest``; 0.2's reference-first order and
+    names fail before any cell is read, and the reference's ledger stays empty."""
+    ref = _reference(small_adata[:150])
+    query = small_adata[150:].copy()
+    del query.obs["cell_type"]  # only the reference is labelled: the old order is recognisable
+    kwargs = {"epsilon": 2.0, "epochs": 1, "noise_seed": 3}
+    with pytest.raises(ValueError, match=r"cells to label first and the labelled reference second"):
+        dpsc.tl.annotate(ref, query, "cell_type", **kwargs)
+    with pytest.raises(TypeError, match=r"adata_query= was renamed adata="):
+        dpsc.tl.annotate(None, ref, "cell_type", adata_query=query, **kwargs)
+    with pytest.raises(TypeError, match=r"n_components= was renamed n_comps=.*pass n_comps=4"):
+        dpsc.tl.annotate(query, ref, "cell_type", n_components=4, **kwargs)
+    assert dpsc.privacy.ledger_frame(ref).empty and "dp_label" not in query.obs
+    dpsc.tl.annotate(query, ref, "cell_type", n_comps=4, **kwargs)
+    assert "dp_label" in ref.uns["dpsc"] and "dp_label" not in ref.obs and "dp_label" in query.obs
+    assert query.uns["dpsc"]["dp_label"]["features"].startswith("log-normalised, PCA (4 components)")
 
 
 OLD_NAMES = {
@@ -247,7 +239,7 @@ OLD_NAMES = {
 
 def test_one_name_per_concept_across_the_public_api():
     """Every public function and class names a seed ``random_state``, sites ``n_sites``/``site_key`` and
-    components ``n_comps``; an old name survives only as a deprecated keyword beside the new one."""
+    components ``n_comps``; no signature keeps an old name (0.2's names fail fast by the decorator)."""
     import importlib
     import inspect
 
@@ -275,24 +267,23 @@ def test_one_name_per_concept_across_the_public_api():
                 parameters = inspect.signature(target).parameters
             except (TypeError, ValueError):
                 continue
-            for old, new in OLD_NAMES.items():
-                if old in parameters and (parameters[old].default is not None or new not in parameters):
+            for old in OLD_NAMES:
+                if old in parameters:
                     found.append(f"dpsc.{package}.{name}({old}=)")
     assert found == []
 
 
-def test_old_seed_and_site_names_warn_and_give_the_same_result():
+def test_old_seed_name_fails_fast_with_the_new_name():
     y = np.linspace(-1.0, 1.0, 30)
-    with pytest.warns(FutureWarning, match=r"seed= is renamed random_state="):
-        old = dpsc.linear.null_pc_sd(y, n_permutations=20, seed=3)
-    assert old == dpsc.linear.null_pc_sd(y, n_permutations=20, random_state=3)
-    with pytest.raises(TypeError, match="both seed= and random_state="):
-        dpsc.linear.null_pc_sd(y, n_permutations=20, random_state=2, seed=3)
+    with pytest.raises(TypeError, match=r"seed= was renamed random_state=.*pass random_state=3"):
+        dpsc.linear.null_pc_sd(y, n_permutations=20, seed=3)
+    assert dpsc.linear.null_pc_sd(y, n_permutations=20, random_state=3) > 0
 
 
-def test_epsilon_is_a_keyword_everywhere_and_a_positional_one_still_reaches_the_fit(small_adata):
-    """scanpy's shape ``(adata, <method arguments>, *, epsilon=…)``: ε is keyword-only in every tool;
-    ``tl.fit(adata, 8)`` of 0.2 warns and passes its value on as ``epsilon``."""
+def test_epsilon_is_a_keyword_everywhere_and_the_second_argument_of_fit_is_n_clusters(small_adata):
+    """scanpy's shape ``(adata, <method arguments>, *, epsilon=…)``: ε is keyword-only in every tool,
+    and ``tl.fit``'s second positional argument is ``n_clusters`` as in ``tl.cluster``; 0.2's
+    ``tl.fit(adata, 8.0)`` (ε as a float) fails before anything is read or booked."""
     import inspect
 
     positional = [
@@ -305,12 +296,11 @@ def test_epsilon_is_a_keyword_everywhere_and_a_positional_one_still_reaches_the_
         is not inspect.Parameter.KEYWORD_ONLY
     ]
     assert positional == []
-    with pytest.warns(FutureWarning, match=r"pass epsilon=-1\.0"):
-        with pytest.raises(ValueError, match="epsilon"):  # the value arrived as epsilon and was checked
-            dpsc.tl.fit(small_adata, -1.0, n_clusters=3)
-    with pytest.raises(TypeError, match="one positional argument"):
-        dpsc.tl.fit(small_adata, 8.0, epsilon=8.0)
-    assert "dp_cluster" not in small_adata.obs
+    for tool in (dpsc.tl.fit, dpsc.tl.cluster):
+        assert list(inspect.signature(tool).parameters)[:2] == ["adata", "n_clusters"]
+    with pytest.raises(TypeError, match=r"n_clusters must be a whole number.*epsilon="):
+        dpsc.tl.fit(small_adata, 8.0)
+    assert "dp_cluster" not in small_adata.obs and dpsc.privacy.ledger_frame(small_adata).empty
 
 
 def test_the_federated_and_privacy_apis_export_what_the_docs_document():

@@ -178,7 +178,8 @@ def test_private_markers_in_scanpys_format_plots_and_ledger(grouped, tmp_path):
     sc.pl.rank_genes_groups(adata, n_genes=5, show=False)
     record = dpsc.privacy.get_record(adata, "rank_genes_groups")
     assert record["guarantee"] == "proven" and record["epsilon"] == pytest.approx(8.0, rel=0.01)
-    assert record["max_grad_norm"] == pytest.approx(mechanism.SENSITIVITY)  # the table's Δ is recorded
+    assert record["sensitivity"] == pytest.approx(mechanism.SENSITIVITY)  # the table's Δ is recorded
+    assert record["max_grad_norm"] == 0.0  # no DP-SGD clip norm in a sum release
     assert (
         len(record["history"]) == 5
     )  # centre, norms, table, then the focused norms and table: all accounted

@@ -2,6 +2,7 @@
 
 import inspect
 
+import anndata
 import numpy as np
 import pytest
 import torch
@@ -97,21 +98,10 @@ def test_calibration_and_accountant_steps_live_only_in_dpsc_privacy():
     assert outside == []
 
 
-#: Bookings that are not Gaussian release plans, so they cannot go through ``ReleasePlan.spend``:
-#: pure-ε mechanisms (the functional mechanism, objective perturbation, PCDBN), readings without
-#: any guarantee (membership audits, a classifier's query cells) and FedSC's per-site parallel
-#: composition. Converting one removes it from this list.
-NOT_A_GAUSSIAN_PLAN = {
-    "tl/_annotate.py",
-    "tl/_audit.py",
-    "tl/_audit_one_run.py",
-    "tl/_federated.py",
-    "tl/_regression.py",
-}
-
-
-def test_every_gaussian_release_plan_is_spent_through_release_plan_spend():
-    """A scan for direct ``spending(`` calls outside dpsc.privacy: only the bookings listed above."""
+def test_every_booking_outside_privacy_goes_through_release_plan_spend():
+    """A scan for direct ``spending(`` calls outside dpsc.privacy: none. Every call books through
+    its plan, Gaussian, stated (pure ε, a classifier's own accountant, a fit at group size 2) or a
+    reading without noise."""
     import re
     from pathlib import Path
 
@@ -124,17 +114,48 @@ def test_every_gaussian_release_plan_is_spent_through_release_plan_spend():
         for line in path.read_text().splitlines()
         if direct.search(line) and not line.lstrip().startswith(("#", "``", ":"))
     }
-    assert callers == NOT_A_GAUSSIAN_PLAN
+    assert callers == set()
     spenders = {
         "tl/_cluster.py",
         "tl/_cluster_federated.py",
         "tl/_fit.py",
         "tl/_kmeans.py",
         "model/_dpdcan.py",
+        "pp/_dp_pca.py",
+        "pp/_dp_hvg.py",
+        "tl/_rank_genes_groups.py",
+        "tl/_annotate.py",
+        "tl/_audit.py",
+        "tl/_audit_one_run.py",
+        "tl/_federated.py",
+        "tl/_regression.py",
     }
-    spenders |= {"pp/_dp_pca.py", "pp/_dp_hvg.py", "tl/_rank_genes_groups.py"}
     for name in spenders:
         assert ".spend(" in (root / name).read_text(), name
+
+
+def test_stated_and_reading_plans_compose_and_refuse_what_they_cannot_do():
+    from dpsc.privacy import PlannedRelease, ReleasePlan
+
+    pure = ReleasePlan.stated("coefficients", 2.0)
+    assert pure.spent() == 2.0 and pure.history() == [] and pure.delta == 0.0
+    with pytest.raises(ValueError, match="only Gaussian plans are calibrated"):
+        pure.calibrate(4.0, 1e-5)
+    with pytest.raises(ValueError, match="epsilon > 0"):
+        ReleasePlan.stated("coefficients", 0.0)
+    assert ReleasePlan.reading("report").spent() is None
+    gaussian = ReleasePlan.of(PlannedRelease("sum")).calibrate(3.0, 1e-5)
+    mixed = ReleasePlan.of(gaussian["sum"], *pure.releases, delta=1e-5)
+    assert mixed.spent() == pytest.approx(gaussian.spent() + 2.0)  # basic composition
+    with pytest.raises(ValueError, match="draws its own"):
+        with pure.spend(anndata.AnnData(np.ones((3, 2))), _pure_record(), "key") as spent:
+            spent.stream("coefficients")
+
+
+def _pure_record():
+    from dpsc.privacy import planned_pure_record
+
+    return planned_pure_record("test", 2.0)
 
 
 def test_the_clustering_and_kmeans_book_through_their_release_plan(small_adata, monkeypatch):

@@ -126,55 +126,29 @@ def _mark_replaced_labels(annotated: ad.AnnData, key: str, column: str) -> None:
         )
 
 
-REMOVED_IN = "0.4"
-"""The release that drops the argument names renamed in 0.3 (one minor version of warnings)."""
+RENAMED_IN = "0.3"
+"""The release that renamed the 0.2 argument names listed by :func:`renamed_arguments`."""
 
 
-def renamed_argument(
-    function: str, old: str, new: str, old_value: Any, new_value: Any, *, default: Any
-) -> Any:
-    """Return the value of an argument renamed from ``old`` to ``new``, warning when ``old`` was used.
+def renamed_arguments(function: str, **renames: str) -> Callable[[Function], Function]:
+    """Refuse dpsc 0.2's argument names with the call that works now, before anything runs.
 
-    The old name keeps working for one minor version with a :class:`FutureWarning` that says how to
-    move; passing both names is an error, since the call would be ambiguous.
+    ``renames`` maps each old keyword to its new name (``n_clients="n_sites"``). A call that
+    still passes an old name gets a :class:`TypeError` that names the new one and the value to
+    pass: the check reads only the call's keywords, so no cell is read and no ε is spent.
     """
-    if old_value is None:
-        return new_value
-    if new_value != default:
-        raise TypeError(f"{function} got both {old}= and {new}=; pass only {new}= ({old}= is its old name).")
-    warnings.warn(
-        f"{function}: {old}= is renamed {new}= and will be removed in dpsc {REMOVED_IN}; "
-        f"pass {new}={old_value!r}.",
-        FutureWarning,
-        stacklevel=3,
-    )
-    return old_value
 
-
-def epsilon_by_keyword(function: Function) -> Function:
-    """Let ``function(adata, epsilon)`` keep working for one minor version, with a :class:`FutureWarning`.
-
-    ``epsilon`` is keyword-only in every ``pp``/``tl`` function (scanpy's shape:
-    ``(adata, <method arguments>, *, epsilon=…)``); a function whose ε was its second positional
-    argument before 0.3 is wrapped by this, so that an old call still means what it meant.
-    """
-    name = f"dpsc.tl.{function.__name__}"
-
-    @functools.wraps(function)
-    def wrapper(adata: Any, *args: Any, **kwargs: Any) -> Any:
-        if args:
-            if len(args) > 1 or "epsilon" in kwargs:
+    def decorate(wrapped: Function) -> Function:
+        @functools.wraps(wrapped)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            for old in sorted(kwargs.keys() & renames.keys()):
+                new, value = renames[old], kwargs[old]
+                shown = repr(value) if isinstance(value, (bool, int, float, str)) else "..."
                 raise TypeError(
-                    f"{name} takes one positional argument (adata); pass the rest by keyword, "
-                    "e.g. epsilon=8, n_clusters=10."
+                    f"{function}: {old}= was renamed {new}= in dpsc {RENAMED_IN}; pass {new}={shown}."
                 )
-            warnings.warn(
-                f"{name}: epsilon as the second positional argument is deprecated and will be an error "
-                f"in dpsc {REMOVED_IN}; pass epsilon={args[0]!r}.",
-                FutureWarning,
-                stacklevel=2,
-            )
-            kwargs["epsilon"] = args[0]
-        return function(adata, **kwargs)
+            return wrapped(*args, **kwargs)
 
-    return wrapper  # type: ignore[return-value]
+        return wrapper  # type: ignore[return-value]
+
+    return decorate

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import warnings
-from typing import Any
+from typing import Any, NamedTuple
 
 import anndata as ad
 import numpy as np
+import pandas as pd
 import scipy.sparse as sp
 
 from ._blocks import blockwise_sum, check_row_chunks, row_blocks
@@ -154,6 +155,35 @@ def check_site_key(adata: ad.AnnData, site_key: str) -> None:
     )
 
 
+MIN_SITE_CELLS = 2
+"""Fewest cells a site of a simulated federation may hold."""
+
+
+class Sites(NamedTuple):
+    """The sites of a federation read from ``obs[site_key]``: sorted names, each cell's site, sizes."""
+
+    names: list[str]
+    of_cell: np.ndarray
+    sizes: pd.Series
+
+
+def federation_sites(adata: ad.AnnData, site_key: str) -> Sites:
+    """Return the sites of ``obs[site_key]``; refuse fewer than 2 sites or a site under 2 cells.
+
+    Reads metadata only (the site column), so a refusal costs no ε.
+    """
+    check_site_key(adata, site_key)
+    of_cell = adata.obs[site_key].astype(str).to_numpy()
+    sizes = pd.Series(of_cell).value_counts().sort_index()
+    names = [str(name) for name in sizes.index]
+    if len(names) < 2:
+        raise ValueError(f"obs[{site_key!r}] has {len(names)} site(s); a federation needs at least 2.")
+    small = [name for name in names if sizes[name] < MIN_SITE_CELLS]
+    if small:
+        raise ValueError(f"Site(s) {small} have fewer than {MIN_SITE_CELLS} cells; merge or drop them.")
+    return Sites(names, of_cell, sizes)
+
+
 def default_batch_size(n_obs: int) -> int:
     """Return the expected Poisson batch of a default fit: 10 % of the cells, at most 4096.
 
@@ -221,6 +251,11 @@ def check_fit_args(*, n_obs: int, n_clusters: int, scope: str, batch_size: int |
         )
     if n_obs < MIN_CELLS:
         raise ValueError(f"Need at least {MIN_CELLS} cells to train with Poisson sampling; got {n_obs}.")
+    if isinstance(n_clusters, bool) or not isinstance(n_clusters, int | np.integer):
+        raise TypeError(
+            f"n_clusters must be a whole number of clusters, got {n_clusters!r}; the privacy budget is "
+            "the keyword epsilon= (dpsc.tl.fit(adata, n_clusters, epsilon=8), as dpsc.tl.cluster)."
+        )
     if not (2 <= n_clusters <= n_obs):
         raise ValueError(f"n_clusters must be between 2 and n_obs={n_obs}; got {n_clusters}.")
     if batch_size is None:

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from .._api import renamed_argument
+from .._api import renamed_arguments
 
 
 class GradientCanaries:
@@ -47,10 +47,9 @@ class GradientCanaries:
         Flat coordinates (over ``parameters`` concatenated) to place the canaries in; ``None``:
         all. Coordinates where the cells' own gradients are small make the canaries easier to
         see; the bound is valid wherever they are placed.
-    seed
-        Old name of ``random_state`` (a :class:`FutureWarning`; removed in 0.4).
     """
 
+    @renamed_arguments("dpsc.audit.GradientCanaries", seed="random_state")
     def __init__(
         self,
         parameters: Sequence[torch.nn.Parameter],
@@ -62,11 +61,7 @@ class GradientCanaries:
         expected_batch_size: int,
         random_state: int = 0,
         candidates: np.ndarray | None = None,
-        seed: int | None = None,
     ) -> None:
-        random_state = renamed_argument(
-            "dpsc.audit.GradientCanaries", "seed", "random_state", seed, random_state, default=0
-        )
         sizes = np.array([p.numel() for p in parameters])
         pool = np.arange(int(sizes.sum())) if candidates is None else np.asarray(candidates)
         if not 1 <= n_canaries <= pool.size:

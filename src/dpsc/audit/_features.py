@@ -7,11 +7,12 @@ import scipy.sparse as sp
 import torch
 import torch.nn.functional as F
 
-from .._api import renamed_argument
+from .._api import renamed_arguments
 from .._blocks import dense_blocks
 from ..module import DCANModule, clean_input, mask_views
 
 
+@renamed_arguments("dpsc.audit.encoder_features", seed="random_state")
 @torch.no_grad()
 def encoder_features(
     module: DCANModule,
@@ -21,7 +22,6 @@ def encoder_features(
     mask_rate: float = 0.2,
     random_state: int = 0,
     batch_size: int = 512,
-    seed: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     r"""Membership features of each cell from the encoder and centroids (never the decoder).
 
@@ -29,12 +29,8 @@ def encoder_features(
     arbitrary, so only the sorted profile transfers between shadow and target models), the
     smallest latent distance to a centroid, and the *view agreement* — the mean cosine between
     the latents of ``n_views`` randomly masked views of the cell, the quantity the instance stage
-    trains up on member cells. Returns ``(features, agreement)``. ``random_state`` seeds the masks
-    (``seed``: its old name, a :class:`FutureWarning`; removed in 0.4).
+    trains up on member cells. Returns ``(features, agreement)``. ``random_state`` seeds the masks.
     """
-    random_state = renamed_argument(
-        "dpsc.audit.encoder_features", "seed", "random_state", seed, random_state, default=0
-    )
     module.eval()
     gen = torch.Generator().manual_seed(random_state)
     feats, scores = [], []

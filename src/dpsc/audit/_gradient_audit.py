@@ -8,7 +8,7 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-from .._api import renamed_argument
+from .._api import renamed_arguments
 from .._blocks import row_blocks
 from ..module import DCANModule
 from ..optim import make_optimizer
@@ -32,6 +32,7 @@ def audit_schedule(n: int, epochs: int, batch_size: int | None) -> tuple[int, fl
     return batch_size, q, epochs * max(1, round(1 / q))
 
 
+@renamed_arguments("dpsc.audit.gradient_canary_run", seed="random_state")
 def gradient_canary_run(
     counts: Any,
     *,
@@ -52,7 +53,6 @@ def gradient_canary_run(
     accountant: Literal["rdp", "prv"] = "rdp",
     noise_multiplier: float | None = None,
     _noise_scale: float = 1.0,
-    seed: int | None = None,
 ) -> dict[str, Any]:
     r"""Train DP-DCAN's encoder (instance stage) with DP-SGD and Dirac canaries; bound ε from one run.
 
@@ -75,12 +75,8 @@ def gradient_canary_run(
     case in which a one-run audit can come closest to the claim (docs/privacy.md).
     ``noise_multiplier`` skips the calibration (the caller calibrated with the same arguments).
     ``_noise_scale`` multiplies the noise while the claim stays the same: a deliberately broken
-    mechanism, for tests only. ``seed`` is the old name of ``random_state`` (a
-    :class:`FutureWarning`; removed in 0.4).
+    mechanism, for tests only.
     """
-    random_state = renamed_argument(
-        "dpsc.audit.gradient_canary_run", "seed", "random_state", seed, random_state, default=0
-    )
     n = counts.shape[0]
     batch_size, q, steps = audit_schedule(n, epochs, batch_size)
     sigma = noise_multiplier

@@ -31,7 +31,7 @@ import anndata as ad
 import numpy as np
 import scipy.sparse as sp
 
-from .._api import renamed_argument
+from .._api import renamed_arguments
 from ._features import encoder_features, reconstruction_loss
 from ._one_run import one_run_bound
 
@@ -57,6 +57,7 @@ def make_input_canaries(matrix, n_canaries: int, rng: np.random.Generator) -> sp
     return sp.csr_matrix(np.vstack(rows).astype(np.float32))
 
 
+@renamed_arguments("dpsc.audit.input_canary_run", seed="random_state")
 def input_canary_run(
     adata: ad.AnnData,
     *,
@@ -69,7 +70,6 @@ def input_canary_run(
     random_state: int = 0,
     noise_seed: int | None = None,
     layer: str | None = None,
-    seed: int | None = None,
     **fit_kwargs: Any,
 ) -> dict[str, Any]:
     """Train one DP-DCAN fit with input canaries and bound its ε from the released model.
@@ -77,15 +77,11 @@ def input_canary_run(
     ``fit`` is :func:`dpsc.tl.fit` (passed in, so that this module does not import ``dpsc.tl``).
     Returns ``rows`` (one per score: ``score``, ``epsilon_lower``, ``ceiling``, ``n_guesses``,
     ``n_correct``, ``n_canaries``, ``confidence``), ``epsilon_claimed``, ``guarantee`` and the fit's
-    privacy ``record``. ``random_state`` seeds the canaries and the fit (``seed``: its old name, a
-    :class:`FutureWarning`; removed in 0.4).
+    privacy ``record``. ``random_state`` seeds the canaries and the fit.
     """
     from ..model import SharedEncoder
     from ..privacy import get_record
 
-    random_state = renamed_argument(
-        "dpsc.audit.input_canary_run", "seed", "random_state", seed, random_state, default=0
-    )
     rng = np.random.default_rng(random_state)
     cells = sp.csr_matrix(adata.layers[layer] if layer else adata.X, dtype=np.float32)
     canaries = make_input_canaries(cells, n_canaries, rng)

@@ -42,6 +42,7 @@ _WHERE = {
     "KMEANS_STEPS": "._fedsc_site",
     "FedSCPrivacy": "._fedsc_site",
     "federated_record": "._fedsc_site",
+    "federation_plan": "._fedsc_site",
     "fedsc_noise": "._fedsc_site",
     "run_server": "._deploy",
     "write_site_settings": "._deploy",

@@ -214,6 +214,20 @@ def site_plan(
     )
 
 
+def federation_plan(
+    plan: dict[str, tuple[tuple[float, float, int], tuple[float, float, int]]] | None, options: FedSCPrivacy
+) -> ReleasePlan:
+    """Return the plan a federated fit books on the pooled cells: its worst site's, or a reading.
+
+    A cell belongs to one site and is protected by its own site's plan, so the federation spends
+    the most any site's plan spends (parallel composition, McSherry 2009).
+    """
+    if plan is None:
+        return ReleasePlan.reading("federated fit")
+    plans = [site_plan(entries, options.delta, options.accountant) for entries in plan.values()]
+    return max(plans, key=lambda site: site.spent())
+
+
 def federated_record(
     plan: dict[str, tuple[tuple[float, float, int], tuple[float, float, int]]] | None, options: FedSCPrivacy
 ) -> PrivacyRecord:

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._api import renamed_argument
+from .._api import renamed_arguments
 from ..methods import dp_kmeans_centroids, split_table
 from ..methods._clustering import CLIP_NORM, KMEANS_PLAN
 from ..methods._kmeans import Assignment, nearest_centroid, table_release
@@ -334,34 +334,28 @@ def write_client_data(data_dir: Path, parts: list[np.ndarray]) -> None:
     (data_dir / "meta.json").write_text(json.dumps(meta))
 
 
+@renamed_arguments("dpsc.federated.run_federation", n_clients="n_sites")
 def run_federation(
     settings: dict[str, Any],
-    n_sites: int | None = None,
+    n_sites: int,
     n_cpus: int = 2,
     site_settings: dict[int, Any] | None = None,
-    *,
-    n_clients: int | None = None,
 ) -> tuple[dict, dict]:
     """Run the apps in Flower's simulation engine (Ray backend), one SuperNode per site.
 
     Returns ``(global_state, history)`` where ``history`` maps round → aggregated client metrics
-    (:func:`simulate_federation` returns every result of the run). ``n_clients``: the old name of
-    ``n_sites`` (a :class:`FutureWarning`; removed in 0.4).
+    (:func:`simulate_federation` returns every result of the run).
     """
-    n_sites = renamed_argument(
-        "dpsc.federated.run_federation", "n_clients", "n_sites", n_clients, n_sites, default=None
-    )
     results = simulate_federation(settings, n_sites, n_cpus, site_settings)
     return results["state"], results["history"]
 
 
+@renamed_arguments("dpsc.federated.simulate_federation", n_clients="n_sites")
 def simulate_federation(
     settings: dict[str, Any],
-    n_sites: int | None = None,
+    n_sites: int,
     n_cpus: int = 2,
     site_settings: dict[int, Any] | None = None,
-    *,
-    n_clients: int | None = None,
 ) -> dict[str, Any]:
     """Run the apps in Flower's simulation engine and return the server's results, in memory.
 
@@ -370,14 +364,8 @@ def simulate_federation(
     ``"state"`` (the global model), ``"history"`` (round → aggregated site metrics),
     ``"centroids"``, ``"kmeans"`` (the releases) and, with ``scale-genes``, ``"scaling"`` (the
     pooled gene mean and std). With an ``out-dir`` in ``settings`` the server also writes them there.
-    ``n_sites``: the sites (SuperNodes) of the run; ``n_clients`` is its old name (a
-    :class:`FutureWarning`; removed in 0.4).
+    ``n_sites``: the sites (SuperNodes) of the run.
     """
-    n_sites = renamed_argument(
-        "dpsc.federated.simulate_federation", "n_clients", "n_sites", n_clients, n_sites, default=None
-    )
-    if n_sites is None:
-        raise TypeError("simulate_federation needs n_sites, the number of sites (SuperNodes) to simulate.")
     require_flwr()
     sink: dict[str, Any] = {}
     with ray_session(n_cpus):

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._api import renamed_argument
+from .._api import renamed_arguments
 
 METHODS = ("fedsc", "fedbyol", "fedsimsiam", "fedsimclr", "fedmoco", "fedmocov2")
 PER_CELL_METHODS = ("fedsc", "fedbyol", "fedsimsiam")  # losses with no cross-cell terms: DP-SGD applies
@@ -148,17 +148,12 @@ def masked_view(x: torch.Tensor, rate: float, generator: torch.Generator) -> tor
     return x * (torch.rand(x.shape, generator=generator) >= rate)
 
 
-def local_train(
-    net: SSLNet, X: np.ndarray, epochs: int, random_state: int = 0, *, seed: int | None = None
-) -> float:
+@renamed_arguments("dpsc.federated.local_train", seed="random_state")
+def local_train(net: SSLNet, X: np.ndarray, epochs: int, random_state: int = 0) -> float:
     """Train ``net`` for ``epochs`` passes over the site's cells; return the mean loss of the last pass.
 
-    ``random_state`` seeds the batches and masks (``seed``: its old name, a :class:`FutureWarning`;
-    removed in 0.4).
+    ``random_state`` seeds the batches and masks.
     """
-    random_state = renamed_argument(
-        "dpsc.federated.local_train", "seed", "random_state", seed, random_state, default=0
-    )
     cfg = net.config
     opt = torch.optim.SGD(
         [p for p in net.parameters() if p.requires_grad],

@@ -14,7 +14,7 @@ from itertools import product
 import numpy as np
 from scipy.stats import spearmanr
 
-from .._api import renamed_argument
+from .._api import renamed_arguments
 from ..privacy import SecureRandom, derive_key
 from ._private_fit import _fit_private_mean
 
@@ -47,6 +47,7 @@ def synthetic_auxiliary(
     return X, y
 
 
+@renamed_arguments("dpsc.linear.choose_bounds_and_split", seed="random_state")
 @lru_cache(maxsize=256)
 def choose_bounds_and_split(
     n_private: int,
@@ -59,7 +60,6 @@ def choose_bounds_and_split(
     n_repeats: int = 10,
     n_test: int = 500,
     random_state: int = 0,
-    seed: int | None = None,
 ) -> tuple[tuple[float, float], tuple[float, float, float], float]:
     r"""Grid-search :math:`(\omega_x, \omega_y)` (and the split) for the best synthetic Spearman.
 
@@ -69,12 +69,8 @@ def choose_bounds_and_split(
     mean over ``n_repeats`` synthetic data sets. The random draws are shared by all candidates.
     The result is a deterministic function of public quantities, so it is cached.
 
-    Returns ``((omega_x, omega_y), split, score)``. ``seed``: the old name of ``random_state`` (a
-    :class:`FutureWarning`; removed in 0.4).
+    Returns ``((omega_x, omega_y), split, score)``.
     """
-    random_state = renamed_argument(
-        "dpsc.linear.choose_bounds_and_split", "seed", "random_state", seed, random_state, default=0
-    )
     split_grid = [tuple(s) for s in (splits if splits is not None else DEFAULT_SPLITS)]
     rng = np.random.default_rng(random_state)
     draws = []

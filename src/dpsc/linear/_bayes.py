@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._api import renamed_argument
+from .._api import renamed_arguments
 
 
 def nearest_psd(matrix: np.ndarray) -> np.ndarray:
@@ -33,6 +33,7 @@ def fixed_precision_posterior(
     return mean, precision
 
 
+@renamed_arguments("dpsc.linear.gamma_prior_posterior_mean", seed="random_state")
 def gamma_prior_posterior_mean(
     xx: np.ndarray,
     xy: np.ndarray,
@@ -44,7 +45,6 @@ def gamma_prior_posterior_mean(
     n_steps: int = 1500,
     n_samples: int = 500,
     random_state: int = 0,
-    seed: int | None = None,
 ) -> np.ndarray:
     r"""Posterior mean of :math:`\beta` with Gamma priors on both precisions, by variational inference.
 
@@ -59,12 +59,8 @@ def gamma_prior_posterior_mean(
     onto the PSD cone first so that the quadratic form is non-negative for every :math:`\beta`.
     Fitted with Pyro's SVI and a multivariate-normal guide (on the log precisions); the returned
     vector averages ``n_samples`` posterior draws of :math:`\beta`. Pyro's RNG is forked, so the
-    caller's global torch RNG state is not changed. ``seed``: the old name of ``random_state`` (a
-    :class:`FutureWarning`; removed in 0.4).
+    caller's global torch RNG state is not changed.
     """
-    random_state = renamed_argument(
-        "dpsc.linear.gamma_prior_posterior_mean", "seed", "random_state", seed, random_state, default=0
-    )
     import pyro
     import pyro.distributions as dist
     import torch

@@ -8,7 +8,7 @@ import numpy as np
 from scipy.special import ndtr
 from scipy.stats import spearmanr
 
-from .._api import renamed_argument
+from .._api import renamed_arguments
 
 
 def spearman(y_true: np.ndarray, y_pred: np.ndarray) -> float:
@@ -41,21 +41,14 @@ def probabilistic_c_index(y_true: np.ndarray, y_pred: np.ndarray, noise_sd: floa
     return float(prob.mean())
 
 
+@renamed_arguments("dpsc.linear.null_pc_sd", seed="random_state")
 def null_pc_sd(
     y_true: np.ndarray,
     noise_sd: float = 0.0,
     n_permutations: int = 200,
     random_state: int = 0,
-    *,
-    seed: int | None = None,
 ) -> float:
-    """Return the standard deviation of the pc-index of random predictions (permutations of the truth).
-
-    ``seed``: the old name of ``random_state`` (a :class:`FutureWarning`; removed in 0.4).
-    """
-    random_state = renamed_argument(
-        "dpsc.linear.null_pc_sd", "seed", "random_state", seed, random_state, default=0
-    )
+    """Return the standard deviation of the pc-index of random predictions (permutations of the truth)."""
     rng = np.random.default_rng(random_state)
     y_true = np.asarray(y_true, dtype=float)
     values = [probabilistic_c_index(y_true, rng.permutation(y_true), noise_sd) for _ in range(n_permutations)]

@@ -46,7 +46,7 @@ def hvg_record(sigma: float, epsilon: float, delta: float, n_obs: int, noise: No
         not_covered=COMMON_NOT_COVERED,
         noise=noise,
         scope="gene statistics",
-        max_grad_norm=mechanism.SENSITIVITY,
+        sensitivity=mechanism.SENSITIVITY,
     )
 
 

@@ -46,7 +46,7 @@ def pca_record(sigma: float, epsilon: float, delta: float, n_obs: int, noise: No
         + COMMON_NOT_COVERED,
         noise=noise,
         scope="loadings",
-        max_grad_norm=1.0,
+        sensitivity=1.0,
     )
 
 

@@ -6,9 +6,10 @@ import anndata as ad
 import numpy as np
 import pandas as pd
 
-from .._api import renamed_argument, result_target
+from .._api import renamed_arguments, result_target
 
 
+@renamed_arguments("dpsc.pp.partition", n_clients="n_sites", types_per_client="types_per_site")
 def partition(
     adata: ad.AnnData,
     n_sites: int = 4,
@@ -18,8 +19,6 @@ def partition(
     random_state: int = 0,
     key_added: str = "site",
     copy: bool = False,
-    n_clients: int | None = None,
-    types_per_client: int | None = None,
 ) -> ad.AnnData | None:
     """Split the cells among ``n_sites`` simulated sites; writes ``obs[key_added]`` (categorical).
 
@@ -47,22 +46,11 @@ def partition(
         read as ``site_key``).
     copy
         Return an annotated copy instead of writing into ``adata``.
-    n_clients, types_per_client
-        Old names of ``n_sites`` and ``types_per_site`` (a :class:`FutureWarning`; removed in 0.4).
 
     Returns
     -------
     ``None``, or the new AnnData with ``copy=True``.
     """
-    n_sites = renamed_argument("dpsc.pp.partition", "n_clients", "n_sites", n_clients, n_sites, default=4)
-    types_per_site = renamed_argument(
-        "dpsc.pp.partition",
-        "types_per_client",
-        "types_per_site",
-        types_per_client,
-        types_per_site,
-        default=None,
-    )
     if n_sites < 2:
         raise ValueError(f"n_sites must be at least 2, got {n_sites}.")
     rng = np.random.default_rng(random_state)

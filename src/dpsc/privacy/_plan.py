@@ -19,7 +19,14 @@ repeated ``steps`` times. A :class:`ReleasePlan` lists them in order (name, shar
   mechanism, what is covered) are the tool's. Without noise it is a record with no guarantee.
 - :meth:`ReleasePlan.spend` books the call's record in the cells' ledger before anything is
   released (:func:`~._ledger.spending`) and hands out each release's noise stream by its name;
-  a name the plan does not hold is refused.
+  a name the plan does not hold is refused. It is the one door to the ledger outside
+  :mod:`dpsc.privacy`: every call that reads cells books through its plan.
+- Two more kinds of release complete the plan, so that every call has one:
+  :meth:`ReleasePlan.stated` holds a release whose mechanism accounts for itself, with its (ε, δ)
+  as stated: a pure ε-DP release (Laplace, the functional mechanism; δ = 0), a classifier's own
+  DP-SGD, an audited fit at group size 2 (its record settles the booking), and
+  :meth:`ReleasePlan.reading` a reading of the cells with no noise and no guarantee (a
+  non-private baseline, an audit's report, the query cells of a label transfer).
 
 The privacy argument lives with each mechanism; the plan only composes: the history
 ``[(σ, q, steps), …]`` is what the accountant composes, so the plan's :meth:`spent` is the ε of
@@ -50,9 +57,12 @@ class PlannedRelease:
     sample_rate: float = 1.0
     steps: int = 1
     sigma: float | None = None  # None until calibrated; 0.0 without noise
+    stated: tuple[float, float] | None = None  # (ε, δ) of a release that accounts for itself
 
     def history(self) -> tuple[float, float, int]:
         """Return ``(σ, q, steps)``, what an accountant composes for this release."""
+        if self.stated is not None:
+            raise ValueError(f"Release {self.name!r} states its (ε, δ); it has no (σ, q, steps) history.")
         if self.sigma is None:
             raise ValueError(f"Release {self.name!r} is not calibrated; call ReleasePlan.calibrate first.")
         return (float(self.sigma), float(self.sample_rate), int(self.steps))
@@ -85,11 +95,33 @@ class ReleasePlan:
             raise ValueError(f"A plan needs at least one release and distinct names, got {names}.")
         return cls(tuple(releases), epsilon=epsilon, delta=delta, accountant=accountant)
 
+    @classmethod
+    def stated(cls, name: str, epsilon: float, delta: float = 0.0) -> ReleasePlan:
+        r"""Return the plan of one release ``name`` whose mechanism accounts for itself, at (ε, δ).
+
+        ``delta=0``: a pure ε-DP release. Stated releases compose with the others by basic
+        composition (Dwork & Roth 2014, Thm 3.16): :meth:`spent` adds their ε,
+        :math:`\sum_i \varepsilon_i`, to the accountant's ε of the Gaussian releases.
+        """
+        if not float(epsilon) > 0 or not 0 <= float(delta) < 1:
+            raise ValueError(
+                f"A stated release needs epsilon > 0 and delta in [0, 1), got ({epsilon}, {delta})."
+            )
+        release = PlannedRelease(name, stated=(float(epsilon), float(delta)))
+        return cls((release,), epsilon=float(epsilon), delta=float(delta))
+
+    @classmethod
+    def reading(cls, name: str) -> ReleasePlan:
+        """Return the plan of one reading of the cells without noise: no guarantee (ε = ∞)."""
+        return cls((PlannedRelease(name, sigma=0.0),))
+
     # -- calibration: the only caller of the σ search -----------------------------------------------
     def calibrate(self, epsilon: float | None, delta: float) -> ReleasePlan:
         """Return the plan with every σ set so that the whole plan spends at most (ε, δ)."""
         from ._accounting import calibrate_noise_multiplier, split_budget
 
+        if any(r.stated is not None for r in self.releases):
+            raise ValueError("A plan with a stated release has its ε; only Gaussian plans are calibrated.")
         if epsilon is None:
             sigmas = {r.name: 0.0 for r in self.releases}
         elif len(self.releases) == 1:
@@ -151,21 +183,27 @@ class ReleasePlan:
 
     @property
     def sigmas(self) -> dict[str, float]:
-        """Every release's σ by name, in plan order."""
-        return {r.name: r.history()[0] for r in self.releases}
+        """Every Gaussian release's σ by name, in plan order."""
+        return {r.name: r.history()[0] for r in self.releases if r.stated is None}
 
     def history(self) -> list[tuple[float, float, int]]:
-        """Return ``[(σ, q, steps), …]`` in plan order, what the accountant composes."""
-        return [r.history() for r in self.releases]
+        """Return ``[(σ, q, steps), …]`` of the Gaussian releases in plan order (the accountant's)."""
+        return [r.history() for r in self.releases if r.stated is None]
 
     def spent(self, delta: float | None = None) -> float | None:
-        """Return the composed ε of the whole plan at δ (``None`` without noise)."""
+        """Return the composed ε of the whole plan at δ (``None`` without noise).
+
+        Gaussian releases compose in the plan's accountant at δ; stated ones add their ε.
+        """
         from ._accounting import history_epsilon
 
         history = self.history()
         if any(sigma == 0 for sigma, _, _ in history):
             return None
-        return history_epsilon(history, self.delta if delta is None else delta, self.accountant)
+        stated = sum(r.stated[0] for r in self.releases if r.stated is not None)
+        if not history:
+            return float(stated)
+        return stated + history_epsilon(history, self.delta if delta is None else delta, self.accountant)
 
     def record(
         self,
@@ -206,7 +244,12 @@ class ReleasePlan:
         stated: dict[str, Any] = {
             "target_epsilon": None if self.epsilon is None else float(self.epsilon),
             "accountant": self.accountant,
-            "mechanisms": [f"{r.name}: sigma={r.sigma:.4g}" for r in self.releases],
+            "mechanisms": [
+                f"{r.name}: sigma={r.sigma:.4g}"
+                if r.stated is None
+                else f"{r.name}: stated epsilon={r.stated[0]:.4g}"
+                for r in self.releases
+            ],
             "history": history,
             "steps": int(sum(steps for _, _, steps in history)),
             "details": {"noise_multipliers": self.sigmas},
@@ -244,13 +287,14 @@ class ReleasePlan:
     # -- spending ------------------------------------------------------------------------------------
     @contextmanager
     def spend(
-        self, target: Any, record: PrivacyRecord, key: str, noise: NoiseSource
+        self, target: Any, record: PrivacyRecord, key: str, noise: NoiseSource | None = None
     ) -> Iterator[PlanSpending]:
         """Book ``record`` in ``target``'s ledger first, then hand out the plan's noise streams.
 
         ``target`` is the AnnData whose cells are read. The booking is settled by the caller
         (:func:`dpsc._api.store_result`); if the body raises first, the reservation stays booked
-        (what was released before the error is not known).
+        (what was released before the error is not known). ``noise=None``: the plan's mechanism
+        draws its noise itself (a stated release's estimator or classifier) or adds none.
         """
         from ._ledger import spending
 
@@ -263,13 +307,15 @@ class PlanSpending:
     """The releases of a plan being spent: each release's noise stream, by the plan's names only."""
 
     plan: ReleasePlan
-    noise: NoiseSource
+    noise: NoiseSource | None
     booking: Spending
 
     def stream(self, name: str, *index: int) -> SecureRandom:
         """Return the secure noise stream of release ``name`` (refused when the plan lacks it)."""
         if name not in self.plan:
             raise KeyError(f"Release {name!r} is not in the plan; nothing was released.")
+        if self.noise is None:
+            raise ValueError(f"This plan was spent without a NoiseSource; release {name!r} draws its own.")
         return self.noise.stream(name, *index)
 
 
@@ -288,12 +334,14 @@ def gaussian_release_record(
     sample_rate: float = 1.0,
     steps: int = 1,
     max_grad_norm: float = 0.0,
+    sensitivity: float = 0.0,
     accountant_name: str = "rdp",
 ) -> PrivacyRecord:
     """Proven record of ``steps`` Gaussian releases (σ, q): the record of their one-release plan.
 
     The ε is the plan's (:meth:`ReleasePlan.record`: the named Opacus accountant composes
-    the history ``[(σ, q, steps)]`` at δ); the DP-SGD fields say σ, q, steps and the clip norm.
+    the history ``[(σ, q, steps)]`` at δ); the fields say σ, q, steps and, for DP-SGD, the clip
+    norm ``max_grad_norm``, for a sum, its ``sensitivity``.
     """
     release = PlannedRelease(tool, sample_rate=sample_rate, steps=steps, sigma=sigma)
     plan = ReleasePlan.of(release, accountant=accountant_name, epsilon=target_epsilon, delta=delta)
@@ -309,6 +357,7 @@ def gaussian_release_record(
         noise_multiplier=sigma,
         sample_rate=sample_rate,
         max_grad_norm=max_grad_norm,
+        sensitivity=sensitivity,
         scope=scope,
         details={},
     )

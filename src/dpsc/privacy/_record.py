@@ -147,7 +147,11 @@ class PrivacyRecord:
     pure_epsilon
         Sum of the ε of the pure ε-DP (Laplace) releases.
     noise_multiplier, sample_rate, steps, max_grad_norm
-        The DP-SGD parameters, when there is one DP-SGD run (0 otherwise).
+        The DP-SGD parameters, when there is one DP-SGD run (0 otherwise); ``max_grad_norm`` is
+        the per-cell gradient clip norm C.
+    sensitivity
+        The L2 sensitivity Δ of a sum release's per-cell contribution (the noise is σΔ), for a
+        release that is not DP-SGD (0 otherwise).
     scope
         What was privatised (``"encoder"``, ``"full"``, ``"none"``, or the tool's own word).
     noise
@@ -176,6 +180,7 @@ class PrivacyRecord:
     sample_rate: float = 0.0
     steps: int = 0
     max_grad_norm: float = 0.0
+    sensitivity: float = 0.0
     scope: str = "none"
     noise: dict[str, Any] = field(default_factory=lambda: {"secret": True, "noise_seed": -1})
     relation: str = ADD_REMOVE

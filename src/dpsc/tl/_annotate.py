@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
 from typing import Any, Literal
 
 import anndata as ad
@@ -13,16 +12,16 @@ import torch
 from dpsc._docs import doc_params
 
 from .. import _blocks, fm
-from .._api import DEFAULT_EPSILON, REMOVED_IN, renamed_argument, result_target, store_result
+from .._api import DEFAULT_EPSILON, RENAMED_IN, renamed_arguments, result_target, store_result
 from .._validation import get_matrix, resolve_delta
 from ..module import clean_input, input_representation
 from ..privacy import (
     REPLACE_ONE,
+    PlannedRelease,
     PrivacyRecord,
-    history_epsilon,
+    ReleasePlan,
     no_guarantee_record,
     planned_pure_record,
-    spending,
     write_record,
 )
 
@@ -95,72 +94,63 @@ def _expression_blocks(adata: ad.AnnData, layer: str | None, genes: list[str], l
         yield block
 
 
-def _planned_record(method: str, epsilon, delta: float, n_ref: int, kwargs: dict) -> PrivacyRecord:
-    """Return what the reference's ledger will get, computed before any cell is read."""
+def _planned_record(
+    method: str, epsilon, delta: float, n_ref: int, kwargs: dict
+) -> tuple[ReleasePlan, PrivacyRecord]:
+    """Return the reference's plan and what its ledger will get, computed before any cell is read.
+
+    The classifier accounts for itself: a stated release of its ε (pure ε-DP for pCDBN, the
+    reservation of the DP-SGD classifier's (ε, δ), settled by its record), or, with a fixed
+    ``noise_multiplier``, the Gaussian release of its Poisson steps; ``"mlp"`` reads without noise.
+    """
     unit = f"the {n_ref} reference cells"
     if method == "mlp":
-        return no_guarantee_record("annotate", unit=unit, covered="the classifier")
+        return ReleasePlan.reading("classifier"), no_guarantee_record(
+            "annotate", unit=unit, covered="the classifier"
+        )
     if method == "pcdbn":
-        return planned_pure_record("annotate", float(epsilon), REPLACE_ONE)
+        return ReleasePlan.stated("classifier", float(epsilon)), planned_pure_record(
+            "annotate", float(epsilon), REPLACE_ONE
+        )
     sigma = kwargs.get("noise_multiplier")
     if epsilon is not None or sigma is None:
-        return planned_pure_record("annotate", float(epsilon))
+        return ReleasePlan.stated("classifier", float(epsilon)), planned_pure_record(
+            "annotate", float(epsilon)
+        )
     batch = int(kwargs.get("batch_size", 128))
     q = min(1.0, batch / n_ref)
     steps = int(kwargs.get("epochs", 30)) * max(1, round(1.0 / q))
-    history = [(float(sigma), q, steps)]
-    planned = history_epsilon(history, delta, kwargs.get("accountant", "prv"))
+    release = PlannedRelease("classifier", sample_rate=q, steps=steps, sigma=float(sigma))
+    plan = ReleasePlan.of(release, accountant=kwargs.get("accountant", "prv"), delta=delta)
+    planned = plan.spent()
     cap = kwargs.get("max_epsilon")
-    return PrivacyRecord(
+    return plan, PrivacyRecord(
         tool="annotate",
         epsilon=planned if cap is None else min(planned, float(cap)),
         delta=delta,
         guarantee="proven",
         statement="",
-        history=history,
+        history=plan.history(),
     )
 
 
-def _query_and_reference(
-    adata: ad.AnnData | None, adata_ref: ad.AnnData, label_key: str, adata_query: ad.AnnData | None
-) -> tuple[ad.AnnData, ad.AnnData]:
-    """Return ``(query, reference)`` from the arguments, reading dpsc 0.2's order and name with a warning.
+def _check_order(adata: ad.AnnData, adata_ref: ad.AnnData, label_key: str) -> None:
+    """Refuse dpsc 0.2's reference-first order, read from the metadata only (no cell is read).
 
-    dpsc 0.2 took the reference first. A call whose first data set holds ``obs[label_key]`` and
-    whose second does not can only mean that order: the two are swapped, with a
-    :class:`FutureWarning` (the metadata decides; no cell is read).
+    A call whose first data set holds ``obs[label_key]`` and whose second does not can only have
+    meant ``annotate(adata_ref, adata, label_key)``, the order before 0.3.
     """
-    if adata_query is not None:
-        if adata is not None:
-            raise TypeError(
-                "dpsc.tl.annotate got both adata and adata_query=; pass only adata (the cells to label)."
-            )
-        warnings.warn(
-            "dpsc.tl.annotate: adata_query= is renamed adata (the first argument, as in sc.tl.ingest) and "
-            f"will be removed in dpsc {REMOVED_IN}; call dpsc.tl.annotate(adata, adata_ref, label_key).",
-            FutureWarning,
-            stacklevel=3,
-        )
-        return adata_query, adata_ref
-    if adata is None:
-        raise TypeError(
-            "dpsc.tl.annotate needs the cells to label: dpsc.tl.annotate(adata, adata_ref, label_key)."
-        )
     if (
         isinstance(adata, ad.AnnData)
         and isinstance(adata_ref, ad.AnnData)
         and label_key in adata.obs
         and label_key not in adata_ref.obs
     ):
-        warnings.warn(
+        raise ValueError(
             f"dpsc.tl.annotate takes the cells to label first and the labelled reference second, as "
-            f"sc.tl.ingest: call dpsc.tl.annotate(adata, adata_ref, {label_key!r}). The reference-first "
-            f"order is read from which data set holds obs[{label_key!r}] until dpsc {REMOVED_IN}.",
-            FutureWarning,
-            stacklevel=3,
+            f"sc.tl.ingest (since dpsc {RENAMED_IN}): only the first holds obs[{label_key!r}]; call "
+            f"dpsc.tl.annotate(adata, adata_ref, {label_key!r}) with the reference second."
         )
-        return adata_ref, adata
-    return adata, adata_ref
 
 
 def _check_inputs(
@@ -199,9 +189,10 @@ def _check_inputs(
     return labels.astype(str).to_numpy()
 
 
+@renamed_arguments("dpsc.tl.annotate", n_components="n_comps", adata_query="adata")
 @doc_params
 def annotate(
-    adata: ad.AnnData | None,
+    adata: ad.AnnData,
     adata_ref: ad.AnnData,
     label_key: str,
     *,
@@ -215,8 +206,6 @@ def annotate(
     random_state: int = 0,
     copy: bool = False,
     return_model: bool = False,
-    n_components: int | None = None,
-    adata_query: ad.AnnData | None = None,
     **method_kwargs: Any,
 ) -> ad.AnnData | Classifier | tuple[ad.AnnData, Classifier] | None:
     """Label cells with a classifier trained on a private, labelled reference (as ``sc.tl.ingest``).
@@ -264,12 +253,6 @@ def annotate(
     return_model
         {doc_return_model}
         The model is the fitted classifier.
-    n_components
-        Old name of ``n_comps`` (a :class:`FutureWarning`; removed in 0.4).
-    adata_query
-        Old name of ``adata`` (a :class:`FutureWarning`; removed in 0.4). The reference-first
-        order of dpsc 0.2, ``annotate(adata_ref, adata_query, label_key)``, still works until then
-        with a :class:`FutureWarning` when only the first holds ``obs[label_key]``.
     **method_kwargs
         Passed to the classifier (e.g. ``hidden=(16,)``, ``epochs=50``, ``epsilon_split=...``).
 
@@ -283,26 +266,23 @@ def annotate(
     ``guarantee="none"`` for the query cells (the PCA is fitted on them) plus the reference's
     record. Nothing is written if an error occurs.
     """
-    adata_query, adata_ref = _query_and_reference(adata, adata_ref, label_key, adata_query)
+    _check_order(adata, adata_ref, label_key)
     fixed_noise = method == "dpsgd" and method_kwargs.get("noise_multiplier") is not None and epsilon is None
-    n_comps = renamed_argument(
-        "dpsc.tl.annotate", "n_components", "n_comps", n_components, n_comps, default=8
-    )
-    labels = _check_inputs(adata_ref, adata_query, label_key, 1.0 if fixed_noise else epsilon, method)
+    labels = _check_inputs(adata_ref, adata, label_key, 1.0 if fixed_noise else epsilon, method)
     genes = list(adata_ref.var_names)
-    if not 1 <= n_comps <= min(len(genes), adata_query.n_obs):
-        limit = min(len(genes), adata_query.n_obs)
+    if not 1 <= n_comps <= min(len(genes), adata.n_obs):
+        limit = min(len(genes), adata.n_obs)
         raise ValueError(f"n_comps must be in [1, {limit}], got {n_comps}.")
     delta = resolve_delta(delta, adata_ref.n_obs)
-    planned = _planned_record(method, epsilon, delta, adata_ref.n_obs, method_kwargs)
-    query = query_record(adata_query.n_obs)
+    plan, planned = _planned_record(method, epsilon, delta, adata_ref.n_obs, method_kwargs)
+    query = query_record(adata.n_obs)
     with (
-        spending(adata_ref, planned, key_added) as ref_booking,
-        spending(adata_query, query, key_added) as booking,
+        plan.spend(adata_ref, planned, key_added) as reference_spent,
+        ReleasePlan.reading("query PCA").spend(adata, query, key_added) as query_spent,
     ):
-        pca = QueryPCA(n_comps).fit(_expression_blocks(adata_query, layer, genes, log_normalize))
+        pca = QueryPCA(n_comps).fit(_expression_blocks(adata, layer, genes, log_normalize))
         Z_ref = pca.transform(_expression_blocks(adata_ref, layer, genes, log_normalize))
-        Z_query = pca.transform(_expression_blocks(adata_query, layer, genes, log_normalize))
+        Z_query = pca.transform(_expression_blocks(adata, layer, genes, log_normalize))
         if method == "pcdbn":
             model = fm.PrivateDBN(epsilon=float(epsilon), random_state=random_state, **method_kwargs)
         else:
@@ -321,22 +301,22 @@ def annotate(
             "method": method,
             "label_key": label_key,
             "n_reference": int(adata_ref.n_obs),
-            "n_query": int(adata_query.n_obs),
+            "n_query": int(adata.n_obs),
             "n_genes": len(genes),
             "features": f"log-normalised, PCA ({n_comps} components) fitted on the query cells",
         }
-        target = result_target(adata_query, copy)
+        target = result_target(adata, copy)
         target.obs[key_added] = pd.Categorical(np.asarray(model.classes_)[proba.argmax(1)])
         target.obs[f"{key_added}_confidence"] = proba.max(1)
         write_record(adata_ref, key_added, record, **extra)
-        ref_booking.settle(record)
+        reference_spent.booking.settle(record)
         return store_result(
-            adata_query,
+            adata,
             target,
             key_added,
             query,
             copy=copy,
-            booking=booking,
+            booking=query_spent.booking,
             model=model,
             return_model=return_model,
             reference=record.to_dict(),

@@ -10,7 +10,7 @@ import pandas as pd
 from .._api import DEFAULT_EPSILON
 from .._validation import resolve_delta
 from ..audit import ATTACKS, shadow_audit
-from ..privacy import PrivacyRecord, no_guarantee_record, spending, write_record
+from ..privacy import PrivacyRecord, ReleasePlan, no_guarantee_record, write_record
 from ._audit_one_run import one_run_audit
 from ._fit import fit
 
@@ -141,7 +141,7 @@ def audit(
         if key in fit_kwargs:
             raise ValueError(f"{key!r} is set by the audit itself; remove it from the arguments.")
     record = audit_record(adata.n_obs)
-    with spending(adata, record, key_added) as booking:
+    with ReleasePlan.reading("audit report").spend(adata, record, key_added) as spent:
         table, report = shadow_audit(
             adata,
             fit=fit,
@@ -154,7 +154,7 @@ def audit(
             fit_kwargs=fit_kwargs,
         )
         write_record(adata, key_added, record, **report)
-        booking.settle(record)
+        spent.booking.settle(record)
     return table
 
 

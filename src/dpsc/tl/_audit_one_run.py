@@ -18,8 +18,6 @@ from ..privacy import (
     ReleasePlan,
     gaussian_release_record,
     no_guarantee_record,
-    planned_pure_record,
-    spending,
     write_record,
 )
 
@@ -167,20 +165,20 @@ def _input_audit(
     ``guess_fraction``, ``confidence``, ``random_state`` and ``noise_seed``.
     """
     epsilon, delta = request["epsilon"], request["delta"]
-    planned = (
-        no_guarantee_record("audit", unit=f"the {adata.n_obs} audited cells", covered="the audited fit")
-        if epsilon is None
-        else group_of_two(planned_pure_record("audit", float(epsilon)), adata.n_obs)
-    )
-    if epsilon is not None:
-        planned = PrivacyRecord(
-            tool="audit",
-            epsilon=planned.epsilon,
-            delta=(1 + math.exp(min(epsilon, 700.0))) * delta,
-            guarantee="proven",
-            statement="",
+    if epsilon is None:
+        plan = ReleasePlan.reading("audited fit")
+        planned = no_guarantee_record(
+            "audit", unit=f"the {adata.n_obs} audited cells", covered="the audited fit"
         )
-    with spending(adata, planned, key_added) as booking:
+    else:  # the audited fit at group size 2 (a cell and its canary), reserved before it runs
+        plan = ReleasePlan.stated(
+            "audited fit", 2 * float(epsilon), (1 + math.exp(min(epsilon, 700.0))) * delta
+        )
+        planned = PrivacyRecord(
+            tool="audit", epsilon=plan.epsilon, delta=plan.delta, guarantee="proven", statement=""
+        )
+    with plan.spend(adata, planned, key_added) as spent:
+        booking = spent.booking
         run = input_canary_run(adata, fit=fit, layer=layer, **request, **fit_kwargs)
         common = {
             "method": "one_run",

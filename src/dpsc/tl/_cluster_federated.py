@@ -17,11 +17,11 @@ import numpy as np
 
 from dpsc._docs import doc_params
 
-from .._api import DEFAULT_EPSILON, renamed_argument
+from .._api import DEFAULT_EPSILON, renamed_arguments
 from .._validation import (
     check_privacy_args,
     check_public_counts,
-    check_site_key,
+    federation_sites,
     get_matrix,
     resolve_delta,
 )
@@ -29,22 +29,8 @@ from ..privacy import NoiseSource
 from ._cluster import plan_for_cells, store_clustering
 from ._reference import name_clusters, reference_basis
 
-MIN_SITE_CELLS = 2
 
-
-def _sites(adata: ad.AnnData, site_key: str) -> tuple[list[str], np.ndarray]:
-    check_site_key(adata, site_key)
-    sites = adata.obs[site_key].astype(str).to_numpy()
-    names = sorted(set(sites))
-    if len(names) < 2:
-        raise ValueError(f"obs[{site_key!r}] has {len(names)} site(s); a federation needs at least 2.")
-    sizes = {name: int((sites == name).sum()) for name in names}
-    small = [name for name, size in sizes.items() if size < MIN_SITE_CELLS]
-    if small:
-        raise ValueError(f"Site(s) {small} have fewer than {MIN_SITE_CELLS} cells; merge or drop them.")
-    return names, sites
-
-
+@renamed_arguments("dpsc.tl.cluster_federated", client_key="site_key")
 @doc_params
 def cluster_federated(
     adata: ad.AnnData,
@@ -64,7 +50,6 @@ def cluster_federated(
     noise_seed: int | None = None,
     n_cpus: int = 2,
     copy: bool = False,
-    client_key: str | None = None,
 ) -> ad.AnnData | None:
     """Cluster cells held by several sites with the proven private pipeline, federated exactly.
 
@@ -115,8 +100,6 @@ def cluster_federated(
         CPUs for Flower's simulation engine.
     copy
         {doc_copy}
-    client_key
-        Old name of ``site_key`` (a :class:`FutureWarning`; removed in 0.4).
 
     Returns
     -------
@@ -128,11 +111,8 @@ def cluster_federated(
     -----
     {doc_warns_few_clusters}
     """
-    site_key = renamed_argument(
-        "dpsc.tl.cluster_federated", "client_key", "site_key", client_key, site_key, default="site"
-    )
     matrix = get_matrix(adata, layer)
-    names, sites = _sites(adata, site_key)
+    names, sites, _ = federation_sites(adata, site_key)
     largest = max(int((sites == n).sum()) for n in names)
     delta = resolve_delta(delta, largest)
     check_privacy_args(epsilon, delta, largest)

@@ -15,8 +15,8 @@ import torch
 
 from dpsc._docs import doc_params
 
-from .._api import DEFAULT_EPSILON, renamed_argument, result_target, store_result
-from .._validation import check_matrix, check_site_key, get_matrix, resolve_delta
+from .._api import DEFAULT_EPSILON, renamed_arguments, result_target, store_result
+from .._validation import check_matrix, check_site_key, federation_sites, get_matrix, resolve_delta
 from ..federated import (
     KMEANS_STEPS,
     METHODS,
@@ -29,6 +29,7 @@ from ..federated import (
     dp_schedule,
     embed,
     federated_record,
+    federation_plan,
     fedsc_noise,
     require_flwr,
     simulate_federation,
@@ -36,10 +37,8 @@ from ..federated import (
 from ..methods import nearest_centroid
 from ..module import input_representation
 from ..optim import DEFAULT_PRIVATE_LRS, OPTIMIZERS
-from ..privacy import NoiseSource, spending
+from ..privacy import NoiseSource
 from ._fit import DEFAULT_N_CLUSTERS
-
-MIN_CLIENT_CELLS = 2
 
 
 def represent(matrix, likelihood: str) -> np.ndarray:
@@ -48,6 +47,7 @@ def represent(matrix, likelihood: str) -> np.ndarray:
     return input_representation(torch.as_tensor(dense, dtype=torch.float32), likelihood).numpy()
 
 
+@renamed_arguments("dpsc.tl.fit_federated", client_key="site_key")
 @doc_params
 def fit_federated(
     adata: ad.AnnData,
@@ -74,7 +74,6 @@ def fit_federated(
     noise_seed: int | None = None,
     copy: bool = False,
     return_model: bool = False,
-    client_key: str | None = None,
 ) -> ad.AnnData | SSLNet | tuple[ad.AnnData, SSLNet] | None:
     """Train a self-supervised encoder across sites with Flower; cluster the cells across sites with it.
 
@@ -146,8 +145,6 @@ def fit_federated(
     return_model
         {doc_return_model}
         The model is the global encoder (FedSC's ``SSLNet``).
-    client_key
-        Old name of ``site_key`` (a :class:`FutureWarning`; removed in 0.4).
 
     Returns
     -------
@@ -155,9 +152,6 @@ def fit_federated(
     Writes ``obsm[key_added]``, ``obs[cluster_key]`` and the record
     ``uns["dpsc"][key_added]`` (method, rounds, cells per site, per-round loss, wall time, privacy).
     """
-    site_key = renamed_argument(
-        "dpsc.tl.fit_federated", "client_key", "site_key", client_key, site_key, default="site"
-    )
     _check_fedsc_args(adata, site_key, epsilon, method, scale_genes, optimizer, rounds, local_epochs)
     scale_genes = epsilon is None if scale_genes is None else scale_genes
     n_clusters = DEFAULT_N_CLUSTERS if n_clusters is None else n_clusters
@@ -165,7 +159,7 @@ def fit_federated(
         raise ValueError(f"n_clusters must be in [2, n_obs={adata.n_obs}], got {n_clusters}.")
     matrix = get_matrix(adata, layer)
     check_matrix(matrix, likelihood)
-    names, sizes = _sites(adata, site_key)
+    names, of_cell, sizes = federation_sites(adata, site_key)
     delta = resolve_delta(delta, int(sizes.max()))
     if epsilon is not None and not 0 < delta < 1 / sizes.max():
         raise ValueError(
@@ -210,11 +204,10 @@ def fit_federated(
     if epsilon is not None:
         _plan_site_noise(run, float(epsilon), private_lr)
     X = represent(matrix, likelihood)
-    site_of_cell = adata.obs[site_key].astype(str)
-    parts = [X[(site_of_cell == name).to_numpy()] for name in names]
+    parts = [X[of_cell == name] for name in names]
     planned = federated_record(run.dp_plan, run.privacy)
-    with spending(adata, planned, key_added) as booking:
-        return _run_fedsc(adata, X, parts, run, copy, return_model, booking)
+    with federation_plan(run.dp_plan, run.privacy).spend(adata, planned, key_added) as spent:
+        return _run_fedsc(adata, X, parts, run, copy, return_model, spent.booking)
 
 
 @dataclass
@@ -270,21 +263,6 @@ def _check_fedsc_args(
     check_site_key(adata, site_key)
     if rounds < 1 or local_epochs < 1:
         raise ValueError("rounds and local_epochs must be at least 1.")
-
-
-def _sites(adata: ad.AnnData, site_key: str) -> tuple[list[str], pd.Series]:
-    """Return the sites' names (sorted) and numbers of cells; refuse fewer than 2 sites or tiny sites."""
-    sites = adata.obs[site_key].astype(str)
-    names = sorted(sites.unique())
-    if len(names) < 2:
-        raise ValueError(f"obs[{site_key!r}] has {len(names)} site(s); federated training needs at least 2.")
-    sizes = sites.value_counts()
-    small = sizes[sizes < MIN_CLIENT_CELLS]
-    if len(small):
-        raise ValueError(
-            f"Site(s) {list(small.index)} have fewer than {MIN_CLIENT_CELLS} cells; merge or drop them."
-        )
-    return names, sizes
 
 
 def _plan_site_noise(run: FedSCRun, epsilon: float, private_lr: float | None) -> None:

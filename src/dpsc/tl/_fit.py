@@ -21,7 +21,7 @@ import torch
 
 from dpsc._docs import doc_params
 
-from .._api import DEFAULT_EPSILON, epsilon_by_keyword, result_target, store_result
+from .._api import DEFAULT_EPSILON, result_target, store_result
 from .._outputs import derived_key
 from .._validation import (
     LIKELIHOODS,
@@ -71,14 +71,13 @@ RUN_OPTIONS = ("accelerator", "devices", "strategy")
 PLAN_OPTIONS = ("instance_epochs", "cluster_epochs", "max_grad_norm", "plan_kwargs", "kmeans_kwargs")
 
 
-@epsilon_by_keyword
 @doc_params
 def fit(
     adata: ad.AnnData,
+    n_clusters: int | None = None,
     *,
     epsilon: float | None = DEFAULT_EPSILON,
     delta: float | None = None,
-    n_clusters: int | None = None,
     scope: Literal["encoder", "full", "paper"] = "encoder",
     input_pcs: int | Literal["auto"] | None = "auto",
     layer: str | None = None,

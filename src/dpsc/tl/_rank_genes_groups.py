@@ -103,7 +103,7 @@ def markers_record(
         + _reference_words(reference),
         noise=noise,
         mechanisms=[f"{name}: sigma={sigma:.4g}" for name, sigma in sigmas.items()],
-        max_grad_norm=mechanism.SENSITIVITY,
+        sensitivity=mechanism.SENSITIVITY,
         scope="marker genes",
         details={"noise_multipliers": sigmas, **({} if reference is None else {"reference": reference})},
     )

@@ -15,7 +15,7 @@ from dpsc._docs import doc_params
 from .. import _blocks, linear
 from .._api import DEFAULT_EPSILON, result_target, store_result
 from .._validation import get_matrix
-from ..privacy import REPLACE_ONE, PrivacyRecord, no_guarantee_record, planned_pure_record, spending
+from ..privacy import REPLACE_ONE, PrivacyRecord, ReleasePlan, no_guarantee_record, planned_pure_record
 
 METHODS = {
     "robust": linear.RobustPrivateLR,
@@ -164,12 +164,15 @@ def private_regression(
         )
     key = key_added or f"{target}_dp_pred"
     if method in _NON_PRIVATE:
+        plan = ReleasePlan.reading("coefficients")
         planned = no_guarantee_record(
             "private_regression", unit=f"the {adata.n_obs} samples", covered="the coefficients"
         )
-    else:
+    else:  # pure ε-DP (Laplace, the functional mechanism): the estimator draws its noise
+        plan = ReleasePlan.stated("coefficients", float(epsilon))
         planned = planned_pure_record("private_regression", float(epsilon), REPLACE_ONE)
-    with spending(adata, planned, key) as booking:
+    with plan.spend(adata, planned, key) as spent:
+        booking = spent.booking
         Xg = _blocks.map_rows(matrix, lambda block: block, len(cols), columns=cols).astype(np.float64)
         kwargs = dict(method_kwargs)
         if method not in _NON_PRIVATE:
