@@ -1,3 +1,7 @@
+import subprocess
+import sys
+from pathlib import Path
+
 import matplotlib
 import numpy as np
 import pytest
@@ -136,6 +140,30 @@ def test_flower_apps_refuse_gene_sums_with_client_level_dp():
     check_settings({**DEFAULTS, "noise-multipliers": "[1.0, 1.0]"})
     with pytest.raises(ValueError, match="set scale-genes to false"):
         check_settings({**DEFAULTS, "scale-genes": True, "noise-multipliers": "[1.0, 1.0]"})
+
+
+def test_one_factory_builds_the_apps_of_both_tasks():
+    """``make_apps(task)``: the clustering's pipeline (one train handler behind the SecAgg+ mod) and
+    FedSC (train and query), and the deployments' module-level apps are its products."""
+    pytest.importorskip("flwr")
+    from dpsc.federated import make_apps
+
+    registered = {}
+    for task in ("pipeline", "fedsc"):
+        server_app, client_app = make_apps(task)
+        assert server_app._main is not None
+        registered[task] = set(client_app._registered_funcs)
+    assert registered == {"pipeline": {"train.default"}, "fedsc": {"train.default", "query.default"}}
+    with pytest.raises(ValueError, match="Unknown task 'fedavg'; choose one of"):
+        make_apps("fedavg")
+    sources = {
+        name: (Path(dpsc.__file__).parent / "federated" / f"{name}.py").read_text()
+        for name in ("app", "pipeline_app")
+    }
+    assert 'make_apps("fedsc")' in sources["app"] and 'make_apps("pipeline")' in sources["pipeline_app"]
+    light = "import sys, dpsc.federated.pipeline_app; print('torch' in sys.modules, 'opacus' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", light], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"]  # a site's per-message process stays light
 
 
 def test_fit_federated_bad_input(small_adata):

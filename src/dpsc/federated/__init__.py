@@ -13,7 +13,7 @@ _WHERE = {
     "divergence_aware_update": "._ema",
     "ema_weight": "._ema",
     "DEFAULTS": "._flower",
-    "make_apps": "._flower",
+    "make_apps": "._apps",
     "read_scaling": "._flower",
     "require_flwr": "._requires",
     "run_federation": "._flower",

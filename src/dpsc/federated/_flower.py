@@ -1,6 +1,6 @@
 """Flower apps of FedSC (Message API; rounds through :mod:`._rounds`) and the simulation launcher.
 
-The apps read their settings from a dict given to :func:`make_apps`, overridden by Flower's
+The apps read their settings from a dict given to :func:`fedsc_apps`, overridden by Flower's
 ``run_config``; each site reads its cells from ``{data-dir}/client_{partition-id}.npy``. The
 same apps therefore run in Flower's simulation engine (:func:`run_federation`) and in a real
 deployment (``flwr run`` with one SuperNode per site; see the docs).
@@ -82,10 +82,10 @@ def check_settings(settings: dict[str, Any]) -> None:
         )
 
 
-def make_apps(
+def fedsc_apps(
     settings: dict[str, Any], site_settings: dict[int, Any] | None = None, sink: dict[str, Any] | None = None
 ):
-    """Build the ``(ServerApp, ClientApp)`` pair for the given settings.
+    """Build FedSC's ``(ServerApp, ClientApp)`` pair (through :func:`dpsc.federated.make_apps`).
 
     ``site_settings`` maps a partition id to its site's :class:`~dpsc.federated.SiteSettings`
     (simulation); without it, each SuperNode's ``node_config`` names its settings file. A site's
@@ -98,29 +98,38 @@ def make_apps(
     centroids).
     """
     require_flwr()
-    from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
     from flwr.clientapp import ClientApp
-    from flwr.serverapp import Grid, ServerApp
-    from flwr.serverapp.strategy import FedAvg
+    from flwr.serverapp import ServerApp
 
     base = {**DEFAULTS, **settings}
     server_app, client_app = ServerApp(), ClientApp()
+    server_app.main()(FedSCServer(base, sink).main)
+    site = FedSCSite(base, site_settings)
+    client_app.query()(site.query)
+    client_app.train()(site.train)
+    return server_app, client_app
 
-    @server_app.main()
-    def server_main(grid: Grid, context: Context) -> None:
-        s = {**base, **dict(context.run_config)}
+
+class FedSCServer:
+    """FedSC's server: gene scaling (optional), FedAvg rounds, the federated DP k-means, the finish."""
+
+    def __init__(self, base: dict[str, Any], sink: dict[str, Any] | None) -> None:
+        self.base, self.sink = base, sink
+
+    def main(self, grid, context) -> None:
+        """Run the whole FedSC job over the grid's sites (the ServerApp's ``main``)."""
+        from flwr.app import ArrayRecord, ConfigRecord
+        from flwr.serverapp.strategy import FedAvg
+
+        s = {**self.base, **dict(context.run_config)}
         check_settings(s)
-        if s["data-dir"]:
-            meta = json.loads((Path(s["data-dir"]) / "meta.json").read_text())
-            n_genes, n = int(meta["n_genes"]), int(meta["n_clients"])
-        else:
-            n_genes, n = int(s["n-genes"]), int(s["n-sites"])
+        n_genes, n = _sites_and_genes(s)
         torch.manual_seed(int(s["seed"]))
         net = SSLNet(n_genes, _ssl_config(s))
-        save = _fedsc_saver(sink, s["out-dir"])
+        save = _fedsc_saver(self.sink, s["out-dir"])
         train_config = ConfigRecord({"local-epochs": int(s["local-epochs"])})
         if bool(s["scale-genes"]):
-            mean, std = _pooled_gene_statistics(grid, n)
+            mean, std = self.pooled_gene_statistics(grid, n)
             save(scaling=(mean, std))
             train_config["gene-mean"], train_config["gene-std"] = mean.tolist(), std.tolist()
         strategy = FedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=n, min_available_nodes=n)
@@ -134,13 +143,16 @@ def make_apps(
             int(r): {k: float(v) for k, v in m.items()} for r, m in result.train_metrics_clientapp.items()
         }
         save(state=result.arrays.to_torch_state_dict(), history=history)
-        centroids, releases = _federated_kmeans(grid, n, result.arrays, s, net.config.n_latent)
+        centroids, releases = self.federated_kmeans(grid, n, result.arrays, s, net.config.n_latent)
         save(centroids=centroids)
-        _send(grid, n, {"task": "finish"}, result.arrays, extra={"centroids": centroids})
+        self.send(grid, n, {"task": "finish"}, result.arrays, extra={"centroids": centroids})
         save(kmeans=releases)
 
-    def _send(grid: Grid, n: int, config: dict, arrays, extra: dict | None = None) -> list:
+    @staticmethod
+    def send(grid, n: int, config: dict, arrays, extra: dict | None = None) -> list:
         """One query round to every site (:func:`~._rounds.send_to_sites`); the replies, or a clear error."""
+        from flwr.app import ArrayRecord, ConfigRecord, RecordDict
+
         payload = {"weights": arrays, "config": ConfigRecord(config)}
         if extra:
             payload["extra"] = ArrayRecord({k: torch.as_tensor(v) for k, v in extra.items()})
@@ -149,17 +161,16 @@ def make_apps(
             raise RuntimeError(f"{config['task']}: {len(failed)} site(s) refused or failed: {failed}")
         return replies
 
-    def _federated_kmeans(grid: Grid, n: int, arrays, s: dict, d: int):
+    def federated_kmeans(self, grid, n: int, arrays, s: dict, d: int):
         """Return DP k-means centroids of the sites' embedded cells (plain: full noise at each site)."""
         sigmas = json.loads(s["kmeans-noise-multipliers"]) if s["kmeans-noise-multipliers"] else [0.0] * n
         sigma_sum = float(np.sqrt(np.sum(np.square(sigmas))))
-        count = {"index": 0}
-        releases = []
+        releases: list[dict[str, int]] = []
 
         def release_table(assignment: Assignment):
-            index = count["index"]
+            index = len(releases)
             config = {"task": "kmeans", "index": index, "assignment": assignment.kind}
-            replies = _send(grid, n, config, arrays, extra={"matrix": assignment.matrix})
+            replies = self.send(grid, n, config, arrays, extra={"matrix": assignment.matrix})
             total = np.sum([r.content["table"]["vector"].numpy() for r in replies], axis=0)
             spec = table_release(
                 assignment.n_rows, d, CLIP_NORM, KMEANS_PLAN["count_scale"], max(sigma_sum, 1e-12)
@@ -167,7 +178,6 @@ def make_apps(
             releases.append(
                 {"index": index, "contributors": len(replies), "bytes_per_site": int(spec.size * 8)}
             )
-            count["index"] += 1
             return split_table(
                 spec.decode(total), assignment.n_rows, d, CLIP_NORM, KMEANS_PLAN["count_scale"]
             )
@@ -183,35 +193,58 @@ def make_apps(
         )
         return centroids, releases
 
-    def _pooled_gene_statistics(grid: Grid, n: int) -> tuple[np.ndarray, np.ndarray]:
+    @staticmethod
+    def pooled_gene_statistics(grid, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """Ask every site for its per-gene sums; return the pooled mean and std."""
+        from flwr.app import RecordDict
+
         replies, failed, sent = send_to_sites(grid, RecordDict({}), "query", n, None)
         if failed or len(replies) != sent:
             missing = sent - len(replies)
             raise RuntimeError(f"Gene statistics: {missing} site(s) did not reply; errors: {failed}")
         return pooled_scaling([reply.content["sums"].to_torch_state_dict() for reply in replies])
 
-    def _guard(context: Context, n_cells: int) -> FedSCGuard:
-        settings = site_settings_from(dict(context.node_config), site_settings)
-        return FedSCGuard(settings, n_cells)
 
-    def _raw_cells(s: dict, context: Context) -> np.ndarray:
+def _sites_and_genes(s: dict[str, Any]) -> tuple[int, int]:
+    """Return ``(n_genes, n_sites)`` from ``data-dir/meta.json`` or the run configuration."""
+    if s["data-dir"]:
+        meta = json.loads((Path(s["data-dir"]) / "meta.json").read_text())
+        return int(meta["n_genes"]), int(meta["n_clients"])
+    return int(s["n-genes"]), int(s["n-sites"])
+
+
+class FedSCSite:
+    """FedSC's site: its local training rounds and its answers to queries, checked by its guard."""
+
+    def __init__(self, base: dict[str, Any], site_settings: dict[int, Any] | None) -> None:
+        self.base, self.site_settings = base, site_settings
+
+    def guard(self, context, n_cells: int) -> FedSCGuard:
+        """Return the site's checks, from its own settings (never from the run configuration)."""
+        return FedSCGuard(site_settings_from(dict(context.node_config), self.site_settings), n_cells)
+
+    def raw_cells(self, s: dict, context) -> np.ndarray:
+        """Return the site's represented cells: from its settings in memory, or ``data-dir``."""
         pid = int(context.node_config["partition-id"])
-        if site_settings is not None and site_settings[pid].in_memory:
-            return resolve_shared(site_settings[pid].data)
+        if self.site_settings is not None and self.site_settings[pid].in_memory:
+            return resolve_shared(self.site_settings[pid].data)
         return np.load(Path(s["data-dir"]) / f"client_{pid}.npy")
 
-    def _cells(s: dict, context: Context) -> np.ndarray:
-        X = _raw_cells(s, context)
+    def cells(self, s: dict, context) -> np.ndarray:
+        """Return the site's cells as it trains on them (scaled when the run scales genes)."""
+        X = self.raw_cells(s, context)
         if "scaling" in context.state:
             scaling = context.state["scaling"]
             X = apply_scaling(X, np.asarray(scaling["mean"]), np.asarray(scaling["std"]))
         return X
 
-    @client_app.query()
-    def client_query(msg: Message, context: Context) -> Message:
-        s = {**base, **dict(context.run_config)}
-        X = _cells(s, context)
-        guard = _guard(context, X.shape[0])
+    def query(self, msg, context):
+        """Answer a query: gene sums, a k-means table or the finish (the ClientApp's ``query``)."""
+        from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
+
+        s = {**self.base, **dict(context.run_config)}
+        X = self.cells(s, context)
+        guard = self.guard(context, X.shape[0])
         config = msg.content.config_records.get("config", ConfigRecord({}))
         task = str(config.get("task", "gene sums"))
         if task == "gene sums":
@@ -237,46 +270,26 @@ def make_apps(
             content=RecordDict({"table": ArrayRecord({"vector": torch.as_tensor(vector)})}), reply_to=msg
         )
 
-    @client_app.train()
-    def client_train(msg: Message, context: Context) -> Message:
+    def train(self, msg, context):
+        """One round of local training from the global model (the ClientApp's ``train``)."""
+        from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
+
         torch.set_num_threads(1)
-        s = {**base, **dict(context.run_config)}
+        s = {**self.base, **dict(context.run_config)}
         pid = int(context.node_config["partition-id"])
-        X = _raw_cells(s, context)
         config = msg.content["config"]
-        if "gene-mean" in config:
-            X = apply_scaling(X, np.asarray(config["gene-mean"]), np.asarray(config["gene-std"]))
-            context.state["scaling"] = ConfigRecord(
-                {"mean": list(config["gene-mean"]), "std": list(config["gene-std"])}
-            )
-        server_round = int(config["server-round"])
+        X = self._scaled_for_training(self.raw_cells(s, context), config, context)
         net = SSLNet(X.shape[1], _ssl_config(s))
-        global_state = msg.content["arrays"].to_torch_state_dict()
-        mu = 0.0
-        if "local" in context.state:
-            net.load_state_dict(context.state["local"].to_torch_state_dict())
-            local_state = net.shared_state()
-            if s["method"] == "fedsc":
-                div = divergence(global_state, local_state)
-                if "fedsc" not in context.state:
-                    lam = calibrate_lambda(float(s["alpha"]), div)
-                    context.state["fedsc"] = ConfigRecord({"lambda": lam})
-                mu = ema_weight(float(context.state["fedsc"]["lambda"]), div)
-                net.load_shared(divergence_aware_update(local_state, global_state, mu))
-            else:
-                net.load_shared(global_state)
-        else:
-            net.load_shared(global_state)
-            net.target.load_state_dict(net.online.state_dict())
-        epochs = int(config["local-epochs"])
+        mu = _start_from_global(net, msg.content["arrays"].to_torch_state_dict(), s, context)
+        server_round, epochs = int(config["server-round"]), int(config["local-epochs"])
         seed = int(s["seed"]) * 100_003 + 1009 * pid + server_round
         metrics = {"mu": mu, "num-examples": int(X.shape[0])}
-        guard = _guard(context, X.shape[0])
+        guard = self.guard(context, X.shape[0])
         q, per_epoch = dp_schedule(X.shape[0], int(s["batch-size"]))
         total = int(s["rounds"]) * int(s["local-epochs"]) * per_epoch
         if "dp" not in context.state:  # the site's own checks, once per run
             sigma, kmeans_sigma = guard.check_run(s, pid, q, total)
-            context.state["dp"] = ConfigRecord({"sigma": sigma, "kmeans-sigma": kmeans_sigma, "steps": total})
+            context.state["dp"] = _dp_state(sigma, kmeans_sigma, total)
         sigma = float(context.state["dp"]["sigma"])
         if sigma > 0:
             dp = ClientDP(sigma, float(s["max-grad-norm"]), str(s["dp-optimizer"]), float(s["dp-lr"]))
@@ -292,7 +305,49 @@ def make_apps(
         reply = RecordDict({"arrays": ArrayRecord(net.shared_state()), "metrics": MetricRecord(metrics)})
         return Message(content=reply, reply_to=msg)
 
-    return server_app, client_app
+    @staticmethod
+    def _scaled_for_training(X: np.ndarray, config, context) -> np.ndarray:
+        """Scale the cells by the pooled gene statistics when the round sends them; remember them."""
+        from flwr.app import ConfigRecord
+
+        if "gene-mean" not in config:
+            return X
+        context.state["scaling"] = ConfigRecord(
+            {"mean": list(config["gene-mean"]), "std": list(config["gene-std"])}
+        )
+        return apply_scaling(X, np.asarray(config["gene-mean"]), np.asarray(config["gene-std"]))
+
+
+def _dp_state(sigma: float, kmeans_sigma: float, steps: int):
+    from flwr.app import ConfigRecord
+
+    return ConfigRecord({"sigma": sigma, "kmeans-sigma": kmeans_sigma, "steps": steps})
+
+
+def _start_from_global(net: SSLNet, global_state: dict, s: dict[str, Any], context) -> float:
+    """Load the round's start into ``net``; return FedSC's EMA weight μ (0 for the other methods).
+
+    First round: the global model (and the target network from the online one). Later rounds:
+    the site's own last model, whose shared part FedSC moves towards the global one by the
+    divergence-aware EMA (:mod:`._ema`); the other methods take the global shared part.
+    """
+    from flwr.app import ConfigRecord
+
+    if "local" not in context.state:
+        net.load_shared(global_state)
+        net.target.load_state_dict(net.online.state_dict())
+        return 0.0
+    net.load_state_dict(context.state["local"].to_torch_state_dict())
+    if s["method"] != "fedsc":
+        net.load_shared(global_state)
+        return 0.0
+    local_state = net.shared_state()
+    div = divergence(global_state, local_state)
+    if "fedsc" not in context.state:
+        context.state["fedsc"] = ConfigRecord({"lambda": calibrate_lambda(float(s["alpha"]), div)})
+    mu = ema_weight(float(context.state["fedsc"]["lambda"]), div)
+    net.load_shared(divergence_aware_update(local_state, global_state, mu))
+    return mu
 
 
 def _fedsc_saver(sink: dict[str, Any] | None, out_dir: str):
@@ -373,7 +428,7 @@ def simulate_federation(
             site_settings = {
                 k: replace(v, data=shared(v.data)) if v.in_memory else v for k, v in site_settings.items()
             }
-        server_app, client_app = make_apps(settings, site_settings, sink)
+        server_app, client_app = fedsc_apps(settings, site_settings, sink)
         simulate(server_app, client_app, n_sites, n_cpus)
     if "state" not in sink:
         raise RuntimeError("The Flower run ended without a global model; see the Flower log above.")

@@ -5,7 +5,6 @@ SuperNode's ClientApp reads its site's own settings from the TOML file its ``nod
 names (``settings='site.toml'``), never from the server.
 """
 
-from ._pipeline import make_client_app, make_server_app
+from ._apps import make_apps
 
-server_app = make_server_app()
-client_app = make_client_app()
+server_app, client_app = make_apps("pipeline")
