@@ -144,6 +144,17 @@ def test_stated_and_reading_plans_compose_and_refuse_what_they_cannot_do():
     with pytest.raises(ValueError, match="epsilon > 0"):
         ReleasePlan.stated("coefficients", 0.0)
     assert ReleasePlan.reading("report").spent() is None
+    booked = pure.reservation("regression", "replace-one")
+    assert (booked.epsilon, booked.delta, booked.pure_epsilon, booked.relation) == (
+        2.0,
+        0.0,
+        2.0,
+        "replace-one",
+    )
+    grouped = ReleasePlan.stated("audited fit", 4.0, 3e-5).reservation("audit")
+    assert (grouped.epsilon, grouped.delta, grouped.pure_epsilon) == (4.0, 3e-5, 0.0)
+    with pytest.raises(ValueError, match="Only a stated plan"):
+        ReleasePlan.reading("report").reservation("audit")
     gaussian = ReleasePlan.of(PlannedRelease("sum")).calibrate(3.0, 1e-5)
     mixed = ReleasePlan.of(gaussian["sum"], *pure.releases, delta=1e-5)
     assert mixed.spent() == pytest.approx(gaussian.spent() + 2.0)  # basic composition

@@ -272,7 +272,7 @@ class FedSCSite:
 
     def train(self, msg, context):
         """One round of local training from the global model (the ClientApp's ``train``)."""
-        from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
+        from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
         torch.set_num_threads(1)
         s = {**self.base, **dict(context.run_config)}
@@ -289,7 +289,7 @@ class FedSCSite:
         total = int(s["rounds"]) * int(s["local-epochs"]) * per_epoch
         if "dp" not in context.state:  # the site's own checks, once per run
             sigma, kmeans_sigma = guard.check_run(s, pid, q, total)
-            context.state["dp"] = _dp_state(sigma, kmeans_sigma, total)
+            context.state["dp"] = ConfigRecord({"sigma": sigma, "kmeans-sigma": kmeans_sigma, "steps": total})
         sigma = float(context.state["dp"]["sigma"])
         if sigma > 0:
             dp = ClientDP(sigma, float(s["max-grad-norm"]), str(s["dp-optimizer"]), float(s["dp-lr"]))
@@ -316,12 +316,6 @@ class FedSCSite:
             {"mean": list(config["gene-mean"]), "std": list(config["gene-std"])}
         )
         return apply_scaling(X, np.asarray(config["gene-mean"]), np.asarray(config["gene-std"]))
-
-
-def _dp_state(sigma: float, kmeans_sigma: float, steps: int):
-    from flwr.app import ConfigRecord
-
-    return ConfigRecord({"sigma": sigma, "kmeans-sigma": kmeans_sigma, "steps": steps})
 
 
 def _start_from_global(net: SSLNet, global_state: dict, s: dict[str, Any], context) -> float:

@@ -110,6 +110,29 @@ class ReleasePlan:
         release = PlannedRelease(name, stated=(float(epsilon), float(delta)))
         return cls((release,), epsilon=float(epsilon), delta=float(delta))
 
+    def reservation(self, tool: str, relation: str | None = None) -> PrivacyRecord:
+        """Return what a stated plan books before its mechanism runs: its (ε, δ), proven.
+
+        The mechanism's own record settles the booking afterwards. ``relation``: the proof's
+        neighbouring relation (add/remove by default; replace-one for a fixed number of rows).
+        """
+        from ._record import ADD_REMOVE, PrivacyRecord
+
+        if any(r.stated is None for r in self.releases):
+            raise ValueError(
+                "Only a stated plan is booked as a reservation; a Gaussian plan writes its record."
+            )
+        epsilon, delta = float(self.spent()), sum(r.stated[1] for r in self.releases)
+        return PrivacyRecord(
+            tool=tool,
+            epsilon=epsilon,
+            delta=delta,
+            guarantee="proven",
+            statement="",
+            pure_epsilon=epsilon if delta == 0 else 0.0,
+            relation=relation or ADD_REMOVE,
+        )
+
     @classmethod
     def reading(cls, name: str) -> ReleasePlan:
         """Return the plan of one reading of the cells without noise: no guarantee (ε = ∞)."""

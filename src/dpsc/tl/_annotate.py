@@ -21,7 +21,6 @@ from ..privacy import (
     PrivacyRecord,
     ReleasePlan,
     no_guarantee_record,
-    planned_pure_record,
     write_record,
 )
 
@@ -94,7 +93,7 @@ def _expression_blocks(adata: ad.AnnData, layer: str | None, genes: list[str], l
         yield block
 
 
-def _planned_record(
+def _reference_plan(
     method: str, epsilon, delta: float, n_ref: int, kwargs: dict
 ) -> tuple[ReleasePlan, PrivacyRecord]:
     """Return the reference's plan and what its ledger will get, computed before any cell is read.
@@ -103,20 +102,15 @@ def _planned_record(
     reservation of the DP-SGD classifier's (ε, δ), settled by its record), or, with a fixed
     ``noise_multiplier``, the Gaussian release of its Poisson steps; ``"mlp"`` reads without noise.
     """
-    unit = f"the {n_ref} reference cells"
     if method == "mlp":
+        unit = f"the {n_ref} reference cells"
         return ReleasePlan.reading("classifier"), no_guarantee_record(
             "annotate", unit=unit, covered="the classifier"
         )
-    if method == "pcdbn":
-        return ReleasePlan.stated("classifier", float(epsilon)), planned_pure_record(
-            "annotate", float(epsilon), REPLACE_ONE
-        )
     sigma = kwargs.get("noise_multiplier")
-    if epsilon is not None or sigma is None:
-        return ReleasePlan.stated("classifier", float(epsilon)), planned_pure_record(
-            "annotate", float(epsilon)
-        )
+    if method == "pcdbn" or epsilon is not None or sigma is None:
+        plan = ReleasePlan.stated("classifier", float(epsilon))
+        return plan, plan.reservation("annotate", REPLACE_ONE if method == "pcdbn" else None)
     batch = int(kwargs.get("batch_size", 128))
     q = min(1.0, batch / n_ref)
     steps = int(kwargs.get("epochs", 30)) * max(1, round(1.0 / q))
@@ -274,7 +268,7 @@ def annotate(
         limit = min(len(genes), adata.n_obs)
         raise ValueError(f"n_comps must be in [1, {limit}], got {n_comps}.")
     delta = resolve_delta(delta, adata_ref.n_obs)
-    plan, planned = _planned_record(method, epsilon, delta, adata_ref.n_obs, method_kwargs)
+    plan, planned = _reference_plan(method, epsilon, delta, adata_ref.n_obs, method_kwargs)
     query = query_record(adata.n_obs)
     with (
         plan.spend(adata_ref, planned, key_added) as reference_spent,

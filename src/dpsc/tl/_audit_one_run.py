@@ -174,9 +174,7 @@ def _input_audit(
         plan = ReleasePlan.stated(
             "audited fit", 2 * float(epsilon), (1 + math.exp(min(epsilon, 700.0))) * delta
         )
-        planned = PrivacyRecord(
-            tool="audit", epsilon=plan.epsilon, delta=plan.delta, guarantee="proven", statement=""
-        )
+        planned = plan.reservation("audit")
     with plan.spend(adata, planned, key_added) as spent:
         booking = spent.booking
         run = input_canary_run(adata, fit=fit, layer=layer, **request, **fit_kwargs)

@@ -15,7 +15,7 @@ from dpsc._docs import doc_params
 from .. import _blocks, linear
 from .._api import DEFAULT_EPSILON, result_target, store_result
 from .._validation import get_matrix
-from ..privacy import REPLACE_ONE, PrivacyRecord, ReleasePlan, no_guarantee_record, planned_pure_record
+from ..privacy import REPLACE_ONE, PrivacyRecord, ReleasePlan, no_guarantee_record
 
 METHODS = {
     "robust": linear.RobustPrivateLR,
@@ -170,7 +170,7 @@ def private_regression(
         )
     else:  # pure ε-DP (Laplace, the functional mechanism): the estimator draws its noise
         plan = ReleasePlan.stated("coefficients", float(epsilon))
-        planned = planned_pure_record("private_regression", float(epsilon), REPLACE_ONE)
+        planned = plan.reservation("private_regression", REPLACE_ONE)
     with plan.spend(adata, planned, key) as spent:
         booking = spent.booking
         Xg = _blocks.map_rows(matrix, lambda block: block, len(cols), columns=cols).astype(np.float64)
