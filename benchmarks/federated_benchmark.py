@@ -55,7 +55,9 @@ def run(args: argparse.Namespace) -> None:
     from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score, silhouette_score
 
     import dpsc
-    from dpsc.federated import SSLConfig, SSLNet, apply_scaling, embed, local_train, pooled_scaling, site_sums
+    from dpsc.federated import SSLConfig
+    from dpsc.federated._scaling import apply_scaling, pooled_scaling, site_sums
+    from dpsc.federated._ssl import SSLNet, embed, local_train
     from dpsc.tl._federated import represent
 
     for name in args.datasets:

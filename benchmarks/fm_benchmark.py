@@ -136,7 +136,8 @@ def part_epochs(args, emit) -> None:
 
 
 def _epsilon_after(sigma: float, rate: float, epochs: int, steps_per_epoch: int) -> float:
-    from dpsc.privacy import make_accountant, spent_epsilon
+    from dpsc.privacy import make_accountant
+    from dpsc.privacy._accounting import spent_epsilon
 
     accountant = make_accountant("prv")
     accountant.history = [(sigma, rate, epochs * steps_per_epoch)]

@@ -5,7 +5,8 @@ import pytest
 import torch
 from dp_accounting import dp_event, rdp
 
-from dpsc.privacy import calibrate_noise_multiplier, epsilon_curve, make_accountant, spent_epsilon
+from dpsc.privacy import calibrate_noise_multiplier, epsilon_curve, make_accountant
+from dpsc.privacy._accounting import spent_epsilon
 
 
 def google_rdp_epsilon(sigma, q, steps, delta):

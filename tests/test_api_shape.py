@@ -304,8 +304,8 @@ def test_epsilon_is_a_keyword_everywhere_and_the_second_argument_of_fit_is_n_clu
 
 
 def test_the_federated_and_privacy_apis_export_what_the_docs_document():
-    """``__all__`` of ``dpsc.federated`` and ``dpsc.privacy`` is the documented API, no more: FedSC's
-    losses and training steps stay importable for dpsc's own code, outside the API."""
+    """``__all__`` of ``dpsc.federated`` and ``dpsc.privacy`` is the documented API, no more, and the
+    packages answer no other name: FedSC's losses and training steps are dpsc's own, in their module."""
     from pathlib import Path
 
     api = (Path(__file__).parents[1] / "docs" / "api.md").read_text()
@@ -314,4 +314,9 @@ def test_the_federated_and_privacy_apis_export_what_the_docs_document():
         documented = set(re.findall(rf"dpsc\.{package}\.(\w+)", api))
         assert exported == documented, (exported - documented, documented - exported)
     assert {"byol_loss", "nt_xent", "local_train"}.isdisjoint(dpsc.federated.__all__)
-    assert callable(dpsc.federated.byol_loss)  # still importable
+    for package in (dpsc.federated, dpsc.privacy):  # no lazy map of private names
+        assert set(package._WHERE) == set(package.__all__)
+    assert not hasattr(dpsc.federated, "byol_loss") and not hasattr(dpsc.privacy, "spent_epsilon")
+    from dpsc.federated._ssl import byol_loss
+
+    assert callable(byol_loss)

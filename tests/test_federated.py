@@ -8,22 +8,17 @@ import pytest
 import torch
 
 import dpsc
-from dpsc.federated import (
+from dpsc.federated import SSLConfig
+from dpsc.federated._ema import calibrate_lambda, divergence, divergence_aware_update, ema_weight
+from dpsc.federated._scaling import apply_scaling, pooled_scaling, site_sums
+from dpsc.federated._ssl import (
     PER_CELL_METHODS,
     ClientDP,
-    SSLConfig,
     SSLNet,
-    apply_scaling,
     byol_loss,
-    calibrate_lambda,
-    divergence,
-    divergence_aware_update,
     dp_schedule,
-    ema_weight,
     local_train,
     local_train_private,
-    pooled_scaling,
-    site_sums,
 )
 
 matplotlib.use("Agg")
@@ -228,7 +223,7 @@ def test_fit_federated_with_client_level_dp(small_adata, tmp_path):
         copy=True,
         return_model=True,
     )
-    assert isinstance(net, dpsc.federated.SSLNet) and "X_fedsc" not in adata.obsm
+    assert isinstance(net, SSLNet) and "X_fedsc" not in adata.obsm
     assert dpsc.privacy.spent(adata) == dpsc.privacy.spent(out)  # the original's ledger books it too
     adata = out
     record = adata.uns["dpsc"]["X_fedsc"]

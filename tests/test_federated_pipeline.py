@@ -431,11 +431,12 @@ def test_a_site_killed_mid_run_leaves_every_ledger_consistent(sites, tmp_path):
 
 
 def test_fedsc_site_enforces_its_own_privacy(sites):
-    from dpsc.federated._fedsc_site import KMEANS_STEPS, FedSCGuard, fedsc_noise
+    from dpsc.federated._fedsc_site import KMEANS_STEPS, FedSCGuard, fedsc_plan
 
     guard = FedSCGuard(SiteSettings(data=sites[0].data, epsilon=4.0, budget=4.5, max_rounds=20), 100)
     q, steps = 0.5, 40
-    own = fedsc_noise(4.0, guard.delta, q, steps)
+    plan = fedsc_plan(4.0, guard.delta, q, steps)
+    own = (plan.sigma("training"), plan.sigma("kmeans"))
     run = {
         "rounds": 10,
         "local-epochs": 1,

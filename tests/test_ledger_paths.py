@@ -19,17 +19,28 @@ import dpsc
 from dpsc.privacy import (
     BudgetExceededError,
     NoiseSource,
+    ReleasePlan,
     attach_ledger,
     concat,
     get_record,
     ledger_frame,
-    planned_pure_record,
     set_budget,
     spent,
-    write_result,
+    write_record,
 )
-from dpsc.privacy._ledger import FileLedger, ledger_entry
+from dpsc.privacy._ledger import FileLedger, book, ledger_entry
 from dpsc.privacy._record import ADD_REMOVE, REPLACE_ONE
+
+
+def planned_pure_record(tool: str, epsilon: float, relation: str = ADD_REMOVE):
+    """What a pure-ε call books before it runs (its stated plan's reservation)."""
+    return ReleasePlan.stated(tool, epsilon).reservation(tool, relation)
+
+
+def write_result(adata: ad.AnnData, key: str, record) -> None:
+    """Book a result's record in the ledger (check, reserve, settle), then write it under ``key``."""
+    book(adata, record, key)
+    write_record(adata, key, record)
 
 
 def assert_refused_and_untouched(adata: ad.AnnData, call) -> None:

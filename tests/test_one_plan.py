@@ -164,9 +164,9 @@ def test_stated_and_reading_plans_compose_and_refuse_what_they_cannot_do():
 
 
 def _pure_record():
-    from dpsc.privacy import planned_pure_record
+    from dpsc.privacy import ReleasePlan
 
-    return planned_pure_record("test", 2.0)
+    return ReleasePlan.stated("test", 2.0).reservation("test")
 
 
 def test_the_clustering_and_kmeans_book_through_their_release_plan(small_adata, monkeypatch):
@@ -346,13 +346,40 @@ def test_every_sigma_of_a_clustering_or_a_fit_lives_in_its_release_plan():
 
 def test_a_federated_fits_record_is_its_worst_sites_plan():
     """FedSC's record is written by the plan of the site that spent most (parallel composition)."""
-    from dpsc.federated._fedsc_site import FedSCPrivacy, federated_record, site_plan
+    from dpsc.federated._fedsc_site import FedSCPrivacy, federated_record, federation_plan, fedsc_plan
 
-    sites = {"0": ((1.1, 0.01, 300), (2.0, 1.0, 5)), "1": ((0.9, 0.02, 200), (2.5, 1.0, 5))}
+    plans = {"0": fedsc_plan(8.0, 1e-5, 0.01, 300), "1": fedsc_plan(6.0, 1e-5, 0.02, 200)}
     options = FedSCPrivacy(8.0, 1e-5, "sgd", "rdp", 1.0, 1000, dpsc.privacy.NoiseSource(3), False)
-    record = federated_record(sites, options)
-    spent = {name: site_plan(entries, 1e-5, "rdp").spent() for name, entries in sites.items()}
-    worst = max(spent, key=spent.get)
-    assert spent["0"] != pytest.approx(spent["1"]) and record.epsilon == pytest.approx(spent[worst])
-    assert [tuple(h) for h in record.history] == site_plan(sites[worst], 1e-5, "rdp").history()
+    record = federated_record(plans, options)
+    spent = {name: plan.spent() for name, plan in plans.items()}
+    assert spent["0"] == pytest.approx(8.0, rel=1e-2) and spent["1"] == pytest.approx(6.0, rel=1e-2)
+    assert federation_plan(plans) is plans["0"] and record.epsilon == pytest.approx(spent["0"])
+    assert [tuple(h) for h in record.history] == plans["0"].history()
     assert record.details["epsilon_per_site"] == pytest.approx(spent)
+    assert record.details["steps_per_site"] == {"0": 300, "1": 200}
+    assert federation_plan(None).spent() is None  # no DP: a reading
+
+
+@pytest.mark.parametrize("markers", [False, True])
+def test_a_clusterings_schedule_is_its_planned_releases_step_by_step(markers):
+    """What a site serves is what the plan accounts for: each scheduled step is one draw of a planned
+    release (its σ read from there), and each release is served exactly its planned number of steps."""
+    import dataclasses
+    from collections import Counter
+
+    from dpsc.methods._clustering import plan_clustering
+
+    plan = plan_clustering(8.0, 1e-5, n_vars=3000, n_clusters=6, n_obs=3000, markers=markers)
+    schedule = plan.schedule()
+    assert Counter(step.kind for step in schedule) == {r.name: r.steps for r in plan.releases.releases}
+    assert all(
+        step.planned is plan.releases[step.kind] and step.sigma == plan.sigmas[step.kind] for step in schedule
+    )
+    assert [step.index for step in schedule] == list(range(len(schedule)))
+    fewer = dataclasses.replace(plan.releases["kmeans"], steps=plan.releases["kmeans"].steps - 1)
+    short = dataclasses.replace(
+        plan.releases, releases=tuple(fewer if r.name == "kmeans" else r for r in plan.releases.releases)
+    )
+    with pytest.raises(ValueError, match="does not expand the plan"):
+        object.__setattr__(plan, "releases", short)  # a plan whose k-means accounts one step less
+        plan.schedule()

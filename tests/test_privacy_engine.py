@@ -15,8 +15,15 @@ from dpsc.privacy import (
     ledger_frame,
     set_budget,
     spent,
-    write_result,
+    write_record,
 )
+from dpsc.privacy._ledger import book
+
+
+def write_result(adata, key: str, record) -> None:
+    """Book a result's record in the ledger (check, reserve, settle), then write it under ``key``."""
+    book(adata, record, key)
+    write_record(adata, key, record)
 
 
 def test_ledger_composes_gaussian_fits_like_dp_accounting(gaussian_record):

@@ -183,11 +183,27 @@ def test_the_command_line_takes_a_reference_and_prints_the_names(pair, tmp_path,
     assert "--reference-key names a column of the reference; pass --reference FILE" in capsys.readouterr().err
 
 
-def test_markers_on_a_reference_spend_inside_the_same_epsilon(pair):
+def test_markers_on_a_reference_spend_inside_the_same_epsilon(pair, monkeypatch):
+    """The markers of a clustering on a reference are measured from the reference's centre: the
+    k-means and the marker bounds and tables spend the ε, no centre is released."""
+    from dpsc.methods import _markers
+    from dpsc.methods._public_markers import reference_center
+    from dpsc.tl._reference import optional_reference
+
+    centres, frame_from_center = [], _markers.frame_from_center
+    monkeypatch.setattr(
+        _markers,
+        "frame_from_center",
+        lambda center, norms: centres.append(center) or frame_from_center(center, norms),
+    )
     reference, private = pair
     dpsc.tl.cluster(private, 5, reference=reference, markers=True, noise_seed=2)
     record = private.uns["dpsc"]["dp_cluster"]["privacy"]
-    assert [m.split(":")[0] for m in record["mechanisms"]][:2] == ["kmeans", "marker_center"]
+    released = [m.split(":")[0] for m in record["mechanisms"]]
+    assert released[:2] == ["kmeans", "marker_norms"] and "marker_center" not in released
+    public = optional_reference(reference, None, private, "test")
+    center = reference_center(public.counts, public.reference_genes, public.private_genes, private.n_vars)
+    assert len(centres) == 1 and np.allclose(centres[0], center) and center.max() > 0
     assert dpsc.privacy.spent(private)[0] == pytest.approx(8.0, rel=1e-3)
     assert set(private.uns["dp_cluster_markers"]["names"].dtype.names) == {str(i) for i in range(5)}
 
@@ -315,6 +331,27 @@ def test_a_federated_clustering_on_a_reference_reproduces_the_central_one(pair):
     assert record["reference"]["fingerprint"] == fingerprint(reference.X, reference.var_names)
     assert "assumed public" in record["statement"] and "SecAgg+" in record["statement"]
     assert "released centroids" in record["statement"] and "loadings" not in record["covered"]
+    assert dpsc.privacy.spent(fed).epsilon == pytest.approx(dpsc.privacy.spent(central).epsilon)
+
+
+@pytest.mark.slow
+@pytest.mark.optional_extra
+def test_federated_markers_on_a_reference_are_measured_from_the_sites_agreed_centre(pair):
+    """Each site describes its copy's marker centre; the server measures the markers from it and
+    releases none, as the central clustering does: the same ranking and the same spend."""
+    pytest.importorskip("flwr")
+    reference, private = pair
+    dpsc.pp.partition(private, 2, random_state=0)
+    fed, central = private.copy(), private.copy()
+    dpsc.tl.cluster_federated(fed, "site", 5, epsilon=8.0, noise_seed=4, reference=reference, markers=True)
+    dpsc.tl.cluster(central, 5, epsilon=8.0, noise_seed=4, reference=reference, markers=True)
+    for adata in (fed, central):
+        released = [m.split(":")[0] for m in dpsc.privacy.get_record(adata, "dp_cluster")["mechanisms"]]
+        assert "marker_center" not in released and "marker_norms" in released
+    names = [adata.uns["dp_cluster_markers"]["names"][:5] for adata in (fed, central)]
+    assert (
+        np.mean([a == b for a, b in zip(*(np.asarray(n.tolist()).ravel() for n in names), strict=True)]) > 0.9
+    )
     assert dpsc.privacy.spent(fed).epsilon == pytest.approx(dpsc.privacy.spent(central).epsilon)
 
 

@@ -9,7 +9,8 @@ import time
 import numpy as np
 import torch
 
-from dpsc.federated import ClientDP, SSLConfig, SSLNet, local_train, local_train_private
+from dpsc.federated import SSLConfig
+from dpsc.federated._ssl import ClientDP, SSLNet, local_train, local_train_private
 
 torch.set_num_threads(1)
 X = np.log1p(np.random.default_rng(0).poisson(1.0, (1000, 2000))).astype(np.float32)

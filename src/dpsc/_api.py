@@ -79,8 +79,8 @@ def store_result(
     copy, model, return_model
         The call's arguments and what it trained (module docstring).
     booking
-        The call's :func:`dpsc.privacy.spending` booking; settled here with ``record``, in
-        ``adata``'s ledger and in the copy's.
+        The call's booking (:class:`dpsc.privacy.Spending`, from :meth:`dpsc.privacy.ReleasePlan.spend`);
+        settled here with ``record``, in ``adata``'s ledger and in the copy's.
 
     Returns
     -------

@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import os
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import anndata as ad
@@ -28,6 +28,7 @@ import scipy.sparse as sp
 from .methods import _public_basis
 from .methods._clustering import MAX_GENES, N_COMPS
 from .methods._public_basis import PublicBasis, basis_from_reference
+from .methods._public_markers import reference_center
 
 MIN_SHARED_GENES = 200  # fewer shared genes than this: another gene naming, or another species
 MIN_TYPE_CELLS = 50  # a reference type with fewer cells has a noisy mean point: warn
@@ -63,9 +64,12 @@ class PublicReference:
     def basis(self) -> PublicBasis:
         """Return the public basis (:mod:`dpsc.methods._public_basis`) in the private columns."""
         quantile = _public_basis.RADIUS_QUANTILE
-        return basis_from_reference(
+        basis = basis_from_reference(
             self.counts, self.reference_genes, self.private_genes, MAX_GENES, N_COMPS, quantile
         )
+        n_shared = len(self.reference_genes)
+        center = reference_center(self.counts, self.reference_genes, np.arange(n_shared), n_shared)
+        return replace(basis, marker_center=center)
 
     def own_basis(self, basis: PublicBasis) -> PublicBasis:
         """Return the same basis in the reference's own columns (to map the reference's cells)."""

@@ -7,68 +7,46 @@ federated clustering's light path (not torch or Opacus).
 from importlib import import_module
 from typing import Any
 
-_WHERE = {
-    "calibrate_lambda": "._ema",
-    "divergence": "._ema",
-    "divergence_aware_update": "._ema",
-    "ema_weight": "._ema",
-    "DEFAULTS": "._flower",
-    "make_apps": "._apps",
-    "read_scaling": "._flower",
-    "require_flwr": "._requires",
-    "run_federation": "._flower",
-    "simulate_federation": "._flower",
-    "write_client_data": "._flower",
-    "apply_scaling": "._scaling",
-    "pooled_scaling": "._scaling",
-    "site_sums": "._scaling",
+#: What users call (docs/api.md, "Federated learning"): a site and a server, the FedSC federation
+#: (deployed or simulated) and its settings.
+_USER = {
     "METHODS": "._ssl",
-    "PER_CELL_METHODS": "._ssl",
-    "ClientDP": "._ssl",
     "SSLConfig": "._ssl",
-    "SSLNet": "._ssl",
-    "byol_loss": "._ssl",
-    "dp_schedule": "._ssl",
-    "embed": "._ssl",
-    "info_nce": "._ssl",
-    "local_train": "._ssl",
-    "local_train_private": "._ssl",
-    "nt_xent": "._ssl",
     "Site": "._site",
     "SiteRefusal": "._site",
     "SiteSettings": "._settings",
-    "run_pipeline_simulation": "._pipeline",
-    "site_record": "._site",
-    "KMEANS_STEPS": "._fedsc_site",
-    "FedSCPrivacy": "._fedsc_site",
-    "federated_record": "._fedsc_site",
-    "federation_plan": "._fedsc_site",
-    "fedsc_noise": "._fedsc_site",
-    "run_server": "._deploy",
-    "write_site_settings": "._deploy",
-    "read_result": "._pipeline",
-    "run_site": "._deploy",
     "app_fingerprint": "._own_app",
+    "make_apps": "._apps",
+    "run_federation": "._flower",
+    "run_pipeline_simulation": "._pipeline",
+    "run_server": "._deploy",
+    "run_site": "._deploy",
+    "simulate_federation": "._flower",
 }
 
-#: What users call (each documented in docs/api.md): a site and a server, the FedSC federation
-#: (deployed or simulated) and its settings. The other names of ``_WHERE`` (FedSC's network, losses,
-#: local training, EMA and scaling steps) serve dpsc's own packages, tests and benchmarks:
-#: importable, but not part of the API and free to change.
-__all__ = [
-    "METHODS",
-    "SSLConfig",
-    "Site",
-    "SiteRefusal",
-    "SiteSettings",
-    "app_fingerprint",
-    "make_apps",
-    "run_federation",
-    "run_pipeline_simulation",
-    "run_server",
-    "run_site",
-    "simulate_federation",
-]
+#: What dpsc's federated tools (``tl.fit_federated``, ``tl.cluster_federated``, ``dpsc federate``) are
+#: built from (docs/api.md, "Building a federated tool"): FedSC's network, schedule, plan and record,
+#: the pooled gene scaling, a site's record and the deployment's files.
+_BUILDING_BLOCKS = {
+    "FedSCPrivacy": "._fedsc_site",
+    "PER_CELL_METHODS": "._ssl",
+    "SSLNet": "._ssl",
+    "apply_scaling": "._scaling",
+    "dp_schedule": "._ssl",
+    "embed": "._ssl",
+    "federated_record": "._fedsc_site",
+    "federation_plan": "._fedsc_site",
+    "fedsc_plan": "._fedsc_site",
+    "read_result": "._pipeline",
+    "require_flwr": "._requires",
+    "site_record": "._site",
+    "write_site_settings": "._deploy",
+}
+
+#: Where each exported name lives; nothing else is exported (FedSC's losses and training steps, the
+#: EMA and the sites' other helpers are dpsc's own, in their modules).
+_WHERE = {**_USER, **_BUILDING_BLOCKS}
+__all__ = sorted(_WHERE, key=str.lower)
 
 
 def __getattr__(name: str) -> Any:

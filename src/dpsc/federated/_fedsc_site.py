@@ -29,7 +29,6 @@ import numpy as np
 from ..methods._clustering import CLIP_NORM, KMEANS_PLAN
 from ..methods._kmeans import Assignment, kmeans_points, kmeans_release_steps, kmeans_table, table_release
 from ..privacy import (
-    ADD_REMOVE,
     BudgetExceededError,
     NoiseSource,
     PlannedRelease,
@@ -47,18 +46,19 @@ KMEANS_STEPS = kmeans_release_steps(
 )
 
 
-def fedsc_noise(
+def fedsc_plan(
     epsilon: float, delta: float, sample_rate: float, steps: int, accountant: str = "rdp"
-) -> tuple[float, float]:
-    """``(σ_training, σ_kmeans)`` of a FedSC run at one site: its (ε, δ) split over training and k-means."""
-    from ..privacy import PlannedRelease, ReleasePlan
+) -> ReleasePlan:
+    """One FedSC site's plan: its DP-SGD training and its k-means tables, calibrated to (ε, δ) on its cells.
 
-    plan = ReleasePlan.of(
+    The training takes :data:`TRAINING_SHARE` of the budget (``steps`` Poisson steps at rate
+    ``sample_rate``), the k-means tables the rest (:data:`KMEANS_STEPS` releases of every cell).
+    """
+    return ReleasePlan.of(
         PlannedRelease("training", share=TRAINING_SHARE, sample_rate=sample_rate, steps=steps),
         PlannedRelease("kmeans", share=1 - TRAINING_SHARE, steps=KMEANS_STEPS),
         accountant=accountant,
     ).calibrate(epsilon, delta)
-    return plan.sigma("training"), plan.sigma("kmeans")
 
 
 @dataclass
@@ -119,10 +119,13 @@ class FedSCGuard:
             )
         served = json.loads(run["noise-multipliers"])[partition]
         kmeans_served = json.loads(run["kmeans-noise-multipliers"])[partition]
-        own = fedsc_noise(
+        own = fedsc_plan(
             float(self.settings.epsilon), self.delta, sample_rate, steps, run.get("accountant", "rdp")
         )
-        for name, given, needed in (("training", served, own[0]), ("k-means", kmeans_served, own[1])):
+        for name, given, needed in (
+            ("training", served, own.sigma("training")),
+            ("k-means", kmeans_served, own.sigma("kmeans")),
+        ):
             if given < needed * (1 - 1e-9):
                 raise SiteRefusal(
                     f"The server's {name} noise multiplier ({given:.4g}) is below this site's own "
@@ -130,7 +133,8 @@ class FedSCGuard:
                     f"({needed:.4g} for epsilon={self.settings.epsilon:g}); it would spend more than "
                     "the site allows."
                 )
-        planned = self._record([(served, sample_rate, steps), (kmeans_served, 1.0, KMEANS_STEPS)], "run")
+        served_plan = own.with_sigmas(delta=self.delta, training=float(served), kmeans=float(kmeans_served))
+        planned = self._record(served_plan.history(), "run")
         try:
             check_within_budget(self.ledger.entries(), ledger_entry(planned, "run", "planned"), self.cap)
         except BudgetExceededError as err:
@@ -138,19 +142,7 @@ class FedSCGuard:
         return float(served), float(kmeans_served)
 
     def _record(self, history: list[tuple[float, float, int]], what: str) -> PrivacyRecord:
-        from ..privacy import history_epsilon
-
-        delta = self.delta
-        return PrivacyRecord(
-            tool=f"FedSC ({what})",
-            epsilon=history_epsilon(history, delta),
-            delta=delta,
-            guarantee="proven",
-            statement="",
-            history=history,
-            relation=ADD_REMOVE,
-            noise=self.noise.to_dict(),
-        )
+        return PrivacyRecord.message(f"FedSC ({what})", history, self.delta, noise=self.noise)
 
     def book(self, history: list[tuple[float, float, int]], key: str, share_of_delta: float) -> None:
         """Book what this reply releases (checked against the budget, atomically), before it leaves."""
@@ -201,58 +193,40 @@ class FedSCPrivacy:
     scale_genes: bool
 
 
-def site_plan(
-    entries: tuple[tuple[float, float, int], tuple[float, float, int]], delta: float, accountant: str
-) -> ReleasePlan:
-    """One site's plan as it ran: its DP-SGD training and its k-means tables, each ``(σ, q, steps)``."""
-    (training, kmeans) = entries
-    return ReleasePlan.of(
-        PlannedRelease("training", sample_rate=training[1], steps=int(training[2]), sigma=training[0]),
-        PlannedRelease("kmeans", sample_rate=kmeans[1], steps=int(kmeans[2]), sigma=kmeans[0]),
-        accountant=accountant,
-        delta=delta,
-    )
-
-
-def federation_plan(
-    plan: dict[str, tuple[tuple[float, float, int], tuple[float, float, int]]] | None, options: FedSCPrivacy
-) -> ReleasePlan:
+def federation_plan(plans: dict[str, ReleasePlan] | None) -> ReleasePlan:
     """Return the plan a federated fit books on the pooled cells: its worst site's, or a reading.
 
     A cell belongs to one site and is protected by its own site's plan, so the federation spends
     the most any site's plan spends (parallel composition, McSherry 2009).
     """
-    if plan is None:
+    if plans is None:
         return ReleasePlan.reading("federated fit")
-    plans = [site_plan(entries, options.delta, options.accountant) for entries in plan.values()]
-    return max(plans, key=lambda site: site.spent())
+    return max(plans.values(), key=lambda site: site.spent())
 
 
-def federated_record(
-    plan: dict[str, tuple[tuple[float, float, int], tuple[float, float, int]]] | None, options: FedSCPrivacy
-) -> PrivacyRecord:
+def federated_record(plans: dict[str, ReleasePlan] | None, options: FedSCPrivacy) -> PrivacyRecord:
     """Record of a federated fit: per-site DP-SGD and DP k-means (parallel composition), or none.
 
     A cell belongs to one site, so it is protected by its own site's (ε_k, δ): the ledger entry
     carries the worst site's history, max_k ε_k (parallel composition, McSherry 2009).
     """
-    delta, accountant, optimizer = options.delta, options.accountant, options.optimizer
+    accountant, optimizer = options.accountant, options.optimizer
     n_obs, noise, scale_genes = options.n_obs, options.noise, options.scale_genes
     unit = f"adding or removing one cell of its site ({n_obs} cells in all)"
-    if plan is None:
+    if plans is None:
         covered = "the global model, the final clustering and every message a site sent" + (
             ", including each site's per-gene sums" if scale_genes else ""
         )
         return no_guarantee_record("fit_federated", unit=unit, covered=covered)
-    plans = {name: site_plan(entries, delta, accountant) for name, entries in plan.items()}
     per_site = {name: site.spent() for name, site in plans.items()}
     worst = max(per_site, key=per_site.get)
+    training = {name: site["training"] for name, site in plans.items()}
+    kmeans = {name: site.sigma("kmeans") for name, site in plans.items()}
     covered = (
         "every message a site sends (the weights after each round and its noisy k-means tables, hence "
         "everything the server and the other sites see), the final global model and the centroids "
         "(post-processing); each cell by its own site's ε (per site in 'epsilon_per_site')"
     )
-    training, _ = plan[worst]
     return plans[worst].record(
         "fit_federated",
         unit=unit,
@@ -263,19 +237,19 @@ def federated_record(
         not_covered=FEDERATED_NOT_COVERED,
         noise=noise,
         mechanisms=[
-            f"site {k}: DP-SGD sigma={v[0][0]:.4g}, q={v[0][1]:.4g}; k-means sigma={v[1][0]:.4g}"
-            for k, v in plan.items()
+            f"site {k}: DP-SGD sigma={t.sigma:.4g}, q={t.sample_rate:.4g}; k-means sigma={kmeans[k]:.4g}"
+            for k, t in training.items()
         ],
-        noise_multiplier=training[0],
-        sample_rate=training[1],
+        noise_multiplier=training[worst].sigma,
+        sample_rate=training[worst].sample_rate,
         max_grad_norm=options.max_grad_norm,
         scope="site",
         details={
             "epsilon_per_site": per_site,
-            "noise_multiplier_per_site": {k: v[0][0] for k, v in plan.items()},
-            "kmeans_noise_multiplier_per_site": {k: v[1][0] for k, v in plan.items()},
-            "sample_rate_per_site": {k: v[0][1] for k, v in plan.items()},
-            "steps_per_site": {k: v[0][2] for k, v in plan.items()},
+            "noise_multiplier_per_site": {k: t.sigma for k, t in training.items()},
+            "kmeans_noise_multiplier_per_site": kmeans,
+            "sample_rate_per_site": {k: t.sample_rate for k, t in training.items()},
+            "steps_per_site": {k: t.steps for k, t in training.items()},
             "optimizer": optimizer,
         },
     )

@@ -143,13 +143,18 @@ def basis_from_arrays(genes: np.ndarray, loadings: np.ndarray, arrays: list[np.n
 
 
 def describe_basis(own: PublicBasis, in_reference: PublicBasis) -> list[np.ndarray]:
-    """Return what a site tells the server of its basis (public): the basis, its genes in the reference."""
+    """Return what a site tells the server of its basis (public).
+
+    The basis, its genes in the reference, and the reference's marker centre on the shared genes
+    (what the markers' statistics are measured from).
+    """
     return [
         np.asarray(own.genes, dtype=np.int64),
         np.asarray(own.loadings, dtype=np.float64),
         *basis_arrays(own),
         np.asarray(in_reference.genes, dtype=np.int64),
         np.asarray(in_reference.shared, dtype=np.int64),
+        np.asarray(own.marker_center, dtype=np.float64),
     ]
 
 
@@ -599,10 +604,11 @@ def _agreed_basis(described: list[list[np.ndarray]]) -> PublicBasis:
     """Return the basis every site described (:func:`describe_basis`); refuse the run if they differ."""
     bases = []
     for arrays in described:
-        if len(arrays) != 8:
+        if len(arrays) != 9:
             raise RuntimeError("A site described no public basis; the run on a public reference stops.")
         genes, loadings, *rest = arrays
-        bases.append(basis_from_arrays(genes, loadings, rest[:4]))
+        center = np.asarray(rest[6], dtype=np.float64)
+        bases.append(replace(basis_from_arrays(genes, loadings, rest[:4]), marker_center=center))
     if not all(same_basis(other, bases[0]) for other in bases[1:]):
         raise RuntimeError(
             "The sites computed different public bases from their copies of the reference (the same "

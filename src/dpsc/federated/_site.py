@@ -77,7 +77,6 @@ from ..methods._clustering import (
 )
 from ..methods._public_basis import PublicBasis, same_basis
 from ..privacy import (
-    ADD_REMOVE,
     BudgetExceededError,
     FileLedger,
     MemoryLedger,
@@ -533,15 +532,12 @@ class Site:
         if not math.isfinite(epsilon):
             raise SiteRefusal(f"Release {request.index} would spend an unbounded epsilon; nothing was sent.")
         fallback = fallback_epsilon([(request.sigma, 1.0, 1)], delta, threshold if mode == "secure" else 1)
-        record = PrivacyRecord(
-            tool=f"federated clustering ({mode})",
+        record = PrivacyRecord.message(
+            f"federated clustering ({mode})",
+            [(request.sigma, 1.0, 1)],
+            delta,
+            noise=self.noise,
             epsilon=epsilon,
-            delta=delta,
-            guarantee="proven",
-            statement="",
-            history=[(request.sigma, 1.0, 1)],
-            relation=ADD_REMOVE,
-            noise=self.noise.to_dict(),
             details={"threshold": threshold, "n_sites": n_sites, "fallback_epsilon": fallback},
         )
         line = ledger_entry(record, f"release {request.index}: {request.kind}", "sent")

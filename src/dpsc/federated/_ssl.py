@@ -18,8 +18,10 @@ from torch import nn
 
 from .._api import renamed_arguments
 
+#: FedSC and its self-supervised peers (``method=`` of :func:`dpsc.tl.fit_federated`).
 METHODS = ("fedsc", "fedbyol", "fedsimsiam", "fedsimclr", "fedmoco", "fedmocov2")
-PER_CELL_METHODS = ("fedsc", "fedbyol", "fedsimsiam")  # losses with no cross-cell terms: DP-SGD applies
+#: The methods whose loss has no cross-cell term, so that per-cell DP-SGD applies (``epsilon=``).
+PER_CELL_METHODS = ("fedsc", "fedbyol", "fedsimsiam")
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,7 @@ number of genes, the number of clusters and the asked (ε, δ): no cell and no l
 from __future__ import annotations
 
 import functools
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,7 +48,7 @@ from typing import Any
 import numpy as np
 
 from .. import _blocks
-from ..privacy import GaussianSum, PlannedRelease, ReleasePlan
+from ..privacy import GaussianSum, PlannedRelease, PlanSettings, ReleasePlan
 from . import _hvg, _kmeans, _markers, _pca
 from ._public_basis import MIN_SCALE, PublicBasis
 
@@ -141,13 +142,18 @@ class ScheduleError(ValueError):
 
 
 @dataclass(frozen=True)
-class ScheduledRelease:
-    """One release of a plan's schedule (:meth:`ClusterPlan.schedule`), fixed before any cell is read.
+class ReleaseStep:
+    """One step of a plan's schedule (:meth:`ClusterPlan.schedule`), fixed before any cell is read.
+
+    A planned release of ``steps`` draws (:class:`~dpsc.privacy.PlannedRelease`: its name, σ, q
+    and step count, the one holder of them) is served as that many steps; a step adds what one
+    draw's sum is, so that a request can be checked against it.
 
     Attributes
     ----------
-    index, kind, sigma
-        Position in the plan, what is summed (one of :data:`KINDS`) and its noise multiplier.
+    index, planned
+        Position in the schedule and the planned release this step is one draw of (its ``name``
+        is the step's :attr:`kind`, its σ the step's :attr:`sigma`).
     size, sensitivity
         d and Δ of its :class:`~dpsc.privacy.GaussianSum`.
     assignment, rows
@@ -158,14 +164,23 @@ class ScheduledRelease:
     """
 
     index: int
-    kind: str
-    sigma: float
+    planned: PlannedRelease
     size: int
     sensitivity: float
     assignment: str | None = None
     rows: int = 0
     width: int = 0
     public_basis: bool = False
+
+    @property
+    def kind(self) -> str:
+        """What is summed (one of :data:`KINDS`): the planned release's name."""
+        return self.planned.name
+
+    @property
+    def sigma(self) -> float:
+        """The planned release's noise multiplier."""
+        return float(self.planned.sigma)
 
     def release(self, columns: np.ndarray | None = None) -> GaussianSum:
         """Return the :class:`GaussianSum` of this release (sizes from the plan, not from a request).
@@ -306,7 +321,7 @@ def _check_assignment(assignment: Any, kind: str, rows: int, width: int) -> None
 
 
 @dataclass(frozen=True)
-class ClusterPlan:
+class ClusterPlan(PlanSettings):
     """A whole private clustering, fixed before any cell is read (public: sent to every site).
 
     ``releases`` is the plan as the one plan type (:class:`~dpsc.privacy.ReleasePlan`): every release
@@ -376,16 +391,6 @@ class ClusterPlan:
         return cls(releases, *settings)
 
     @property
-    def epsilon(self) -> float | None:
-        """The ε the plan's σ were calibrated for (``None``: no noise, no guarantee)."""
-        return self.releases.epsilon
-
-    @property
-    def delta(self) -> float:
-        """The δ of the plan."""
-        return float(self.releases.delta)
-
-    @property
     def sigmas(self) -> dict[str, float]:
         """σ of every kind a clustering can release, 0 for the kinds this plan does not make."""
         made = self.releases.sigmas
@@ -404,7 +409,7 @@ class ClusterPlan:
     @property
     def marker_kinds(self) -> tuple[str, ...]:
         """The marker releases the plan makes: none without markers; without ε no histogram of norms."""
-        return marker_kinds(self.markers, self.epsilon is not None)
+        return marker_kinds(self.markers, self.epsilon is not None, self.public_basis)
 
     @property
     def n_releases(self) -> int:
@@ -422,12 +427,14 @@ class ClusterPlan:
         r"""Projection bits of the DP k-means sketch (at least :math:`\lceil\log_2 2m\rceil`)."""
         return max(int(self.kmeans["n_bits"]), int(np.ceil(np.log2(2 * self.coreset_size))))
 
-    def schedule(self) -> tuple[ScheduledRelease, ...]:
-        """Return every release of the plan, in order: what is released, its size, σ and public inputs.
+    def schedule(self) -> tuple[ReleaseStep, ...]:
+        """Return the plan's releases as the steps they are served in: what each sums, its size and inputs.
 
-        The one definition of the clustering's releases: :func:`run_clustering` checks each request
+        The one definition of the clustering's requests: :func:`run_clustering` checks each request
         it makes against it, and a federated site (:class:`dpsc.federated.Site`) serves exactly
-        these releases, each once, in this order, and refuses anything else.
+        these steps, each once, in this order, and refuses anything else. Each step is one draw of a
+        release of :attr:`releases` (its σ is that release's), and the schedule holds exactly each
+        release's planned number of steps, so what a site serves is what the plan accounts for.
         """
         k, m, d = self.kmeans, self.coreset_size, self.n_comps
         entries: list[tuple] = []
@@ -448,7 +455,8 @@ class ClusterPlan:
             entries.append(("kmeans", rows * (d + 1), sensitivity, "nearest", rows, d))
         if self.markers:
             table = _markers.MarkerTable(self.n_clusters, self.n_vars)
-            entries.append(("marker_center", self.n_vars + 1, 1.0, None, 0, 0))
+            if "marker_center" in self.marker_kinds:  # else the public reference's centre
+                entries.append(("marker_center", self.n_vars + 1, 1.0, None, 0, 0))
             if "marker_norms" in self.marker_kinds:
                 norms = _markers.norm_release(0.0)
                 entries.append(("marker_norms", norms.size, norms.sensitivity, None, 0, 0))
@@ -460,11 +468,10 @@ class ClusterPlan:
                 rows = self.n_clusters
                 entries.append(("marker_focus_norms", norms.size, norms.sensitivity, None, rows, 0))
                 entries.append(("marker_focus", rows * width, table.sensitivity, "nearest", rows, d))
-        return tuple(
-            ScheduledRelease(
+        steps = tuple(
+            ReleaseStep(
                 index,
-                kind,
-                self.sigmas[kind],
+                self.releases[kind],
                 size,
                 delta,
                 assignment,
@@ -474,6 +481,12 @@ class ClusterPlan:
             )
             for index, (kind, size, delta, assignment, rows, width) in enumerate(entries)
         )
+        served = Counter(step.kind for step in steps)
+        if served != {r.name: r.steps for r in self.releases.releases}:  # what is served is what is accounted
+            raise ValueError(
+                f"The schedule {dict(served)} does not expand the plan's releases {self.releases}."
+            )
+        return steps
 
     @property
     def kinds(self) -> tuple[str, ...]:
@@ -531,14 +544,17 @@ class ClusterPlan:
         )
 
 
-def marker_kinds(markers: bool, private: bool) -> tuple[str, ...]:
+def marker_kinds(markers: bool, private: bool, public_center: bool = False) -> tuple[str, ...]:
     """Return the marker releases a clustering makes (none without markers; some with noise only).
 
-    Without noise there is neither a histogram of the norms nor a focused table.
+    Without noise there is neither a histogram of the norms nor a focused table. ``public_center``:
+    the centre is a public reference's (:attr:`~._public_basis.PublicBasis.marker_center`), so it
+    is not released.
     """
     if not markers:
         return ()
-    return MARKER_KINDS if private else ("marker_center", "markers")
+    kinds = MARKER_KINDS if private else ("marker_center", "markers")
+    return tuple(kind for kind in kinds if not (public_center and kind == "marker_center"))
 
 
 def release_kinds(
@@ -549,7 +565,7 @@ def release_kinds(
     With a public basis the genes and loadings are public: the k-means (and markers) only.
     """
     if public_basis:
-        return ("kmeans", *marker_kinds(markers, private))
+        return ("kmeans", *marker_kinds(markers, private, public_center=True))
     return (*(KINDS if select_genes else KINDS[1:]), *marker_kinds(markers, private))
 
 
@@ -683,7 +699,7 @@ def _plan_on_public_basis(
     public_start: bool,
 ) -> ClusterPlan:
     """Return the plan of a clustering on public genes and loadings: k-means (and markers) only."""
-    kinds = ("kmeans", *marker_kinds(markers, epsilon is not None))
+    kinds = ("kmeans", *marker_kinds(markers, epsilon is not None, public_center=True))
     kmeans = kmeans_plan()
     if public_start:  # public starting centroids: no sketch release
         kmeans["n_sketch_steps"] = 0
@@ -922,10 +938,12 @@ def run_clustering(
             index += 1
             return release_sum(Request("marker_norms", index - 1, plan.sigmas["marker_norms"], frame=frame))
 
-        private = "marker_norms" in plan.marker_kinds
-        marker_frame = _markers.release_frame(
-            plan.n_vars, plan.sigmas["marker_center"], release_center, release_norms if private else None
-        )
+        norms = release_norms if "marker_norms" in plan.marker_kinds else None
+        if basis is None:
+            sigma = plan.sigmas["marker_center"]
+            marker_frame = _markers.release_frame(plan.n_vars, sigma, release_center, norms)
+        else:  # measured from the public reference's centre: nothing released for it
+            marker_frame = _markers.frame_from_center(basis.marker_center_for(plan.n_vars), norms)
         nearest = _kmeans.Assignment("nearest", np.asarray(centroids, dtype=np.float64))
         marker_table = release_sum(
             Request(
@@ -961,7 +979,7 @@ def _release_loadings(
     return _pca.residual_loadings(S, direction, plan.n_comps)
 
 
-def scheduled(plan: ClusterPlan, kind: str) -> ScheduledRelease:
+def scheduled(plan: ClusterPlan, kind: str) -> ReleaseStep:
     """Return the plan's (first) scheduled release of ``kind``."""
     return next(release for release in plan.schedule() if release.kind == kind)
 

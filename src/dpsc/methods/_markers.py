@@ -455,6 +455,18 @@ def release_frame(
     cell reaches, so the table's statistics are exact. Post-processing between the releases only.
     """
     center = released_center(release_center(), center_release(n_genes, center_sigma))
+    return frame_from_center(center, release_norms)
+
+
+def frame_from_center(
+    center: np.ndarray, release_norms: Callable[[MarkerFrame], np.ndarray] | None
+) -> MarkerFrame:
+    r"""Return the table's frame from a public centre: the bounds released from it, or the worst cases.
+
+    ``center``: a released centre, or a public reference's (:mod:`._public_markers`: any public
+    :math:`m \ge 0` in bounds keeps every Δ). Without ε (``release_norms`` is ``None``) the frame
+    states the worst-case bounds.
+    """
     if release_norms is None:
         return MarkerFrame(center, *MarkerFrame(center).worst)
     return released_frame(release_norms(MarkerFrame(center)), center)

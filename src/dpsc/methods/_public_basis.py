@@ -68,6 +68,11 @@ class PublicBasis:
     start
         Public starting centroids of the DP k-means in the points' space (computed from the
         reference's points alone), or ``None``: the k-means starts from its own sketch release.
+    marker_center
+        The reference cells' mean log1p(CP10k) expression on the ``shared`` genes, in their order
+        (:func:`~._public_markers.reference_center`): the centre the marker statistics of a
+        clustering on this basis are measured from, so that no centre is released; ``None`` when
+        not computed.
     """
 
     genes: np.ndarray
@@ -78,6 +83,7 @@ class PublicBasis:
     target_sum: float = 1e4
     radius: float | None = None
     start: np.ndarray | None = None
+    marker_center: np.ndarray | None = None
 
     @property
     def n_comps(self) -> int:
@@ -98,6 +104,14 @@ class PublicBasis:
     def with_columns(self, genes: np.ndarray, shared: np.ndarray) -> PublicBasis:
         """Return the same map for a matrix whose columns of these genes are ``genes`` and ``shared``."""
         return replace(self, genes=genes, shared=shared)
+
+    def marker_center_for(self, n_vars: int) -> np.ndarray:
+        """Return the marker centre on all ``n_vars`` private genes (0 on a gene the reference lacks)."""
+        if self.marker_center is None:
+            raise ValueError("This public basis has no marker centre; build it with PublicReference.basis().")
+        center = np.zeros(int(n_vars))
+        center[np.asarray(self.shared)] = self.marker_center
+        return center
 
     def with_start(self, start: np.ndarray | None) -> PublicBasis:
         """Return the same map with public starting centroids for the DP k-means."""
@@ -125,7 +139,15 @@ def same_basis(given: Any, own: PublicBasis, rtol: float = 1e-6) -> bool:
     radii = (given.radius is None) == (own.radius is None) and (
         own.radius is None or np.isclose(given.radius, own.radius, rtol=rtol)
     )
-    return bool(close and radii and np.isclose(given.target_sum, own.target_sum, rtol=rtol))
+    centers = (
+        given.marker_center is None
+        or own.marker_center is None
+        or (
+            np.shape(given.marker_center) == np.shape(own.marker_center)
+            and np.allclose(given.marker_center, own.marker_center, rtol=rtol, atol=rtol * 1e-3)
+        )
+    )
+    return bool(close and radii and centers and np.isclose(given.target_sum, own.target_sum, rtol=rtol))
 
 
 def to_ball(rows: np.ndarray, radius: float | None) -> np.ndarray:

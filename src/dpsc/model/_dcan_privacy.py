@@ -43,6 +43,7 @@ from ..privacy import (
     DPSGDSettings,
     NoiseSource,
     PlannedRelease,
+    PlanSettings,
     PrivacyRecord,
     ReleasePlan,
     epsilon_curve,
@@ -257,7 +258,7 @@ def planned_step_counts(
 
 
 @dataclass
-class FitPlan:
+class FitPlan(PlanSettings):
     """One fit, fixed before training: options, step counts and its calibrated plan of releases.
 
     ``releases`` is the fit's plan as the one plan type (:class:`~dpsc.privacy.ReleasePlan`),
@@ -265,23 +266,19 @@ class FitPlan:
     of the clustering it starts from (``start``, whose own plan is that part), the DP-SGD steps
     (σ, q, every planned step), then the choice between the two partitions (after a start). Every
     σ of the fit lives there; without ε each is 0 (the releases are exact). ``settings`` is the
-    training's DP-SGD settings, ``None`` for a non-private fit.
+    training's DP-SGD settings, ``None`` for a non-private fit. The target (ε, δ), the accountant
+    and the training's sampling rate are read from ``releases``, never stored beside it.
     """
 
-    epsilon: float | None
-    delta: float
     scope: str
-    accountant: str
     instance_epochs: int
     cluster_epochs: int
     batch_size: int
-    max_grad_norm: float
     private_optimizer: str
     options: dict
     kmeans: dict
     random_state: int
     counts: dict[str, int]
-    sample_rate: float
     settings: DPSGDSettings | None
     noise: NoiseSource
     releases: ReleasePlan
@@ -290,6 +287,11 @@ class FitPlan:
     #: The public reference's summary (:meth:`dpsc._public_reference.PublicReference.summary`) when the
     #: fit reads each cell's point in its basis and starts from a model pretrained on it.
     reference: dict | None = None
+
+    @property
+    def sample_rate(self) -> float:
+        """q, the Poisson rate of the DP-SGD steps."""
+        return float(self.releases["training"].sample_rate)
 
     def sigma(self, name: str) -> float | None:
         """σ of release ``name`` (0 without ε), ``None`` when the fit does not make it."""
@@ -393,20 +395,15 @@ def plan_fit(
             "training", n_obs=n_obs, max_grad_norm=settings.max_grad_norm, noise=noise
         )
     return FitPlan(
-        epsilon=settings.epsilon,
-        delta=delta,
         scope=settings.scope,
-        accountant=settings.accountant,
         instance_epochs=instance_epochs,
         cluster_epochs=cluster_epochs,
         batch_size=batch_size,
-        max_grad_norm=settings.max_grad_norm,
         private_optimizer=settings.private_optimizer,
         options=options,
         kmeans=kmeans,
         random_state=settings.random_state,
         counts=counts,
-        sample_rate=sample_rate,
         settings=dp,
         noise=noise,
         releases=releases,

@@ -11,94 +11,68 @@ PCA, k-means, the clustering, markers, public references) live in :mod:`dpsc.met
 from importlib import import_module
 from typing import Any
 
-#: Where each public name lives; submodules load on first use, so that a federated site's
-#: per-message process imports only what it uses (not Opacus or torch).
-_WHERE = {
-    "ACCOUNTANTS": "._accounting",
-    "ADD_REMOVE": "._record",
-    "BudgetExceededError": "._ledger",
-    "COMMON_NOT_COVERED": "._record",
-    "DPSGDEngine": "._engine",
-    "DPSGDSettings": "._engine",
-    "FileLedger": "._ledger",
-    "MemoryLedger": "._ledger",
-    "GaussianSum": "._release",
-    "LaplaceSum": "._release",
-    "N_PUBLIC": "._record",
-    "NoiseSource": "._noise",
-    "PlannedRelease": "._plan",
-    "PrivacyRecord": "._record",
-    "ReleasePlan": "._plan",
-    "REPLACE_ONE": "._record",
-    "SecureRandom": "._random",
-    "Spending": "._ledger",
-    "Spent": "._ledger",
+#: What users call (docs/api.md, "Privacy"): budgets, ledgers and records, the noise source, the
+#: release shapes, the plan, the DP-SGD engine.
+_USER = {
     "attach_ledger": "._ledger",
-    "book": "._ledger",
-    "broadcast_from_rank_zero": "._distributed",
-    "build_statement": "._record",
+    "BudgetExceededError": "._ledger",
     "calibrate_noise_multiplier": "._accounting",
-    "check_budget": "._ledger",
-    "check_within_budget": "._ledger",
-    "compose": "._ledger",
-    "derive_key": "._random",
-    "ledger_entry": "._ledger",
-    "plain_entry": "._ledger",
     "concat": "._ledger",
     "distributed_slack": "._release",
     "dp_cluster_frequency": "._frequency",
+    "DPSGDEngine": "._engine",
+    "DPSGDSettings": "._engine",
+    "FileLedger": "._ledger",
+    "GaussianSum": "._release",
+    "get_record": "._ledger",
+    "LaplaceSum": "._release",
+    "ledger_frame": "._ledger",
+    "NoiseSource": "._noise",
+    "PlannedRelease": "._plan",
+    "PlanSettings": "._plan",
+    "PrivacyRecord": "._record",
+    "ReleasePlan": "._plan",
+    "SecureRandom": "._random",
+    "set_budget": "._ledger",
+    "Spent": "._ledger",
+    "spent": "._ledger",
+    "split_budget": "._accounting",
+}
+
+#: What a private tool of dpsc is built from (docs/api.md, "Building a private tool"): the accountant
+#: and its ε, the record and ledger writers, the standard sentences of a record, the Poisson step
+#: counts, derived keys, and the process group of a data-parallel fit.
+_BUILDING_BLOCKS = {
+    "broadcast_from_rank_zero": "._distributed",
+    "check_within_budget": "._ledger",
+    "COMMON_NOT_COVERED": "._record",
+    "compose": "._ledger",
+    "derive_key": "._random",
     "epsilon_curve": "._accounting",
     "estimator_record": "._record",
-    "frequency_release": "._frequency",
     "gaussian_release_record": "._plan",
-    "get_record": "._ledger",
     "history_epsilon": "._accounting",
     "is_distributed": "._distributed",
     "laplace_release": "._release",
-    "ledger_frame": "._ledger",
-    "with_storage_note": "._record",
+    "ledger_entry": "._ledger",
     "make_accountant": "._accounting",
+    "MemoryLedger": "._ledger",
     "no_guarantee_record": "._record",
-    "planned_pure_record": "._record",
+    "plain_entry": "._ledger",
     "poisson_steps": "._engine",
-    "secure_key": "._random",
-    "set_budget": "._ledger",
-    "spending": "._ledger",
-    "spent": "._ledger",
-    "spent_epsilon": "._accounting",
-    "split_budget": "._accounting",
+    "REPLACE_ONE": "._record",
+    "Spending": "._ledger",
     "sum_over_ranks": "._distributed",
+    "with_storage_note": "._record",
     "world": "._distributed",
     "write_record": "._ledger",
-    "write_result": "._ledger",
 }
 
-#: What users call (each documented in docs/api.md). The other names of ``_WHERE`` serve dpsc's
-#: own packages and tests: importable, but not part of the API and free to change.
-__all__ = [
-    "BudgetExceededError",
-    "DPSGDEngine",
-    "DPSGDSettings",
-    "FileLedger",
-    "GaussianSum",
-    "LaplaceSum",
-    "NoiseSource",
-    "PlannedRelease",
-    "PrivacyRecord",
-    "ReleasePlan",
-    "SecureRandom",
-    "Spent",
-    "attach_ledger",
-    "calibrate_noise_multiplier",
-    "concat",
-    "distributed_slack",
-    "dp_cluster_frequency",
-    "get_record",
-    "ledger_frame",
-    "set_budget",
-    "spent",
-    "split_budget",
-]
+#: Where each exported name lives; submodules load on first use, so that a federated site's
+#: per-message process imports only what it uses (not Opacus or torch). Nothing else is exported:
+#: the other names of the submodules are dpsc's own.
+_WHERE = {**_USER, **_BUILDING_BLOCKS}
+__all__ = sorted(_WHERE, key=str.lower)
 
 
 def __getattr__(name: str) -> Any:

@@ -573,14 +573,6 @@ def _h5ad_safe(value: Any) -> Any:
     return value
 
 
-def write_result(
-    adata: ad.AnnData, key: str, record: PrivacyRecord, params: dict[str, Any] | None = None, **extra: Any
-) -> None:
-    """Write a result's record under its own key and book it in the ledger (check, reserve, settle)."""
-    book(adata, record, key)
-    write_record(adata, key, record, params, **extra)
-
-
 def get_record(adata: ad.AnnData, key: str) -> dict[str, Any]:
     """Return the privacy record of the result written under ``key``."""
     try:

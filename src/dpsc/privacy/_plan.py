@@ -325,6 +325,31 @@ class ReleasePlan:
             yield PlanSpending(self, noise, booking)
 
 
+class PlanSettings:
+    """Base of a method's settings kept beside its one :class:`ReleasePlan` (an attribute ``releases``).
+
+    The target (ε, δ) and the accountant are read from the plan, never stored twice: a
+    clustering's or a fit's settings are what the plan does not hold (genes, k, epochs, …).
+    """
+
+    releases: ReleasePlan
+
+    @property
+    def epsilon(self) -> float | None:
+        """The target ε the plan's σ were calibrated for (``None``: no noise, no guarantee)."""
+        return self.releases.epsilon
+
+    @property
+    def delta(self) -> float:
+        """The plan's δ."""
+        return float(self.releases.delta)
+
+    @property
+    def accountant(self) -> str:
+        """The accountant that composes the plan's releases."""
+        return self.releases.accountant
+
+
 @dataclass
 class PlanSpending:
     """The releases of a plan being spent: each release's noise stream, by the plan's names only."""

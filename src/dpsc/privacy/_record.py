@@ -246,6 +246,41 @@ class PrivacyRecord:
         )
 
     @classmethod
+    def message(
+        cls,
+        tool: str,
+        history: list[tuple[float, float, int]],
+        delta: float,
+        *,
+        noise: NoiseSource | None = None,
+        epsilon: float | None = None,
+        accountant: str = "rdp",
+        **fields_: Any,
+    ) -> PrivacyRecord:
+        r"""Record of one message a site sends: its releases' history at its share of δ, proven.
+
+        A site books each message before it leaves; its ledger composes the messages' histories.
+        ``epsilon`` is the history's ε at ``delta`` when the caller has it already (else computed by
+        ``accountant``); ``fields`` add the record's other fields (``details``).
+        """
+        from ._accounting import history_epsilon
+
+        history = [(float(s), float(q), int(n)) for s, q, n in history]
+        if epsilon is None:
+            epsilon = history_epsilon(history, delta, accountant)
+        return cls(
+            tool=tool,
+            epsilon=float(epsilon),
+            delta=float(delta),
+            guarantee="proven",
+            statement="",
+            history=history,
+            relation=ADD_REMOVE,
+            **({} if noise is None else {"noise": noise.to_dict()}),
+            **fields_,
+        )
+
+    @classmethod
     def from_dict(cls, record: dict[str, Any]) -> PrivacyRecord:
         """Rebuild a record from :meth:`to_dict`'s output (unknown keys go to ``details``)."""
         names = {f.name for f in fields(cls)} - {"details"}
@@ -354,17 +389,4 @@ def no_guarantee_record(tool: str, *, unit: str, covered: str, **fields_: Any) -
     """Record of a call that read the cells without any differential privacy (ε = ∞ in the ledger)."""
     return PrivacyRecord.stated(
         tool, guarantee="none", epsilon=None, delta=0.0, unit=unit, mechanism="", covered=covered, **fields_
-    )
-
-
-def planned_pure_record(tool: str, epsilon: float, relation: str = ADD_REMOVE) -> PrivacyRecord:
-    """Planned spend of a call, counted as pure ε (conservative; the ledger records the real history)."""
-    return PrivacyRecord(
-        tool=tool,
-        epsilon=float(epsilon),
-        delta=0.0,
-        guarantee="proven",
-        statement="",
-        pure_epsilon=float(epsilon),
-        relation=relation,
     )

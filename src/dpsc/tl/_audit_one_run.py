@@ -63,22 +63,27 @@ def one_run_record(
     )
 
 
-def group_of_two(record: PrivacyRecord, n_obs: int) -> PrivacyRecord:
-    r"""Return the input-canary fit's guarantee for a cell that is also the source of a canary (group size 2).
+def group_of_two_budget(epsilon: float, delta: float) -> tuple[float, float]:
+    r"""Return the (ε, δ) at group size 2 of an (ε, δ) guarantee.
 
-    Removing such a cell removes it and its canary: two steps of group privacy turn the fit's
-    (ε, δ) into :math:`(2\varepsilon, (1 + e^\varepsilon)\\delta)` (Dwork & Roth 2014, §2.3).
+    :math:`(2\varepsilon, (1 + e^\varepsilon)\delta)`: removing a cell that is also the source of a
+    canary removes two rows, two steps of group privacy (Dwork & Roth 2014, §2.3).
     """
+    return 2 * float(epsilon), (1 + math.exp(min(float(epsilon), 700.0))) * float(delta)
+
+
+def group_of_two(record: PrivacyRecord, n_obs: int) -> PrivacyRecord:
+    """Return the input-canary fit's record for a cell that is also the source of a canary (group size 2)."""
     if record.epsilon is None:
         return record
-    eps, delta = float(record.epsilon), float(record.delta)
+    epsilon, delta = group_of_two_budget(record.epsilon, record.delta)
+    statement = f"The audited fit's guarantee at group size 2 (a cell and its canary), over {n_obs} cells: "
     return PrivacyRecord(
         tool="audit",
-        epsilon=2 * eps,
-        delta=(1 + math.exp(min(eps, 700.0))) * delta,
+        epsilon=epsilon,
+        delta=delta,
         guarantee=record.guarantee,
-        statement=f"The audited fit's guarantee at group size 2 (a cell and its canary), over {n_obs} cells: "
-        + record.statement,
+        statement=statement + record.statement,
         covered=record.covered,
         not_covered=record.not_covered,
         accountant=record.accountant,
@@ -171,9 +176,7 @@ def _input_audit(
             "audit", unit=f"the {adata.n_obs} audited cells", covered="the audited fit"
         )
     else:  # the audited fit at group size 2 (a cell and its canary), reserved before it runs
-        plan = ReleasePlan.stated(
-            "audited fit", 2 * float(epsilon), (1 + math.exp(min(epsilon, 700.0))) * delta
-        )
+        plan = ReleasePlan.stated("audited fit", *group_of_two_budget(epsilon, delta))
         planned = plan.reservation("audit")
     with plan.spend(adata, planned, key_added) as spent:
         booking = spent.booking

@@ -18,7 +18,6 @@ from dpsc._docs import doc_params
 from .._api import DEFAULT_EPSILON, renamed_arguments, result_target, store_result
 from .._validation import check_matrix, check_site_key, federation_sites, get_matrix, resolve_delta
 from ..federated import (
-    KMEANS_STEPS,
     METHODS,
     PER_CELL_METHODS,
     FedSCPrivacy,
@@ -30,14 +29,14 @@ from ..federated import (
     embed,
     federated_record,
     federation_plan,
-    fedsc_noise,
+    fedsc_plan,
     require_flwr,
     simulate_federation,
 )
 from ..methods import nearest_centroid
 from ..module import input_representation
 from ..optim import DEFAULT_PRIVATE_LRS, OPTIMIZERS
-from ..privacy import NoiseSource
+from ..privacy import NoiseSource, ReleasePlan
 from ._fit import DEFAULT_N_CLUSTERS
 
 
@@ -206,7 +205,7 @@ def fit_federated(
     X = represent(matrix, likelihood)
     parts = [X[of_cell == name] for name in names]
     planned = federated_record(run.dp_plan, run.privacy)
-    with federation_plan(run.dp_plan, run.privacy).spend(adata, planned, key_added) as spent:
+    with federation_plan(run.dp_plan).spend(adata, planned, key_added) as spent:
         return _run_fedsc(adata, X, parts, run, copy, return_model, spent.booking)
 
 
@@ -225,8 +224,8 @@ class FedSCRun:
     names: list[str]
     sizes: pd.Series
     settings: dict[str, Any]
-    #: per site: ((σ, q, steps) of DP-SGD, (σ, 1, steps) of its k-means tables); ``None``: no DP
-    dp_plan: dict[str, tuple[tuple[float, float, int], tuple[float, float, int]]] | None
+    #: each site's plan (its DP-SGD training and its k-means tables, :func:`fedsc_plan`); ``None``: no DP
+    dp_plan: dict[str, ReleasePlan] | None
     site_key: str
     privacy: FedSCPrivacy
 
@@ -270,7 +269,7 @@ def _plan_site_noise(run: FedSCRun, epsilon: float, private_lr: float | None) ->
 
     Site k takes ``rounds × local_epochs × ⌈1/q_k⌉`` Poisson steps at ``q_k = min(1, 128/n_k)``
     (:func:`~dpsc.federated.dp_schedule`) and its k-means tables, split so that together they
-    spend ``(epsilon, delta)`` on its cells (:func:`~dpsc.federated._fedsc_site.fedsc_noise`).
+    spend ``(epsilon, delta)`` on its cells (:func:`~dpsc.federated._fedsc_site.fedsc_plan`).
     """
     batch = SSLConfig().batch_size
     delta, accountant, optimizer = run.privacy.delta, run.privacy.accountant, run.privacy.optimizer
@@ -278,13 +277,12 @@ def _plan_site_noise(run: FedSCRun, epsilon: float, private_lr: float | None) ->
     for name in run.names:
         q, per_epoch = dp_schedule(int(run.sizes[name]), batch)
         steps = run.rounds * run.local_epochs * per_epoch
-        sigma, kmeans_sigma = fedsc_noise(epsilon, delta, q, steps, accountant)
-        run.dp_plan[name] = ((sigma, q, steps), (kmeans_sigma, 1.0, KMEANS_STEPS))
+        run.dp_plan[name] = fedsc_plan(epsilon, delta, q, steps, accountant)
     lr = DEFAULT_PRIVATE_LRS[optimizer]["federated"] if private_lr is None else float(private_lr)
     run.settings.update(
         {
-            "noise-multipliers": json.dumps([run.dp_plan[name][0][0] for name in run.names]),
-            "kmeans-noise-multipliers": json.dumps([run.dp_plan[name][1][0] for name in run.names]),
+            "noise-multipliers": json.dumps([run.dp_plan[name].sigma("training") for name in run.names]),
+            "kmeans-noise-multipliers": json.dumps([run.dp_plan[name].sigma("kmeans") for name in run.names]),
             "max-grad-norm": run.privacy.max_grad_norm,
             "dp-optimizer": optimizer,
             "dp-lr": lr,

@@ -383,11 +383,8 @@ def marker_frame(
     if public is None:
         first = frame_releases(matrix, sigmas, releases, private)
         return mechanism.release_frame(matrix.shape[1], sigmas["center"], *first)
-    frame = mechanism.MarkerFrame(public.center)
-    if not private:
-        return mechanism.MarkerFrame(public.center, *frame.worst)
-    _, release_norms = frame_releases(matrix, sigmas, releases, private)
-    return mechanism.released_frame(release_norms(frame), public.center)
+    release_norms = frame_releases(matrix, sigmas, releases, private)[1] if private else None
+    return mechanism.frame_from_center(public.center, release_norms)
 
 
 __all__ = ["rank_genes_groups"]
