@@ -205,3 +205,40 @@ def test_the_loopback_recipe_of_the_docs_runs_as_written(tmp_path):
         out = ad.read_h5ad(tmp_path / f"{name}.dpsc.h5ad")
         assert out.obs["dp_cluster"].notna().all()
     assert "8 released centroids" in server or "released centroids hold cells" in server
+
+
+@pytest.mark.optional_extra
+def test_stopping_the_runner_ends_a_call_that_is_already_retrying():
+    """When the site stops (its server is gone), a call to its SuperNode that is in its retry loop gives
+    up at its next failure instead of retrying forever, so the site's process ends within seconds."""
+    pytest.importorskip("flwr")
+    import time
+
+    import httpx
+
+    from dpsc.federated._own_app import OwnAppRunner
+
+    runner = OwnAppRunner("127.0.0.1:9", b"0" * 32, {}, lambda reason: None)
+    runner._client(token="a task")  # the client of one task: its calls retry RETRIES times
+    invoker = runner._invokers[-1]
+    invoker.wait_function = lambda seconds: time.sleep(0.05)  # fast backoff for the test
+    tries = []
+
+    def unreachable():
+        tries.append(time.monotonic())
+        raise httpx.ConnectError("the SuperNode is gone")
+
+    ended = []
+
+    def retrying_call():
+        with pytest.raises(httpx.ConnectError):
+            invoker.invoke(unreachable)
+        ended.append(len(tries))
+
+    call = threading.Thread(target=retrying_call, daemon=True)
+    call.start()
+    while len(tries) < 3:
+        time.sleep(0.01)
+    runner.stop()
+    call.join(timeout=5)
+    assert not call.is_alive() and ended and len(tries) <= 5

@@ -203,9 +203,10 @@ class OwnAppRunner:
     def stop(self) -> None:
         """Stop: no more tasks, no more retries of a call to a SuperNode that is gone."""
         self._stop.set()
-        for invoker in self._invokers:
-            invoker.max_tries = 1
-        self._thread.join(timeout=2)
+        for invoker in self._invokers:  # a call already retrying gives up at its next failure too
+            invoker.max_tries, invoker.max_time = 1, 0.0
+        if self._thread.is_alive():  # also when the site stopped before it started serving
+            self._thread.join(timeout=2)
 
     def _client(self, token: str | None = None):
         from flwr.supercore.interceptors import RuntimeTokenHttpInterceptor, SuperExecAuthHttpInterceptor
@@ -221,6 +222,7 @@ class OwnAppRunner:
             interceptors.append(RuntimeTokenHttpInterceptor(token))
         invoker = make_simple_http_retry_invoker()
         invoker.max_tries = RETRIES if token is not None else 1  # polls retry in the loop itself
+        invoker.wait_function = self._stop.wait  # a backoff ends when the site stops
         self._invokers = [*self._invokers[-4:], invoker]
         return RuntimeHttpClient.from_server_address(
             server_address=self.runtime_address,
