@@ -136,12 +136,9 @@ def part_epochs(args, emit) -> None:
 
 
 def _epsilon_after(sigma: float, rate: float, epochs: int, steps_per_epoch: int) -> float:
-    from dpsc.privacy import make_accountant
-    from dpsc.privacy._accounting import spent_epsilon
+    from dpsc.privacy import history_epsilon
 
-    accountant = make_accountant("prv")
-    accountant.history = [(sigma, rate, epochs * steps_per_epoch)]
-    return spent_epsilon(accountant, 1e-5)
+    return history_epsilon([(sigma, rate, epochs * steps_per_epoch)], 1e-5, "prv")
 
 
 def part_digits(args, emit) -> None:

@@ -73,14 +73,11 @@ def gaussian_record():
     engine writes it: ε from Opacus' RDP accountant at ``delta``, the history for the ledger."""
 
     def build(sigma: float, q: float, steps: int, delta: float = 1e-5) -> PrivacyRecord:
-        from dpsc.privacy import make_accountant
-        from dpsc.privacy._accounting import spent_epsilon
+        from dpsc.privacy import history_epsilon
 
-        accountant = make_accountant("rdp")
-        accountant.history = [(sigma, q, steps)]
         return PrivacyRecord(
             tool="fit",
-            epsilon=spent_epsilon(accountant, delta),
+            epsilon=history_epsilon([(sigma, q, steps)], delta, "rdp"),
             delta=delta,
             guarantee="proven",
             statement="",

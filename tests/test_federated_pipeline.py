@@ -200,7 +200,7 @@ def test_site_ledger_survives_a_restart_composes_and_refuses_past_the_budget(sit
     one_run(Site(settings))
     restarted = Site(settings)  # a new process: the ledger is read back from its file
     assert len(restarted.ledger.entries()) == 2
-    first = dpsc.privacy._ledger.compose(restarted.ledger.entries()).epsilon
+    first = dpsc.privacy.compose(restarted.ledger.entries()).epsilon
     with pytest.raises(SiteRefusal, match="budget refuses the run"):
         one_run(restarted)  # the whole run (about 8) on top of what was spent passes 9
     assert len(restarted.ledger.entries()) == 2

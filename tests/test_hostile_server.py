@@ -38,8 +38,7 @@ from dpsc.methods._clustering import (
     run_clustering,
 )
 from dpsc.methods._kmeans import Assignment
-from dpsc.privacy import NoiseSource
-from dpsc.privacy._ledger import compose
+from dpsc.privacy import NoiseSource, compose
 
 N_VARS = 40
 HONEST = ("plain", 1, 3)  # mode, threshold, number of sites

@@ -17,19 +17,22 @@ from scipy import sparse
 
 import dpsc
 from dpsc.privacy import (
+    REPLACE_ONE,
     BudgetExceededError,
+    FileLedger,
     NoiseSource,
     ReleasePlan,
     attach_ledger,
     concat,
     get_record,
+    ledger_entry,
     ledger_frame,
     set_budget,
     spent,
     write_record,
 )
-from dpsc.privacy._ledger import FileLedger, book, ledger_entry
-from dpsc.privacy._record import ADD_REMOVE, REPLACE_ONE
+from dpsc.privacy._ledger import book
+from dpsc.privacy._record import ADD_REMOVE
 
 
 def planned_pure_record(tool: str, epsilon: float, relation: str = ADD_REMOVE):

@@ -8,8 +8,7 @@ import pytest
 import torch
 
 import dpsc
-from dpsc.privacy import _accounting
-from dpsc.privacy._engine import DPSGDEngine
+from dpsc.privacy import DPSGDEngine, _accounting
 
 
 @pytest.fixture
@@ -383,3 +382,17 @@ def test_a_clusterings_schedule_is_its_planned_releases_step_by_step(markers):
     with pytest.raises(ValueError, match="does not expand the plan"):
         object.__setattr__(plan, "releases", short)  # a plan whose k-means accounts one step less
         plan.schedule()
+
+
+def test_a_plan_at_fixed_sigma_books_what_its_steps_compose_to_at_most_its_cap():
+    from dpsc.privacy import PlannedRelease, ReleasePlan
+
+    release = PlannedRelease("classifier", sample_rate=0.1, steps=100, sigma=1.0)
+    plan = ReleasePlan.of(release, accountant="prv", delta=1e-5)
+    booked = plan.reservation("annotate")
+    assert booked.epsilon == pytest.approx(plan.spent()) and booked.epsilon > 0
+    assert (booked.delta, booked.history, booked.pure_epsilon) == (1e-5, [(1.0, 0.1, 100)], 0.0)
+    assert plan.reservation("annotate", cap=booked.epsilon / 2).epsilon == pytest.approx(booked.epsilon / 2)
+    mixed = ReleasePlan.of(release, *ReleasePlan.stated("coefficients", 2.0).releases, delta=1e-5)
+    with pytest.raises(ValueError, match="Only a stated plan"):
+        mixed.reservation("annotate")

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from dpsc.privacy._random import SecureRandom, derive_key
+from dpsc.privacy import SecureRandom, derive_key
 
 
 def stream(name: str) -> SecureRandom:

@@ -1,7 +1,7 @@
 import numpy as np
 
 from dpsc.model import DPDCAN
-from dpsc.privacy import NoiseSource
+from dpsc.privacy import NoiseSource, PoissonSampling
 from dpsc.train import PoissonDataSplitter
 
 
@@ -10,7 +10,7 @@ def test_poisson_batches_vary_and_match_the_rate(small_adata):
     model = DPDCAN(small_adata, n_clusters=3)
     n = small_adata.n_obs
     splitter = PoissonDataSplitter(
-        model.adata_manager, sample_rate=0.1, steps_per_epoch=10, noise=NoiseSource()
+        model.adata_manager, PoissonSampling(0.1, NoiseSource()), steps_per_epoch=10
     )
     sizes = []
     for _ in range(20):
@@ -28,7 +28,7 @@ def test_batches_are_rows_of_the_data(small_adata):
     DPDCAN.setup_anndata(small_adata)
     model = DPDCAN(small_adata, n_clusters=3)
     splitter = PoissonDataSplitter(
-        model.adata_manager, sample_rate=0.5, steps_per_epoch=1, noise=NoiseSource()
+        model.adata_manager, PoissonSampling(0.5, NoiseSource()), steps_per_epoch=1
     )
     batch = next(iter(splitter.train_dataloader()))["X"].numpy()
     dense = small_adata.X.toarray()

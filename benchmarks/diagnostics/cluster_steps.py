@@ -55,7 +55,7 @@ def labels(adata, epsilon: float, run: int, variant: str, n_genes: int | None = 
     from sklearn.cluster import KMeans
 
     from dpsc.methods import _clustering
-    from dpsc.privacy._noise import NoiseSource
+    from dpsc.privacy import NoiseSource
 
     matrix = adata.X
     k = adata.obs["label"].nunique()

@@ -39,7 +39,7 @@ import numpy as np
 @contextlib.contextmanager
 def numpy_samplers(seed: int) -> Iterator[None]:
     """Replace the secure samplers by numpy PCG64 draws of the same scale (timing reference only)."""
-    from dpsc.privacy._random import SecureRandom
+    from dpsc.privacy import SecureRandom
 
     generator = np.random.default_rng(seed)
     secure = SecureRandom.discrete_gaussian, SecureRandom.normal

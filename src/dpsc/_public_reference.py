@@ -61,15 +61,22 @@ class PublicReference:
             "reference_key": self.reference_key or "",
         }
 
-    def basis(self) -> PublicBasis:
-        """Return the public basis (:mod:`dpsc.methods._public_basis`) in the private columns."""
+    def basis(self, *, markers: bool = True) -> PublicBasis:
+        """Return the public basis (:mod:`dpsc.methods._public_basis`) in the private columns.
+
+        ``markers``: also hold the reference's marker centre (:meth:`marker_center`), which a
+        clustering with markers measures its statistics from (one more pass over the reference).
+        """
         quantile = _public_basis.RADIUS_QUANTILE
         basis = basis_from_reference(
             self.counts, self.reference_genes, self.private_genes, MAX_GENES, N_COMPS, quantile
         )
+        return replace(basis, marker_center=self.marker_center()) if markers else basis
+
+    def marker_center(self) -> np.ndarray:
+        """Return the reference's mean log1p(CP10k) on the shared genes (:func:`reference_center`)."""
         n_shared = len(self.reference_genes)
-        center = reference_center(self.counts, self.reference_genes, np.arange(n_shared), n_shared)
-        return replace(basis, marker_center=center)
+        return reference_center(self.counts, self.reference_genes, np.arange(n_shared), n_shared)
 
     def own_basis(self, basis: PublicBasis) -> PublicBasis:
         """Return the same basis in the reference's own columns (to map the reference's cells)."""

@@ -5,6 +5,7 @@ from ._dcan_privacy import DEFAULT_KMEANS_OPTIONS, DEFAULT_PLAN_OPTIONS, RELEASE
 # dpsc.tl's interface to the fit's plan (not in __all__)
 from ._dcan_privacy import MODEL_GENES as MODEL_GENES
 from ._dcan_privacy import FitPlan as FitPlan
+from ._dcan_privacy import PlannedTraining as PlannedTraining
 from ._dcan_privacy import TrainSettings as TrainSettings
 from ._dcan_privacy import plan_fit as plan_fit
 from ._dcan_reference import REFERENCE_MODEL as REFERENCE_MODEL

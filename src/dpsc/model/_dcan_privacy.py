@@ -17,6 +17,7 @@ release of the gene second-moment matrix of its unit-norm cells (sensitivity 1, 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from .._api import DEFAULT_EPSILON
@@ -44,6 +45,7 @@ from ..privacy import (
     NoiseSource,
     PlannedRelease,
     PlanSettings,
+    PoissonSampling,
     PrivacyRecord,
     ReleasePlan,
     epsilon_curve,
@@ -293,6 +295,11 @@ class FitPlan(PlanSettings):
         """q, the Poisson rate of the DP-SGD steps."""
         return float(self.releases["training"].sample_rate)
 
+    @property
+    def sampling(self) -> PoissonSampling:
+        """The fit's Poisson sampler: the training release's q, the fit's secret streams."""
+        return PoissonSampling(self.sample_rate, self.noise)
+
     def sigma(self, name: str) -> float | None:
         """σ of release ``name`` (0 without ε), ``None`` when the fit does not make it."""
         return self.releases.sigma(name) if name in self.releases else None
@@ -325,6 +332,21 @@ class FitPlan(PlanSettings):
         params["kmeans"] = dict(self.kmeans)
         params["planned_steps"] = self.counts["total"]
         return params
+
+
+@dataclass(frozen=True)
+class PlannedTraining:
+    """A fit its caller planned and booked (``dpsc.tl.fit``): what :meth:`DPDCAN.train` runs under.
+
+    ``plan`` replaces every privacy and schedule argument of ``train`` (nothing is calibrated
+    again); the caller's ledger booking covers it, so ``train`` books nothing itself.
+    ``after_training`` runs once the model is trained, before the record is written: the last
+    releases of a plan that starts from the private clustering (``dpsc.tl.fit`` chooses the
+    partition there), stepped in the plan's accountant so the record includes them.
+    """
+
+    plan: FitPlan
+    after_training: Callable[[], None] | None = None
 
 
 def plan_fit(

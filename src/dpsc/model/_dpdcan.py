@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import anndata as ad
@@ -30,10 +30,11 @@ from ..methods import (
     table_release,
 )
 from ..module import DEFAULT_LATENT_SCALE, DCANModule, clean_input
-from ..privacy import PrivacyRecord, Spending, broadcast_from_rank_zero, dp_cluster_frequency
+from ..privacy import PrivacyRecord, broadcast_from_rank_zero, dp_cluster_frequency
 from ..train import DCANTrainingPlan, FitProgress, PoissonDataSplitter, quiet_training_logs
 from ._dcan_privacy import (
     FitPlan,
+    PlannedTraining,
     TrainSettings,
     check_options,
     dcan_record,
@@ -173,9 +174,7 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
         devices: int | str = 1,
         strategy: str = "auto",
         progress_bar: bool = True,
-        plan: FitPlan | None = None,
-        booking: Spending | None = None,
-        after_training: Callable[[], None] | None = None,
+        planned: PlannedTraining | None = None,
     ) -> None:
         r"""Train both stages; with ``epsilon`` the whole fit is (ε, δ)-DP (see the record).
 
@@ -251,18 +250,13 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
             process runs the script and holds the AnnData.
         progress_bar
             Show one progress bar over both stages (epochs, stage, ε spent so far).
-        plan
-            A :class:`~dpsc.model._dcan_privacy.FitPlan` made beforehand by
-            :func:`~dpsc.model._dcan_privacy.plan_fit` for this model (``dpsc.tl.fit`` does so, to
-            check the budget before touching the AnnData): it replaces the privacy and schedule
-            arguments above, and nothing is calibrated again.
-        booking
-            The caller's ledger booking of this fit (``dpsc.tl.fit`` passes its own); ``None``
-            books the fit in this model's AnnData.
-        after_training
-            Called once the model is trained, before the record is written: the last releases
-            of a plan that starts from the private clustering (``dpsc.tl.fit`` chooses the
-            partition there), stepped in the plan's accountant so the record includes them.
+        planned
+            A fit planned and booked by its caller (``dpsc.tl.fit`` plans with
+            :func:`~dpsc.model._dcan_privacy.plan_fit` to check the budget before touching the
+            AnnData, and books it in its own ledger entry):
+            :class:`~dpsc.model._dcan_privacy.PlannedTraining`. Its plan replaces the privacy and
+            schedule arguments above; ``None`` plans from them and books the fit in this model's
+            AnnData.
         """
         if self.is_trained_:
             raise RuntimeError(
@@ -270,6 +264,7 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
                 "record that ignores what the weights already learned from the cells; build a "
                 "new model (or dpsc.tl.fit) instead."
             )
+        plan = None if planned is None else planned.plan
         if plan is None:
             settings = TrainSettings(
                 epsilon=epsilon,
@@ -294,10 +289,9 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
             "devices": devices,
             "strategy": strategy,
             "progress_bar": progress_bar,
-            "after_training": after_training,
         }
-        if booking is not None:
-            self._train(plan, **run)
+        if planned is not None:
+            self._train(plan, **run, after_training=planned.after_training)
             return
         with plan.releases.spend(
             self.adata, plan.planned_record(self.adata.n_obs), "DPDCAN", plan.noise
@@ -347,9 +341,7 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
         self, plan: FitPlan, accelerator, devices, strategy, progress_bar: bool, after_training=None
     ) -> None:
         opts = plan.options
-        splitter = self._data_splitter_cls(
-            self.adata_manager, plan.sample_rate, plan.counts["steps_per_epoch"], plan.noise
-        )
+        splitter = self._data_splitter_cls(self.adata_manager, plan.sampling, plan.counts["steps_per_epoch"])
         dp = plan.settings
         stage_common = {
             "dp": dp,

@@ -29,6 +29,7 @@ _USER = {
     "ledger_frame": "._ledger",
     "NoiseSource": "._noise",
     "PlannedRelease": "._plan",
+    "PoissonSampling": "._engine",
     "PlanSettings": "._plan",
     "PrivacyRecord": "._record",
     "ReleasePlan": "._plan",

@@ -27,10 +27,11 @@ accounting step, then :meth:`DPSGDEngine.take_step` adds the last chunk, the noi
 accounting step. Clipped sums add over any partition of the batch, so the released step is the
 same mechanism whatever the chunking.
 
-:func:`poisson_steps` is the one Poisson DP-SGD loop (draw, then an empty noisy step or backward
-and step) for every user outside Lightning (the annotation classifier, the gradient audit, the
-federated sites); DP-DCAN's Lightning plan draws its batches with
-:class:`~dpsc.train.PoissonDataSplitter` and takes the same :meth:`DPSGDEngine.take_step`.
+:class:`PoissonSampling` is the one Poisson sampler. :func:`poisson_steps` is the one Poisson
+DP-SGD loop (draw, then an empty noisy step or backward and step) for every user outside
+Lightning (the annotation classifier, the gradient audit, the federated sites); DP-DCAN's
+Lightning plan reads the same sampler's batches through :class:`~dpsc.train.PoissonDataSplitter`
+and takes the same :meth:`DPSGDEngine.take_step`.
 
 Across several processes (Lightning's DDP) the engine switches to Opacus's distributed
 optimizer: the ranks' clipped sums are added and rank 0 alone adds the noise, so each global step
@@ -43,9 +44,10 @@ accountant composes the steps (Mironov et al. 2019 for RDP; Gopi et al. 2021 for
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from opacus.accountants import IAccountant
 from opacus.grad_sample import GradSampleModuleFastGradientClipping
@@ -55,12 +57,58 @@ from opacus.optimizers import (
 )
 from opacus.optimizers.optimizer import _check_processed_flag, _mark_as_processed
 from torch import nn
+from torch.utils.data import Sampler
 
 from ._accounting import make_accountant, spent_epsilon
 from ._distributed import world
 from ._ghost import ModuleOutputs, ghost_clipped_backward, release_privacy_hooks
 from ._noise import NoiseSource
 from ._random import SecureRandom
+
+
+class PoissonBatches(Sampler[list[int]]):
+    """``steps`` batches of row indices, each holding every row independently with probability q.
+
+    The draws come from a secure stream (:class:`~dpsc.privacy.SecureRandom`); an empty batch is
+    yielded as an empty list (the caller then takes a pure-noise step, as the accountant assumes).
+    A PyTorch ``Sampler``, so a ``DataLoader(batch_size=None)`` reads its batches directly.
+    """
+
+    def __init__(self, n: int, sample_rate: float, steps: int, rng: SecureRandom) -> None:
+        self.n, self.sample_rate, self.steps, self.rng = int(n), float(sample_rate), int(steps), rng
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for _ in range(self.steps):
+            yield np.flatnonzero(self.rng.bernoulli_mask(self.n, self.sample_rate)).tolist()
+
+
+@dataclass(frozen=True)
+class PoissonSampling:
+    r"""The one Poisson sampler of dpsc: every cell in each draw independently with rate q.
+
+    The RDP analysis of the sampled Gaussian mechanism (Mironov et al. 2019) assumes exactly
+    this: batch sizes vary and a batch may be empty. Draws come from the secret streams of
+    ``noise`` (OS entropy unless a ``noise_seed`` was opted into), never from ``random_state``:
+    who knows the sample knows whose cells shaped each step. :meth:`batches` serves DP-SGD
+    (one stream per data-parallel rank, ``"sampling"``); :meth:`release_rows` serves the other
+    sampled releases of a fit (k-means, frequencies) from a stream of their own.
+    """
+
+    sample_rate: float
+    noise: NoiseSource
+
+    def batches(self, n: int, steps: int, rank: int = 0) -> PoissonBatches:
+        """Return ``steps`` Poisson batches over ``n`` rows, from rank ``rank``'s sampling stream."""
+        return PoissonBatches(n, self.sample_rate, steps, self.noise.stream("sampling", rank))
+
+    def release_rows(self) -> Callable[[int], list[int]]:
+        """Return ``draw(n) -> row indices``, one Poisson sample per call for sampled releases."""
+        rng = self.noise.stream("sampling-releases")
+        return lambda n: np.flatnonzero(rng.bernoulli_mask(n, self.sample_rate)).tolist()
+
 
 #: Most cells whose losses :func:`poisson_steps` holds in memory at once (larger Poisson batches
 #: are split into chunks of this size; the step is the same mechanism).
@@ -124,10 +172,10 @@ class DPSGDSettings:
         """ε the accountant composes at δ over the releases so far (0 before any)."""
         return spent_epsilon(self.accountant, delta)
 
-    def sampler(self, rank: int = 0) -> Callable[[int], torch.Tensor]:
-        """Return ``draw(n) -> bool mask``: Poisson sampling at rate q from a secure stream."""
-        rng = self.noise.stream("sampling", rank)
-        return lambda n: torch.from_numpy(rng.bernoulli_mask(n, self.sample_rate))
+    @property
+    def sampling(self) -> PoissonSampling:
+        """The Poisson sampler at these settings' q, drawing from their noise source's streams."""
+        return PoissonSampling(self.sample_rate, self.noise)
 
     def record_release(self) -> None:
         """Tell the accountant about one non-SGD release with the same (σ, q) (k-means, frequencies)."""
@@ -301,9 +349,8 @@ def poisson_steps(
     """
     if max_physical_batch < 1:
         raise ValueError(f"max_physical_batch must be a positive number of cells, got {max_physical_batch}.")
-    draw = engine.settings.sampler()
-    for _ in range(steps):
-        indices = torch.nonzero(draw(n_obs)).reshape(-1)
+    for batch in engine.settings.sampling.batches(n_obs, steps):
+        indices = torch.as_tensor(batch, dtype=torch.long)
         if not len(indices):
             engine.take_step(None)
         else:

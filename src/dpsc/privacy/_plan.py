@@ -110,26 +110,39 @@ class ReleasePlan:
         release = PlannedRelease(name, stated=(float(epsilon), float(delta)))
         return cls((release,), epsilon=float(epsilon), delta=float(delta))
 
-    def reservation(self, tool: str, relation: str | None = None) -> PrivacyRecord:
-        """Return what a stated plan books before its mechanism runs: its (ε, δ), proven.
+    def reservation(
+        self, tool: str, relation: str | None = None, *, cap: float | None = None
+    ) -> PrivacyRecord:
+        """Return what a plan books before its mechanism runs: its (ε, δ), proven.
 
-        The mechanism's own record settles the booking afterwards. ``relation``: the proof's
-        neighbouring relation (add/remove by default; replace-one for a fixed number of rows).
+        The mechanism's own record settles the booking afterwards. A stated plan books its stated
+        (ε, δ); a Gaussian plan whose σ were fixed by the caller books what its planned steps
+        compose to at its δ (with that history), at most ``cap`` when the mechanism stops itself
+        there. ``relation``: the proof's neighbouring relation (add/remove by default; replace-one
+        for a fixed number of rows).
         """
         from ._record import ADD_REMOVE, PrivacyRecord
 
-        if any(r.stated is None for r in self.releases):
+        stated = [r.stated is not None for r in self.releases]
+        if (any(stated) and not all(stated)) or self.spent() is None:
             raise ValueError(
-                "Only a stated plan is booked as a reservation; a Gaussian plan writes its record."
+                "Only a stated plan, or a Gaussian one with every σ set, is booked as a reservation; "
+                "a reading without noise writes its record."
             )
-        epsilon, delta = float(self.spent()), sum(r.stated[1] for r in self.releases)
+        if all(stated):
+            epsilon, delta, history = float(self.spent()), sum(r.stated[1] for r in self.releases), []
+        else:
+            epsilon, delta, history = float(self.spent()), float(self.delta), self.history()
+        if cap is not None:
+            epsilon = min(epsilon, float(cap))
         return PrivacyRecord(
             tool=tool,
             epsilon=epsilon,
             delta=delta,
             guarantee="proven",
             statement="",
-            pure_epsilon=epsilon if delta == 0 else 0.0,
+            history=history,
+            pure_epsilon=epsilon if delta == 0 and not history else 0.0,
             relation=relation or ADD_REMOVE,
         )
 

@@ -116,16 +116,7 @@ def _reference_plan(
     steps = int(kwargs.get("epochs", 30)) * max(1, round(1.0 / q))
     release = PlannedRelease("classifier", sample_rate=q, steps=steps, sigma=float(sigma))
     plan = ReleasePlan.of(release, accountant=kwargs.get("accountant", "prv"), delta=delta)
-    planned = plan.spent()
-    cap = kwargs.get("max_epsilon")
-    return plan, PrivacyRecord(
-        tool="annotate",
-        epsilon=planned if cap is None else min(planned, float(cap)),
-        delta=delta,
-        guarantee="proven",
-        statement="",
-        history=plan.history(),
-    )
+    return plan, plan.reservation("annotate", cap=kwargs.get("max_epsilon"))
 
 
 def _check_order(adata: ad.AnnData, adata_ref: ad.AnnData, label_key: str) -> None:

@@ -300,7 +300,7 @@ def cluster(
         or not 2 <= n_clusters <= adata.n_obs
     ):
         raise ValueError(f"n_clusters must be an integer in [2, n_obs={adata.n_obs}], got {n_clusters!r}.")
-    public, basis = reference_basis(reference, reference_key, adata, "dpsc.tl.cluster")
+    public, basis = reference_basis(reference, reference_key, adata, "dpsc.tl.cluster", bool(markers))
     if public is not None:
         oversampling = int(KMEANS_PLAN["oversampling"])
         basis = basis.with_start(start_centroids(public, basis, int(n_clusters), oversampling))

@@ -118,7 +118,9 @@ def cluster_federated(
     check_privacy_args(epsilon, delta, largest)
     check_public_counts(adata, layer, True, "dpsc.tl.cluster_federated")
     threshold = _check_mode(mode, threshold, len(names), site_key)
-    public, basis = reference_basis(reference, reference_key, adata, "dpsc.tl.cluster_federated")
+    public, basis = reference_basis(
+        reference, reference_key, adata, "dpsc.tl.cluster_federated", bool(markers)
+    )
     from ..federated import run_pipeline_simulation, site_record  # after the input checks
 
     plan = plan_for_cells(adata, int(n_clusters), epsilon, delta, random_state, bool(markers), basis)

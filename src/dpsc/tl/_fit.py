@@ -38,6 +38,7 @@ from ..model import (
     DPDCAN,
     MODEL_GENES,
     FitPlan,
+    PlannedTraining,
     TrainSettings,
     choose_partition,
     plan_fit,
@@ -277,7 +278,7 @@ def fit(
     }
     with plan.releases.spend(adata, plan.planned_record(adata.n_obs), key_added, plan.noise) as spent:
         target = result_target(adata, copy)
-        training = (matrix, plan, spent.booking, model_kwargs, public, run)
+        training = (matrix, plan, model_kwargs, public, run)
         model, selection, genes = _train(target, *training, call, random_state, progress_bar)
         trained = (model, selection, genes, model_kwargs, public)
         return _store(adata, target, plan, spent.booking, trained, call, copy, return_model)
@@ -393,7 +394,6 @@ def _train(
     target: ad.AnnData,
     matrix,
     plan: FitPlan,
-    booking,
     model_kwargs: dict,
     public: ReferenceFit | None,
     run: dict[str, Any],
@@ -427,7 +427,7 @@ def _train(
         def after_training() -> None:
             choice["selection"] = choose_partition(matrix, start, model, plan)
 
-    model.train(plan=plan, booking=booking, progress_bar=progress_bar, after_training=after_training, **run)
+    model.train(planned=PlannedTraining(plan, after_training), progress_bar=progress_bar, **run)
     return model, choice.get("selection"), genes
 
 

@@ -31,11 +31,18 @@ from ..methods._public_basis import PublicBasis
 
 
 def reference_basis(
-    reference: ad.AnnData | str | os.PathLike | None, reference_key: str | None, adata: ad.AnnData, tool: str
+    reference: ad.AnnData | str | os.PathLike | None,
+    reference_key: str | None,
+    adata: ad.AnnData,
+    tool: str,
+    markers: bool = False,
 ) -> tuple[PublicReference | None, PublicBasis | None]:
-    """Read and check the public reference and compute its basis (reads the reference only)."""
+    """Read and check the public reference and compute its basis (reads the reference only).
+
+    ``markers``: the basis also holds the reference's marker centre (the tool ranks markers).
+    """
     public = optional_reference(reference, reference_key, adata, tool)
-    return (None, None) if public is None else (public, public.basis())
+    return (None, None) if public is None else (public, public.basis(markers=markers))
 
 
 def optional_reference(
