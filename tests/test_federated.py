@@ -129,12 +129,26 @@ def test_fit_federated_with_pooled_gene_scaling(small_adata):
 
 
 def test_flower_apps_refuse_gene_sums_with_client_level_dp():
-    from dpsc.federated._flower import DEFAULTS, check_settings
+    from dpsc.federated._flower import check_settings
+    from dpsc.federated._run_config import FEDSC
 
-    check_settings({**DEFAULTS, "scale-genes": True})
-    check_settings({**DEFAULTS, "noise-multipliers": "[1.0, 1.0]"})
+    check_settings({**FEDSC, "scale-genes": True})
+    check_settings({**FEDSC, "noise-multipliers": "[1.0, 1.0]"})
     with pytest.raises(ValueError, match="set scale-genes to false"):
-        check_settings({**DEFAULTS, "scale-genes": True, "noise-multipliers": "[1.0, 1.0]"})
+        check_settings({**FEDSC, "scale-genes": True, "noise-multipliers": "[1.0, 1.0]"})
+
+
+def test_a_run_configuration_refuses_a_key_its_task_does_not_take():
+    """One table per task: defaults, then each layer; a typo or another task's key stops the run."""
+    from dpsc.federated._run_config import FEDSC, PIPELINE, run_settings
+
+    settings = run_settings("fedsc", {"rounds": 3}, None, {"lr": 0.1})
+    assert (settings["rounds"], settings["lr"], settings["alpha"]) == (3, 0.1, FEDSC["alpha"])
+    assert run_settings("pipeline") == PIPELINE and run_settings("pipeline") is not PIPELINE
+    with pytest.raises(ValueError, match="has no setting epsilon; it takes alpha, batch-size"):
+        run_settings("fedsc", {"epsilon": 8.0})  # the clustering's key
+    with pytest.raises(ValueError, match="has no setting n-cluster;"):
+        run_settings("pipeline", {"n-clusters": 4}, {"n-cluster": 4})
 
 
 def test_one_factory_builds_the_apps_of_both_tasks():

@@ -31,8 +31,8 @@ from dpsc.privacy import (
     spent,
     write_record,
 )
-from dpsc.privacy._ledger import book
-from dpsc.privacy._record import ADD_REMOVE
+
+ADD_REMOVE = "add/remove"  # the default neighbouring relation, as records state it
 
 
 def planned_pure_record(tool: str, epsilon: float, relation: str = ADD_REMOVE):
@@ -42,7 +42,8 @@ def planned_pure_record(tool: str, epsilon: float, relation: str = ADD_REMOVE):
 
 def write_result(adata: ad.AnnData, key: str, record) -> None:
     """Book a result's record in the ledger (check, reserve, settle), then write it under ``key``."""
-    book(adata, record, key)
+    with ReleasePlan.reading(key).spend(adata, record, key) as spent:
+        spent.booking.settle(record)
     write_record(adata, key, record)
 
 

@@ -22,7 +22,7 @@ from dpsc.federated._own_app import (
     bundle_fingerprint,
     check_bundle,
 )
-from dpsc.federated._pipeline import SERVER_DEFAULTS
+from dpsc.federated._run_config import PIPELINE
 
 
 def fab(files: dict[str, bytes]) -> bytes:
@@ -41,8 +41,8 @@ def test_the_sites_own_bundle_is_accepted_as_flower_builds_it(tmp_path):
 
     from dpsc.federated._own_app import write_app_project
 
-    own = app_files(SERVER_DEFAULTS)
-    built = build_fab_from_disk(write_app_project(tmp_path / "app", SERVER_DEFAULTS))
+    own = app_files(PIPELINE)
+    built = build_fab_from_disk(write_app_project(tmp_path / "app", PIPELINE))
     assert check_bundle(built, own) == bundle_fingerprint(own)
 
 
@@ -51,7 +51,7 @@ def test_the_sites_own_bundle_is_accepted_as_flower_builds_it(tmp_path):
     ["module", "extra file", "version", "components", "defaults"],
 )
 def test_any_other_bundle_is_refused_before_it_is_read_as_code(change):
-    own = app_files(SERVER_DEFAULTS)
+    own = app_files(PIPELINE)
     theirs = dict(own)
     if change == "module":
         theirs["dpsc_app.py"] = APP_MODULE.encode() + b"import os; os.system('cat /data')\n"
@@ -70,7 +70,7 @@ def test_any_other_bundle_is_refused_before_it_is_read_as_code(change):
 
 
 def test_a_bundle_that_is_no_zip_or_too_large_is_refused():
-    own = app_files(SERVER_DEFAULTS)
+    own = app_files(PIPELINE)
     with pytest.raises(BundleRefusal, match="not a readable"):
         check_bundle(b"not a zip", own)
     with pytest.raises(BundleRefusal, match="larger"):
@@ -78,7 +78,7 @@ def test_a_bundle_that_is_no_zip_or_too_large_is_refused():
 
 
 def test_key_order_and_layout_of_the_pyproject_do_not_count():
-    own = app_files(SERVER_DEFAULTS)
+    own = app_files(PIPELINE)
     import tomllib
 
     config = tomllib.loads(own["pyproject.toml"].decode())

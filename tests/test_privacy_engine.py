@@ -12,17 +12,18 @@ from dpsc.privacy import (
     BudgetExceededError,
     NoiseSource,
     PrivacyRecord,
+    ReleasePlan,
     ledger_frame,
     set_budget,
     spent,
     write_record,
 )
-from dpsc.privacy._ledger import book
 
 
 def write_result(adata, key: str, record) -> None:
     """Book a result's record in the ledger (check, reserve, settle), then write it under ``key``."""
-    book(adata, record, key)
+    with ReleasePlan.reading(key).spend(adata, record, key) as spent:
+        spent.booking.settle(record)
     write_record(adata, key, record)
 
 

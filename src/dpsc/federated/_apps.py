@@ -31,8 +31,8 @@ def make_apps(
         ``dpsc federate``); ``"fedsc"``: FedSC and its self-supervised peers
         (:func:`dpsc.tl.fit_federated`).
     settings
-        The server's defaults, overridden by Flower's ``run_config`` (the pipeline's
-        ``SERVER_DEFAULTS`` keys, or FedSC's ``DEFAULTS``).
+        The server's defaults, overridden by Flower's ``run_config``: keys of the task's table in
+        :data:`~dpsc.federated._run_config.RUN_CONFIG` (another key stops the run).
     site_settings
         Each partition id's :class:`~dpsc.federated.SiteSettings` (a simulation); ``None``: each
         SuperNode's ``node_config`` names its settings file (a deployment).

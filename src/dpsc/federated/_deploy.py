@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from ._own_app import OwnAppRunner, app_files, app_fingerprint, toml_value, write_app_project
-from ._pipeline import SERVER_DEFAULTS
 from ._requires import require_flwr, require_site_flwr
+from ._run_config import PIPELINE, run_settings
 from ._site import SiteSettings
 
 #: Seconds a site waits, once it has reached the SuperLink, for it to answer again before it
@@ -109,14 +109,11 @@ def run_server(
 ) -> dict[str, Any]:
     """Start a SuperLink, run the federated clustering over ``n_sites`` SuperNodes, stop; return the summary.
 
-    ``config`` takes the server's run configuration (:data:`~dpsc.federated._pipeline.SERVER_DEFAULTS`,
+    ``config`` takes the server's run configuration (:data:`~dpsc.federated._run_config.PIPELINE`,
     underscores for dashes: ``mode``, ``threshold``, ``epsilon``, ``delta``, ``n_clusters``, …).
     """
     require_flwr()
-    settings = {**SERVER_DEFAULTS, **{k.replace("_", "-"): v for k, v in config.items()}}
-    unknown = sorted(set(settings) - set(SERVER_DEFAULTS))
-    if unknown:
-        raise ValueError(f"Unknown server settings {unknown}; the server takes {sorted(SERVER_DEFAULTS)}.")
+    settings = run_settings("pipeline", {k.replace("_", "-"): v for k, v in config.items()})
     if settings["mode"] == "secure" and int(n_sites) < 2:
         raise ValueError(
             f"Secure aggregation needs at least 2 sites (got {n_sites}): with one site, run mode='plain' "
@@ -125,7 +122,7 @@ def run_server(
     out = Path(out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     settings.update({"n-sites": int(n_sites), "out-dir": str(out / "result"), "timeout": float(timeout)})
-    project = write_app_project(out / "app", SERVER_DEFAULTS)  # the same files as every site's own app
+    project = write_app_project(out / "app", PIPELINE)  # the same files as every site's own app
     started = time.monotonic()
     submit_app(project, settings, out, host=host, port=port, timeout=timeout, certificates=certificates)
     summary_file = out / "result" / "summary.json"
@@ -269,7 +266,7 @@ def run_site(
         "--node-config",
         f"settings='{settings_file}'",
     ]
-    own = app_files(SERVER_DEFAULTS)
+    own = app_files(PIPELINE)
     logging.getLogger("flwr").setLevel(logging.WARNING)  # SecAgg+'s stage log would drown the site's lines
     print(f"This site runs only its own dpsc app (fingerprint {app_fingerprint()}).", flush=True)
     runner = OwnAppRunner(

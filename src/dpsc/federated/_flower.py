@@ -25,39 +25,11 @@ from ._fedsc_site import KMEANS_STEPS, FedSCGuard
 from ._pipeline import site_settings_from
 from ._requires import require_flwr
 from ._rounds import send_to_sites
+from ._run_config import run_settings
 from ._scaling import apply_scaling, pooled_scaling, site_sums
 from ._simulation import ray_session, resolve_shared, shared, simulate
 from ._site import SiteRefusal
 from ._ssl import ClientDP, SSLConfig, SSLNet, dp_schedule, embed, local_train, local_train_private
-
-DEFAULTS: dict[str, Any] = {
-    "method": "fedsc",
-    "rounds": 250,
-    "local-epochs": 1,
-    "alpha": 0.7,
-    "seed": 0,
-    "data-dir": "",  # empty: the sites' cells come from their settings (a simulation in memory)
-    "out-dir": "",  # empty: the results go to the caller's sink (a simulation in memory)
-    "n-sites": 0,  # with no data-dir: the number of sites and of genes (else from data-dir/meta.json)
-    "n-genes": 0,
-    "lr": 0.032,
-    "batch-size": 128,
-    "mask-rate": 0.2,
-    # one "query" round first: sites send per-gene sums, all z-score with the pooled statistics
-    # (off for the bare apps; dpsc.tl.fit_federated turns it on unless the sites train with DP)
-    "scale-genes": False,
-    # client-level DP (off when "noise-multipliers" is empty): JSON list of σ per partition-id
-    "noise-multipliers": "",
-    "max-grad-norm": 1.0,
-    # -1: every site seeds its DP noise and sampling from OS entropy (the server never sets it);
-    # >= 0: an opt-in for tests and benchmarks, the guarantee then does not hold against its holder
-    "noise-seed": -1,
-    # the final federated DP k-means: JSON list of each site's noise multiplier, and k
-    "kmeans-noise-multipliers": "",
-    "n-clusters": 8,
-    "dp-optimizer": "sgd",
-    "dp-lr": 0.032,
-}
 
 
 def _ssl_config(s: dict[str, Any]) -> SSLConfig:
@@ -101,7 +73,7 @@ def fedsc_apps(
     from flwr.clientapp import ClientApp
     from flwr.serverapp import ServerApp
 
-    base = {**DEFAULTS, **settings}
+    base = run_settings("fedsc", settings)
     server_app, client_app = ServerApp(), ClientApp()
     server_app.main()(FedSCServer(base, sink).main)
     site = FedSCSite(base, site_settings)
@@ -121,7 +93,7 @@ class FedSCServer:
         from flwr.app import ArrayRecord, ConfigRecord
         from flwr.serverapp.strategy import FedAvg
 
-        s = {**self.base, **dict(context.run_config)}
+        s = run_settings("fedsc", self.base, dict(context.run_config))
         check_settings(s)
         n_genes, n = _sites_and_genes(s)
         torch.manual_seed(int(s["seed"]))
@@ -242,7 +214,7 @@ class FedSCSite:
         """Answer a query: gene sums, a k-means table or the finish (the ClientApp's ``query``)."""
         from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 
-        s = {**self.base, **dict(context.run_config)}
+        s = run_settings("fedsc", self.base, dict(context.run_config))
         X = self.cells(s, context)
         guard = self.guard(context, X.shape[0])
         config = msg.content.config_records.get("config", ConfigRecord({}))
@@ -275,7 +247,7 @@ class FedSCSite:
         from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
         torch.set_num_threads(1)
-        s = {**self.base, **dict(context.run_config)}
+        s = run_settings("fedsc", self.base, dict(context.run_config))
         pid = int(context.node_config["partition-id"])
         config = msg.content["config"]
         X = self._scaled_for_training(self.raw_cells(s, context), config, context)

@@ -89,9 +89,9 @@ def app_files(config: dict[str, Any]) -> dict[str, bytes]:
 
 def app_fingerprint() -> str:
     """Return the fingerprint of this installation's Flower app, as both ends print it (16 hex digits)."""
-    from ._pipeline import SERVER_DEFAULTS
+    from ._run_config import PIPELINE
 
-    return bundle_fingerprint(app_files(SERVER_DEFAULTS))[:16]
+    return bundle_fingerprint(app_files(PIPELINE))[:16]
 
 
 def write_app_project(folder: Path, config: dict[str, Any]) -> Path:

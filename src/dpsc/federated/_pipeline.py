@@ -29,27 +29,11 @@ from ..methods._markers import MarkerFrame
 from ..methods._public_basis import PublicBasis, same_basis
 from ._requires import require_flwr
 from ._rounds import RoundResult, plain_round, read_request, reply_content, secure_round
+from ._run_config import run_settings
 from ._secagg import LIMBS, from_digit_means, to_digits, use_secure_masks
 from ._simulation import ray_session, shared, simulate
 from ._site import MODES, Site, SiteRefusal, SiteSettings, data_identity
 
-#: The server's run configuration (``flwr run --run-config`` or :func:`make_pipeline_apps`).
-SERVER_DEFAULTS: dict[str, Any] = {
-    "task": "pipeline",
-    "n-sites": 2,
-    "mode": "secure",
-    "threshold": 0,  # 0: every site (the central mechanism's noise exactly)
-    "epsilon": 8.0,  # -1: no noise
-    "delta": 1e-5,
-    "n-clusters": 8,
-    "n-vars": 0,  # 0: asked from the sites
-    "n-obs": 0,  # the sites' cells in all (public; chooses the genes the PCA reads); 0: asked from the sites
-    "random-state": 0,
-    "markers": 0,  # 1: the plan ends with the release of each cluster's marker statistics
-    "reference-fingerprint": "",  # a public reference's sha256: every site computes its basis from its copy
-    "out-dir": "",
-    "timeout": 300.0,
-}
 SECURE_MARK = "dpsc-secagg"
 RUN_STATE = "dpsc-site-run"  # what a site remembers between the messages of one run
 
@@ -413,12 +397,12 @@ def make_server_app(settings: dict[str, Any] | None = None, sink: dict[str, Any]
     """
     from flwr.serverapp import ServerApp
 
-    base = {**SERVER_DEFAULTS, **(settings or {})}
+    base = run_settings("pipeline", settings)
     app = ServerApp()
 
     @app.main()
     def main(grid, context) -> None:
-        s = {**base, **dict(context.run_config)}
+        s = run_settings("pipeline", base, dict(context.run_config))
         if s["task"] != "pipeline":
             raise ValueError(f"This ServerApp runs the task 'pipeline', not {s['task']!r}.")
         mode, n_sites = str(s["mode"]), int(s["n-sites"])
