@@ -149,11 +149,9 @@ def test_laplace_and_functional_mechanisms_draw_from_the_secure_source(monkeypat
 
 @pytest.mark.slow
 def test_dpsgd_classifier_takes_a_noisy_accounted_step_on_an_empty_batch(monkeypatch):
-    from dpsc.privacy import DPSGDSettings
+    from dpsc.privacy import PoissonSampling
 
-    monkeypatch.setattr(
-        DPSGDSettings, "sampler", lambda self, device="cpu": lambda n: torch.zeros(n, dtype=bool)
-    )
+    monkeypatch.setattr(PoissonSampling, "batches", lambda self, n, steps, rank=0: [[] for _ in range(steps)])
     rng = np.random.default_rng(0)
     X, y = rng.normal(size=(100, 3)).astype(np.float32), rng.integers(0, 2, 100)
     model = fm.DPSGDClassifier(epsilon=2.0, epochs=2, batch_size=20, noise_seed=1).fit(X, y)
