@@ -145,7 +145,7 @@ def test_a_run_configuration_refuses_a_key_its_task_does_not_take():
     settings = run_settings("fedsc", {"rounds": 3}, None, {"lr": 0.1})
     assert (settings["rounds"], settings["lr"], settings["alpha"]) == (3, 0.1, FEDSC["alpha"])
     assert run_settings("pipeline") == PIPELINE and run_settings("pipeline") is not PIPELINE
-    with pytest.raises(ValueError, match="has no setting epsilon; it takes accountant, alpha"):
+    with pytest.raises(ValueError, match="has no setting epsilon; it takes alpha, batch-size"):
         run_settings("fedsc", {"epsilon": 8.0})  # the clustering's key
     with pytest.raises(ValueError, match="has no setting n-cluster;"):
         run_settings("pipeline", {"n-clusters": 4}, {"n-cluster": 4})

@@ -457,3 +457,31 @@ def test_fedsc_site_enforces_its_own_privacy(sites):
     guard.book([(own[0], q, steps)], "a whole run", steps / (steps + KMEANS_STEPS))
     with pytest.raises(SiteRefusal, match="budget"):  # a second whole run passes the budget of 4.5
         guard.check_run(run, 0, q, steps)
+
+
+def test_a_fedsc_site_calibrates_with_its_own_accountant_whatever_the_run_says(sites):
+    """The accountant is the site's setting: a run planned (and labelled) with another one whose σ
+    is smaller than the site's own calibration is refused; at the site's own σ it is served."""
+    from dpsc.federated._fedsc_site import FedSCGuard, fedsc_plan
+
+    q, steps = 0.5, 40
+    by = {name: fedsc_plan(4.0, 1e-5, q, steps, name) for name in ("rdp", "prv")}
+    strict, lenient = sorted(by, key=lambda name: -by[name].sigma("training"))
+    assert by[strict].sigma("training") > by[lenient].sigma("training") * (1 + 1e-6)
+    settings = SiteSettings(data=sites[0].data, epsilon=4.0, delta=1e-5, max_rounds=20, accountant=strict)
+    guard = FedSCGuard(settings, 100)
+
+    def run(plan):
+        return {
+            "rounds": 10,
+            "local-epochs": 1,
+            "accountant": lenient,  # what a server might say; the site does not read it
+            "noise-multipliers": json.dumps([plan.sigma("training")]),
+            "kmeans-noise-multipliers": json.dumps([plan.sigma("kmeans")]),
+        }
+
+    with pytest.raises(SiteRefusal, match="below this site's own calibration"):
+        guard.check_run(run(by[lenient]), 0, q, steps)
+    assert guard.check_run(run(by[strict]), 0, q, steps)[0] == pytest.approx(by[strict].sigma("training"))
+    with pytest.raises(ValueError, match="accountant must be 'rdp' or 'prv'"):
+        SiteSettings(data=sites[0].data, accountant="gdp")

@@ -120,7 +120,7 @@ class FedSCGuard:
         served = json.loads(run["noise-multipliers"])[partition]
         kmeans_served = json.loads(run["kmeans-noise-multipliers"])[partition]
         own = fedsc_plan(
-            float(self.settings.epsilon), self.delta, sample_rate, steps, run.get("accountant", "rdp")
+            float(self.settings.epsilon), self.delta, sample_rate, steps, self.settings.accountant
         )
         for name, given, needed in (
             ("training", served, own.sigma("training")),
@@ -142,7 +142,9 @@ class FedSCGuard:
         return float(served), float(kmeans_served)
 
     def _record(self, history: list[tuple[float, float, int]], what: str) -> PrivacyRecord:
-        return PrivacyRecord.message(f"FedSC ({what})", history, self.delta, noise=self.noise)
+        return PrivacyRecord.message(
+            f"FedSC ({what})", history, self.delta, noise=self.noise, accountant=self.settings.accountant
+        )
 
     def book(self, history: list[tuple[float, float, int]], key: str, share_of_delta: float) -> None:
         """Book what this reply releases (checked against the budget, atomically), before it leaves."""

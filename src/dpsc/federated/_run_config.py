@@ -56,8 +56,6 @@ FEDSC: dict[str, Any] = {
     # the final federated DP k-means: JSON list of each site's noise multiplier, and k
     "kmeans-noise-multipliers": "",
     "n-clusters": 8,
-    # the accountant each site calibrates its own plan with (its guard checks the server's σ by it)
-    "accountant": "rdp",
     "dp-optimizer": "sgd",
     "dp-lr": 0.032,
 }

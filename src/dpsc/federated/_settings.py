@@ -41,6 +41,10 @@ class SiteSettings:
         of at least 2).
     layer
         Layer with the counts (``None``: ``X``).
+    accountant
+        The Opacus accountant (``"rdp"`` or ``"prv"``) the site calibrates its own noise with in a
+        FedSC run; the server's σ is checked against that calibration, whatever accountant the
+        server planned with.
     reference
         Path of the site's own copy of a public reference (``.h5ad`` of raw counts; in a simulation,
         the AnnData or a Ray reference to it). A run on a public reference names the reference's
@@ -69,6 +73,7 @@ class SiteSettings:
     max_rounds: int = 1000
     honest_sites: int | None = None
     layer: str | None = None
+    accountant: str = "rdp"
     reference: str | Any | None = None
     reference_key: str | None = None
     ledger: str | None = None
@@ -88,6 +93,8 @@ class SiteSettings:
                 "The site's max_fallback_epsilon must be a positive number, got "
                 f"{self.max_fallback_epsilon!r}."
             )
+        if self.accountant not in ("rdp", "prv"):  # Opacus's accountants dpsc composes with
+            raise ValueError(f"The site's accountant must be 'rdp' or 'prv', got {self.accountant!r}.")
         if self.honest_sites is not None and int(self.honest_sites) < 1:
             raise ValueError(f"honest_sites must be at least 1, got {self.honest_sites!r}.")
         if isinstance(self.reference, str | Path) and not Path(self.reference).is_file():

@@ -82,7 +82,12 @@ class PoissonBatches(Sampler[list[int]]):
 
     def __iter__(self) -> Iterator[list[int]]:
         for _ in range(self.steps):
-            yield np.flatnonzero(self.rng.bernoulli_mask(self.n, self.sample_rate)).tolist()
+            yield poisson_rows(self.rng, self.n, self.sample_rate)
+
+
+def poisson_rows(rng: SecureRandom, n: int, sample_rate: float) -> list[int]:
+    """Return one Poisson sample of ``n`` rows: each row independently with probability q."""
+    return np.flatnonzero(rng.bernoulli_mask(n, sample_rate)).tolist()
 
 
 @dataclass(frozen=True)
@@ -107,7 +112,7 @@ class PoissonSampling:
     def release_rows(self) -> Callable[[int], list[int]]:
         """Return ``draw(n) -> row indices``, one Poisson sample per call for sampled releases."""
         rng = self.noise.stream("sampling-releases")
-        return lambda n: np.flatnonzero(rng.bernoulli_mask(n, self.sample_rate)).tolist()
+        return lambda n: poisson_rows(rng, n, self.sample_rate)
 
 
 #: Most cells whose losses :func:`poisson_steps` holds in memory at once (larger Poisson batches

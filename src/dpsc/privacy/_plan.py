@@ -124,17 +124,17 @@ class ReleasePlan:
         from ._record import ADD_REMOVE, PrivacyRecord
 
         stated = [r.stated is not None for r in self.releases]
-        if (any(stated) and not all(stated)) or self.spent() is None:
+        spent = self.spent()
+        if (any(stated) and not all(stated)) or spent is None:
             raise ValueError(
                 "Only a stated plan, or a Gaussian one with every σ set, is booked as a reservation; "
                 "a reading without noise writes its record."
             )
         if all(stated):
-            epsilon, delta, history = float(self.spent()), sum(r.stated[1] for r in self.releases), []
+            delta, history = sum(r.stated[1] for r in self.releases), []
         else:
-            epsilon, delta, history = float(self.spent()), float(self.delta), self.history()
-        if cap is not None:
-            epsilon = min(epsilon, float(cap))
+            delta, history = float(self.delta), self.history()
+        epsilon = float(spent) if cap is None else min(float(spent), float(cap))
         return PrivacyRecord(
             tool=tool,
             epsilon=epsilon,

@@ -185,7 +185,6 @@ def fit_federated(
             "seed": random_state,
             "scale-genes": bool(scale_genes),
             "n-clusters": int(n_clusters),
-            "accountant": accountant,
         },
         dp_plan=None,
         site_key=site_key,
@@ -308,6 +307,7 @@ def _run_fedsc(
             data=np.asarray(part, dtype=np.float32),
             epsilon=None if run.dp_plan is None else float(privacy.epsilon),
             delta=privacy.delta,
+            accountant=privacy.accountant,
             noise_seed=privacy.noise.noise_seed,
         )
         for k, part in enumerate(parts)
