@@ -213,8 +213,8 @@ def report(path: Path) -> str:
         "scanpy: the non-private recipe on the private cells alone (normalise, log1p, 2,000 variable",
         "genes, scale, 32 PCs, k-means), k = the number of labels. The candidate of each row is the one",
         "with the best mean ARI / scanpy over the other pairs (both ε); `no reference` is `tl.cluster`",
-        "without one on the same cells. Names: the share of private cells whose cluster's name is their",
-        "label (`reference_key`), against non-private label transfer as `sc.tl.ingest` makes it.",
+        "without one on the same cells. Cluster names are scored on the same releases, rule by rule, in",
+        "`reference_names.md` (next table); this run keeps `sc.tl.ingest`'s accuracy for it.",
         "",
         "    OMP_NUM_THREADS=1 python benchmarks/reference_pairs.py --data ../shared/data \\",
         "        --out benchmarks/results/reference_pairs.jsonl",
@@ -222,10 +222,9 @@ def report(path: Path) -> str:
         "        > benchmarks/results/reference_pairs.md",
         "",
         "| held-out pair | candidate chosen | scanpy | reference ε=8 | reference ε=2 | no reference ε=8 "
-        "| no reference ε=2 | names ε=8 | ingest |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| no reference ε=2 |",
+        "|---|---|---|---|---|---|---|",
     ]
-    names = plain.groupby(["pair", "variant", "epsilon"], dropna=False)["names"].mean()
     held_ratios = {8.0: [], 2.0: []}
     plain_ratios = {8.0: [], 2.0: []}
     for pair in pairs:
@@ -236,12 +235,8 @@ def report(path: Path) -> str:
         for e in EPSILONS:
             held_ratios[e].append(mean.loc[(pair, chosen), e] / scanpy[pair])
             plain_ratios[e].append(mean.loc[(pair, "no reference"), e] / scanpy[pair])
-        named = names.get((pair, chosen, 8.0), float("nan"))
-        transfer = names.get((pair, "ingest", float("nan")), float("nan"))
-        if np.isnan(transfer):
-            transfer = plain[(plain["pair"] == pair) & (plain["variant"] == "ingest")]["names"].mean()
         text = " | ".join(f"{c:.2f}" for c in cells)
-        lines.append(f"| {pair} | {chosen} | {scanpy[pair]:.2f} | {text} | {named:.2f} | {transfer:.2f} |")
+        lines.append(f"| {pair} | {chosen} | {scanpy[pair]:.2f} | {text} |")
     lines += [
         "",
         "Mean ARI relative to scanpy over the held-out pairs (lowest pair in brackets):",
@@ -253,16 +248,6 @@ def report(path: Path) -> str:
             f"- ε = {e:g}: with a reference {guided.mean():.2f} ({guided.min():.2f}), without "
             f"{alone.mean():.2f} ({alone.min():.2f}); with ≥ without on {int((guided >= alone).sum())} of "
             f"{len(guided)} pairs"
-        )
-    named_ratios = []
-    for pair in pairs:
-        transfer = plain[(plain["pair"] == pair) & (plain["variant"] == "ingest")]["names"].mean()
-        if transfer > 0:
-            named_ratios.append(names.get((pair, choice[pair], 8.0)) / transfer)
-    if named_ratios:
-        lines.append(
-            f"- names at ε = 8 relative to non-private label transfer, pairs whose types match: mean "
-            f"{np.mean(named_ratios):.2f} (lowest {np.min(named_ratios):.2f}, {len(named_ratios)} pairs)"
         )
     lines += ["", "Every candidate on every pair (ARI / scanpy, mean of both ε):", ""]
     table = ratio.mean(axis=1).unstack("variant")
@@ -284,13 +269,11 @@ def report(path: Path) -> str:
     missing = rows[rows["missing"].notna()]
     if len(missing):
         lines += ["", "A type left out of the reference (ε = 8): F1 of the cluster that best holds that", ""]
-        lines[-2] += " type's private cells, and the share of them named `unmatched`:"
-        lines += ["| pair (type left out) | candidate | F1 | named unmatched |", "|---|---|---|---|"]
-        summary = missing.groupby(["pair", "missing", "variant"])[["f1", "missing_unmatched"]].mean()
-        for (pair, kind, variant), values in summary.iterrows():
-            lines.append(
-                f"| {pair} ({kind}) | {variant} | {values['f1']:.2f} | {values['missing_unmatched']:.2f} |"
-            )
+        lines[-2] += " type's private cells (their names: `reference_names.md`):"
+        lines += ["| pair (type left out) | candidate | F1 |", "|---|---|---|"]
+        summary = missing.groupby(["pair", "missing", "variant"])["f1"].mean()
+        for (pair, kind, variant), f1 in summary.items():
+            lines.append(f"| {pair} ({kind}) | {variant} | {f1:.2f} |")
     cpu = plain[plain["variant"] == SHIPPED].groupby("pair")["cpu_s"].mean()
     lines += [
         "",

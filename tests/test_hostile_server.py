@@ -709,7 +709,7 @@ def test_finish_belongs_to_the_run_the_site_served(neighbours, tmp_path):
 
     def finish(run_plan=plan):
         result = run_clustering(run_plan, central_release_sum(ad.read_h5ad(data).X, NoiseSource(2)))
-        arrays = [result.genes, result.loadings, result.eigenvalues, result.centroids]
+        arrays = [result.genes, result.loadings, result.eigenvalues, result.centroids, result.centroid_noise]
         return arrays, {**common, **run_plan.to_config(), "kind": "finish", "index": 0, "sigma": 0.0}
 
     with pytest.raises(SiteRefusal, match="did not serve"):

@@ -78,24 +78,29 @@ def test_a_centroid_where_the_reference_has_no_cells_is_unmatched(pair):
     assert names["nearest_type"].iloc[2] != UNMATCHED  # the nearest type is still reported
 
 
-def test_the_noise_aware_density_test_widens_by_each_centroids_own_noise(pair, monkeypatch):
-    """With NOISE_AWARE, a centroid is matched within sqrt(q² + p s_j²) of the reference's cells: the
-    far centroid with a large noise is named, with none it is not; the shipped test ignores noise."""
+def test_a_centroid_is_matched_within_its_types_spread_widened_by_its_own_noise(pair):
+    """A centroid is named t when ||mu - m_t|| <= sqrt(r_t^2 + p s^2): just outside the voted type's
+    radius it is unmatched without noise, named with a noise whose sqrt(p) s covers the gap."""
     import dpsc._public_reference as naming
     from dpsc.tl._reference import read_reference
 
     reference, private = pair
     public = read_reference(reference, private, "cell_type", "test")
-    basis = public.basis()
-    points = naming.reference_points(public, basis)
-    labels = public.labels.to_numpy()
-    far = -points.mean(0, keepdims=True) * 3
-    distance = naming._neighbour_distances(far, points, naming.NEIGHBOURS)[0][0]
-    wide = np.array([distance / np.sqrt(points.shape[1])])  # √p s above the distance: matched
-    assert naming.name_centroids(far, points, labels, wide)["name"].iloc[0] == UNMATCHED  # shipped
-    monkeypatch.setattr(naming, "NOISE_AWARE", True)
-    assert naming.name_centroids(far, points, labels, wide)["name"].iloc[0] != UNMATCHED
-    assert naming.name_centroids(far, points, labels, np.zeros(1))["name"].iloc[0] == UNMATCHED
+    points = naming.reference_points(public, public.basis())
+    labels = public.labels.astype(str).to_numpy()
+    own = points[labels == "type_1"]
+    center = own.mean(axis=0)
+    radius = np.quantile(np.linalg.norm(own - center, axis=1), naming.TYPE_RADIUS_QUANTILE)
+    farthest = own[np.linalg.norm(own - center, axis=1).argmax()]
+    direction = (farthest - center) / np.linalg.norm(farthest - center)
+    outside = (center + 1.05 * radius * direction)[None, :]  # its nearest cells are still type_1
+    named = naming.name_centroids(outside, points, labels)
+    assert named["nearest_type"].iloc[0] == "type_1"
+    assert named["name"].iloc[0] == UNMATCHED
+    wide = np.array([0.5 * radius / np.sqrt(points.shape[1])])  # sqrt(r^2 + p s^2) = 1.118 r
+    assert naming.name_centroids(outside, points, labels, wide)["name"].iloc[0] == "type_1"
+    inside = (center + 0.5 * radius * direction)[None, :]
+    assert naming.name_centroids(inside, points, labels)["name"].iloc[0] == "type_1"
 
 
 def test_a_reference_path_and_a_lazy_cohort_give_the_same_clusters(pair, tmp_path):

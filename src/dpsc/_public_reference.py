@@ -6,8 +6,8 @@ reference and the private cells' gene names only; :meth:`PublicReference.basis` 
 public basis (:mod:`dpsc.methods._public_basis`) from the reference alone.
 
 **Names for private clusters** (:func:`name_clusters`): each released centroid is named after the
-public reference cells around it, in the points of the public basis, or :data:`UNMATCHED` where
-the reference has no cells. Reads released centroids and the public reference only: no ε. The
+public reference type it lies in, in the points of the public basis, or :data:`UNMATCHED` where
+it lies outside every type's spread. Reads released centroids and the public reference only: no ε. The
 central tools (:mod:`dpsc.tl._reference`) and a federated site (:mod:`dpsc.federated._site`) name
 clusters with it, so both write the same names.
 """
@@ -188,17 +188,14 @@ def _reference_labels(reference: ad.AnnData, key: str, tool: str) -> pd.Series:
 
 # -- names for private clusters ---------------------------------------------------------------------
 UNMATCHED = "unmatched"
-#: A centroid is named by the vote of its :data:`NEIGHBOURS` nearest reference cells, when it lies
-#: where the reference has cells: its distance to the farthest of them is at most the
-#: :data:`MATCH_QUANTILE` quantile of the same distance for the reference's own cells (a density
-#: test; a type the reference lacks sits where it has none). Otherwise it is :data:`UNMATCHED`.
+#: A centroid is named by the vote of its :data:`NEIGHBOURS` nearest reference cells when it lies
+#: within that type's own spread: the :data:`TYPE_RADIUS_QUANTILE` quantile of the distances of
+#: the type's reference cells to their mean, widened by the centroid's own noise
+#: (:func:`name_centroids`). Otherwise it is :data:`UNMATCHED`. The quantile was chosen by leave one
+#: reference / private pair out among 0.5, 0.75 and 0.9, beside the earlier neighbour-density test
+#: (docs, Benchmarks: "Cluster names from a public reference").
 NEIGHBOURS = 10
-MATCH_QUANTILE = 0.9
-DENSITY_SAMPLE = 2000  # reference cells whose neighbour distances make that quantile
-#: Widen each centroid's density test by its own noise (:func:`name_centroids`). Measured on the
-#: reference / private pairs and not adopted: names agree with the cells' types more often (most at
-#: ε = 2), but a type the reference lacks was then never named "unmatched" (docs, Benchmarks).
-NOISE_AWARE = False
+TYPE_RADIUS_QUANTILE = 0.9
 
 
 def reference_points(reference: PublicReference, basis: PublicBasis) -> np.ndarray:
@@ -212,7 +209,7 @@ def name_clusters(
     basis: PublicBasis,
     noise: np.ndarray | None = None,
 ) -> pd.DataFrame:
-    """Name each released centroid (in the basis' points) after the reference cells around it.
+    """Name each released centroid (in the basis' points) after the reference type it lies in.
 
     :func:`name_centroids` in the basis' points of the reference's cells; ``noise``: each
     centroid's noise sd per coordinate (:func:`dpsc.methods.dp_kmeans_centroids`).
@@ -224,34 +221,39 @@ def name_clusters(
 def name_centroids(
     centroids: np.ndarray, points: np.ndarray, labels: np.ndarray, noise: np.ndarray | None = None
 ) -> pd.DataFrame:
-    r"""Name each released centroid after the public reference cells around it (post-processing).
+    r"""Name each released centroid after the public reference type it lies in (post-processing).
 
-    In the space of ``points`` (the reference cells, as the centroids' cells are read), let
-    :math:`N_j` be the :data:`NEIGHBOURS` reference cells nearest to centroid :math:`\mu_j` and
-    :math:`d_j` the distance to the farthest of them; :math:`D` the same distance for reference
-    cells (a sample of :data:`DENSITY_SAMPLE`, their neighbours among all the others). Centroid j
-    is named after the most frequent type of :math:`N_j` when :math:`d_j \le \sqrt{q^2 + p\,s_j^2}`,
-    q the :data:`MATCH_QUANTILE` quantile of :math:`D`, else :data:`UNMATCHED`: :math:`s_j` is the
-    centroid's noise sd per coordinate (``noise``; 0 when not given) and p the points' dimension, so
-    a centroid that its noise alone moved :math:`\approx \sqrt p\, s_j` away from where the
-    reference has cells is still matched (with :data:`NOISE_AWARE`; otherwise :math:`s_j = 0`).
-    Reads the released centroids, their public noise and the public reference only. Returns one
-    row per centroid: ``name``, ``share`` (of :math:`N_j` with that type) and ``nearest_type``.
+    In the space of ``points`` (the reference cells, as the centroids' cells are read), centroid
+    :math:`\mu_j` votes among its :data:`NEIGHBOURS` nearest reference cells for a type t. A
+    centroid of type t is the mean of its cells plus Gaussian noise of sd :math:`s_j` per coordinate,
+    so it lies near the type's reference mean :math:`m_t`, within the type's own spread and its
+    noise's length :math:`\approx \sqrt p\, s_j` (p the points' dimension). It is named t when
+
+    .. math::
+
+        \lVert \mu_j - m_t \rVert_2 \le \sqrt{r_t^2 + p\, s_j^2},
+
+    :math:`r_t` the :data:`TYPE_RADIUS_QUANTILE` quantile of the distances of t's reference cells to
+    :math:`m_t`, else :data:`UNMATCHED` (a type the reference lacks sits outside the types it has).
+    ``noise``: each centroid's noise sd per coordinate (:func:`dpsc.methods.dp_kmeans_centroids`;
+    0 when not given). Reads the released centroids, their public noise and the public reference
+    only. Returns one row per centroid: ``name``, ``share`` (of the neighbours with the voted type)
+    and ``nearest_type`` (the vote, matched or not).
     """
     points = np.asarray(points, dtype=np.float64)
-    sample = np.random.default_rng(0).permutation(len(points))[:DENSITY_SAMPLE]
-    own = _neighbour_distances(points[sample], points, NEIGHBOURS + 1)[0]  # itself is the first
-    floor = float(np.quantile(own, MATCH_QUANTILE))
-    distance, nearest = _neighbour_distances(np.asarray(centroids, dtype=np.float64), points, NEIGHBOURS)
-    spread = np.zeros(len(centroids))
-    if noise is not None and NOISE_AWARE:
-        spread = np.asarray(noise, dtype=np.float64)
-    allowed = np.sqrt(floor**2 + points.shape[1] * spread**2)
+    labels = np.asarray(labels).astype(str)
+    centroids = np.asarray(centroids, dtype=np.float64)
+    nearest = _nearest_points(centroids, points, NEIGHBOURS)
+    spread = np.zeros(len(centroids)) if noise is None else np.asarray(noise, dtype=np.float64)
     rows = []
     for j in range(len(centroids)):
         types, votes = np.unique(labels[nearest[j]], return_counts=True)
         best = types[votes.argmax()]
-        name = best if distance[j] <= allowed[j] else UNMATCHED
+        own = points[labels == best]
+        center = own.mean(axis=0)
+        radius = float(np.quantile(np.linalg.norm(own - center, axis=1), TYPE_RADIUS_QUANTILE))
+        allowed = np.sqrt(radius**2 + points.shape[1] * spread[j] ** 2)
+        name = best if np.linalg.norm(centroids[j] - center) <= allowed else UNMATCHED
         rows.append({"name": name, "share": votes.max() / NEIGHBOURS, "nearest_type": best})
     return pd.DataFrame(rows, index=pd.Index([str(j) for j in range(len(centroids))], name="cluster"))
 
@@ -262,9 +264,7 @@ def write_names(target: ad.AnnData, key: str, names: pd.DataFrame) -> dict[str, 
     return names.to_dict(orient="index")
 
 
-def _neighbour_distances(queries: np.ndarray, points: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
-    """Return each query's distance to its m-th nearest point and the indices of its m nearest."""
+def _nearest_points(queries: np.ndarray, points: np.ndarray, m: int) -> np.ndarray:
+    """Return the indices of each query's m nearest points (euclidean)."""
     squared = (queries**2).sum(1)[:, None] - 2 * queries @ points.T + (points**2).sum(1)[None, :]
-    nearest = np.argsort(squared, axis=1)[:, :m]
-    farthest = np.take_along_axis(squared, nearest[:, -1:], axis=1)[:, 0]
-    return np.sqrt(np.maximum(farthest, 0.0)), nearest
+    return np.argsort(squared, axis=1)[:, :m]

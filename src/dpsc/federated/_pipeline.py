@@ -172,6 +172,16 @@ def marker_arrays(result: ClusterResult) -> list[np.ndarray]:
     return arrays
 
 
+def centroid_noise(result: ClusterResult) -> np.ndarray:
+    """Each centroid's noise sd per coordinate (public: released counts and σ), 0 where not known.
+
+    Sites name their clusters with it (:func:`dpsc._public_reference.name_centroids`), as the
+    central clustering does; it moves names only, never what a site releases.
+    """
+    noise = result.centroid_noise
+    return np.zeros(len(result.centroids)) if noise is None else np.asarray(noise, dtype=np.float64)
+
+
 def with_markers(result: ClusterResult, arrays: list[np.ndarray]) -> ClusterResult:
     """Set the marker tables of ``result`` from :func:`marker_arrays`' arrays (none: left as they are)."""
     if len(arrays) >= 2:
@@ -278,8 +288,9 @@ class SiteHandler:
         run_state = json.loads(records[RUN_STATE]["json"]) if RUN_STATE in records else {}
         if kind == "finish":
             try:
-                genes, loadings, eigenvalues, centroids, *markers = parameters
+                genes, loadings, eigenvalues, centroids, noise, *markers = parameters
                 result = ClusterResult(genes.astype(np.int64), loadings, eigenvalues, centroids)
+                result.centroid_noise = np.asarray(noise, dtype=np.float64).reshape(len(centroids))
             except (ValueError, TypeError, AttributeError) as err:
                 raise SiteRefusal(
                     f"Malformed results from the server ({err!r}); nothing was written."
@@ -453,7 +464,7 @@ def make_server_app(settings: dict[str, Any] | None = None, sink: dict[str, Any]
             save(summary, None)
             raise
         finish = {**common, "kind": "finish"}
-        arrays = [result.genes, result.loadings, result.eigenvalues, result.centroids]
+        arrays = [result.genes, result.loadings, result.eigenvalues, result.centroids, centroid_noise(result)]
         arrays += marker_arrays(result)  # every site receives the released marker tables
         rounds(finish, arrays, secure=False)
         summary |= {"releases": log.rows, "wall_s": time.perf_counter() - start}

@@ -53,8 +53,8 @@ class SiteSettings:
         site serves no run on a public reference.
     reference_key
         ``obs`` column of the cell types in the site's copy of the reference: the site names each
-        released cluster after the reference cells around its centroid (post-processing, no ε) in
-        ``obs["dp_cluster_names"]`` of its output. ``None``: no names.
+        released cluster after the reference type whose spread holds its centroid (post-processing,
+        no ε) in ``obs["dp_cluster_names"]`` of its output. ``None``: no names.
     ledger
         The ledger file (default ``<data>.dpsc-ledger.json``).
     output

@@ -588,7 +588,7 @@ class Site:
         if public is not None:
             summary = public.summary(self._bases[reference][0])
             if plan.public_basis and public.labels is not None:
-                names = name_clusters(result.centroids, public, result.basis)  # post-processing: no ε
+                names = name_clusters(result.centroids, public, result.basis, result.centroid_noise)  # no ε
         return self.write_results(result, plan, mode, threshold, n_sites, summary, names)
 
     def write_results(

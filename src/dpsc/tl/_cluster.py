@@ -254,8 +254,9 @@ def cluster(
         It must not contain the cells of ``adata``; its name, sha256 fingerprint and size go into
         the record.
     reference_key
-        ``reference.obs`` column of cell types: each released centroid is named after the type it
-        matches, or ``"unmatched"`` (:func:`dpsc.tl._reference.name_clusters`; post-processing).
+        ``reference.obs`` column of cell types: each released centroid is named after the type
+        whose own spread, widened by the centroid's noise, holds it, or ``"unmatched"``
+        (:func:`dpsc.tl._reference.name_clusters`; post-processing).
     random_state
         Seed of the k-means projections and post-processing (public; never of the noise).
     noise_seed

@@ -157,8 +157,8 @@ def fit(
         model (``scope="encoder"``, ``input_pcs="auto"``, ``likelihood="zinb"``).
     reference_key
         A column of ``reference.obs`` with cell types: each cluster is named after the reference
-        cells around its centroid (``obs[f"{cluster_key}_names"]``; ``"unmatched"`` where the
-        reference has no cells), as :func:`dpsc.tl.cluster` does.
+        type whose own spread holds its centroid (``obs[f"{cluster_key}_names"]``;
+        ``"unmatched"`` outside every type's), as :func:`dpsc.tl.cluster` does.
     reference_model
         A directory for the model pretrained on ``reference``: reused from there when it holds
         one for this reference, these genes and this architecture, else pretrained and saved

@@ -3,7 +3,7 @@ r"""A public reference for the private clustering: its basis, the k-means start,
 ``dpsc.tl.cluster(adata, k, reference=ref)`` takes the genes, gene scales and components of a
 public reference of the same tissue (:mod:`dpsc.methods._public_basis`): public cells cost no ε,
 so the whole budget goes to the DP k-means. With ``reference_key`` each released centroid is
-named after the reference cells around it (:mod:`dpsc._public_reference`): a map of the
+named after the reference type whose spread holds it (:mod:`dpsc._public_reference`): a map of the
 released centroids and the public reference only (post-processing).
 
 The reference is an input the caller declares public: cells of another donor, study or condition
