@@ -9,7 +9,7 @@ reference-guided ``tl.cluster`` rows of the same pairs and seeds are read from
 ``reference_pairs.jsonl``. Labels score only.
 
     OMP_NUM_THREADS=1 python benchmarks/reference_fit.py --data ../shared/data \
-        --out benchmarks/results/reference_fit.jsonl
+        --out benchmarks/results/reference_fit.jsonl   # or --part 0 / --part 1: two processes
     python benchmarks/reference_fit.py --report benchmarks/results/reference_fit.jsonl \
         --clustering benchmarks/results/reference_pairs.jsonl
 """
@@ -201,6 +201,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/reference_fit.jsonl"))
     parser.add_argument("--report", type=Path)
     parser.add_argument("--clustering", type=Path, default=Path("benchmarks/results/reference_pairs.jsonl"))
+    parser.add_argument("--part", type=int, default=None, help="run every other pair (0 or 1)")
     args = parser.parse_args()
     if args.report:
         text = report(args.report, args.clustering)
@@ -209,7 +210,9 @@ def main() -> None:
         return
     warnings.simplefilter("ignore")
     with args.out.open("w") as out:
-        for name, reference, private in pairs(args.data):
+        for index, (name, reference, private) in enumerate(pairs(args.data)):
+            if args.part is not None and index % 2 != args.part:
+                continue
             print(name, flush=True)
             run_pair(name, reference, private, out)
 

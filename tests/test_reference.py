@@ -49,6 +49,48 @@ def test_a_reference_lifts_a_small_cohort_and_spends_only_on_the_kmeans(pair):
     assert guided.var["dp_cluster_gene"].sum() == stated["n_genes"]
 
 
+def test_with_types_the_kmeans_starts_from_their_means_in_one_release_and_does_better(pair):
+    """With reference_key the plan has no sketch: PUBLIC_START_ROUNDS Lloyd releases of the k type
+    means, with the whole ε, and the clustering of the same cells at the same seed is closer to
+    their types than the one that starts from its own sketch."""
+    from dpsc.methods._clustering import PUBLIC_START_ROUNDS, kmeans_plan
+
+    reference, private = pair
+    truth = private.obs["cell_type"].to_numpy()
+    sketch, typed = private.copy(), private.copy()
+    dpsc.tl.cluster(sketch, 8, epsilon=2.0, reference=reference, noise_seed=3)
+    dpsc.tl.cluster(typed, 8, epsilon=2.0, reference=reference, reference_key="cell_type", noise_seed=3)
+    steps = [cells.uns["dpsc"]["dp_cluster"]["privacy"]["history"][0][2] for cells in (sketch, typed)]
+    assert steps == [kmeans_steps(kmeans_plan()), PUBLIC_START_ROUNDS] and steps[0] > steps[1]
+    assert kmeans_plan(public_start=True)["n_sketch_steps"] == 0
+    for cells in (sketch, typed):  # calibrated to at most ε (one release: a coarser σ search)
+        assert 1.95 <= dpsc.privacy.spent(cells)[0] <= 2.0 * (1 + 1e-9)
+    scores = [adjusted_rand_score(truth, cells.obs["dp_cluster"]) for cells in (sketch, typed)]
+    assert scores[1] > scores[0], scores
+
+
+def test_the_type_start_keeps_the_most_populous_types_and_fills_the_rest(pair):
+    """type_start: k < types keeps the k largest types' mean points; k > types adds public
+    k-means centroids; no types, no start."""
+    from dpsc._public_reference import reference_points, type_start
+    from dpsc.tl._reference import read_reference
+
+    reference, private = pair
+    public = read_reference(reference, private, "cell_type", "test")
+    basis = public.basis()
+    points = reference_points(public, basis)
+    labels = public.labels.astype(str).to_numpy()
+    largest = public.labels.astype(str).value_counts().index[:3]
+    start = type_start(public, basis, 3)
+    expected = np.stack([points[labels == kind].mean(0) for kind in largest])
+    assert np.allclose(np.sort(start, axis=0), np.sort(expected, axis=0))
+    n_types = len(largest.union(public.labels.astype(str).unique()))
+    wide = type_start(public, basis, n_types + 2)
+    assert wide.shape == (n_types + 2, basis.n_comps) and len(np.unique(wide.round(9), axis=0)) == n_types + 2
+    untyped = read_reference(reference, private, None, "test")
+    assert type_start(untyped, untyped.basis(), 3) is None
+
+
 def test_clusters_are_named_after_the_reference_types(pair):
     reference, private = pair
     dpsc.tl.cluster(private, 8, epsilon=None, reference=reference, reference_key="cell_type")

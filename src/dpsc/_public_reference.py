@@ -203,6 +203,36 @@ def reference_points(reference: PublicReference, basis: PublicBasis) -> np.ndarr
     return np.asarray(reference.own_basis(basis).points(reference.counts))
 
 
+#: Seed of the public k-means that fills a start when the reference has fewer types than clusters.
+START_SEED = 0
+
+
+def type_start(reference: PublicReference, basis: PublicBasis, n_clusters: int) -> np.ndarray | None:
+    """Return k public starting centroids of the DP k-means: the reference types' mean points.
+
+    With more types than ``n_clusters`` the means of the k most populous types (the cells of the
+    others join the nearest); with fewer, k-means centroids of the reference's points fill the
+    rest. ``None`` without types (no ``reference_key``): the k-means starts from its own sketch.
+    Computed from the public reference alone: no ε.
+    """
+    if reference.labels is None:
+        return None
+    points = reference_points(reference, basis)
+    labels = reference.labels.astype(str).to_numpy()
+    sizes = pd.Series(labels).value_counts(sort=False)
+    kept = sorted(sizes.index, key=lambda kind: (-sizes[kind], kind))[: int(n_clusters)]
+    means = np.stack([points[labels == kind].mean(axis=0) for kind in kept])
+    rest = int(n_clusters) - len(means)
+    if rest == 0:
+        return means
+    from sklearn.cluster import KMeans
+
+    fill = KMeans(min(rest, len(points)), n_init=4, random_state=START_SEED).fit(points).cluster_centers_
+    start = np.concatenate([means, fill])
+    short = int(n_clusters) - len(start)  # fewer reference cells than clusters: repeat some
+    return np.concatenate([start, start[:short]]) if short > 0 else start
+
+
 def name_clusters(
     centroids: np.ndarray,
     reference: PublicReference,

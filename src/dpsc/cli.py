@@ -121,7 +121,10 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
         "model is pretrained on it (no ε) and only its encoder is trained on these cells.",
     )
     fit.add_argument(
-        "--reference-key", default=None, help="obs column of the reference's cell types: names the clusters."
+        "--reference-key",
+        default=None,
+        help="obs column of the reference's cell types: the k-means starts from their means; names the "
+        "clusters.",
     )
     fit.add_argument(
         "--reference-model",
@@ -159,7 +162,10 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
         "its genes and components cost no ε.",
     )
     cluster.add_argument(
-        "--reference-key", default=None, help="obs column of the reference's cell types: names the clusters."
+        "--reference-key",
+        default=None,
+        help="obs column of the reference's cell types: the k-means starts from their means; names the "
+        "clusters.",
     )
     cluster.add_argument(
         "--noise-seed",
@@ -259,7 +265,8 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     site.add_argument(
         "--reference-key",
         default=None,
-        help="obs column of the cell types in --reference: names this site's clusters in its output.",
+        help="obs column of the cell types in --reference: the k-means starts from their means (when every "
+        "site has them); names this site's clusters in its output.",
     )
     site.add_argument(
         "--port", type=int, default=None, help="Local port of the SuperNode (default: a free one)."

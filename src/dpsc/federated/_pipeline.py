@@ -126,12 +126,15 @@ def basis_from_arrays(genes: np.ndarray, loadings: np.ndarray, arrays: list[np.n
     )
 
 
-def describe_basis(own: PublicBasis, in_reference: PublicBasis) -> list[np.ndarray]:
+def describe_basis(own: PublicBasis, in_reference: PublicBasis, start: np.ndarray | None) -> list[np.ndarray]:
     """Return what a site tells the server of its basis (public).
 
-    The basis, its genes in the reference, and the reference's marker centre on the shared genes
-    (what the markers' statistics are measured from).
+    The basis, its genes in the reference, the reference's marker centre on the shared genes
+    (what the markers' statistics are measured from) and the DP k-means' public start (the means of
+    the reference's types, :func:`dpsc._public_reference.type_start`; no rows when the site's copy
+    has no types).
     """
+    start = np.zeros((0, own.n_comps)) if start is None else np.asarray(start, dtype=np.float64)
     return [
         np.asarray(own.genes, dtype=np.int64),
         np.asarray(own.loadings, dtype=np.float64),
@@ -139,6 +142,7 @@ def describe_basis(own: PublicBasis, in_reference: PublicBasis) -> list[np.ndarr
         np.asarray(in_reference.genes, dtype=np.int64),
         np.asarray(in_reference.shared, dtype=np.int64),
         np.asarray(own.marker_center, dtype=np.float64),
+        start,
     ]
 
 
@@ -281,7 +285,8 @@ class SiteHandler:
         reference = str(config.get("reference-fingerprint", ""))
         if kind == "describe":  # public facts the plan needs: the numbers of genes and of cells
             counts = [np.array([site.adata.n_vars, site.adata.n_obs], dtype=np.int64)]
-            return counts + (describe_basis(*site.public_basis(reference)) if reference else []), 1, {}
+            described = describe_basis(*site.basis_and_start(reference, plan.n_clusters)) if reference else []
+            return counts + described, 1, {}
         if plan.n_vars <= 0:
             raise SiteRefusal("Malformed request from the server: the plan has no genes; nothing was sent.")
         records = self.context.state.config_records
@@ -596,20 +601,27 @@ def _plan(
 
 
 def _agreed_basis(described: list[list[np.ndarray]]) -> PublicBasis:
-    """Return the basis every site described (:func:`describe_basis`); refuse the run if they differ."""
-    bases = []
+    """Return the basis every site described (:func:`describe_basis`); refuse the run if they differ.
+
+    The k-means starts from the reference types' means when every site described the same ones
+    (public post-processing; each site checks only the plan it implies), else from its sketch.
+    """
+    bases, starts = [], []
     for arrays in described:
-        if len(arrays) != 9:
+        if len(arrays) != 10:
             raise RuntimeError("A site described no public basis; the run on a public reference stops.")
         genes, loadings, *rest = arrays
         center = np.asarray(rest[6], dtype=np.float64)
         bases.append(replace(basis_from_arrays(genes, loadings, rest[:4]), marker_center=center))
+        starts.append(np.asarray(rest[7], dtype=np.float64))
     if not all(same_basis(other, bases[0]) for other in bases[1:]):
         raise RuntimeError(
             "The sites computed different public bases from their copies of the reference (the same "
             "fingerprint, another gene list or another version of dpsc or scanpy); the run stops."
         )
-    return bases[0]
+    first = starts[0]
+    agreed = len(first) > 0 and all(s.shape == first.shape and np.allclose(s, first) for s in starts)
+    return bases[0].with_start(first if agreed else None)
 
 
 def run_pipeline_simulation(

@@ -65,7 +65,7 @@ from typing import Any
 import anndata as ad
 import numpy as np
 
-from .._public_reference import name_clusters, read_reference, write_names
+from .._public_reference import name_clusters, read_reference, type_start, write_names
 from .._validation import get_matrix, resolve_delta
 from ..methods._clustering import (
     MEAN_WEIGHT,
@@ -290,6 +290,17 @@ class Site:
             self._bases[fingerprint] = (basis, public.own_basis(basis))
             self._publics[fingerprint] = public
         return self._bases[fingerprint]
+
+    def basis_and_start(
+        self, fingerprint: str, n_clusters: int
+    ) -> tuple[PublicBasis, PublicBasis, np.ndarray | None]:
+        """Return :meth:`public_basis` and the DP k-means' public start this site describes.
+
+        The start is the means of its copy's types (``reference_key`` in its settings; ``None``
+        without), computed from that copy alone; no cell of the site is read.
+        """
+        own, in_reference = self.public_basis(fingerprint)
+        return own, in_reference, type_start(self._publics[fingerprint], own, n_clusters)
 
     def check_basis(self, request: Request, fingerprint: str) -> None:
         """Refuse a request whose public basis is not the one this site computes from its own copy."""

@@ -111,6 +111,13 @@ KMEANS_PLAN = {
 #: centroid a weighted mean of noisy means. Chosen by leave one file out against none, on every
 #: fold (docs, Benchmarks: "``tl.cluster`` by leave-one-file-out").
 REFINE_ROUNDS = 1
+#: Lloyd releases of a DP k-means that starts from public centroids (a reference's type means,
+#: :func:`dpsc._public_reference.type_start`): no sketch and no oversampled rounds, only this many
+#: rounds of the k centroids, so each release gets the whole k-means budget. From a start at the
+#: public types' means one round moves each centroid to the noisy mean of the cells nearest to it;
+#: each further round splits the same ε. Chosen by leave one reference / private pair out among 1
+#: and 2 (docs, Benchmarks: "``tl.cluster(reference=...)`` on reference / private pairs").
+PUBLIC_START_ROUNDS = 1
 #: How the gene selection ranks the released gene statistics (:func:`~._hvg.rank_genes`).
 GENE_RANKING = "second_moment"
 CLIP_NORM = 1.0
@@ -526,9 +533,8 @@ class ClusterPlan(PlanSettings):
         """
         epsilon = float(config["epsilon"])
         public_basis = bool(int(config.get("public-basis", 0)))
-        kmeans = kmeans_plan()
-        if public_basis and int(config.get("kmeans-sketch-steps", kmeans["n_sketch_steps"])) == 0:
-            kmeans["n_sketch_steps"] = 0
+        sketch = int(config.get("kmeans-sketch-steps", KMEANS_PLAN["n_sketch_steps"]))
+        kmeans = kmeans_plan(public_start=public_basis and sketch == 0)
         return cls.of(
             None if epsilon < 0 else epsilon,
             float(config["delta"]),
@@ -569,13 +575,19 @@ def release_kinds(
     return (*(KINDS if select_genes else KINDS[1:]), *marker_kinds(markers, private))
 
 
-def kmeans_plan() -> dict[str, Any]:
+def kmeans_plan(public_start: bool = False) -> dict[str, Any]:
     """Return the DP k-means settings of a private clustering (public constants; reads no cell).
 
     :data:`KMEANS_PLAN`'s sketch and Lloyd rounds of 4k centroids, then :data:`REFINE_ROUNDS`
-    Lloyd rounds of the k reduced centroids (:func:`~._kmeans.dp_kmeans_centroids`).
+    Lloyd rounds of the k reduced centroids (:func:`~._kmeans.dp_kmeans_centroids`). With a
+    ``public_start`` (k public starting centroids): :data:`PUBLIC_START_ROUNDS` Lloyd rounds of
+    those k centroids only.
     """
     plan = dict(KMEANS_PLAN)
+    if public_start:
+        rounds = PUBLIC_START_ROUNDS
+        plan.update(n_sketch_steps=0, n_lloyd_rounds=rounds, refine_rounds=rounds, oversampling=1)
+        return plan
     plan.update(n_lloyd_rounds=int(plan["n_lloyd_rounds"]) + REFINE_ROUNDS, refine_rounds=REFINE_ROUNDS)
     return plan
 
@@ -700,9 +712,7 @@ def _plan_on_public_basis(
 ) -> ClusterPlan:
     """Return the plan of a clustering on public genes and loadings: k-means (and markers) only."""
     kinds = ("kmeans", *marker_kinds(markers, epsilon is not None, public_center=True))
-    kmeans = kmeans_plan()
-    if public_start:  # public starting centroids: no sketch release
-        kmeans["n_sketch_steps"] = 0
+    kmeans = kmeans_plan(public_start)  # public starting centroids: no sketch release
     steps = kmeans_steps(kmeans)
     sigmas = dict.fromkeys((*KINDS, *MARKER_KINDS), 0.0)
     if epsilon is not None:

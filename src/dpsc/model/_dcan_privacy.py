@@ -522,7 +522,8 @@ def start_parts_on_basis(
     (``training`` = (q, T)) take :data:`TRAINING_SHARE` and the choice the rest. One calibration.
     Reads no cell.
     """
-    steps = kmeans_steps(kmeans_plan())
+    kmeans = kmeans_plan(public_start=basis.start is not None)  # from the reference's types' means
+    steps = kmeans_steps(kmeans)
     split = ReleasePlan.of(
         PlannedRelease("kmeans", share=START_SHARE, steps=steps),
         PlannedRelease("training", share=TRAINING_SHARE, sample_rate=training[0], steps=training[1]),
@@ -539,6 +540,7 @@ def start_parts_on_basis(
         sigmas=split.sigmas,
         random_state=settings.random_state,
         accountant=settings.accountant,
+        kmeans=kmeans,
         public_basis=True,
     )
     return plan, split

@@ -20,7 +20,6 @@ from .._blocks import is_dask
 from .._outputs import write_cluster_markers, write_clustering
 from .._validation import check_cells, check_privacy_args, check_public_counts, get_matrix, resolve_delta
 from ..methods._clustering import (
-    KMEANS_PLAN,
     MEAN_WEIGHT,
     ClusterPlan,
     ClusterResult,
@@ -37,7 +36,7 @@ from ..privacy import (
     with_storage_note,
 )
 from ._kmeans import warn_if_few_clusters
-from ._reference import name_clusters, reference_basis, start_centroids, write_names
+from ._reference import name_clusters, reference_basis, write_names
 
 MARKER_SUMS = [
     "the cells' mean expression",
@@ -254,9 +253,11 @@ def cluster(
         It must not contain the cells of ``adata``; its name, sha256 fingerprint and size go into
         the record.
     reference_key
-        ``reference.obs`` column of cell types: each released centroid is named after the type
-        whose own spread, widened by the centroid's noise, holds it, or ``"unmatched"``
-        (:func:`dpsc.tl._reference.name_clusters`; post-processing).
+        ``reference.obs`` column of cell types. The DP k-means starts from the types' mean points
+        (public) and makes one Lloyd release of those k centroids, with the whole k-means budget;
+        each released centroid is named after the type whose own spread, widened by the centroid's
+        noise, holds it, or ``"unmatched"`` (:func:`dpsc.tl._reference.name_clusters`;
+        post-processing).
     random_state
         Seed of the k-means projections and post-processing (public; never of the noise).
     noise_seed
@@ -301,10 +302,9 @@ def cluster(
         or not 2 <= n_clusters <= adata.n_obs
     ):
         raise ValueError(f"n_clusters must be an integer in [2, n_obs={adata.n_obs}], got {n_clusters!r}.")
-    public, basis = reference_basis(reference, reference_key, adata, "dpsc.tl.cluster", bool(markers))
-    if public is not None:
-        oversampling = int(KMEANS_PLAN["oversampling"])
-        basis = basis.with_start(start_centroids(public, basis, int(n_clusters), oversampling))
+    public, basis = reference_basis(
+        reference, reference_key, adata, "dpsc.tl.cluster", bool(markers), int(n_clusters)
+    )
     plan = plan_for_cells(adata, int(n_clusters), epsilon, delta, random_state, bool(markers), basis)
     noise = NoiseSource(noise_seed)
     summary = None if public is None else public.summary(basis)

@@ -89,8 +89,9 @@ def cluster_federated(
         A public reference of the same tissue, as in :func:`dpsc.tl.cluster`: every site computes
         the genes, gene scales and components from its own copy of it (here: the same object), checks
         that its copy has the run's sha256 fingerprint, and serves only requests in that basis; the
-        whole ε goes to the k-means (and markers). With ``reference_key`` the clusters are named
-        after the reference's types (post-processing of the released centroids).
+        whole ε goes to the k-means (and markers). With ``reference_key`` the k-means starts from
+        the reference types' means (every site computes them from its own copy) and the clusters
+        are named after the types (post-processing of the released centroids).
     random_state
         Seed of the public k-means projections and post-processing.
     noise_seed
@@ -119,7 +120,7 @@ def cluster_federated(
     check_public_counts(adata, layer, True, "dpsc.tl.cluster_federated")
     threshold = _check_mode(mode, threshold, len(names), site_key)
     public, basis = reference_basis(
-        reference, reference_key, adata, "dpsc.tl.cluster_federated", bool(markers)
+        reference, reference_key, adata, "dpsc.tl.cluster_federated", bool(markers), int(n_clusters)
     )
     from ..federated import run_pipeline_simulation, site_record  # after the input checks
 
@@ -137,7 +138,9 @@ def cluster_federated(
         reference=summary,
     )
     with plan.releases.spend(adata, record, key_added, noise) as spent:
-        settings = _simulated_sites(matrix, adata.var, sites, names, epsilon, delta, noise_seed, reference)
+        settings = _simulated_sites(
+            matrix, adata.var, sites, names, epsilon, delta, noise_seed, reference, reference_key
+        )
         server = _server_config(adata, plan, mode, threshold, len(names), epsilon, delta, public)
         result, run = run_pipeline_simulation(server, settings, n_cpus=n_cpus)
         extra: dict[str, Any] = {} if summary is None else {"reference": summary}
@@ -184,6 +187,7 @@ def _simulated_sites(
     delta: float,
     noise_seed: int | None,
     reference: Any,
+    reference_key: str | None = None,
 ) -> list[Any]:
     """Return one :class:`~dpsc.federated.SiteSettings` per site: its cells, noise and reference copy."""
     from ..federated import SiteSettings
@@ -198,6 +202,7 @@ def _simulated_sites(
             # one user simulates every site: no cap on the fallback ε (the record states it)
             max_fallback_epsilon=math.inf,
             reference=reference,  # each simulated site's own copy of the public reference
+            reference_key=reference_key,  # its types start the k-means
         )
         for index, name in enumerate(names)
     ]

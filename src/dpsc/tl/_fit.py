@@ -246,7 +246,9 @@ def fit(
     matrix = get_matrix(adata, layer)
     check_choice("likelihood", likelihood, LIKELIHOODS)
     model_kwargs = _model_kwargs(scope, input_pcs, adata.n_vars)
-    public = reference_for_fit(reference, reference_key, reference_model, adata, scope, input_pcs, likelihood)
+    public = reference_for_fit(
+        reference, reference_key, reference_model, adata, scope, input_pcs, likelihood, n_clusters
+    )
     run = {k: train_kwargs.pop(k) for k in RUN_OPTIONS if k in train_kwargs}
     if public is not None and batch_size is None:  # a rule of n alone (reads no cell)
         batch_size = max(1, round(REFERENCE_FINE_TUNING_RATE * adata.n_obs))

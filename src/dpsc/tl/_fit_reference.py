@@ -102,8 +102,12 @@ def reference_for_fit(
     scope: str,
     input_pcs: Any,
     likelihood: str,
+    n_clusters: int,
 ) -> ReferenceFit | None:
-    """Read and check ``tl.fit``'s reference (reads the reference and the gene names only)."""
+    """Read and check ``tl.fit``'s reference (reads the reference and the gene names only).
+
+    The basis holds the start clustering's public start (the reference types' means, with types).
+    """
     if reference is None:
         if directory is not None:
             raise ValueError(
@@ -118,7 +122,7 @@ def reference_for_fit(
             "encoder privately; pass scope='encoder', input_pcs='auto' and likelihood='zinb' (the "
             f"defaults), not scope={scope!r}, input_pcs={input_pcs!r}, likelihood={likelihood!r}."
         )
-    public, basis = reference_basis(reference, reference_key, adata, "dpsc.tl.fit")
+    public, basis = reference_basis(reference, reference_key, adata, "dpsc.tl.fit", n_clusters=n_clusters)
     return ReferenceFit(public, basis, adata.var_names, directory)
 
 
