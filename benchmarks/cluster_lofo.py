@@ -83,8 +83,8 @@ def shipped_constants() -> dict:
     return {name: getattr(_clustering, name) for constants in CANDIDATES.values() for name in constants}
 
 
-def scanpy_reference(adata, k: int) -> np.ndarray:
-    """The non-private reference of the clustering issue (module docstring)."""
+def scanpy_reference(adata, k: int, seed: int = 0) -> np.ndarray:
+    """The non-private reference of the clustering issue (module docstring); ``seed``: k-means'."""
     import scanpy as sc
     from sklearn.cluster import KMeans
 
@@ -95,7 +95,7 @@ def scanpy_reference(adata, k: int) -> np.ndarray:
     sc.pp.highly_variable_genes(cells, n_top_genes=min(2000, cells.n_vars), subset=True)
     sc.pp.scale(cells)
     sc.pp.pca(cells, n_comps=32)
-    return KMeans(k, n_init=10, random_state=0).fit_predict(cells.obsm["X_pca"])
+    return KMeans(k, n_init=10, random_state=seed).fit_predict(cells.obsm["X_pca"])
 
 
 def labelled_file(data: Path, name: str) -> tuple:
