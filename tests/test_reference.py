@@ -67,6 +67,27 @@ def test_with_types_the_kmeans_starts_from_their_means_in_one_release_and_does_b
         assert 1.95 <= dpsc.privacy.spent(cells)[0] <= 2.0 * (1 + 1e-9)
     scores = [adjusted_rand_score(truth, cells.obs["dp_cluster"]) for cells in (sketch, typed)]
     assert scores[1] > scores[0], scores
+    statement = typed.uns["dpsc"]["dp_cluster"]["privacy"]["statement"]
+    assert (
+        f"by {PUBLIC_START_ROUNDS} discrete Gaussian release{'s' * (PUBLIC_START_ROUNDS > 1)} of" in statement
+    )
+
+
+def test_one_call_maps_the_reference_cells_once_for_the_start_and_the_names(pair, monkeypatch):
+    """The type start and the names read the same reference points: computed once per call."""
+    reference, private = pair
+    calls = []
+    original = PublicBasis.points
+
+    def counted(self, matrix):
+        calls.append(matrix.shape[0])
+        return original(self, matrix)
+
+    monkeypatch.setattr(PublicBasis, "points", counted)
+    cells = private.copy()
+    dpsc.tl.cluster(cells, 6, reference=reference, reference_key="cell_type", noise_seed=3)
+    assert cells.obs["dp_cluster_names"].notna().all()
+    assert calls.count(reference.n_obs) == 1, calls
 
 
 def test_the_type_start_keeps_the_most_populous_types_and_fills_the_rest(pair):

@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import os
 import warnings
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import anndata as ad
@@ -45,6 +45,8 @@ class PublicReference:
     private_genes: np.ndarray  # … and the same genes' columns in the private matrix
     labels: pd.Series | None  # the reference_key column, when given
     reference_key: str | None
+    #: the reference cells' points per basis map (:meth:`points`), computed once per call
+    _points: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def n_obs(self) -> int:
@@ -77,6 +79,19 @@ class PublicReference:
         """Return the reference's mean log1p(CP10k) on the shared genes (:func:`reference_center`)."""
         n_shared = len(self.reference_genes)
         return reference_center(self.counts, self.reference_genes, np.arange(n_shared), n_shared)
+
+    def points(self, basis: PublicBasis) -> np.ndarray:
+        """Return the reference cells' points in ``basis`` (public), computed once per map.
+
+        The k-means start and the cluster names of one call read them both; a basis that differs
+        only in its start (:meth:`~dpsc.methods._public_basis.PublicBasis.with_start`) is the same map.
+        """
+        key = (id(basis.loadings), id(basis.genes), basis.radius)
+        cached = self._points.get(key)
+        if cached is None or cached[0] is not basis.loadings or cached[1] is not basis.genes:
+            points = np.asarray(self.own_basis(basis).points(self.counts))
+            cached = self._points[key] = (basis.loadings, basis.genes, points)  # holds the arrays keyed
+        return cached[2]
 
     def own_basis(self, basis: PublicBasis) -> PublicBasis:
         """Return the same basis in the reference's own columns (to map the reference's cells)."""
@@ -199,8 +214,8 @@ TYPE_RADIUS_QUANTILE = 0.9
 
 
 def reference_points(reference: PublicReference, basis: PublicBasis) -> np.ndarray:
-    """Return the reference cells' points in the basis (public)."""
-    return np.asarray(reference.own_basis(basis).points(reference.counts))
+    """Return the reference cells' points in the basis (public; :meth:`PublicReference.points`)."""
+    return reference.points(basis)
 
 
 #: Seed of the public k-means that fills a start when the reference has fewer types than clusters.
@@ -275,17 +290,24 @@ def name_centroids(
     centroids = np.asarray(centroids, dtype=np.float64)
     nearest = _nearest_points(centroids, points, NEIGHBOURS)
     spread = np.zeros(len(centroids)) if noise is None else np.asarray(noise, dtype=np.float64)
+    spreads: dict[str, tuple[np.ndarray, float]] = {}  # each voted type's mean and radius, once
     rows = []
     for j in range(len(centroids)):
         types, votes = np.unique(labels[nearest[j]], return_counts=True)
         best = types[votes.argmax()]
-        own = points[labels == best]
-        center = own.mean(axis=0)
-        radius = float(np.quantile(np.linalg.norm(own - center, axis=1), TYPE_RADIUS_QUANTILE))
+        if best not in spreads:
+            spreads[best] = type_spread(points[labels == best])
+        center, radius = spreads[best]
         allowed = np.sqrt(radius**2 + points.shape[1] * spread[j] ** 2)
         name = best if np.linalg.norm(centroids[j] - center) <= allowed else UNMATCHED
         rows.append({"name": name, "share": votes.max() / NEIGHBOURS, "nearest_type": best})
     return pd.DataFrame(rows, index=pd.Index([str(j) for j in range(len(centroids))], name="cluster"))
+
+
+def type_spread(points: np.ndarray) -> tuple[np.ndarray, float]:
+    """Return a type's mean point and radius (:data:`TYPE_RADIUS_QUANTILE` quantile of its distances)."""
+    center = points.mean(axis=0)
+    return center, float(np.quantile(np.linalg.norm(points - center, axis=1), TYPE_RADIUS_QUANTILE))
 
 
 def write_names(target: ad.AnnData, key: str, names: pd.DataFrame) -> dict[str, Any]:

@@ -207,7 +207,7 @@ def site_record(
         f"{'a' if simulated else 'this'} site took part)"
     )
     details = {"mode": mode, "threshold": threshold, "n_sites": n_sites, "fallback_epsilon": fallback}
-    mechanism = f"{plan.n_releases} discrete Gaussian releases of sums, {assumption}"
+    mechanism = f"{plan.releases_in_words} of sums, {assumption}"
     if reference is not None:
         mechanism += (
             f"; each cell read as its point in the public reference's basis ({plan.n_genes} genes, their "

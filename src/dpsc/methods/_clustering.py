@@ -425,6 +425,11 @@ class ClusterPlan(PlanSettings):
         return int(self.select_genes) + pca + self.kmeans_steps + len(self.marker_kinds)
 
     @property
+    def releases_in_words(self) -> str:
+        """The plan's releases as a record states them: "1 discrete Gaussian release", "5 … releases"."""
+        return f"{self.n_releases} discrete Gaussian release{'' if self.n_releases == 1 else 's'}"
+
+    @property
     def coreset_size(self) -> int:
         """m, the centroids of the DP k-means' Lloyd rounds (``oversampling`` × k)."""
         return int(self.kmeans["oversampling"]) * int(self.n_clusters)

@@ -107,7 +107,7 @@ def cluster_record(
         ]
     )
     mechanism = (
-        f"{plan.n_releases} discrete Gaussian releases of sums over cells ({sums}; lattice-encoded), "
+        f"{plan.releases_in_words} of sums over cells ({sums}; lattice-encoded), "
         "composed by the Opacus RDP accountant; the PCA reads "
         f"{plan.n_genes} of the {plan.n_vars} genes, a number chosen from the public n, ε, δ and "
         "number of genes, never from the cells"
@@ -129,7 +129,7 @@ def _reference_record(
     """Record of a clustering on a public reference's genes and components: k-means (and markers)."""
     sums = ", ".join(["k-means tables", *(marker_sums(plan) if plan.markers else [])])
     mechanism = (
-        f"{plan.n_releases} discrete Gaussian releases of sums over cells ({sums}; lattice-encoded), "
+        f"{plan.releases_in_words} of sums over cells ({sums}; lattice-encoded), "
         "composed by the Opacus RDP accountant, of each cell's point in the public reference's "
         f"basis ({plan.n_genes} genes, their scales and {plan.n_comps} components, computed from the "
         "reference alone)"
