@@ -49,13 +49,16 @@ CANDIDATES = {
     "ball, 0.9 radius, reference k-means start, 2 rounds of k": (16, 0.9, "reference kmeans", 2),
     "ball, 0.9 radius, type means start, 1 round of k": (16, 0.9, "type means", 1),
     "ball, 0.9 radius, type means start, 2 rounds of k": (16, 0.9, "type means", 2),
+    "ball, 0.9 radius, type means start when most cells lie in a type, 1 round of k": (16, 0.9, "gated", 1),
 }
 HISTORICAL = (
     "ball, 0.9 radius, reference k-means start",
     "ball, 0.9 radius, type means start",
     "ball, 0.9 radius, reference k-means start, 2 rounds of k",
 )
-SHIPPED = "ball, 0.9 radius, type means start, 1 round of k"
+SHIPPED = "ball, 0.9 radius, type means start when most cells lie in a type, 1 round of k"
+#: "gated" (shipped): one count release first (``dpsc.methods._type_gate``), then the type means
+#: start unless the released share of cells within a reference type's spread is clearly below half
 #: pairs whose reference has the private cells' types (names are scored there)
 SAME_TYPES = ("baron", "cellbench", "halves")
 HALVES = ("pbmc", "bladder", "bladder_allgenes", "paul15", "pancreas")
@@ -104,7 +107,9 @@ def _candidate(n_comps: int, quantile: float | None, start: str, rounds: int = 1
     public_reference.N_COMPS, public_basis.RADIUS_QUANTILE = n_comps, quantile
     _clustering.PUBLIC_START_ROUNDS = rounds
     starts = {"type means": public_reference.type_start, "sketch": lambda *_: None}
-    reference_module.type_start = starts[start]
+    reference_module.type_start = starts.get(start, public_reference.type_start)
+    # "gated" (shipped): the count chooses the start; "type means": the type start without the count
+    reference_module.type_radii = public_reference.type_radii if start == "gated" else lambda *_: None
 
 
 def run_pair(name: str, reference, private, out, candidates=None, baselines: bool = True) -> None:
@@ -147,6 +152,7 @@ def run_pair(name: str, reference, private, out, candidates=None, baselines: boo
                     cells, k, epsilon=epsilon, reference=shared, reference_key=key, noise_seed=seed
                 )
                 entry = row(name, candidate, epsilon, seed, cells, truth, time.process_time() - start)
+                entry.update(started(cells))
                 if named:
                     entry["names"] = float((cells.obs["dp_cluster_names"].astype(str) == truth).mean())
                 rows.append(entry)
@@ -168,6 +174,14 @@ def run_pair(name: str, reference, private, out, candidates=None, baselines: boo
     for entry in rows:
         out.write(json.dumps(entry) + "\n")
     out.flush()
+
+
+def started(cells) -> dict:
+    """Which start a gated clustering's count chose (from its record; nothing for another plan)."""
+    statement = cells.uns["dpsc"]["dp_cluster"]["privacy"]["statement"]
+    if "which chose the start" not in statement:
+        return {}
+    return {"typed": "which chose the start (the types' mean points)" in statement}
 
 
 def ingest(reference, private) -> float:
@@ -284,7 +298,9 @@ def report(path: Path) -> str:
         + ", ".join(f"{name} {value:.3f}" for name, value in overall.sort_values(ascending=False).items())
         + f"; shipped: {SHIPPED}. The `start` candidates (the DP k-means started from public centroids "
         "of the reference's points, k-means or the types' means, and no sketch release; `rounds of k`: "
-        "only that many Lloyd releases of the k starting centroids) and the 8 and 12 component ones "
+        "only that many Lloyd releases of the k starting centroids; `when most cells lie in a type`: a "
+        "released count of the cells within the types' spreads chooses between that start and the "
+        "sketch, `dpsc.methods._type_gate`) and the 8 and 12 component ones "
         "(fewer coordinates for the same noise) ran later, with `--no-baselines --candidates …`; "
         + "; ".join(f"`{name}`" for name in HISTORICAL)
         + " ran on code this commit no longer has (module docstring). Every "

@@ -234,8 +234,7 @@ def type_start(reference: PublicReference, basis: PublicBasis, n_clusters: int) 
         return None
     points = reference_points(reference, basis)
     labels = reference.labels.astype(str).to_numpy()
-    sizes = pd.Series(labels).value_counts(sort=False)
-    kept = sorted(sizes.index, key=lambda kind: (-sizes[kind], kind))[: int(n_clusters)]
+    kept = _start_types(labels, n_clusters)
     means = np.stack([points[labels == kind].mean(axis=0) for kind in kept])
     rest = int(n_clusters) - len(means)
     if rest == 0:
@@ -246,6 +245,27 @@ def type_start(reference: PublicReference, basis: PublicBasis, n_clusters: int) 
     start = np.concatenate([means, fill])
     short = int(n_clusters) - len(start)  # fewer reference cells than clusters: repeat some
     return np.concatenate([start, start[:short]]) if short > 0 else start
+
+
+def type_radii(reference: PublicReference, basis: PublicBasis, n_clusters: int) -> np.ndarray | None:
+    """Return the radius of each row of :func:`type_start`: its type's spread, 0 for a fill (public).
+
+    :func:`type_spread`'s radius of each of the k most populous types; ``None`` without types.
+    """
+    if reference.labels is None:
+        return None
+    points = reference_points(reference, basis)
+    labels = reference.labels.astype(str).to_numpy()
+    radii = np.zeros(int(n_clusters))
+    for row, kind in enumerate(_start_types(labels, n_clusters)):
+        radii[row] = type_spread(points[labels == kind])[1]
+    return radii
+
+
+def _start_types(labels: np.ndarray, n_clusters: int) -> list[str]:
+    """Return the k most populous types (ties by name): the rows of the type start."""
+    sizes = pd.Series(labels).value_counts(sort=False)
+    return sorted(sizes.index, key=lambda kind: (-sizes[kind], kind))[: int(n_clusters)]
 
 
 def name_clusters(

@@ -123,8 +123,8 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     fit.add_argument(
         "--reference-key",
         default=None,
-        help="obs column of the reference's cell types: the k-means starts from their means; names the "
-        "clusters.",
+        help="obs column of the reference's cell types: the k-means starts from their means unless a "
+        "released count finds most cells outside them; names the clusters.",
     )
     fit.add_argument(
         "--reference-model",
@@ -164,8 +164,8 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     cluster.add_argument(
         "--reference-key",
         default=None,
-        help="obs column of the reference's cell types: the k-means starts from their means; names the "
-        "clusters.",
+        help="obs column of the reference's cell types: the k-means starts from their means unless a "
+        "released count finds most cells outside them; names the clusters.",
     )
     cluster.add_argument(
         "--noise-seed",
@@ -266,7 +266,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
         "--reference-key",
         default=None,
         help="obs column of the cell types in --reference: the k-means starts from their means (when every "
-        "site has them); names this site's clusters in its output.",
+        "site has them and a released count finds most cells within them); names this site's clusters.",
     )
     site.add_argument(
         "--port", type=int, default=None, help="Local port of the SuperNode (default: a free one)."

@@ -126,15 +126,18 @@ def basis_from_arrays(genes: np.ndarray, loadings: np.ndarray, arrays: list[np.n
     )
 
 
-def describe_basis(own: PublicBasis, in_reference: PublicBasis, start: np.ndarray | None) -> list[np.ndarray]:
+def describe_basis(
+    own: PublicBasis, in_reference: PublicBasis, start: np.ndarray | None, radii: np.ndarray | None = None
+) -> list[np.ndarray]:
     """Return what a site tells the server of its basis (public).
 
     The basis, its genes in the reference, the reference's marker centre on the shared genes
-    (what the markers' statistics are measured from) and the DP k-means' public start (the means of
+    (what the markers' statistics are measured from), the DP k-means' public start (the means of
     the reference's types, :func:`dpsc._public_reference.type_start`; no rows when the site's copy
-    has no types).
+    has no types) and those types' radii (:func:`dpsc._public_reference.type_radii`).
     """
     start = np.zeros((0, own.n_comps)) if start is None else np.asarray(start, dtype=np.float64)
+    radii = np.zeros(len(start)) if radii is None else np.asarray(radii, dtype=np.float64)
     return [
         np.asarray(own.genes, dtype=np.int64),
         np.asarray(own.loadings, dtype=np.float64),
@@ -143,10 +146,17 @@ def describe_basis(own: PublicBasis, in_reference: PublicBasis, start: np.ndarra
         np.asarray(in_reference.shared, dtype=np.int64),
         np.asarray(own.marker_center, dtype=np.float64),
         start,
+        radii,
     ]
 
 
-NO_GENES = ("genes", "marker_center", "marker_norms", "marker_focus_norms")  # requests without a gene list
+NO_GENES = (
+    "genes",
+    "marker_center",
+    "marker_norms",
+    "marker_focus_norms",
+    "type_count",
+)  # without a gene list
 WITH_LOADINGS = ("pca", "kmeans", "markers", "marker_focus")  # requests that carry loadings
 WITH_FRAME = ("marker_norms", "markers", "marker_focus_norms", "marker_focus")  # ... a marker frame
 FOCUSED = ("marker_focus_norms", "marker_focus")  # ... the focused marker table's genes
@@ -227,6 +237,7 @@ def _request(config: dict[str, Any], arrays: list[np.ndarray]) -> Request:
             frame=MarkerFrame.from_array(frame) if kind in WITH_FRAME else None,
             columns=columns,
             basis=basis,
+            branch=str(config.get("branch", "")),
         )
     except (KeyError, ValueError, TypeError) as err:
         raise SiteRefusal(f"Malformed request from the server ({err!r}); nothing was sent.") from None
@@ -445,6 +456,8 @@ def make_server_app(settings: dict[str, Any] | None = None, sink: dict[str, Any]
 
         def release_sum(request: Request) -> np.ndarray:
             config = {**common, "kind": request.kind, "index": request.index, "sigma": request.sigma}
+            if request.branch:  # the start a gated plan's count chose (public: a released value's map)
+                config["branch"] = request.branch
             if request.assignment is not None:
                 config["assignment"] = request.assignment.kind
             round_ = rounds(config, _payload(request), secure=mode == "secure")
@@ -473,6 +486,8 @@ def make_server_app(settings: dict[str, Any] | None = None, sink: dict[str, Any]
         arrays += marker_arrays(result)  # every site receives the released marker tables
         rounds(finish, arrays, secure=False)
         summary |= {"releases": log.rows, "wall_s": time.perf_counter() - start}
+        if plan.gated:  # the start the count chose
+            summary["start"] = "sketch" if result.plan.kmeans["n_sketch_steps"] else "types"
         save(summary, result)
 
     return app
@@ -604,16 +619,18 @@ def _agreed_basis(described: list[list[np.ndarray]]) -> PublicBasis:
     """Return the basis every site described (:func:`describe_basis`); refuse the run if they differ.
 
     The k-means starts from the reference types' means when every site described the same ones
-    (public post-processing; each site checks only the plan it implies), else from its sketch.
+    and their radii (public post-processing; each site checks only the plan it implies: with them,
+    the count that chooses between that start and the sketch), else from its sketch.
     """
     bases, starts = [], []
     for arrays in described:
-        if len(arrays) != 10:
+        if len(arrays) != 11:
             raise RuntimeError("A site described no public basis; the run on a public reference stops.")
         genes, loadings, *rest = arrays
         center = np.asarray(rest[6], dtype=np.float64)
         bases.append(replace(basis_from_arrays(genes, loadings, rest[:4]), marker_center=center))
-        starts.append(np.asarray(rest[7], dtype=np.float64))
+        start, radii = (np.asarray(rest[i], dtype=np.float64) for i in (7, 8))
+        starts.append(np.column_stack([start, radii]) if len(start) == len(radii) else np.zeros((0, 0)))
     if not all(same_basis(other, bases[0]) for other in bases[1:]):
         raise RuntimeError(
             "The sites computed different public bases from their copies of the reference (the same "
@@ -621,7 +638,7 @@ def _agreed_basis(described: list[list[np.ndarray]]) -> PublicBasis:
         )
     first = starts[0]
     agreed = len(first) > 0 and all(s.shape == first.shape and np.allclose(s, first) for s in starts)
-    return bases[0].with_start(first if agreed else None)
+    return bases[0].with_start(first[:, :-1], first[:, -1]) if agreed else bases[0].with_start(None)
 
 
 def run_pipeline_simulation(

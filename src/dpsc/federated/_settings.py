@@ -53,9 +53,11 @@ class SiteSettings:
         site serves no run on a public reference.
     reference_key
         ``obs`` column of the cell types in the site's copy of the reference: the site tells the
-        server its types' mean points (public), from which the k-means starts when every site told
-        the same, and names each released cluster after the reference type whose spread holds its
-        centroid (post-processing, no ε) in ``obs["dp_cluster_names"]`` of its output. ``None``: no
+        server its types' mean points and spreads (public), from which the k-means starts when every
+        site told the same and the released count of cells within them chooses that start
+        (:mod:`dpsc.methods._type_gate`), and names each released cluster after the reference type
+        whose spread holds its centroid (post-processing, no ε) in ``obs["dp_cluster_names"]`` of
+        its output. ``None``: no
         names, and the k-means starts from its sketch.
     ledger
         The ledger file (default ``<data>.dpsc-ledger.json``).

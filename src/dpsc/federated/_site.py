@@ -59,16 +59,19 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import anndata as ad
 import numpy as np
 
-from .._public_reference import name_clusters, read_reference, type_start, write_names
+from .._public_reference import name_clusters, read_reference, type_radii, type_start, write_names
 from .._validation import get_matrix, resolve_delta
 from ..methods._clustering import (
+    BRANCHES,
     MEAN_WEIGHT,
+    TYPE_COUNT,
     ClusterPlan,
     Request,
     ScheduleError,
@@ -293,14 +296,16 @@ class Site:
 
     def basis_and_start(
         self, fingerprint: str, n_clusters: int
-    ) -> tuple[PublicBasis, PublicBasis, np.ndarray | None]:
-        """Return :meth:`public_basis` and the DP k-means' public start this site describes.
+    ) -> tuple[PublicBasis, PublicBasis, np.ndarray | None, np.ndarray | None]:
+        """Return :meth:`public_basis`, the DP k-means' public start this site describes and its radii.
 
         The start is the means of its copy's types (``reference_key`` in its settings; ``None``
-        without), computed from that copy alone; no cell of the site is read.
+        without), the radii those types' spreads (:func:`~dpsc._public_reference.type_radii`),
+        computed from that copy alone; no cell of the site is read.
         """
         own, in_reference = self.public_basis(fingerprint)
-        return own, in_reference, type_start(self._publics[fingerprint], own, n_clusters)
+        public = self._publics[fingerprint]
+        return own, in_reference, type_start(public, own, n_clusters), type_radii(public, own, n_clusters)
 
     def check_basis(self, request: Request, fingerprint: str) -> None:
         """Refuse a request whose public basis is not the one this site computes from its own copy."""
@@ -329,9 +334,9 @@ class Site:
                 f"The run is planned for {plan.n_vars} genes; this site has {self.adata.n_vars}. Every site "
                 "must hold the same genes in the same order."
             )
-        if plan.n_releases > s.max_rounds:
+        if plan.most_releases > s.max_rounds:
             raise SiteRefusal(
-                f"The run has {plan.n_releases} releases; this site serves at most {s.max_rounds}."
+                f"The run has {plan.most_releases} releases; this site serves at most {s.max_rounds}."
             )
         if plan.public_basis != bool(reference):
             raise SiteRefusal(
@@ -372,6 +377,7 @@ class Site:
                 markers=plan.markers,
                 public_basis=basis,
                 public_start=plan.kmeans["n_sketch_steps"] == 0,  # a public start: no sketch release
+                gated=plan.gated,  # the count that chooses the start: both branches checked below
             )
         except ValueError as err:
             raise SiteRefusal(f"Malformed plan from the server ({err}); nothing was sent.") from None
@@ -380,8 +386,12 @@ class Site:
                 f"Malformed plan from the server: {plan.n_comps} components where a plan of {plan.n_genes} "
                 f"genes has {own.n_comps}; nothing was sent."
             )
-        for release in plan.schedule():
-            needed = own.sigmas[release.kind]
+        branches = [(plan, own)]
+        if plan.gated:  # the sketch branch the count may choose: the server's and this site's own
+            branches.append((plan.branch("sketch"), own.branch("sketch")))
+        for release, needed in (
+            (release, mine.sigmas[release.kind]) for theirs, mine in branches for release in theirs.schedule()
+        ):
             if not release.sigma > 0 or release.sigma < needed * (1 - 1e-9):
                 asked = plan.spent()  # None: a release without noise, an unbounded ε
                 asked_words = "an unbounded epsilon" if asked is None else f"epsilon {asked:.3g}"
@@ -482,8 +492,9 @@ class Site:
         if "signature" not in run_state:
             self.check_run(plan, mode, threshold, n_sites, reference)
             run_state.update(signature=signature, served=0)
-        schedule = plan.schedule()
         served = int(run_state["served"])
+        plan = self._branch_served(plan, request, served, run_state)
+        schedule = plan.schedule()
         if served >= len(schedule):
             raise SiteRefusal(
                 f"Release {request.index} is past the run's plan: this site served all its "
@@ -501,6 +512,14 @@ class Site:
             raise SiteRefusal(f"Malformed request from the server: {err}; nothing was sent.") from None
         if request.basis is not None:
             self.check_basis(request, reference)
+        if request.kind == TYPE_COUNT:  # counted against this site's own start and its types' radii
+            own, _, start, radii = self.basis_and_start(reference, plan.n_clusters)
+            if start is None or radii is None:
+                raise SiteRefusal(
+                    "The server asks which cells lie within the reference's types, but this site's copy "
+                    "has no types (reference_key in its settings); nothing was sent."
+                )
+            request = replace(request, basis=own.with_start(start, radii))
         spec = scheduled.release(request.columns)
         vector = spec.encode(contribution(request, self.matrix))
         _check_bound(vector, spec, self.n_obs)
@@ -511,6 +530,27 @@ class Site:
             booked.append(plain_entry(line))
         run_state["served"] = served + 1
         return vector
+
+    @staticmethod
+    def _branch_served(
+        plan: ClusterPlan, request: Request, served: int, run_state: dict[str, Any]
+    ) -> ClusterPlan:
+        """Return the branch of a gated plan this run follows (the plan itself when not gated).
+
+        The count is release 0 of both branches. The server names the branch with the first request
+        after it (the start its released count chose), and this site holds the run to that branch:
+        a request of another branch, or none named, is refused. Reads the message and the run state.
+        """
+        if not plan.gated or served == 0:
+            return plan
+        branch = run_state.setdefault("branch", request.branch)
+        if request.branch != branch or branch not in BRANCHES:
+            raise SiteRefusal(
+                f"The server asks for release {request.index} of the {request.branch or 'unnamed'} start, "
+                f"where this run follows the {branch or 'unnamed'} one (a gated run follows one start, "
+                f"{' or '.join(BRANCHES)}, chosen by its first release); nothing was sent."
+            )
+        return plan.branch(branch)
 
     def _noise(self, spec, request: Request, shares: int, n_sites: int) -> np.ndarray:
         """Return this site's noise share: secret, or (a seeded test run) its part of the central run's draw.
@@ -538,7 +578,7 @@ class Site:
         """
         if plan.epsilon is None:
             return None
-        delta = plan.delta / plan.n_releases
+        delta = plan.release_delta(request.index)  # the releases of the branch served add up to δ
         epsilon = _release_epsilon(request.sigma, delta)
         if not math.isfinite(epsilon):
             raise SiteRefusal(f"Release {request.index} would spend an unbounded epsilon; nothing was sent.")
@@ -584,6 +624,7 @@ class Site:
                 "The server's results name another plan or trust settings than the run this site served; "
                 "nothing was written."
             )
+        plan = plan.branch(run_state["branch"]) if plan.gated and "branch" in run_state else plan
         if int(run_state.get("served", 0)) != len(plan.schedule()):
             raise SiteRefusal(
                 f"The server asks for the results after {run_state.get('served', 0)} of the run's "

@@ -42,14 +42,14 @@ from __future__ import annotations
 import functools
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from .. import _blocks
 from ..privacy import GaussianSum, PlannedRelease, PlanSettings, ReleasePlan
-from . import _hvg, _kmeans, _markers, _pca
+from . import _hvg, _kmeans, _markers, _pca, _type_gate
 from ._public_basis import MIN_SCALE, PublicBasis
 
 MAX_GENES = 2000  # genes the PCA reads without noise (scanpy's usual number of variable genes)
@@ -69,6 +69,9 @@ N_COMPS = 16  # loadings the cells are projected on: the mean direction and 15 r
 #: files and are mostly within one sd of each other (docs, Benchmarks: "``tl.cluster``'s residual PCA").
 SHARES = {"genes": 0.2, "sum": 0.1, "pca": 0.38, "kmeans": 0.32}
 KINDS = ("genes", "sum", "pca", "kmeans")  # the releases, in order
+#: On a public reference with types: the count that chooses the k-means start (:mod:`._type_gate`)
+TYPE_COUNT = "type_count"
+BRANCHES = ("types", "sketch")  # the starts a gated plan can follow (:meth:`ClusterPlan.branch`)
 #: ε share of the marker releases when a plan also releases each cluster's markers
 #: (:mod:`._markers`): after the centroids, the cells' mean expression, the histograms of the
 #: cells' norms from it and every gene's per-cluster statistics, then the histograms and the
@@ -141,6 +144,7 @@ RELEASE_NAMES = {
     "markers": "marker statistics",
     "marker_focus_norms": "focused marker norms",
     "marker_focus": "focused marker statistics",
+    "type_count": "cells within a reference type",
 }
 
 
@@ -219,7 +223,7 @@ class ReleaseStep:
                 f"release {self.index} ({self.kind}) asks for noise multiplier {request.sigma!r}; the plan's "
                 f"is {self.sigma!r}"
             )
-        if self.kind in ("genes", "marker_center"):
+        if self.kind in ("genes", "marker_center", TYPE_COUNT):  # a site counts in its own basis
             return
         n_columns = n_vars
         if self.kind in ("marker_focus_norms", "marker_focus"):
@@ -349,6 +353,11 @@ class ClusterPlan(PlanSettings):
     #: genes and loadings come from a public reference (:mod:`._public_basis`): only the k-means
     #: (and marker) releases read the cells
     public_basis: bool = False
+    #: the plan opens with the count that chooses the k-means start (:mod:`._type_gate`); the plan
+    #: is one branch (its ``kmeans``), :meth:`branch` gives either, which follow the same count
+    gated: bool = False
+    #: a gated plan's k-means σ in each branch, in :data:`BRANCHES` order (its other σ serve both)
+    branch_sigmas: tuple[float, float] = (0.0, 0.0)
 
     def __post_init__(self) -> None:
         names = tuple(r.name for r in self.releases.releases)
@@ -373,6 +382,8 @@ class ClusterPlan(PlanSettings):
         markers: bool = False,
         accountant: str = "rdp",
         public_basis: bool = False,
+        gated: bool = False,
+        branch_sigmas: tuple[float, float] = (0.0, 0.0),
     ) -> ClusterPlan:
         """Return the plan of these settings whose releases carry ``sigmas`` (by kind; no calibration).
 
@@ -383,7 +394,7 @@ class ClusterPlan(PlanSettings):
         """
         kmeans = kmeans_plan() if kmeans is None else kmeans
         n_comps = min(N_COMPS, n_genes - 1) if n_comps is None else n_comps
-        kinds = release_kinds(n_genes < n_vars, markers, epsilon is not None, public_basis)
+        kinds = release_kinds(n_genes < n_vars, markers, epsilon is not None, public_basis, gated)
         steps = kmeans_steps(kmeans)
         releases = ReleasePlan.of(
             *(
@@ -394,14 +405,14 @@ class ClusterPlan(PlanSettings):
             epsilon=epsilon,
             delta=delta,
         )
-        settings = (n_vars, n_clusters, n_genes, n_comps, random_state, kmeans, markers, public_basis)
-        return cls(releases, *settings)
+        settings = (n_vars, n_clusters, n_genes, n_comps, random_state, kmeans, markers, public_basis, gated)
+        return cls(releases, *settings, tuple(float(v) for v in branch_sigmas))
 
     @property
     def sigmas(self) -> dict[str, float]:
         """σ of every kind a clustering can release, 0 for the kinds this plan does not make."""
         made = self.releases.sigmas
-        return {kind: made.get(kind, 0.0) for kind in (*KINDS, *MARKER_KINDS)}
+        return {kind: made.get(kind, 0.0) for kind in (*KINDS, *MARKER_KINDS, TYPE_COUNT)}
 
     @property
     def select_genes(self) -> bool:
@@ -422,7 +433,58 @@ class ClusterPlan(PlanSettings):
     def n_releases(self) -> int:
         """Every release of the plan, in order."""
         pca = 0 if self.public_basis else 2
-        return int(self.select_genes) + pca + self.kmeans_steps + len(self.marker_kinds)
+        return int(self.gated) + int(self.select_genes) + pca + self.kmeans_steps + len(self.marker_kinds)
+
+    @property
+    def most_releases(self) -> int:
+        """The releases of the longer branch of a gated plan (:meth:`branch`); else :attr:`n_releases`.
+
+        What a site's ``max_rounds`` is checked against before it serves the first release.
+        """
+        if not self.gated:
+            return self.n_releases
+        longest = max(kmeans_steps(kmeans_plan(public_start)) for public_start in (True, False))
+        return self.n_releases - self.kmeans_steps + longest
+
+    def release_delta(self, index: int) -> float:
+        """Return the δ a site books release ``index`` with: the plan's δ split over its releases.
+
+        A gated plan's count (release 0) is booked before its branch is known, with the share
+        :data:`~._type_gate.COUNT_DELTA_SHARE` of δ; the rest of δ is split over the branch's other
+        releases, so that the releases of either branch add up to the plan's δ, and the type start's
+        single k-means release, which holds nearly all of the ε, is booked at nearly the whole δ (a
+        line's own ε at its δ never exceeds the plan's; the ledger composes the lines at their sum).
+        """
+        if not self.gated:
+            return self.delta / self.n_releases
+        count = self.delta * _type_gate.COUNT_DELTA_SHARE
+        return count if index == 0 else (self.delta - count) / (self.n_releases - 1)
+
+    def branch(self, start: str) -> ClusterPlan:
+        """Return the plan a gated clustering follows after its count: ``"types"`` or ``"sketch"``.
+
+        The same releases and σ but the k-means: the type start's single Lloyd release, or the
+        sketch's releases, with that branch's σ (:attr:`branch_sigmas`, calibrated with the rest to
+        the same (ε, δ)). No calibration. Raises for another name, or a plan that is not gated.
+        """
+        if not self.gated or start not in BRANCHES:
+            raise ValueError(f"Only a gated plan has branches, {BRANCHES}; got {start!r}.")
+        return ClusterPlan.of(
+            self.epsilon,
+            self.delta,
+            n_vars=self.n_vars,
+            n_clusters=self.n_clusters,
+            n_genes=self.n_genes,
+            n_comps=self.n_comps,
+            sigmas={**self.sigmas, "kmeans": self.branch_sigmas[BRANCHES.index(start)]},
+            random_state=self.random_state,
+            kmeans=kmeans_plan(public_start=start == "types"),
+            markers=self.markers,
+            accountant=self.accountant,
+            public_basis=True,
+            gated=True,
+            branch_sigmas=self.branch_sigmas,
+        )
 
     @property
     def releases_in_words(self) -> str:
@@ -450,6 +512,8 @@ class ClusterPlan(PlanSettings):
         """
         k, m, d = self.kmeans, self.coreset_size, self.n_comps
         entries: list[tuple] = []
+        if self.gated:
+            entries.append((TYPE_COUNT, 2, _type_gate.SENSITIVITY, None, 0, 0))
         if self.select_genes:
             entries.append(("genes", 2 * self.n_vars + 1, _hvg.SENSITIVITY, None, 0, 0))
         if not self.public_basis:
@@ -503,7 +567,8 @@ class ClusterPlan(PlanSettings):
     @property
     def kinds(self) -> tuple[str, ...]:
         """The kinds of release the plan makes, in order (the gene selection only when it selects)."""
-        return release_kinds(self.select_genes, self.markers, self.epsilon is not None, self.public_basis)
+        private = self.epsilon is not None
+        return release_kinds(self.select_genes, self.markers, private, self.public_basis, self.gated)
 
     def history(self) -> list[tuple[float, float, int]]:
         """Return the Opacus history of the whole clustering (every release reads all cells: q = 1)."""
@@ -525,6 +590,11 @@ class ClusterPlan(PlanSettings):
             "random-state": int(self.random_state),
             "markers": int(self.markers),
             "public-basis": int(self.public_basis),
+            "gated": int(self.gated),
+            **{
+                f"sigma-kmeans-{name}": sigma
+                for name, sigma in zip(BRANCHES, self.branch_sigmas, strict=True)
+            },
             "kmeans-sketch-steps": int(self.kmeans["n_sketch_steps"]),
             **{f"sigma-{k}": float(v) for k, v in self.sigmas.items()},
         }
@@ -547,11 +617,13 @@ class ClusterPlan(PlanSettings):
             n_clusters=int(config["n-clusters"]),
             n_genes=int(config["n-genes"]),
             n_comps=int(config["n-comps"]),
-            sigmas={k: float(config.get(f"sigma-{k}", 0.0)) for k in (*KINDS, *MARKER_KINDS)},
+            sigmas={k: float(config.get(f"sigma-{k}", 0.0)) for k in (*KINDS, *MARKER_KINDS, TYPE_COUNT)},
             random_state=int(config["random-state"]),
             markers=bool(int(config.get("markers", 0))),
             kmeans=kmeans,
             public_basis=public_basis,
+            gated=public_basis and bool(int(config.get("gated", 0))),
+            branch_sigmas=tuple(float(config.get(f"sigma-kmeans-{name}", 0.0)) for name in BRANCHES),
         )
 
 
@@ -569,14 +641,19 @@ def marker_kinds(markers: bool, private: bool, public_center: bool = False) -> t
 
 
 def release_kinds(
-    select_genes: bool, markers: bool, private: bool, public_basis: bool = False
+    select_genes: bool, markers: bool, private: bool, public_basis: bool = False, gated: bool = False
 ) -> tuple[str, ...]:
     """Return the kinds of release a clustering makes, in order (the gene selection when it selects).
 
-    With a public basis the genes and loadings are public: the k-means (and markers) only.
+    With a public basis the genes and loadings are public: the k-means (and markers) only, after
+    the count that chooses the k-means start when the plan is ``gated`` (:mod:`._type_gate`).
     """
     if public_basis:
-        return ("kmeans", *marker_kinds(markers, private, public_center=True))
+        return (
+            *((TYPE_COUNT,) if gated else ()),
+            "kmeans",
+            *marker_kinds(markers, private, public_center=True),
+        )
     return (*(KINDS if select_genes else KINDS[1:]), *marker_kinds(markers, private))
 
 
@@ -635,6 +712,7 @@ def _split(epsilon: float, delta: float, kinds: tuple[str, ...], steps: int, acc
     parts = _markers.FOCUSED_SHARES
     total = sum(parts.values())
     shares = {**SHARES, **{kind: MARKERS_SHARE * parts[part] / total for kind, part in MARKER_PARTS.items()}}
+    shares[TYPE_COUNT] = _type_gate.COUNT_SHARE * SHARES["kmeans"]
     releases = [PlannedRelease(k, share=shares[k], steps=steps if k == "kmeans" else 1) for k in kinds]
     return ReleasePlan.of(*releases, accountant=accountant).calibrate(epsilon, delta)
 
@@ -652,6 +730,7 @@ def plan_clustering(
     markers: bool = False,
     public_basis: PublicBasis | None = None,
     public_start: bool | None = None,
+    gated: bool | None = None,
 ) -> ClusterPlan:
     """Split (ε, δ) over the releases by :data:`SHARES`, calibrate each σ once, choose the genes.
 
@@ -667,12 +746,17 @@ def plan_clustering(
     ``public_basis``: genes and components from a public reference (:mod:`._public_basis`); the
     whole ε goes to the k-means (and marker) releases, with no sketch release when the k-means
     starts from public centroids (``public_start``; ``None``: when the basis holds a start).
+    ``gated``: the plan opens with the count that chooses between the type start and the sketch
+    (:mod:`._type_gate`; ``None``: when the basis holds a start with its types' radii); the plan
+    returned is the type start's branch (:meth:`ClusterPlan.branch`).
     """
     extra = MARKER_KINDS if markers else ()
     if public_basis is not None:
         start = public_basis.start is not None if public_start is None else bool(public_start)
+        gate = start and public_basis.start_radii is not None if gated is None else bool(gated)
+        shape = (len(public_basis.genes), public_basis.n_comps)
         return _plan_on_public_basis(
-            epsilon, delta, n_vars, n_clusters, public_basis, random_state, accountant, markers, start
+            epsilon, delta, n_vars, n_clusters, shape, random_state, accountant, markers, start, gate
         )
     if n_vars < 3:
         raise ValueError(f"A clustering needs at least 3 genes, got {n_vars}.")
@@ -709,32 +793,49 @@ def _plan_on_public_basis(
     delta: float,
     n_vars: int,
     n_clusters: int,
-    basis: PublicBasis,
+    shape: tuple[int, int],
     random_state: int,
     accountant: str,
     markers: bool,
     public_start: bool,
+    gated: bool = False,
 ) -> ClusterPlan:
-    """Return the plan of a clustering on public genes and loadings: k-means (and markers) only."""
-    kinds = ("kmeans", *marker_kinds(markers, epsilon is not None, public_center=True))
+    """Return the plan of a clustering on public genes and loadings (``shape``: genes × components).
+
+    The k-means (and marker) releases only; a ``gated`` plan opens with the count that chooses the
+    start: each branch (the type start's k-means, the sketch's) is calibrated with the count and the
+    markers to (ε, δ), and every release but the k-means gets the larger of its two σ
+    (:mod:`._type_gate`: either branch then spends at most (ε, δ); its k-means σ is kept per branch).
+    """
+    kinds = (*((TYPE_COUNT,) if gated else ()), "kmeans", *marker_kinds(markers, epsilon is not None, True))
     kmeans = kmeans_plan(public_start)  # public starting centroids: no sketch release
-    steps = kmeans_steps(kmeans)
-    sigmas = dict.fromkeys((*KINDS, *MARKER_KINDS), 0.0)
-    if epsilon is not None:
-        sigmas.update(_split(float(epsilon), delta, kinds, steps, accountant).sigmas)
+    sigmas = dict.fromkeys((*KINDS, *MARKER_KINDS, TYPE_COUNT), 0.0)
+    branch_sigmas = (0.0, 0.0)
+    if epsilon is not None and gated:  # each branch calibrated; every release but its k-means serves both
+        splits = [
+            _split(float(epsilon), delta, kinds, kmeans_steps(kmeans_plan(b == "types")), accountant)
+            for b in BRANCHES
+        ]
+        sigmas.update({kind: max(split.sigma(kind) for split in splits) for kind in kinds})
+        branch_sigmas = tuple(split.sigma("kmeans") for split in splits)
+        sigmas["kmeans"] = branch_sigmas[0 if public_start else 1]
+    elif epsilon is not None:
+        sigmas.update(_split(float(epsilon), delta, kinds, kmeans_steps(kmeans), accountant).sigmas)
     return ClusterPlan.of(
         epsilon,
         delta,
         n_vars=n_vars,
         n_clusters=n_clusters,
-        n_genes=len(basis.genes),
-        n_comps=basis.n_comps,
+        n_genes=shape[0],
+        n_comps=shape[1],
         sigmas=sigmas,
         random_state=random_state,
         kmeans=kmeans,
         markers=markers,
         accountant=accountant,
         public_basis=True,
+        gated=gated,
+        branch_sigmas=branch_sigmas,
     )
 
 
@@ -761,6 +862,7 @@ class Request:
     frame: _markers.MarkerFrame | None = None
     columns: np.ndarray | None = None
     basis: PublicBasis | None = None  # the public map of a cell to its k-means point, when public
+    branch: str = ""  # the start a gated plan follows after its count (:data:`BRANCHES`), once chosen
 
     def marker_table(self, n_vars: int) -> _markers.MarkerTable:
         """Return the layout of the marker table this request asks for (over ``columns`` when focused)."""
@@ -788,6 +890,8 @@ class Request:
             return _markers.norm_release(self.sigma)
         if self.kind in ("markers", "marker_focus"):
             return _markers.marker_release(self.marker_table(n_vars), self.sigma)
+        if self.kind == TYPE_COUNT:
+            return GaussianSum(RELEASE_NAMES[TYPE_COUNT], 2, _type_gate.SENSITIVITY, self.sigma)
         raise ValueError(f"Unknown release {self.kind!r}; the clustering has {KINDS}.")
 
 
@@ -812,6 +916,11 @@ def contribution(
     if request.kind == "kmeans":
         points = cell_points(matrix, request.genes, request.loadings, request.basis)
         return _kmeans.kmeans_table(points, request.assignment, CLIP_NORM, count_scale)
+    if request.kind == TYPE_COUNT:  # each cell's point against the public start and its types' radii
+        basis = request.basis
+        return _type_gate.inside_counts(
+            cell_points(matrix, None, None, basis), basis.start, basis.start_radii
+        )
     if request.kind == "marker_center":
         return _markers.center_sum(matrix)
     if request.kind in ("marker_norms", "marker_focus_norms"):
@@ -887,20 +996,28 @@ def run_clustering(
 
     Every request is checked against the plan's schedule (:meth:`ClusterPlan.schedule`) before it
     is passed on, so the releases made here are the ones a federated site agrees to serve. A plan
-    on a public basis takes its genes and loadings from ``basis`` and starts with the k-means.
+    on a public basis takes its genes and loadings from ``basis`` and starts with the k-means; a
+    gated one first releases the count that chooses its start (:func:`_choose_start`), and the
+    result's ``plan`` is the branch that ran.
     """
     if plan.public_basis != (basis is not None):
         raise ValueError("A plan on a public basis runs with that basis (and only such a plan does).")
-    schedule = plan.schedule()
-    ask = release_sum
+    ask, running = release_sum, {"plan": plan, "branch": ""}
 
     def release_sum(request: Request) -> np.ndarray:
+        schedule = running["plan"].schedule()
         if request.index >= len(schedule):
             raise RuntimeError(f"Release {request.index} is past the plan's {len(schedule)} releases.")
+        request = replace(request, branch=running["branch"])
         schedule[request.index].check(request, plan.n_vars, plan.n_genes)
         return ask(request)
 
     index = 0
+    if plan.gated:
+        running["branch"] = _choose_start(plan, release_sum, basis)
+        plan = running["plan"] = plan.branch(running["branch"])
+        basis = basis if running["branch"] == "types" else basis.with_start(None)
+        index = 1
     genes = np.arange(plan.n_vars)
     means = variances = None
     if basis is not None:
@@ -978,10 +1095,20 @@ def run_clustering(
     result = ClusterResult(
         genes, loadings, eigenvalues, centroids, means, variances, index, in_use, marker_table, marker_frame
     )
-    result.basis, result.centroid_noise = basis, centroid_noise
+    result.basis, result.centroid_noise, result.plan = basis, centroid_noise, plan
     if focus is not None:
         result.marker_focus_genes, result.marker_focus_table, result.marker_focus_frame = focus
     return result
+
+
+def _choose_start(plan: ClusterPlan, release_sum: ReleaseSum, basis: PublicBasis) -> str:
+    """Release the count of cells inside the reference's types; return the start it chooses (a branch).
+
+    :mod:`._type_gate`: one release of sensitivity 1; the choice is post-processing of it.
+    """
+    sigma = plan.sigmas[TYPE_COUNT]
+    released = release_sum(Request(TYPE_COUNT, 0, sigma, basis=basis))
+    return "types" if _type_gate.starts_from_types(released, sigma) else "sketch"
 
 
 def _release_loadings(

@@ -68,6 +68,9 @@ class PublicBasis:
     start
         Public starting centroids of the DP k-means in the points' space (computed from the
         reference's points alone), or ``None``: the k-means starts from its own sketch release.
+    start_radii
+        With a start of the reference's types: each starting centroid's type radius (0 for one that
+        is not a type's), which the count choosing the start reads (:mod:`._type_gate`); else ``None``.
     marker_center
         The reference cells' mean log1p(CP10k) expression on the ``shared`` genes, in their order
         (:func:`~._public_markers.reference_center`): the centre the marker statistics of a
@@ -84,6 +87,7 @@ class PublicBasis:
     radius: float | None = None
     start: np.ndarray | None = None
     marker_center: np.ndarray | None = None
+    start_radii: np.ndarray | None = None
 
     @property
     def n_comps(self) -> int:
@@ -113,9 +117,12 @@ class PublicBasis:
         center[np.asarray(self.shared)] = self.marker_center
         return center
 
-    def with_start(self, start: np.ndarray | None) -> PublicBasis:
-        """Return the same map with public starting centroids for the DP k-means."""
-        return replace(self, start=None if start is None else np.asarray(start, dtype=np.float64))
+    def with_start(self, start: np.ndarray | None, radii: np.ndarray | None = None) -> PublicBasis:
+        """Return the same map with public starting centroids for the DP k-means (and their types' radii)."""
+        if start is None:
+            return replace(self, start=None, start_radii=None)
+        radii = None if radii is None else np.asarray(radii, dtype=np.float64)
+        return replace(self, start=np.asarray(start, dtype=np.float64), start_radii=radii)
 
 
 def same_basis(given: Any, own: PublicBasis, rtol: float = 1e-6) -> bool:

@@ -27,11 +27,13 @@ from .._validation import (
     check_target_frequency,
     resolve_delta,
 )
-from ..methods import kmeans_release_steps
+from ..methods import _type_gate, kmeans_release_steps
 from ..methods._clustering import (
+    BRANCHES,
     KINDS,
     MIN_GENES,
     SHARES,
+    TYPE_COUNT,
     ClusterPlan,
     genes_for,
     kmeans_plan,
@@ -519,17 +521,34 @@ def start_parts_on_basis(
 
     As :func:`start_parts`, but the genes and loadings are the reference's (no ε): the clustering
     releases only its k-means tables, with :data:`START_SHARE` of ε; the training's sampled steps
-    (``training`` = (q, T)) take :data:`TRAINING_SHARE` and the choice the rest. One calibration.
-    Reads no cell.
+    (``training`` = (q, T)) take :data:`TRAINING_SHARE` and the choice the rest. With the types'
+    start and radii the clustering opens with the count that chooses its start
+    (:mod:`dpsc.methods._type_gate`, its share of the k-means' as in ``tl.cluster``): the fit is
+    calibrated once per branch and every release but the k-means gets the larger σ of the two, so
+    either branch spends at most (ε, δ). Reads no cell.
     """
-    kmeans = kmeans_plan(public_start=basis.start is not None)  # from the reference's types' means
-    steps = kmeans_steps(kmeans)
-    split = ReleasePlan.of(
-        PlannedRelease("kmeans", share=START_SHARE, steps=steps),
-        PlannedRelease("training", share=TRAINING_SHARE, sample_rate=training[0], steps=training[1]),
-        PlannedRelease("selection", share=1 - START_SHARE - TRAINING_SHARE),
-        accountant=settings.accountant,
-    ).calibrate(settings.epsilon, delta)
+    typed = basis.start is not None  # from the reference's types' means
+    gated = typed and basis.start_radii is not None
+
+    def calibrated(public_start: bool) -> ReleasePlan:
+        steps = kmeans_steps(kmeans_plan(public_start=public_start))
+        count = [PlannedRelease(TYPE_COUNT, share=START_SHARE * _type_gate.COUNT_SHARE)] if gated else []
+        return ReleasePlan.of(
+            *count,
+            PlannedRelease("kmeans", share=START_SHARE, steps=steps),
+            PlannedRelease("training", share=TRAINING_SHARE, sample_rate=training[0], steps=training[1]),
+            PlannedRelease("selection", share=1 - START_SHARE - TRAINING_SHARE),
+            accountant=settings.accountant,
+        ).calibrate(settings.epsilon, delta)
+
+    split = calibrated(typed)
+    branch_sigmas = (0.0, 0.0)
+    if gated and settings.epsilon is not None:
+        splits = [calibrated(start == "types") for start in BRANCHES]
+        sigmas = {name: max(s.sigma(name) for s in splits) for name in split.sigmas}
+        branch_sigmas = tuple(s.sigma("kmeans") for s in splits)
+        sigmas["kmeans"] = branch_sigmas[0]
+        split = replace(split.with_sigmas(delta, **sigmas), epsilon=split.epsilon)
     plan = ClusterPlan.of(
         settings.epsilon,
         delta,
@@ -540,8 +559,10 @@ def start_parts_on_basis(
         sigmas=split.sigmas,
         random_state=settings.random_state,
         accountant=settings.accountant,
-        kmeans=kmeans,
+        kmeans=kmeans_plan(public_start=typed),
         public_basis=True,
+        gated=gated,
+        branch_sigmas=branch_sigmas,
     )
     return plan, split
 
@@ -659,8 +680,14 @@ def _record_words(plan: FitPlan) -> dict:
             if plan.reference is None
             else "k-means tables of each cell's point in the public reference's basis"
         )
+        if start.gated:  # which branch ran is in the history the ε composes
+            sums = (
+                "the count of cells within the reference's types, which chose the k-means start, then " + sums
+            )
+            details["start_branch_noise_multipliers"] = dict(zip(BRANCHES, start.branch_sigmas, strict=True))
+        count = "" if start.gated else f"{start.n_releases} "
         mechanism = (
-            f"the private clustering's {start.n_releases} discrete Gaussian releases ({sums}), then "
+            f"the private clustering's {count}discrete Gaussian releases ({sums}), then "
             + mechanism
             + ", then one discrete Gaussian release of both partitions' tables (the choice)"
         )

@@ -58,12 +58,13 @@ def release_start(matrix: Any, plan: FitPlan, basis: PublicBasis | None = None) 
     """Run the clustering the fit starts from (its releases, with the fit's noise) and account it.
 
     The releases of :func:`dpsc.tl.cluster` at the σ of the fit's split
-    (:func:`~dpsc.model._dcan_privacy.start_parts`; with a public ``basis`` only its k-means,
+    (:func:`~dpsc.model._dcan_privacy.start_parts`; with a public ``basis`` only its k-means, after
+    the count that chooses its start when it has the reference's types,
     :func:`~dpsc.model._dcan_privacy.start_parts_on_basis`), each told to the fit's accountant.
     """
     release_sum = central_release_sum(matrix, plan.noise, prefix="tl.fit.start")
     start = run_clustering(plan.start, release_sum, basis)
-    for sigma, _, steps in plan.start.history():
+    for sigma, _, steps in start.plan.history():  # the branch that ran, when the start is gated
         plan.step_full_release(sigma, steps)
     return start
 

@@ -126,8 +126,15 @@ def cluster_record(
 def _reference_record(
     plan: ClusterPlan, n_obs: int, noise: NoiseSource, tool: str, reference: dict[str, Any]
 ) -> PrivacyRecord:
-    """Record of a clustering on a public reference's genes and components: k-means (and markers)."""
-    sums = ", ".join(["k-means tables", *(marker_sums(plan) if plan.markers else [])])
+    """Record of a clustering on a public reference's genes and components: k-means (and markers).
+
+    A gated plan's record (:mod:`dpsc.methods._type_gate`) names its first release, the count that
+    chose the k-means start; ``plan`` is the branch that ran, so its σ and steps are what was spent.
+    """
+    count = [f"cells within the reference's types, which chose the start ({_start_words(plan)})"]
+    sums = ", ".join(
+        [*(count if plan.gated else []), "k-means tables", *(marker_sums(plan) if plan.markers else [])]
+    )
     mechanism = (
         f"{plan.releases_in_words} of sums over cells ({sums}; lattice-encoded), "
         "composed by the Opacus RDP accountant, of each cell's point in the public reference's "
@@ -155,6 +162,13 @@ def _reference_record(
         scope="centroids",
         details={"noise_multipliers": plan.releases.sigmas, "reference": reference},
     )
+
+
+def _start_words(plan: ClusterPlan) -> str:
+    """How a gated plan's k-means started, in words (the branch that ran)."""
+    if plan.kmeans["n_sketch_steps"] == 0:
+        return "the types' mean points"
+    return "the k-means' own sketch, the cells being mostly outside the reference's types"
 
 
 def store_clustering(
@@ -253,11 +267,12 @@ def cluster(
         It must not contain the cells of ``adata``; its name, sha256 fingerprint and size go into
         the record.
     reference_key
-        ``reference.obs`` column of cell types. The DP k-means starts from the types' mean points
-        (public) and makes one Lloyd release of those k centroids, with the whole k-means budget;
-        each released centroid is named after the type whose own spread, widened by the centroid's
-        noise, holds it, or ``"unmatched"`` (:func:`dpsc.tl._reference.name_clusters`;
-        post-processing).
+        ``reference.obs`` column of cell types. One release counts the cells within the types'
+        spreads (:mod:`dpsc.methods._type_gate`); unless it says clearly that most cells lie
+        outside them, the DP k-means starts from the types' mean points (public) and makes one
+        Lloyd release of those k centroids, else from its own sketch; each released centroid is
+        named after the type whose own spread, widened by the centroid's noise, holds it, or
+        ``"unmatched"`` (:func:`dpsc.tl._reference.name_clusters`; post-processing).
     random_state
         Seed of the k-means projections and post-processing (public; never of the noise).
     noise_seed
@@ -311,6 +326,11 @@ def cluster(
     record = with_storage_note(cluster_record(plan, adata.n_obs, noise, reference=summary), is_dask(matrix))
     with plan.releases.spend(adata, record, key_added, noise) as spent:
         result = run_clustering(plan, central_release_sum(matrix, noise), basis)
+        if result.plan is not plan:  # a gated plan's other branch ran: its record is what was spent
+            plan = result.plan
+            record = with_storage_note(
+                cluster_record(plan, adata.n_obs, noise, reference=summary), is_dask(matrix)
+            )
         extra: dict[str, Any] = {} if summary is None else {"reference": summary}
         if public is not None and public.labels is not None:
             extra["cluster_names"] = name_clusters(result.centroids, public, basis, result.centroid_noise)

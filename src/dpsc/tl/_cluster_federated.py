@@ -90,7 +90,8 @@ def cluster_federated(
         the genes, gene scales and components from its own copy of it (here: the same object), checks
         that its copy has the run's sha256 fingerprint, and serves only requests in that basis; the
         whole ε goes to the k-means (and markers). With ``reference_key`` the k-means starts from
-        the reference types' means (every site computes them from its own copy) and the clusters
+        the reference types' means (every site computes them from its own copy) when a released
+        count of the cells within their spreads chooses them, else from its sketch, and the clusters
         are named after the types (post-processing of the released centroids).
     random_state
         Seed of the public k-means projections and post-processing.

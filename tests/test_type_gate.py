@@ -1,0 +1,144 @@
+"""The count that chooses the k-means start on a reference with types (dpsc.methods._type_gate)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import dpsc
+from dpsc.methods import _type_gate
+from dpsc.methods._clustering import BRANCHES, Request, kmeans_plan, kmeans_steps, plan_clustering
+from dpsc.tl._reference import reference_basis
+
+
+@pytest.fixture
+def pair(pbmc_full):
+    """A reference of 1,500 PBMC cells and 300 other cells as the private cohort (400 top genes)."""
+    order = np.random.default_rng(1).permutation(pbmc_full.n_obs)
+    totals = np.asarray(pbmc_full.X.sum(0)).ravel()
+    genes = np.sort(np.argsort(-totals)[:400])
+    reference = pbmc_full[np.sort(order[:1500]), genes].copy()
+    private = pbmc_full[np.sort(order[1500:1800]), genes].copy()
+    return reference, private
+
+
+def _other_types(reference):
+    """A reference of one PBMC type only, split in two labels: most private cells are of no type of it."""
+    one = reference[reference.obs["cell_type"] == "type_1"].copy()
+    one.obs["cell_type"] = np.where(np.arange(one.n_obs) % 2, "a", "b")
+    return one
+
+
+def test_one_cell_moves_one_count_by_one_and_the_gate_keeps_the_types_unless_clearly_outside():
+    rng = np.random.default_rng(0)
+    start, radii = rng.normal(size=(3, 4)), np.array([1.0, 1.5, 0.0])
+    points = rng.normal(size=(50, 4))
+    counts = _type_gate.inside_counts(points, start, radii)
+    for extra in (start[0] + 0.01, start[2] + 5.0):  # one cell more: one of the two counts, by 1
+        more = _type_gate.inside_counts(np.vstack([points, extra]), start, radii)
+        assert np.abs(more - counts).sum() == 1 and np.linalg.norm(more - counts) == _type_gate.SENSITIVITY
+    assert counts.sum() == 50
+    sigma = 10.0
+    assert _type_gate.starts_from_types(np.array([60.0, 40.0]), sigma)  # most inside
+    assert _type_gate.starts_from_types(np.array([40.0, 60.0]), sigma)  # fewer, but within the noise
+    assert not _type_gate.starts_from_types(np.array([5.0, 95.0]), sigma)  # clearly outside
+    assert _type_gate.starts_from_types(np.array([5.0, 95.0]), 100.0)  # the same count, mostly noise
+
+
+def test_both_branches_of_a_gated_plan_spend_at_most_epsilon_with_one_count(pair):
+    reference, private = pair
+    _, basis = reference_basis(reference, "cell_type", private, "test", markers=True, n_clusters=6)
+    for markers in (False, True):
+        plan = plan_clustering(
+            4.0, 1e-5, n_vars=private.n_vars, n_clusters=6, public_basis=basis, markers=markers
+        )
+        assert plan.gated and plan.kinds[0] == "type_count"
+        branches = [plan.branch(start) for start in BRANCHES]
+        assert branches[0].to_config() == plan.to_config()
+        assert [b.kmeans_steps for b in branches] == [kmeans_steps(kmeans_plan(s)) for s in (True, False)]
+        assert len({b.sigmas["type_count"] for b in branches}) == 1  # release 0 is the same in both
+        for branch in branches:
+            assert 3.9 <= branch.spent() <= 4.0 * (1 + 1e-9)
+            assert branch.n_releases <= plan.most_releases
+        assert type(plan).from_config(plan.to_config()).branch("sketch") == branches[1]
+    ungated = plan_clustering(
+        4.0, 1e-5, n_vars=private.n_vars, n_clusters=6, public_basis=basis.with_start(None)
+    )
+    assert not ungated.gated
+    with pytest.raises(ValueError, match="Only a gated plan"):
+        ungated.branch("sketch")
+
+
+def test_a_reference_of_other_types_starts_from_the_sketch_within_the_same_epsilon(pair):
+    """Cells mostly outside the reference's types: the count chooses the sketch, the record says so,
+    and the clustering spends the same ε as on a reference of their types."""
+    reference, private = pair
+    matching, other = private.copy(), private.copy()
+    dpsc.tl.cluster(matching, 6, epsilon=4.0, reference=reference, reference_key="cell_type", noise_seed=5)
+    dpsc.tl.cluster(
+        other, 6, epsilon=4.0, reference=_other_types(reference), reference_key="cell_type", noise_seed=5
+    )
+    records = [dpsc.privacy.get_record(cells, "dp_cluster") for cells in (matching, other)]
+    steps = [[h[2] for h in record["history"]] for record in records]
+    assert steps == [[1, 1], [1, kmeans_steps(kmeans_plan())]]
+    np.testing.assert_allclose(records[0]["history"][0], records[1]["history"][0])  # the same count release
+    assert (
+        "the k-means' own sketch" in records[1]["statement"]
+        and "types' mean points" in records[0]["statement"]
+    )
+    for cells in (matching, other):
+        assert 3.9 <= dpsc.privacy.spent(cells)[0] <= 4.0 * (1 + 1e-9)
+    _, basis = reference_basis(_other_types(reference), "cell_type", private, "test", n_clusters=6)
+    exact = _type_gate.inside_counts(np.asarray(basis.points(private.X)), basis.start, basis.start_radii)
+    assert exact[0] < exact[1] / 4  # the premise: most cells lie outside that reference's types
+
+
+def test_a_site_counts_in_its_own_copy_and_follows_one_start(pair, tmp_path):
+    """A site serves the count from its own copy's types (whatever basis the server sent), then holds
+    the run to the start the server named first; a request of the other start is refused unbooked."""
+    from dataclasses import replace
+
+    from dpsc.federated._site import Site, SiteRefusal
+    from dpsc.methods._kmeans import Assignment
+    from dpsc.tl._reference import fingerprint
+    from test_reference import _basis_request, _site_files
+
+    reference, private = pair
+    settings = [replace(s, reference_key="cell_type") for s in _site_files(private, reference, tmp_path)]
+    site = Site(settings[0])
+    key = fingerprint(reference.X, reference.var_names)
+    own, _, start, radii = site.basis_and_start(key, 6)
+    plan = plan_clustering(
+        8.0, 1e-5, n_vars=private.n_vars, n_clusters=6, public_basis=own.with_start(start, radii)
+    )
+    state: dict = {}
+    wrong = own.with_start(start + 1.0, radii * 0)  # a server's start the site does not use
+    count = site.contribute(
+        plan, Request("type_count", 0, plan.sigmas["type_count"], basis=wrong), "plain", 1, 2, state, key
+    )
+    assert count.shape == (2,)
+    centroids = Assignment("nearest", start)
+    lloyd = Request(
+        "kmeans", 1, plan.sigmas["kmeans"], own.genes, own.loadings, centroids, basis=own, branch="types"
+    )
+    site.contribute(plan, lloyd, "plain", 1, 2, state, key)
+    assert state["branch"] == "types" and state["served"] == 2
+    from dpsc.privacy._ledger import compose
+
+    served = compose(dpsc.privacy.FileLedger(settings[0].ledger).entries())  # at the lines' summed δ
+    assert served.delta == pytest.approx(1e-5) and served.epsilon <= 8.0 * (1 + 1e-9)
+    ledger = dpsc.privacy.FileLedger(settings[1].ledger)
+    other: dict = {}
+    count_request = Request("type_count", 0, plan.sigmas["type_count"], basis=own)
+    Site(settings[1]).contribute(plan, count_request, "plain", 1, 2, other, key)
+    switched = replace(_basis_request(plan.branch("sketch"), own, index=1), branch="sketch")
+    Site(settings[1]).contribute(plan, switched, "plain", 1, 2, other, key)  # the sketch start, named first
+    with pytest.raises(SiteRefusal, match="follows the sketch one"):
+        Site(settings[1]).contribute(plan, replace(lloyd, index=2), "plain", 1, 2, other, key)
+    assert [e["key"] for e in ledger.entries()] == ["release 0: type_count", "release 1: kmeans"]
+    third = Site(replace(settings[1], ledger=str(tmp_path / "third.json")))
+    unnamed: dict = {}
+    third.contribute(plan, count_request, "plain", 1, 2, unnamed, key)
+    with pytest.raises(SiteRefusal, match="unnamed"):
+        third.contribute(plan, replace(lloyd, branch=""), "plain", 1, 2, unnamed, key)
+    assert len(dpsc.privacy.FileLedger(tmp_path / "third.json").entries()) == 1  # the refusal booked nothing
