@@ -18,6 +18,10 @@ from dpsc.tl._reference import UNMATCHED, fingerprint
 
 @pytest.fixture
 def pair(pbmc_full):
+    return reference_pair(pbmc_full)
+
+
+def reference_pair(pbmc_full):
     """A reference of 1,500 PBMC cells and 300 other cells as the private cohort (400 top genes)."""
     order = np.random.default_rng(1).permutation(pbmc_full.n_obs)
     totals = np.asarray(pbmc_full.X.sum(0)).ravel()

@@ -9,17 +9,12 @@ import dpsc
 from dpsc.methods import _type_gate
 from dpsc.methods._clustering import BRANCHES, Request, kmeans_plan, kmeans_steps, plan_clustering
 from dpsc.tl._reference import reference_basis
+from test_reference import reference_pair
 
 
 @pytest.fixture
 def pair(pbmc_full):
-    """A reference of 1,500 PBMC cells and 300 other cells as the private cohort (400 top genes)."""
-    order = np.random.default_rng(1).permutation(pbmc_full.n_obs)
-    totals = np.asarray(pbmc_full.X.sum(0)).ravel()
-    genes = np.sort(np.argsort(-totals)[:400])
-    reference = pbmc_full[np.sort(order[:1500]), genes].copy()
-    private = pbmc_full[np.sort(order[1500:1800]), genes].copy()
-    return reference, private
+    return reference_pair(pbmc_full)
 
 
 def _other_types(reference):
