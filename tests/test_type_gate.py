@@ -137,3 +137,8 @@ def test_a_site_counts_in_its_own_copy_and_follows_one_start(pair, tmp_path):
     with pytest.raises(SiteRefusal, match="unnamed"):
         third.contribute(plan, replace(lloyd, branch=""), "plain", 1, 2, unnamed, key)
     assert len(dpsc.privacy.FileLedger(tmp_path / "third.json").entries()) == 1  # the refusal booked nothing
+    from dpsc.methods._clustering import ClusterResult
+
+    result = ClusterResult(own.genes, own.loadings, np.zeros(0), start)
+    with pytest.raises(SiteRefusal, match="after 1 of the run's 2 releases"):  # no branch served: no results
+        third.finish(result, plan, "plain", 1, 2, unnamed, key)

@@ -624,7 +624,8 @@ class Site:
                 "The server's results name another plan or trust settings than the run this site served; "
                 "nothing was written."
             )
-        plan = plan.branch(run_state["branch"]) if plan.gated and "branch" in run_state else plan
+        if plan.gated and run_state.get("branch") in BRANCHES:  # the start this run followed
+            plan = plan.branch(run_state["branch"])
         if int(run_state.get("served", 0)) != len(plan.schedule()):
             raise SiteRefusal(
                 f"The server asks for the results after {run_state.get('served', 0)} of the run's "
