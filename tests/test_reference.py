@@ -183,6 +183,10 @@ def test_a_reference_path_and_a_lazy_cohort_give_the_same_clusters(pair, tmp_pat
     dpsc.tl.cluster(lazy, 5, reference=str(path), noise_seed=7)
     assert (lazy.obs["dp_cluster"] == private.obs["dp_cluster"]).all()
     assert lazy.uns["dpsc"]["dp_cluster"]["reference"]["name"] == str(path)
+    typed, lazy_typed = private.copy(), lazy.copy()  # the count that chooses the start, chunk by chunk
+    dpsc.tl.cluster(typed, 5, reference=reference, reference_key="cell_type", noise_seed=7)
+    dpsc.tl.cluster(lazy_typed, 5, reference=str(path), reference_key="cell_type", noise_seed=7)
+    assert (lazy_typed.obs["dp_cluster"] == typed.obs["dp_cluster"]).all()
 
 
 def test_a_plan_on_a_public_basis_refuses_requests_without_it_or_with_a_bad_one():
