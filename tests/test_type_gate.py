@@ -142,3 +142,26 @@ def test_a_site_counts_in_its_own_copy_and_follows_one_start(pair, tmp_path):
     result = ClusterResult(own.genes, own.loadings, np.zeros(0), start)
     with pytest.raises(SiteRefusal, match="after 1 of the run's 2 releases"):  # no branch served: no results
         third.finish(result, plan, "plain", 1, 2, unnamed, key)
+
+
+@pytest.mark.slow
+@pytest.mark.optional_extra
+def test_a_federated_run_on_a_reference_of_other_types_records_the_sketch_start_as_central(pair):
+    """Over sites, the count chooses the sketch as the central call does, and the record composes
+    the releases of that branch (not the type start's)."""
+    pytest.importorskip("flwr")
+    reference, private = pair
+    other = _other_types(reference)
+    dpsc.pp.partition(private, 2, random_state=0)
+    fed, central = private.copy(), private.copy()
+    given = {"epsilon": 4.0, "noise_seed": 5, "reference": other, "reference_key": "cell_type"}
+    dpsc.tl.cluster_federated(fed, "site", 6, **given)
+    dpsc.tl.cluster(central, 6, **given)
+    records = [dpsc.privacy.get_record(cells, "dp_cluster") for cells in (fed, central)]
+    for record in records:
+        assert [h[2] for h in record["history"]] == [1, kmeans_steps(kmeans_plan())]
+    np.testing.assert_allclose(records[0]["history"], records[1]["history"])
+    assert dpsc.privacy.spent(fed).epsilon == pytest.approx(dpsc.privacy.spent(central).epsilon)
+    np.testing.assert_allclose(
+        fed.uns["dpsc"]["dp_cluster"]["centroids"], central.uns["dpsc"]["dp_cluster"]["centroids"], atol=1e-4
+    )

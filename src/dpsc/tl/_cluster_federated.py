@@ -128,22 +128,23 @@ def cluster_federated(
     plan = plan_for_cells(adata, int(n_clusters), epsilon, delta, random_state, bool(markers), basis)
     noise = NoiseSource(noise_seed)
     summary = None if public is None else public.summary(basis)
-    record = site_record(
-        plan,
-        mode,
-        threshold if mode == "secure" else 1,
-        len(names),
-        adata.n_obs,
-        noise,
-        simulated=True,
-        reference=summary,
-    )
+    shares = threshold if mode == "secure" else 1
+
+    def record_of(plan) -> Any:  # every simulated site's record of this plan
+        return site_record(
+            plan, mode, shares, len(names), adata.n_obs, noise, simulated=True, reference=summary
+        )
+
+    record = record_of(plan)
     with plan.releases.spend(adata, record, key_added, noise) as spent:
         settings = _simulated_sites(
             matrix, adata.var, sites, names, epsilon, delta, noise_seed, reference, reference_key
         )
         server = _server_config(adata, plan, mode, threshold, len(names), epsilon, delta, public)
         result, run = run_pipeline_simulation(server, settings, n_cpus=n_cpus)
+        if plan.gated:  # the start the count chose: that branch's releases are what was spent
+            plan = plan.branch(run["start"])
+            record = record_of(plan)
         extra: dict[str, Any] = {} if summary is None else {"reference": summary}
         if public is not None and public.labels is not None:
             extra["cluster_names"] = name_clusters(result.centroids, public, basis, result.centroid_noise)
