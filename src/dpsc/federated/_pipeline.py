@@ -150,13 +150,8 @@ def describe_basis(
     ]
 
 
-NO_GENES = (
-    "genes",
-    "marker_center",
-    "marker_norms",
-    "marker_focus_norms",
-    "type_count",
-)  # without a gene list
+# requests without a gene list
+NO_GENES = ("genes", "marker_center", "marker_norms", "marker_focus_norms", "type_count")
 WITH_LOADINGS = ("pca", "kmeans", "markers", "marker_focus")  # requests that carry loadings
 WITH_FRAME = ("marker_norms", "markers", "marker_focus_norms", "marker_focus")  # ... a marker frame
 FOCUSED = ("marker_focus_norms", "marker_focus")  # ... the focused marker table's genes
@@ -487,7 +482,7 @@ def make_server_app(settings: dict[str, Any] | None = None, sink: dict[str, Any]
         rounds(finish, arrays, secure=False)
         summary |= {"releases": log.rows, "wall_s": time.perf_counter() - start}
         if plan.gated:  # the start the count chose
-            summary["start"] = "sketch" if result.plan.kmeans["n_sketch_steps"] else "types"
+            summary["start"] = result.plan.start
         save(summary, result)
 
     return app
@@ -622,23 +617,26 @@ def _agreed_basis(described: list[list[np.ndarray]]) -> PublicBasis:
     and their radii (public post-processing; each site checks only the plan it implies: with them,
     the count that chooses between that start and the sketch), else from its sketch.
     """
-    bases, starts = [], []
+    bases, starts, radii = [], [], []
     for arrays in described:
         if len(arrays) != 11:
             raise RuntimeError("A site described no public basis; the run on a public reference stops.")
         genes, loadings, *rest = arrays
         center = np.asarray(rest[6], dtype=np.float64)
         bases.append(replace(basis_from_arrays(genes, loadings, rest[:4]), marker_center=center))
-        start, radii = (np.asarray(rest[i], dtype=np.float64) for i in (7, 8))
-        starts.append(np.column_stack([start, radii]) if len(start) == len(radii) else np.zeros((0, 0)))
+        starts.append(np.asarray(rest[7], dtype=np.float64))
+        radii.append(np.asarray(rest[8], dtype=np.float64))
     if not all(same_basis(other, bases[0]) for other in bases[1:]):
         raise RuntimeError(
             "The sites computed different public bases from their copies of the reference (the same "
             "fingerprint, another gene list or another version of dpsc or scanpy); the run stops."
         )
-    first = starts[0]
-    agreed = len(first) > 0 and all(s.shape == first.shape and np.allclose(s, first) for s in starts)
-    return bases[0].with_start(first[:, :-1], first[:, -1]) if agreed else bases[0].with_start(None)
+
+    def same(arrays: list[np.ndarray]) -> bool:
+        return all(a.shape == arrays[0].shape and np.allclose(a, arrays[0]) for a in arrays)
+
+    agreed = len(starts[0]) > 0 and len(radii[0]) == len(starts[0]) and same(starts) and same(radii)
+    return bases[0].with_start(starts[0], radii[0]) if agreed else bases[0].with_start(None)
 
 
 def run_pipeline_simulation(

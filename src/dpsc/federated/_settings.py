@@ -57,8 +57,7 @@ class SiteSettings:
         site told the same and the released count of cells within them chooses that start
         (:mod:`dpsc.methods._type_gate`), and names each released cluster after the reference type
         whose spread holds its centroid (post-processing, no ε) in ``obs["dp_cluster_names"]`` of
-        its output. ``None``: no
-        names, and the k-means starts from its sketch.
+        its output. ``None``: no names, and the k-means starts from its sketch.
     ledger
         The ledger file (default ``<data>.dpsc-ledger.json``).
     output

@@ -460,6 +460,11 @@ class ClusterPlan(PlanSettings):
         count = self.delta * _type_gate.COUNT_DELTA_SHARE
         return count if index == 0 else (self.delta - count) / (self.n_releases - 1)
 
+    @property
+    def start(self) -> str:
+        """The k-means start of a plan on a public basis (:data:`BRANCHES`): ``"types"`` or ``"sketch"``."""
+        return "sketch" if self.kmeans["n_sketch_steps"] else "types"
+
     def branch(self, start: str) -> ClusterPlan:
         """Return the plan a gated clustering follows after its count: ``"types"`` or ``"sketch"``.
 

@@ -166,7 +166,7 @@ def _reference_record(
 
 def _start_words(plan: ClusterPlan) -> str:
     """How a gated plan's k-means started, in words (the branch that ran)."""
-    if plan.kmeans["n_sketch_steps"] == 0:
+    if plan.start == "types":
         return "the types' mean points"
     return "the k-means' own sketch, the cells being mostly outside the reference's types"
 
