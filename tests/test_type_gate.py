@@ -56,6 +56,10 @@ def test_both_branches_of_a_gated_plan_spend_at_most_epsilon_with_one_count(pair
             assert 3.9 <= branch.spent() <= 4.0 * (1 + 1e-9)
             assert branch.n_releases <= plan.most_releases
         assert type(plan).from_config(plan.to_config()).branch("sketch") == branches[1]
+        from dpsc.federated._pipeline import _releases_of  # what a deployed site prints per release
+
+        assert _releases_of(plan, {}) == f"up to {plan.most_releases}"
+        assert [_releases_of(plan, {"branch": b}) for b in BRANCHES] == [str(b.n_releases) for b in branches]
     ungated = plan_clustering(
         4.0, 1e-5, n_vars=private.n_vars, n_clusters=6, public_basis=basis.with_start(None)
     )

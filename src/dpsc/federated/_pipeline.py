@@ -23,7 +23,14 @@ from typing import Any
 
 import numpy as np
 
-from ..methods._clustering import ClusterPlan, ClusterResult, Request, plan_clustering, run_clustering
+from ..methods._clustering import (
+    BRANCHES,
+    ClusterPlan,
+    ClusterResult,
+    Request,
+    plan_clustering,
+    run_clustering,
+)
 from ..methods._kmeans import Assignment
 from ..methods._markers import MarkerFrame
 from ..methods._public_basis import PublicBasis, same_basis
@@ -238,6 +245,14 @@ def _request(config: dict[str, Any], arrays: list[np.ndarray]) -> Request:
         raise SiteRefusal(f"Malformed request from the server ({err!r}); nothing was sent.") from None
 
 
+def _releases_of(plan: ClusterPlan, run_state: dict[str, Any]) -> str:
+    """Return the run's number of releases as a site tells its data manager (a gated run: its branch's)."""
+    if not plan.gated:
+        return str(plan.n_releases)
+    branch = run_state.get("branch")
+    return str(plan.branch(branch).n_releases) if branch in BRANCHES else f"up to {plan.most_releases}"
+
+
 class SiteHandler:
     """What a site does with one message of the federated clustering (the ClientApp's ``fit``).
 
@@ -321,7 +336,7 @@ class SiteHandler:
         records[RUN_STATE] = ConfigRecord({"json": json.dumps(run_state)})
         if self.site_settings is None:
             print(
-                f"Release {int(config['index']) + 1} of {plan.n_releases} ({kind}) sent. "
+                f"Release {int(config['index']) + 1} of {_releases_of(plan, run_state)} ({kind}) sent. "
                 f"{site.spent_words()}",
                 flush=True,
             )
