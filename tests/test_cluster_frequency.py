@@ -61,16 +61,16 @@ def test_released_frequencies_are_accounted_steps(small_adata, fast_train):
     dpsc.tl.fit(small_adata, epsilon=8.0, **fit)  # "released" is the default
     rec = small_adata.uns["dpsc"]["X_dpdcan"]["privacy"]
     params = small_adata.uns["dpsc"]["X_dpdcan"]["params"]
-    # the clustering's 6 releases (4 k-means tables) + (2 + 2) epochs × 10 Poisson draws + 10 start tables + 1
+    # the clustering's 6 releases (4 k-means tables) + (2 + 2) epochs × 10 Poisson draws + 1
     # frequency release per cluster epoch + 1 label-count release + the partition choice
     assert rec["frequency_steps"] == 2 and rec["label_steps"] == 1
-    assert rec["steps"] == 6 + 4 * 10 + 10 + 2 + 1 + 1 == params["planned_steps"] + 7
+    assert rec["steps"] == 6 + 4 * 10 + 2 + 1 + 1 == params["planned_steps"] + 7
     assert params["target_frequency"] == "released"
     assert 0 < rec["epsilon"] <= 8.0
 
     dpsc.tl.fit(uniform, epsilon=8.0, plan_kwargs={"target_frequency": "uniform"}, **fit)
     assert uniform.uns["dpsc"]["X_dpdcan"]["privacy"]["frequency_steps"] == 0
-    assert uniform.uns["dpsc"]["X_dpdcan"]["privacy"]["steps"] == 6 + 4 * 10 + 10 + 1 + 1
+    assert uniform.uns["dpsc"]["X_dpdcan"]["privacy"]["steps"] == 6 + 4 * 10 + 1 + 1
     assert not np.allclose(uniform.obsm["X_dpdcan"], small_adata.obsm["X_dpdcan"])
 
 

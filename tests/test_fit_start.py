@@ -6,7 +6,7 @@ import pytest
 import dpsc
 from dpsc.methods import _selection
 from dpsc.methods._clustering import cell_points
-from dpsc.model._dcan_privacy import CHOICE, START, START_TABLE_STEPS
+from dpsc.model._dcan_privacy import CHOICE, START
 
 
 def _unit_points(rng, centers, per_cluster, spread):
@@ -80,9 +80,9 @@ def test_default_fit_starts_from_the_clustering_and_records_every_release(small_
     assert 0.97 * 4.0 <= rec["epsilon"] <= 4.0
     params = entry["params"]
     assert params["partition"] in _selection.PARTITIONS and len(params["partition_scores"]) == 2
-    assert (
-        params["kmeans"]["steps_per_round"] == START_TABLE_STEPS and params["kmeans"]["n_sketch_steps"] == 0
-    )
+    # the model's centroids start at the encoder's image of the released centroids: no latent k-means
+    assert params["kmeans"]["n_lloyd_rounds"] == 0 and params["kmeans"]["n_sketch_steps"] == 0
+    assert rec["kmeans_steps"] == 0
     # the model reads the clustering's k-means points: its input is the clustering's cell points
     genes = np.flatnonzero(small_adata.var.get("dp_fit_gene", np.ones(small_adata.n_vars, bool)))
     assert model.module.input_pcs == params["input_pcs"]
@@ -125,3 +125,30 @@ def test_the_kept_clustering_partition_travels_with_the_model(small_adata, tiny_
     assert (shared.partition_centroids is not None) == (kept == "clustering")
     agree = np.mean(shared.predict(small_adata) == written)
     assert agree > 0.99  # float32 points on the receiving side: a tie may fall either way
+
+
+def test_the_model_starts_at_the_encoders_image_of_the_released_centroids(small_adata, tiny_fit):
+    """No latent release starts the centroids: each is the encoder's image of a released centroid.
+
+    With no cluster-stage epoch the model's centroids are that start, and the model's own
+    partition (nearest latent centroid) is the clustering's for nearly every cell.
+    """
+    import torch
+
+    fit = {**tiny_fit, "cluster_epochs": 0}
+    model = dpsc.tl.fit(small_adata, epsilon=8.0, noise_seed=0, return_model=True, **fit)
+    module = model.module
+    with torch.no_grad():
+        start = torch.nn.functional.normalize(torch.as_tensor(model._start_centroids, dtype=torch.float32))
+        image = module.encode(start).double()
+    expected = module.latent_scale * image / image.norm(dim=1, keepdim=True)
+    np.testing.assert_allclose(module.clustering.centroids.detach().double(), expected, atol=1e-5)
+    assert small_adata.uns["dpsc"]["X_dpdcan"]["privacy"]["kmeans_steps"] == 0
+    latent = torch.as_tensor(model.get_latent_representation())
+    own = module.soft_assignment(latent).argmax(1).numpy()
+    x = model.adata_manager.get_from_registry("X")
+    dense = torch.as_tensor(np.asarray(x.todense() if hasattr(x, "todense") else x), dtype=torch.float32)
+    with torch.no_grad():
+        points = module.represent(dense).numpy()
+    nearest = np.linalg.norm(points[:, None] - start.numpy()[None], axis=2).argmin(1)
+    assert np.mean(own == nearest) >= 0.9

@@ -33,11 +33,11 @@ def test_fit_writes_documented_keys(small_adata, tiny_fit):
     assert rec["scope"] == "encoder" and "decoder" in rec["statement"] and "Not covered" in rec["statement"]
     # steps actually run: the clustering's 6 releases (cell sum, second moments, 4 k-means tables of
     # the 200-gene plan: sketch, 2 Lloyd rounds, the refine round) + 3 epochs x 10 Poisson draws
-    # + 10 start tables of the centroids + 1 cluster-frequency release per cluster epoch + 1
-    # label-count release + the partition choice
+    # + 1 cluster-frequency release per cluster epoch + 1 label-count release + the partition
+    # choice (the centroids start at the encoder's image of the clustering's: no release)
     planned = small_adata.uns["dpsc"]["X_dpdcan"]["params"]["planned_steps"]  # the sampled steps
-    assert rec["steps"] == 6 + 3 * 10 + 10 + 1 + 1 + 1 == planned + 7
-    assert rec["kmeans_steps"] == 10 and rec["frequency_steps"] == 1 and rec["label_steps"] == 1
+    assert rec["steps"] == 6 + 3 * 10 + 1 + 1 + 1 == planned + 7
+    assert rec["kmeans_steps"] == 0 and rec["frequency_steps"] == 1 and rec["label_steps"] == 1
     assert rec["curve_steps"][-1] == rec["steps"]
     assert rec["curve_epsilon"][-1] == pytest.approx(rec["epsilon"])
 

@@ -133,10 +133,6 @@ DEFAULT_KMEANS_OPTIONS: dict[str, object] = {
 #: in every run, and 0.85 keeps twice the training's ε for the embedding the labels do not measure.
 START_SHARE = 0.85
 TRAINING_SHARE = 0.1
-#: Sampled releases of the per-cluster latent sums that start such a fit's centroids from the
-#: clustering's partition (in place of the latent DP k-means: :meth:`DPDCAN._init_centroids`).
-START_TABLE_STEPS = 10
-
 INSTANCE_SHARE = 5 / 9  # max_epochs is split 5:4, the reference's 50 instance + 40 cluster epochs
 
 
@@ -390,8 +386,8 @@ def plan_fit(
             )
         kmeans["clip_norm"] = float(latent_scale)
     sample_rate = batch_size / n_obs
-    if start_n_vars is not None:  # the centroids start from the clustering's partition
-        kmeans.update(n_sketch_steps=0, n_lloyd_rounds=1, steps_per_round=START_TABLE_STEPS)
+    if start_n_vars is not None:  # the centroids start from the clustering's: no latent k-means release
+        kmeans.update(n_sketch_steps=0, n_lloyd_rounds=0)
     counts = planned_step_counts(
         sample_rate,
         instance_epochs=instance_epochs,
@@ -642,7 +638,9 @@ def _record_words(plan: FitPlan) -> dict:
     if "loadings" in plan.releases:
         private.insert(0, LOADINGS)
     centroid_start = (
-        "start of the centroids from its partition" if plan.start else "DP k-means start of the centroids"
+        "start of the centroids at the encoder's image of its released centroids"
+        if plan.start
+        else "DP k-means start of the centroids"
     )
     covered = (
         f"the released {', '.join(private)}, including the {centroid_start} and the "
@@ -657,12 +655,13 @@ def _record_words(plan: FitPlan) -> dict:
     trained = "the encoder and the centroids" + (" and the decoder" if plan.scope == "full" else "")
     mechanism = (
         f"DP-SGD (ghost-clipped per-cell gradients, Gaussian noise, Poisson sampling) on {trained}, plus "
-        f"Gaussian k-means, frequency and label-count releases, composed by the Opacus "
-        f"{plan.accountant.upper()} accountant{fixed}"
+        f"Gaussian {'' if plan.start else 'k-means, '}frequency and label-count releases, composed by the "
+        f"Opacus {plan.accountant.upper()} accountant{fixed}"
     )
     mechanisms = [
         f"sampled Gaussian, sigma={s.noise_multiplier:.4g}, q={s.sample_rate:.4g}, "
-        f"C={s.max_grad_norm:g} (DP-SGD) and sensitivity-scaled releases (k-means, frequencies, label counts)"
+        f"C={s.max_grad_norm:g} (DP-SGD) and sensitivity-scaled releases "
+        f"({'' if plan.start else 'k-means, '}frequencies, label counts)"
     ]
     details: dict = {}
     if "loadings" in plan.releases:

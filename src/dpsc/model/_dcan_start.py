@@ -84,7 +84,7 @@ def select_genes(matrix: Any, likelihood: str, plan: FitPlan) -> np.ndarray:
 
 
 def start_model_from(model: DPDCAN, start: ClusterResult) -> None:
-    """Make the encoder read the clustering's k-means points and start the centroids from its partition.
+    """Make the encoder read the clustering's k-means points and start the centroids from its centroids.
 
     A model on a public reference's points (``start.basis``) already reads them.
     """

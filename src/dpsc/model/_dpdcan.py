@@ -17,7 +17,6 @@ from scvi.model.base import BaseModelClass, UnsupervisedTrainingMixin
 from scvi.train import TrainRunner
 from sklearn.cluster import KMeans
 
-from .. import _blocks
 from .._api import DEFAULT_EPSILON
 from .._validation import check_input_pcs, check_matrix, get_matrix
 from ..methods import (
@@ -565,10 +564,12 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
     def start_from_partition(self, centroids: np.ndarray) -> None:
         """Start the centroids from the partition of the input points by ``centroids`` (public).
 
-        Each cell's start cluster is the nearest of ``centroids`` (clusters × the encoder's input
-        width: ``input_pcs``, or the genes of a model that reads a public reference's points) to
-        its input point (:meth:`~dpsc.module.DCANModule.represent`): ``dpsc.tl.fit`` passes the
-        private clustering's released centroids, so training refines that clustering.
+        ``centroids`` are clusters × the encoder's input width (``input_pcs``, or the genes of a
+        model that reads a public reference's points); the latent centroids start at their images
+        under the encoder (:meth:`_partition_centroids`), so each cell's start cluster is, up to
+        the encoder's distortion, the nearest of ``centroids`` to its input point
+        (:meth:`~dpsc.module.DCANModule.represent`). ``dpsc.tl.fit`` passes the private
+        clustering's released centroids, so training refines that clustering.
         """
         module = self.module
         width = module.n_input if module.input_pcs is None else module.input_pcs
@@ -601,7 +602,7 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
         centroids = self.module.clustering.centroids
         dp = plan.settings
         if getattr(self, "_start_centroids", None) is not None:
-            centroids.copy_(self._partition_centroids(splitter, plan))
+            centroids.copy_(self._partition_centroids(plan))
             return
         if dp is None:
             z = self.get_latent_representation()
@@ -636,46 +637,29 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
         init = broadcast_from_rank_zero(torch.as_tensor(init, dtype=centroids.dtype, device=centroids.device))
         centroids.copy_(init)
 
-    def _partition_centroids(self, splitter, plan: FitPlan) -> torch.Tensor:
-        r"""Latent centroids of the start partition: mean latent of each start cluster, on the sphere.
+    def _partition_centroids(self, plan: FitPlan) -> torch.Tensor:
+        r"""Latent centroids of the start partition: the encoder's image of each released centroid.
 
-        Under DP: ``steps`` (:data:`~dpsc.model._dcan_privacy.START_TABLE_STEPS`, the plan's
-        k-means steps) sampled releases of the table :math:`\sum_{i\in B} e_{a(i)} \otimes
-        (\mathrm{clip}_R(z_i), \kappa R)` over fresh Poisson samples B, :math:`a(i)` the cell's
-        start cluster (a map of the cell and public centroids) and :math:`z_i` its latent: the
-        table of :func:`~dpsc.methods.kmeans_table`, sensitivity :math:`R\sqrt{1+\kappa^2}`,
-        one step of the plan's sampled Gaussian each (``dp.record_release()``). The sums and counts
-        are added over the releases; each centroid is its sum over its count, scaled to the
-        latent sphere. Without DP: the exact means over every cell.
+        :math:`\mu_j = \rho\, f(c_j) / \lVert f(c_j)\rVert`, with :math:`c_j` the private
+        clustering's released centroid in the points the encoder reads (scaled to norm 1 when the
+        encoder reads unit-norm points, ``input_pcs``), :math:`f` the encoder and :math:`\rho` the
+        latent sphere's radius (``latent_scale``, else the k-means ``clip_norm``). Each
+        :math:`\mu_j` stands where the cells of start cluster j land, so the model's partition
+        starts as the clustering's.
+
+        **Privacy.** Post-processing, no cell read: the :math:`c_j` are the clustering's released
+        centroids, and :math:`f` is public when this runs (pretrained on a public reference, or its
+        initial weights) or the output of the accounted DP-SGD instance stage.
         """
-        dp, module = plan.settings, self.module
-        start = Assignment("nearest", self._start_centroids)
-        clip_norm, count_scale = float(plan.kmeans["clip_norm"]), float(plan.kmeans["count_scale"])
-        d, k = module.n_latent, self.n_clusters
+        module = self.module
         device = next(module.parameters()).device
-
-        def table_of(x: torch.Tensor) -> np.ndarray:
-            points = module.represent(clean_input(x.to(device), module.likelihood))
-            z = module.encode(points).cpu().double().numpy()
-            rows = start.rows(points.cpu().double().numpy())
-            return kmeans_table(z, start, clip_norm, count_scale, rows=rows)
-
-        if dp is None:
-            cells = self.adata_manager.get_from_registry(REGISTRY_KEYS.X_KEY)
-            table = sum(table_of(torch.as_tensor(block)) for block in _blocks.dense_blocks(cells))
-        else:
-            spec = table_release(k, d, clip_norm, count_scale, dp.noise_multiplier, dp.sample_rate)
-            table = 0.0
-            for _ in range(int(plan.kmeans["steps_per_round"])):
-                x = splitter.sample_batch()[REGISTRY_KEYS.X_KEY].float()
-                table = table + spec.release(table_of(x), dp.noise.stream("dpdcan.start"))
-                dp.record_release()
-        sums, counts = split_table(np.asarray(table), k, d, clip_norm, count_scale)
-        means = np.asarray(sums) / np.maximum(np.asarray(counts), 1.0)[:, None]
-        norms = np.maximum(np.linalg.norm(means, axis=1, keepdims=True), 1e-12)
-        radius = module.latent_scale if module.latent_scale is not None else clip_norm
-        init = torch.as_tensor(radius * means / norms, dtype=module.clustering.centroids.dtype, device=device)
-        return broadcast_from_rank_zero(init)
+        centroids = torch.as_tensor(self._start_centroids, dtype=torch.float32, device=device)
+        if module.input_pcs is not None:
+            centroids = torch.nn.functional.normalize(centroids, dim=-1)
+        latent = module.encode(centroids).double()
+        radius = module.latent_scale if module.latent_scale is not None else float(plan.kmeans["clip_norm"])
+        latent = radius * latent / latent.norm(dim=1, keepdim=True).clamp_min(1e-12)
+        return broadcast_from_rank_zero(latent.to(module.clustering.centroids.dtype))
 
     # -- inference -------------------------------------------------------------------------
     @torch.no_grad()

@@ -203,9 +203,9 @@ def fit(
     builds on :func:`dpsc.tl.cluster`: with :data:`~dpsc.model._dcan_privacy.START_SHARE` of ε it
     makes that clustering's releases (gene selection when the matrix has more genes than the
     clustering reads, loadings, DP k-means centroids); the encoder reads each cell's k-means point
-    of that clustering, and the centroids start from its partition (sampled releases of each
-    start cluster's latent sum). DP-SGD then refines them with
-    :data:`~dpsc.model._dcan_privacy.TRAINING_SHARE` of ε. Last, one release of both partitions'
+    of that clustering, and the centroids start at the encoder's image of its released centroids
+    (post-processing: no release), so the model's partition starts as the clustering's. DP-SGD
+    then refines them with :data:`~dpsc.model._dcan_privacy.TRAINING_SHARE` of ε. Last, one release of both partitions'
     per-cluster sums scores each by the k-means objective in the clustering's points
     (:mod:`dpsc.methods._selection`): ``obs[cluster_key]`` holds the model's partition only when
     its score leads by twice its noise, the clustering's otherwise; ``obsm[key_added]`` is always
