@@ -205,8 +205,9 @@ def fit(
     clustering reads, loadings, DP k-means centroids); the encoder reads each cell's k-means point
     of that clustering, and the centroids start at the encoder's image of its released centroids
     (post-processing: no release), so the model's partition starts as the clustering's. DP-SGD
-    then refines them with :data:`~dpsc.model._dcan_privacy.TRAINING_SHARE` of ε. Last, one release of both partitions'
-    per-cluster sums scores each by the k-means objective in the clustering's points
+    then refines them with :data:`~dpsc.model._dcan_privacy.TRAINING_SHARE` of ε. Last, one
+    release of both partitions' per-cluster sums scores each by the k-means objective in the
+    clustering's points
     (:mod:`dpsc.methods._selection`): ``obs[cluster_key]`` holds the model's partition only when
     its score leads by twice its noise, the clustering's otherwise; ``obsm[key_added]`` is always
     the model's embedding.
