@@ -143,7 +143,7 @@ def report(path: Path, clustering: Path) -> str:
         "| pair | fine-tuning | ε | fit | model | kept | `tl.cluster` | fit / scanpy | names |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    summary = {eps: {"fit": [], "cluster": [], "kept": 0, "runs": 0} for eps in EPSILONS}
+    summary = {eps: {"fit": [], "model": [], "cluster": [], "kept": 0, "runs": 0} for eps in EPSILONS}
     for held in pairs_:
         variant = choice[held]
         for eps in EPSILONS:
@@ -151,6 +151,7 @@ def report(path: Path, clustering: Path) -> str:
             kept = int((picked["kept"] == "model").sum())
             names = picked["names"].mean() if "names" in picked and picked["names"].notna().any() else None
             summary[eps]["fit"].append(mean.loc[(held, variant), eps] / scanpy[held])
+            summary[eps]["model"].append(model.loc[(held, variant), eps] / scanpy[held])
             summary[eps]["cluster"].append(guided.loc[held, eps] / scanpy[held])
             summary[eps]["kept"] += kept
             summary[eps]["runs"] += len(picked)
@@ -164,12 +165,13 @@ def report(path: Path, clustering: Path) -> str:
             )
     lines += [
         "",
-        "| ε | fit / scanpy (mean, lowest) | `tl.cluster` / scanpy | model kept |",
-        "|---|---|---|---|",
+        "| ε | fit / scanpy (mean, lowest) | model / scanpy | `tl.cluster` / scanpy | model kept |",
+        "|---|---|---|---|---|",
     ]
     for eps, s in summary.items():
         lines.append(
-            f"| {eps:g} | {np.mean(s['fit']):.2f} ({np.min(s['fit']):.2f}) | {np.mean(s['cluster']):.2f} | "
+            f"| {eps:g} | {np.mean(s['fit']):.2f} ({np.min(s['fit']):.2f}) | {np.mean(s['model']):.2f} | "
+            f"{np.mean(s['cluster']):.2f} | "
             f"{s['kept']} of {s['runs']} |"
         )
     first_variant = next(iter(CANDIDATES))  # its first call pretrained and saved the model
