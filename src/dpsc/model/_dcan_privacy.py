@@ -129,7 +129,7 @@ DEFAULT_KMEANS_OPTIONS: dict[str, object] = {
 #: choice between the clustering's partition and the trained model's (the rest), by
 #: :func:`start_parts`. Leave one file out over 0.6 … 0.9 (docs, Benchmarks: "The default
 #: ``tl.fit``'s constants by leave-one-file-out") finds no candidate better than 0.85 beyond the
-#: run-to-run noise on any fold; 0.85 and 0.9 are level on the labels, which are the clustering's
+#: run-to-run noise on any fold; no start share leads 0.85 on the labels, which are the clustering's
 #: in every run, and 0.85 keeps twice the training's ε for the embedding the labels do not measure.
 START_SHARE = 0.85
 TRAINING_SHARE = 0.1
