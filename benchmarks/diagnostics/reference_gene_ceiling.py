@@ -145,6 +145,7 @@ def seeds(reference, private) -> pd.DataFrame:
                     "seed": seed,
                     "no reference": adjusted_rand_score(truth, alone.obs["dp_cluster"]),
                     "reference": adjusted_rand_score(truth, guided.obs["dp_cluster"]),
+                    "pca σ": alone.uns["dpsc"]["dp_cluster"]["privacy"]["noise_multipliers"]["pca"],
                 }
             )
     return pd.DataFrame(rows)
@@ -155,15 +156,15 @@ def _seeds_report(table: pd.DataFrame) -> str:
         "",
         f"## `{CROSS}`: the reference against none over {len(SEEDS)} noise seeds",
         "",
-        "| ε | no reference | reference (gated) | paired difference ± se |",
-        "|---|---|---|---|",
+        "| ε | no reference | reference (gated) | paired difference ± se | PCA σ, no reference |",
+        "|---|---|---|---|---|",
     ]
     for epsilon, runs in table.groupby("ε", sort=False):
         difference = runs["reference"] - runs["no reference"]
         se = difference.std(ddof=1) / np.sqrt(len(difference))
         lines.append(
             f"| {epsilon:g} | {runs['no reference'].mean():.3f} | {runs['reference'].mean():.3f} | "
-            f"{difference.mean():+.3f} ± {se:.3f} |"
+            f"{difference.mean():+.3f} ± {se:.3f} | {runs['pca σ'].mean():.2f} |"
         )
     return "\n".join(lines) + "\n"
 
