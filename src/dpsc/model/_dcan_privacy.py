@@ -653,15 +653,16 @@ def _record_words(plan: FitPlan) -> dict:
         )
     fixed = f"; {PRETRAINED_DECODER if plan.reference else FIXED_DECODER}" if plan.scope == "encoder" else ""
     trained = "the encoder and the centroids" + (" and the decoder" if plan.scope == "full" else "")
+    kmeans = "" if plan.start else "k-means, "  # after a start the centroids need no release
     mechanism = (
         f"DP-SGD (ghost-clipped per-cell gradients, Gaussian noise, Poisson sampling) on {trained}, plus "
-        f"Gaussian {'' if plan.start else 'k-means, '}frequency and label-count releases, composed by the "
+        f"Gaussian {kmeans}frequency and label-count releases, composed by the "
         f"Opacus {plan.accountant.upper()} accountant{fixed}"
     )
     mechanisms = [
         f"sampled Gaussian, sigma={s.noise_multiplier:.4g}, q={s.sample_rate:.4g}, "
         f"C={s.max_grad_norm:g} (DP-SGD) and sensitivity-scaled releases "
-        f"({'' if plan.start else 'k-means, '}frequencies, label counts)"
+        f"({kmeans}frequencies, label counts)"
     ]
     details: dict = {}
     if "loadings" in plan.releases:

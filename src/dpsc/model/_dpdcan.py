@@ -597,7 +597,11 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
 
     @torch.no_grad()
     def _init_centroids(self, splitter, plan: FitPlan) -> None:
-        """k-means initialisation: DP releases of Poisson-sampled tables under DP, plain k-means otherwise."""
+        """Start the latent centroids.
+
+        From a start partition's released centroids (no release: :meth:`_partition_centroids`);
+        else by DP k-means of Poisson-sampled tables under DP, plain k-means otherwise.
+        """
         self.module.eval()
         centroids = self.module.clustering.centroids
         dp = plan.settings

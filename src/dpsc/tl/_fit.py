@@ -207,10 +207,9 @@ def fit(
     (post-processing: no release), so the model's partition starts as the clustering's. DP-SGD
     then refines them with :data:`~dpsc.model._dcan_privacy.TRAINING_SHARE` of ε. Last, one
     release of both partitions' per-cluster sums scores each by the k-means objective in the
-    clustering's points
-    (:mod:`dpsc.methods._selection`): ``obs[cluster_key]`` holds the model's partition only when
-    its score leads by twice its noise, the clustering's otherwise; ``obsm[key_added]`` is always
-    the model's embedding.
+    clustering's points (:mod:`dpsc.methods._selection`): ``obs[cluster_key]`` holds the model's
+    partition only when its score leads by twice its noise, the clustering's otherwise;
+    ``obsm[key_added]`` is always the model's embedding.
 
     With a ``reference``: the genes, their scales and 16 components come from the reference
     (:mod:`dpsc.methods._public_basis`, as in ``dpsc.tl.cluster(reference=...)``), and the model
