@@ -29,6 +29,49 @@ def test_a_budget_stored_in_the_input_file_is_spent_there(small_adata, tmp_path,
     assert main([*args, "--output", str(tmp_path / "elsewhere.h5ad")]) == 2
 
 
+#: One `dpsc cluster` process whose read of its input waits (up to 5 s) for the other's read.
+OVERLAPPING_RUN = """
+import sys, time
+from pathlib import Path
+import dpsc.cli as cli
+me, other, *args = sys.argv[1:]
+load = cli._load
+def slow_load(path):
+    result = load(path)
+    Path(me).touch()
+    deadline = time.monotonic() + 5
+    while not Path(other).exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return result
+cli._load = slow_load
+sys.exit(cli.main(args))
+"""
+
+
+def test_two_overlapping_runs_on_a_budgeted_input_written_back_spend_it_once(small_adata, tmp_path):
+    """Two `dpsc cluster IN --output IN --epsilon 8` processes at once on a budget-8 file: one runs, one
+    is refused. Without the lock on the input both read the unspent ledger and both spend; with it
+    the second reads what the first wrote."""
+    import subprocess
+    import sys
+
+    src = tmp_path / "budgeted.h5ad"
+    budgeted = small_adata.copy()
+    dpsc.privacy.set_budget(budgeted, epsilon=8.0)
+    budgeted.write_h5ad(src)
+    args = ["cluster", str(src), "--n-clusters", "3", "--epsilon", "8", "--output", str(src)]
+    marks = [str(tmp_path / "a.read"), str(tmp_path / "b.read")]
+    runs = [
+        subprocess.Popen([sys.executable, "-c", OVERLAPPING_RUN, me, other, *args], stderr=subprocess.PIPE)
+        for me, other in (marks, marks[::-1])
+    ]
+    codes = sorted(run.wait(timeout=300) for run in runs)
+    assert codes == [0, 2], [run.stderr.read() for run in runs]
+    back = ad.read_h5ad(src)
+    assert 7.9 < dpsc.privacy.spent(back).epsilon <= 8.0 * (1 + 1e-9)
+    assert len(back.uns["dpsc"]["ledger"]) == 1
+
+
 @pytest.mark.slow
 def test_cli_fit_prints_statement_and_scores(small_adata, tmp_path, capsys):
     src, out = tmp_path / "in.h5ad", tmp_path / "out.h5ad"

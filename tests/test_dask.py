@@ -150,3 +150,14 @@ def test_on_a_cluster_the_per_cell_work_stays_off_the_caller(small_adata):
                 process.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 process.kill()
+
+
+@pytest.mark.parametrize("sparse", [True, False])
+def test_fit_reads_dask_chunks_as_in_memory(small_adata, sparse):
+    """tl.fit on a Dask AnnData (CSR or dense row chunks) runs and gives the in-memory fit's result."""
+    lazy, memory = lazy_copy(small_adata, sparse), small_adata.copy()
+    for adata in (lazy, memory):
+        dpsc.tl.fit(adata, epsilon=8, n_clusters=3, max_epochs=2, noise_seed=4, progress_bar=False)
+    np.testing.assert_allclose(lazy.obsm["X_dpdcan"], memory.obsm["X_dpdcan"], atol=1e-4)
+    assert (lazy.obs["dp_cluster"] == memory.obs["dp_cluster"]).all()
+    assert dpsc.privacy.spent(lazy) == dpsc.privacy.spent(memory)

@@ -17,10 +17,12 @@ import scipy.sparse as sp
 
 from dpsc.federated._own_app import (
     APP_MODULE,
+    CODE_FILE,
     BundleRefusal,
     app_files,
     bundle_fingerprint,
     check_bundle,
+    code_fingerprint,
 )
 from dpsc.federated._run_config import PIPELINE
 
@@ -48,7 +50,7 @@ def test_the_sites_own_bundle_is_accepted_as_flower_builds_it(tmp_path):
 
 @pytest.mark.parametrize(
     "change",
-    ["module", "extra file", "version", "components", "defaults"],
+    ["module", "extra file", "version", "components", "defaults", "code"],
 )
 def test_any_other_bundle_is_refused_before_it_is_read_as_code(change):
     own = app_files(PIPELINE)
@@ -61,12 +63,35 @@ def test_any_other_bundle_is_refused_before_it_is_read_as_code(change):
         theirs["pyproject.toml"] = own["pyproject.toml"].replace(b'version = "', b'version = "9')
     elif change == "components":
         theirs["pyproject.toml"] = own["pyproject.toml"].replace(b"dpsc_app:client_app", b"evil:client_app")
+    elif change == "code":  # the same version, another installed dpsc code
+        theirs[CODE_FILE] = json.dumps({"dpsc_sha256": "0" * 64}).encode()
     else:
         theirs["pyproject.toml"] = own["pyproject.toml"].replace(b"n-clusters = 8", b"n-clusters = 9")
     with pytest.raises(BundleRefusal, match="not this site's own dpsc app") as refused:
         check_bundle(fab(theirs), own)
     if change == "version":
         assert "must install the same dpsc version" in str(refused.value)
+    if change == "code":
+        assert "installed dpsc code is not this site's (code fingerprint 0000000000000000" in str(
+            refused.value
+        )
+
+
+def test_the_fingerprint_covers_every_file_of_the_installed_dpsc(tmp_path):
+    """Two installations that differ in one byte of one module print different fingerprints."""
+    import shutil
+
+    import dpsc
+
+    installed = Path(dpsc.__file__).resolve().parent
+    copies = [tmp_path / name / "dpsc" for name in ("same", "edited")]
+    for copy in copies:
+        shutil.copytree(installed, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    edited = copies[1] / "privacy" / "_ledger.py"
+    edited.write_bytes(edited.read_bytes() + b"\n")
+    assert code_fingerprint(copies[0]) == code_fingerprint()
+    assert code_fingerprint(copies[1]) != code_fingerprint()
+    assert json.loads(app_files(PIPELINE)[CODE_FILE]) == {"dpsc_sha256": code_fingerprint()}
 
 
 def test_a_bundle_that_is_no_zip_or_too_large_is_refused():
@@ -242,3 +267,25 @@ def test_stopping_the_runner_ends_a_call_that_is_already_retrying():
     runner.stop()
     call.join(timeout=5)
     assert not call.is_alive() and ended and len(tries) <= 5
+
+
+def test_the_superexec_secret_is_private_to_the_site_and_never_a_planted_file(tmp_path, monkeypatch):
+    """The secret lies in a new 0700 folder, in a file created exclusively with mode 0600; a file planted
+    at the old predictable path (mode 0666) is neither used nor changed; the folder goes afterwards."""
+    import os
+    import stat
+    import tempfile
+
+    from dpsc.federated._deploy import superexec_secret
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    planted = tmp_path / f"dpsc-site-{os.getpid()}-9999.secret"
+    planted.write_bytes(b"known to another user")
+    planted.chmod(0o666)
+    with superexec_secret() as secret:
+        assert secret.parent.parent == tmp_path and secret != planted
+        assert stat.S_IMODE(secret.stat().st_mode) == 0o600
+        assert stat.S_IMODE(secret.parent.stat().st_mode) == 0o700
+        assert len(secret.read_bytes()) == 32 and secret.read_bytes() != b"known to another user"
+    assert not secret.parent.exists()
+    assert planted.read_bytes() == b"known to another user" and stat.S_IMODE(planted.stat().st_mode) == 0o666

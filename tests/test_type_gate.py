@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -95,8 +97,6 @@ def test_a_reference_of_other_types_starts_from_the_sketch_within_the_same_epsil
 def test_a_site_counts_in_its_own_copy_and_follows_one_start(pair, tmp_path):
     """A site serves the count from its own copy's types (whatever basis the server sent), then holds
     the run to the start the server named first; a request of the other start is refused unbooked."""
-    from dataclasses import replace
-
     from dpsc.federated._site import Site, SiteRefusal
     from dpsc.methods._kmeans import Assignment
     from dpsc.tl._reference import fingerprint
@@ -169,3 +169,113 @@ def test_a_federated_run_on_a_reference_of_other_types_records_the_sketch_start_
     np.testing.assert_allclose(
         fed.uns["dpsc"]["dp_cluster"]["centroids"], central.uns["dpsc"]["dp_cluster"]["centroids"], atol=1e-4
     )
+
+
+def _gate_sites(pair, tmp_path, budget=100.0):
+    """Two sites on D (the private cells) and D − 1 (one cell fewer), each with its own reference copy."""
+    import anndata as ad
+
+    from dpsc.federated._site import Site, SiteSettings
+    from dpsc.tl._reference import fingerprint
+
+    reference, private = pair
+    reference_path = tmp_path / "reference.h5ad"
+    reference.write_h5ad(reference_path)
+    sites = []
+    for name, cells in (("D", private), ("D_minus_one", private[1:])):
+        path = tmp_path / f"{name}.h5ad"
+        ad.AnnData(cells.X, var=cells.var[[]].copy()).write_h5ad(path)
+        settings = SiteSettings(
+            data=str(path),
+            epsilon=8.0,
+            budget=budget,
+            reference=str(reference_path),
+            reference_key="cell_type",
+            ledger=str(tmp_path / f"{name}.ledger.json"),
+        )
+        sites.append(Site(settings))
+    return sites, fingerprint(reference.X, reference.var_names)
+
+
+def _gate_requests(plan, own, start, branch="types"):
+    from dpsc.methods._kmeans import Assignment
+
+    count = Request("type_count", 0, plan.sigmas["type_count"], basis=own)
+    sigma = plan.branch(branch).sigmas["kmeans"]
+    lloyd = Request(
+        "kmeans", 1, sigma, own.genes, own.loadings, Assignment("nearest", start), basis=own, branch=branch
+    )
+    return count, lloyd
+
+
+def test_the_gate_attack_is_refused_at_the_plan_check_on_both_neighbours(pair, tmp_path):
+    """A crafted gated plan (the sketch's k-means as its own, then the type start at a small σ) is
+    refused before any release on D and on D − 1 alike; an honest gated run is still served."""
+    from dpsc.federated._site import SiteRefusal
+    from dpsc.methods._clustering import ClusterPlan
+
+    sites, key = _gate_sites(pair, tmp_path)
+    own, _, start, radii = sites[0].basis_and_start(key, 6)
+    honest = plan_clustering(
+        8.0, 1e-5, n_vars=sites[0].adata.n_vars, n_clusters=6, public_basis=own.with_start(start, radii)
+    )
+    sketch = honest.branch("sketch")
+    config = honest.to_config()
+    small = 0.148
+    crafted = {  # the review's attack: both checked pairs were the sketch branch
+        "sketch settings as the plan's own": {
+            "kmeans-sketch-steps": sketch.kmeans["n_sketch_steps"],
+            "sigma-kmeans": sketch.sigmas["kmeans"],
+            "sigma-kmeans-types": small,
+        },
+        "the type start's own σ small": {"sigma-kmeans": small, "sigma-kmeans-types": small},
+        "the sketch branch's σ small": {"sigma-kmeans-sketch": small},
+    }
+    for words, change in crafted.items():
+        plan = ClusterPlan.from_config({**config, **change})
+        for site in sites:
+            count, _ = _gate_requests(plan, own, start)
+            with pytest.raises(SiteRefusal):
+                site.contribute(plan, count, "plain", 1, 2, {}, key)
+            assert site.ledger.entries() == [], words
+    for site in sites:  # the control: an honest gated run is served whole
+        state: dict = {}
+        for request in _gate_requests(honest, own, start):
+            site.contribute(honest, request, "plain", 1, 2, state, key)
+        assert state["served"] == 2 and len(site.ledger.entries()) == 2
+
+
+@pytest.mark.parametrize("mode", ["plain", "secure"])
+def test_a_run_never_books_past_the_sites_per_run_epsilon_even_through_a_hole_in_the_plan_check(
+    pair, tmp_path, monkeypatch, mode
+):
+    """The second line: with the plan check disabled (a hole), the crafted type start is refused at its
+    first booking over the run's own ε (plain) or fallback cap (secure), though the total budget is 100."""
+    from dpsc.federated._site import Site, SiteRefusal
+    from dpsc.methods._clustering import ClusterPlan
+    from dpsc.privacy import compose
+
+    sites, key = _gate_sites(pair, tmp_path)
+    own, _, start, radii = sites[0].basis_and_start(key, 6)
+    honest = plan_clustering(
+        8.0, 1e-5, n_vars=sites[0].adata.n_vars, n_clusters=6, public_basis=own.with_start(start, radii)
+    )
+    plan = ClusterPlan.from_config({**honest.to_config(), "sigma-kmeans": 0.148, "sigma-kmeans-types": 0.148})
+    monkeypatch.setattr(Site, "_check_calibration", lambda self, plan, reference="": None)
+    monkeypatch.setattr(Site, "_check_trust", lambda self, plan, threshold, n_sites: None)
+    threshold = 2 if mode == "secure" else 1
+    for site in sites:
+        state: dict = {}
+        count, lloyd = _gate_requests(plan, own, start)
+        site.contribute(plan, count, mode, threshold, 2, state, key)
+        with pytest.raises(SiteRefusal, match="for one run"):
+            site.contribute(plan, lloyd, mode, threshold, 2, state, key)
+        assert [e["key"] for e in site.ledger.entries()] == ["release 0: type_count"]
+        assert compose(site.ledger.entries()).epsilon <= 8.0
+    # the honest run in secure mode stays within both per-run caps
+    monkeypatch.undo()
+    site = Site(replace(sites[0].settings, ledger=str(tmp_path / "honest.json")))
+    state = {}
+    for request in _gate_requests(honest, own, start):
+        site.contribute(honest, request, mode, threshold, 3, state, key)
+    assert state["served"] == 2

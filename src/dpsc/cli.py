@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import re
 import sys
 import textwrap
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -505,6 +506,32 @@ def _check_budgeted_input(adata: ad.AnnData, path: str | None, output: str | Non
     )
 
 
+@contextlib.contextmanager
+def _input_written_back(path: str | None, output: str | None) -> Iterator[None]:
+    """Hold an exclusive lock on ``path`` from before it is read until the result is written over it.
+
+    With ``--output`` the input's own path, the run reads the file's ledger, books in it and writes
+    it back: two such runs at once would each book on the ledger as it was before the other, and
+    the second write would lose the first's booking. The lock (``fcntl.flock`` on ``<path>.lock``)
+    makes the second run wait, then read the ledger the first wrote, so its budget check sees both.
+    """
+    if path is None or output is None or Path(output).resolve() != Path(path).resolve():
+        yield
+        return
+    import fcntl
+
+    with open(f"{Path(path).resolve()}.lock", "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"Waiting for another dpsc run that writes {path} to finish…", file=sys.stderr, flush=True)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def _load(path: str | None) -> tuple[ad.AnnData, str]:
     """Return the input AnnData and its name; the path is checked before anything heavy is imported."""
     if path is not None and not Path(path).is_file():
@@ -639,7 +666,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         name = getattr(args, "role", None) or args.command
         subparsers.get(name, parser).error(f"unrecognized arguments: {' '.join(extra)}")
     try:
-        return COMMANDS[args.command](args)
+        with _input_written_back(getattr(args, "input", None), getattr(args, "output", None)):
+            return COMMANDS[args.command](args)
     except (
         ValueError,
         FileNotFoundError,

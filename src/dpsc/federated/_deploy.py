@@ -16,6 +16,7 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -243,15 +244,27 @@ def run_site(
     if not Path(settings.data).is_file():
         raise FileNotFoundError(f"The site's data file {settings.data} does not exist.")
     check_budget_settings(settings)
-    output = Path(settings.output)
-    before = output.stat().st_mtime if output.exists() else 0.0
     settings.refusal_file.unlink(missing_ok=True)
     port = port or free_port()
     tls = ["--root-certificates", root_certificates] if root_certificates else ["--insecure"]
     log = Path(tempfile.gettempdir()) / f"dpsc-site-{os.getpid()}-{port}.log"
-    secret = Path(tempfile.gettempdir()) / f"dpsc-site-{os.getpid()}-{port}.secret"
-    secret.touch(mode=0o600)
-    secret.write_bytes(os.urandom(32))
+    with superexec_secret() as secret:
+        return _serve_site(settings, settings_file, superlink, port, timeout, tls, log, secret)
+
+
+def _serve_site(
+    settings: SiteSettings,
+    settings_file: Path,
+    superlink: str,
+    port: int,
+    timeout: float,
+    tls: list[str],
+    log: Path,
+    secret: Path,
+) -> Path:
+    """Run the SuperNode and this site's own app until the run ends (:func:`run_site`)."""
+    output = Path(settings.output)
+    before = output.stat().st_mtime if output.exists() else 0.0
     command = [
         "flower-supernode",
         *tls,
@@ -281,7 +294,6 @@ def run_site(
             refused = _watch_site(node, runner, settings, output, before, deadline, watch, log)
     finally:
         runner.stop()
-        secret.unlink(missing_ok=True)
     if refused is not None:  # the reason is the whole story: the SuperNode's log is not kept
         log.unlink(missing_ok=True)
         raise ValueError(f"This site refused the run: {refused}")
@@ -289,6 +301,26 @@ def run_site(
         log.unlink(missing_ok=True)
         return output
     raise TimeoutError(f"No run completed within {timeout:.0f} s; the SuperNode was stopped (log: {log}).")
+
+
+@contextlib.contextmanager
+def superexec_secret() -> Iterator[Path]:
+    """Yield the path of a fresh 32-byte secret that only this site's user can read; removed after.
+
+    The SuperNode reads its SuperExec secret from a file. The file is created exclusively
+    (``O_CREAT | O_EXCL``, mode 0600, so no file planted beforehand is reused and no other mode is
+    kept) inside a new directory of mode 0700 (``tempfile.mkdtemp``: a random name only this user
+    can list or enter). Only its path is passed on the SuperNode's command line, never the secret.
+    """
+    folder = Path(tempfile.mkdtemp(prefix="dpsc-site-"))
+    path = folder / "superexec.secret"
+    try:
+        handle = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(handle, "wb") as file:
+            file.write(os.urandom(32))
+        yield path
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _watch_site(node, runner, settings, output, before, deadline, watch, log) -> str | None:

@@ -7,8 +7,12 @@ cells, the DP-SGD noise multiplier of the training and the one of the final DP k
 split :data:`TRAINING_SHARE` : 1 − :data:`TRAINING_SHARE`, :func:`~dpsc.privacy.split_budget`),
 and refuses the run when the server's noise multipliers are smaller, when the server sends a noise
 seed or asks for un-noised weights or statistics, when the run has more rounds than it serves, or
-when its ledger would pass its budget. Each round's DP-SGD steps, and each k-means release, are
-booked in its ledger file before the reply leaves.
+when its ledger would pass its budget. It then serves the run's schedule and nothing else: rounds
+1 … R in order, each once and of the run's local epochs, then the k-means releases in order, each
+once, of the kind and shape the k-means plan fixes (:func:`kmeans_schedule`); a repeated, skipped,
+reordered or extra message is refused (:class:`FedSCGuard`). Each round's DP-SGD steps, and each
+k-means release, are booked in its ledger file before the reply leaves, checked against the run's
+own ε as well as the ledger's budget (:func:`~._trust.run_cap_refusal`).
 
 **The final clustering is federated.** After training, the server runs DP k-means
 (:func:`~dpsc.methods.dp_kmeans_centroids`, the plan of :mod:`dpsc.methods._clustering`) on the
@@ -21,12 +25,12 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from ..methods._clustering import CLIP_NORM, KMEANS_PLAN
+from ..methods._clustering import CLIP_NORM, KMEANS_PLAN, MAX_PUBLIC_VALUE
 from ..methods._kmeans import Assignment, kmeans_points, kmeans_release_steps, kmeans_table, table_release
 from ..privacy import (
     BudgetExceededError,
@@ -37,8 +41,10 @@ from ..privacy import (
     check_within_budget,
     ledger_entry,
     no_guarantee_record,
+    plain_entry,
 )
 from ._site import SiteRefusal, SiteSettings
+from ._trust import run_cap_refusal
 
 TRAINING_SHARE = 0.9
 KMEANS_STEPS = kmeans_release_steps(
@@ -61,12 +67,32 @@ def fedsc_plan(
     ).calibrate(epsilon, delta)
 
 
+def kmeans_schedule(n_clusters: int, d: int) -> list[tuple[str, tuple[int, int]]]:
+    """Return the kind and largest matrix shape of each k-means release of a FedSC run, in order.
+
+    :data:`~dpsc.methods._clustering.KMEANS_PLAN`'s sketch steps (a ``d × b`` projection, b bits),
+    then its Lloyd steps (at most ``m × d`` centroids, m = oversampling × k). Reads no cell.
+    """
+    plan = KMEANS_PLAN
+    m = int(plan["oversampling"]) * int(n_clusters)
+    bits = max(int(plan["n_bits"]), math.ceil(math.log2(2 * m)))
+    lloyd = KMEANS_STEPS - int(plan["n_sketch_steps"])
+    return [("sketch", (d, bits))] * int(plan["n_sketch_steps"]) + [("nearest", (m, d))] * lloyd
+
+
 @dataclass
 class FedSCGuard:
-    """One site's checks and ledger for a FedSC run (module docstring)."""
+    """One site's checks and ledger for a FedSC run (module docstring).
+
+    ``run`` is the run's state that Flower keeps for this site (JSON-able): the noise multipliers
+    and schedule it accepted at its first round, the rounds and k-means releases served so far and
+    the ledger lines this run booked. Every check reads the message, the settings, the ledger and
+    this state: never a cell.
+    """
 
     settings: SiteSettings
     n_cells: int
+    run: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         from ._site import ledger_for
@@ -141,36 +167,114 @@ class FedSCGuard:
             raise SiteRefusal(f"This site's budget refuses the run: {err}") from None
         return float(served), float(kmeans_served)
 
+    def start(self, run: dict[str, Any], partition: int, sample_rate: float, steps_per_epoch: int) -> None:
+        """Check the run at its first round (:meth:`check_run`) and fix its schedule in :attr:`run`."""
+        if "rounds" in self.run:
+            return
+        rounds, epochs = int(run["rounds"]), int(run["local-epochs"])
+        total = rounds * epochs * steps_per_epoch
+        sigma, kmeans_sigma = self.check_run(run, partition, sample_rate, total)
+        self.run.update(
+            {"rounds": rounds, "local-epochs": epochs, "sigma": sigma, "kmeans-sigma": kmeans_sigma},
+            steps=total,
+            served=0,
+            kmeans=0,
+            booked=[],
+        )
+
+    def check_round(self, server_round: int, local_epochs: int) -> None:
+        """Refuse a round that is not the next of the run's schedule, or not of its local epochs."""
+        served, rounds = int(self.run["served"]), int(self.run["rounds"])
+        if server_round != served + 1 or server_round > rounds:
+            raise SiteRefusal(
+                f"The server asks for round {server_round}; this site has served {served} of the run's "
+                f"{rounds} rounds (each round is served once, in order); nothing was sent."
+            )
+        if local_epochs != int(self.run["local-epochs"]):
+            raise SiteRefusal(
+                f"The server asks for {local_epochs} local epochs in round {server_round}; the run's plan "
+                f"has {self.run['local-epochs']} per round; nothing was sent."
+            )
+
+    def check_kmeans(self, index: int, assignment: Assignment, n_clusters: int, d: int) -> None:
+        """Refuse a k-means release that is not the next of :func:`kmeans_schedule`, after every round."""
+        if int(self.run.get("served", -1)) != int(self.run.get("rounds", 0)):
+            raise SiteRefusal(
+                "The server asks for a k-means table before the run's training rounds were all served; "
+                "nothing was sent."
+            )
+        schedule, served = kmeans_schedule(n_clusters, d), int(self.run["kmeans"])
+        if index != served or index >= len(schedule):
+            raise SiteRefusal(
+                f"The server asks for k-means release {index}; the next of the run's {len(schedule)} is "
+                f"{served} (each is served once, in order); nothing was sent."
+            )
+        kind, largest = schedule[index]
+        try:
+            matrix = np.asarray(assignment.matrix, dtype=np.float64)
+        except (TypeError, ValueError):
+            raise SiteRefusal(
+                "Malformed k-means request: its matrix is not numeric; nothing was sent."
+            ) from None
+        if kind == "sketch":
+            shape_ok = matrix.shape == largest
+        else:  # the Lloyd centroids: at most m of them, each of d coordinates
+            shape_ok = matrix.ndim == 2 and 1 <= matrix.shape[0] <= largest[0] and matrix.shape[1] == d
+        if assignment.kind != kind or not shape_ok:
+            raise SiteRefusal(
+                f"Malformed k-means request: release {index} is a {kind!r} matrix of at most {largest}, "
+                f"got {assignment.kind!r} of shape {matrix.shape}; nothing was sent."
+            )
+        if not np.isfinite(matrix).all() or np.abs(matrix).max(initial=0.0) > MAX_PUBLIC_VALUE:
+            raise SiteRefusal("Malformed k-means request: values not finite or too large; nothing was sent.")
+
     def _record(self, history: list[tuple[float, float, int]], what: str) -> PrivacyRecord:
         return PrivacyRecord.message(
             f"FedSC ({what})", history, self.delta, noise=self.noise, accountant=self.settings.accountant
         )
 
     def book(self, history: list[tuple[float, float, int]], key: str, share_of_delta: float) -> None:
-        """Book what this reply releases (checked against the budget, atomically), before it leaves."""
+        """Book what this reply releases before it leaves: within the run's own ε, then the budget.
+
+        The run's lines with this one must stay within the site's ε for one run
+        (:func:`~._trust.run_cap_refusal`); the ledger's total within its budget (atomically).
+        """
         if not self.private:
             return
         record = self._record(history, key)
         record.delta = self.delta * share_of_delta
+        line = plain_entry(ledger_entry(record, key, "sent"))
+        booked = self.run.setdefault("booked", [])
+        over = run_cap_refusal(booked, line, self.delta, self.settings.epsilon)
+        if over is not None:
+            raise SiteRefusal(f"This site refuses the {key}: {over}. Nothing was sent.")
+        pending = self.delta - sum(float(entry["delta"]) for entry in [*booked, line])
         try:
-            self.ledger.reserve(ledger_entry(record, key, "sent"), cap=self.cap)
+            self.ledger.reserve(line, cap=self.cap, pending_delta=pending)
         except BudgetExceededError as err:
             raise SiteRefusal(f"This site's budget refuses the release: {err}") from None
+        booked.append(line)
 
     def kmeans_table(
-        self, embeddings: np.ndarray, assignment: Assignment, sigma: float, index: int, total_steps: int
+        self, embeddings: np.ndarray, assignment: Assignment, index: int, n_clusters: int
     ) -> np.ndarray:
-        """Return this site's noisy k-means table of its embedded cells (lattice vector, full noise)."""
+        """Return this site's noisy k-means table of its embedded cells (lattice vector, full noise).
+
+        The request is checked first (:meth:`check_kmeans`); σ is the one this site accepted for the
+        run (:meth:`start`), never a value of the message.
+        """
+        sigma = float(self.run.get("kmeans-sigma", 0.0))
         if self.private and not sigma > 0:
             raise SiteRefusal("The server asks for an un-noised k-means table; this site has an epsilon.")
-        if not 0 <= index < KMEANS_STEPS or not math.isfinite(sigma):
-            raise SiteRefusal(f"Malformed k-means request (release {index}); nothing was sent.")
+        self.check_kmeans(index, assignment, n_clusters, embeddings.shape[1])
+        total_steps = int(self.run["steps"])
         points = kmeans_points(embeddings, "cosine")
         spec = table_release(assignment.n_rows, points.shape[1], CLIP_NORM, KMEANS_PLAN["count_scale"], sigma)
         vector = spec.encode(kmeans_table(points, assignment, CLIP_NORM, KMEANS_PLAN["count_scale"]))
         if self.private:
             vector = vector + spec.noise(self.noise.stream("fedsc.kmeans", index))
         self.book([(sigma, 1.0, 1)], f"k-means release {index}", 1.0 / (total_steps + KMEANS_STEPS))
+        self.run["kmeans"] = index + 1
         return vector
 
 

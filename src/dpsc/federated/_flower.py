@@ -31,6 +31,9 @@ from ._simulation import ray_session, resolve_shared, shared, simulate
 from ._site import SiteRefusal
 from ._ssl import ClientDP, SSLConfig, SSLNet, dp_schedule, embed, local_train, local_train_private
 
+#: Where a FedSC site keeps its run's state (:class:`FedSCGuard`'s ``run``) in Flower's context.
+RUN_STATE = "dpsc-fedsc-run"
+
 
 def _ssl_config(s: dict[str, Any]) -> SSLConfig:
     return SSLConfig(
@@ -192,8 +195,22 @@ class FedSCSite:
         self.base, self.site_settings = base, site_settings
 
     def guard(self, context, n_cells: int) -> FedSCGuard:
-        """Return the site's checks, from its own settings (never from the run configuration)."""
-        return FedSCGuard(site_settings_from(dict(context.node_config), self.site_settings), n_cells)
+        """Return the site's checks, from its own settings (never from the run configuration).
+
+        The run's state (what it accepted, served and booked) is kept by Flower for this run at this
+        site (``context.state``), so every message is checked against the whole run.
+        """
+        settings = site_settings_from(dict(context.node_config), self.site_settings)
+        records = context.state.config_records
+        run = json.loads(records[RUN_STATE]["json"]) if RUN_STATE in records else {}
+        return FedSCGuard(settings, n_cells, run)
+
+    @staticmethod
+    def keep(guard: FedSCGuard, context) -> None:
+        """Store the run's state of ``guard`` for the next message (after what it served and booked)."""
+        from flwr.app import ConfigRecord
+
+        context.state.config_records[RUN_STATE] = ConfigRecord({"json": json.dumps(guard.run)})
 
     def raw_cells(self, s: dict, context) -> np.ndarray:
         """Return the site's represented cells: from its settings in memory, or ``data-dir``."""
@@ -234,17 +251,18 @@ class FedSCSite:
             return Message(content=RecordDict({}), reply_to=msg)
         if task != "kmeans":
             raise SiteRefusal(f"Unknown request {task!r}; nothing was sent.")
-        sigma = float(context.state["dp"]["kmeans-sigma"]) if "dp" in context.state else 0.0
-        total = int(context.state["dp"]["steps"]) if "dp" in context.state else 0
         assignment = Assignment(str(config["assignment"]), extra["matrix"].numpy())
-        vector = guard.kmeans_table(points, assignment, sigma, int(config["index"]), total)
+        try:
+            vector = guard.kmeans_table(points, assignment, int(config["index"]), int(s["n-clusters"]))
+        finally:
+            self.keep(guard, context)
         return Message(
             content=RecordDict({"table": ArrayRecord({"vector": torch.as_tensor(vector)})}), reply_to=msg
         )
 
     def train(self, msg, context):
         """One round of local training from the global model (the ClientApp's ``train``)."""
-        from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+        from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 
         torch.set_num_threads(1)
         s = run_settings("fedsc", self.base, dict(context.run_config))
@@ -258,21 +276,24 @@ class FedSCSite:
         metrics = {"mu": mu, "num-examples": int(X.shape[0])}
         guard = self.guard(context, X.shape[0])
         q, per_epoch = dp_schedule(X.shape[0], int(s["batch-size"]))
-        total = int(s["rounds"]) * int(s["local-epochs"]) * per_epoch
-        if "dp" not in context.state:  # the site's own checks, once per run
-            sigma, kmeans_sigma = guard.check_run(s, pid, q, total)
-            context.state["dp"] = ConfigRecord({"sigma": sigma, "kmeans-sigma": kmeans_sigma, "steps": total})
-        sigma = float(context.state["dp"]["sigma"])
+        guard.start(s, pid, q, per_epoch)  # the site's own checks of the run, at its first round
+        guard.check_round(server_round, epochs)
+        sigma, total = float(guard.run["sigma"]), int(guard.run["steps"])
         if sigma > 0:
             dp = ClientDP(sigma, float(s["max-grad-norm"]), str(s["dp-optimizer"]), float(s["dp-lr"]))
             steps = epochs * per_epoch
-            guard.book([(sigma, q, steps)], f"round {server_round}", steps / (total + KMEANS_STEPS))
+            try:
+                guard.book([(sigma, q, steps)], f"round {server_round}", steps / (total + KMEANS_STEPS))
+            finally:
+                self.keep(guard, context)
             # no loss in the reply: under DP it would be an un-noised statistic of the site's cells
             metrics["dp-steps"] = local_train_private(
                 net, X, epochs, seed, dp, noise_seed=guard.settings.noise_seed
             )
         else:
             metrics["loss"] = local_train(net, X, epochs, random_state=seed)
+        guard.run["served"] = server_round
+        self.keep(guard, context)
         context.state["local"] = ArrayRecord(net.state_dict())
         reply = RecordDict({"arrays": ArrayRecord(net.shared_state()), "metrics": MetricRecord(metrics)})
         return Message(content=reply, reply_to=msg)

@@ -9,8 +9,10 @@ this site's processes hold) and, for each:
 
 1. compares the bundle the server submitted with the site's own bundle, file by file
    (:func:`bundle_fingerprint`: the sha256 of each file's content, the bundle's ``pyproject.toml``
-   compared as parsed TOML); a bundle that differs (another app, another dpsc version, one added
-   file) is refused before any of it is read as code, with both fingerprints in the message;
+   compared as parsed TOML; one file holds the sha256 of every file of the server's installed dpsc,
+   :func:`code_fingerprint`); a bundle that differs (another app, another dpsc version or code,
+   one added file) is refused before any of it is read as code, with both fingerprints in the
+   message;
 2. answers the message with :data:`dpsc.federated.pipeline_app.client_app` **as imported from this
    site's own installation**: the bundle is never unpacked to disk, installed or imported, so even
    a bundle that passed step 1 runs no code of its own.
@@ -27,6 +29,7 @@ does not use it and refuses every other mode of running server code.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import io
 import json
@@ -45,6 +48,8 @@ client_app = apps.client_app
 """
 #: The bundle's name (``[project].name``); its version is dpsc's.
 APP_NAME = "dpsc-federation"
+#: The bundle's file that holds the sha256 of the installed dpsc package (:func:`code_fingerprint`).
+CODE_FILE = "dpsc_code.json"
 #: A bundle larger than this is refused unread (dpsc's own is a few kB).
 MAX_BUNDLE_BYTES = 1 << 20
 #: Tries of one call to the SuperNode while a task is served (the SuperNode is on the same machine).
@@ -84,11 +89,40 @@ def app_files(config: dict[str, Any]) -> dict[str, bytes]:
             "[tool.flwr.app.config]\n" + "".join(f"{k} = {toml_value(v)}\n" for k, v in config.items()),
         ]
     )
-    return {"dpsc_app.py": APP_MODULE.encode(), "pyproject.toml": pyproject.encode()}
+    return {
+        "dpsc_app.py": APP_MODULE.encode(),
+        "pyproject.toml": pyproject.encode(),
+        CODE_FILE: json.dumps({"dpsc_sha256": code_fingerprint()}).encode(),
+    }
+
+
+@functools.cache
+def code_fingerprint(root: Path | None = None) -> str:
+    """Return the sha256 of every file of the installed dpsc package (its paths and contents).
+
+    The code that will run, not only its version: two installations whose dpsc differs in any file
+    (an edited module, a patched release of the same version) give different values. Compiled
+    caches (``__pycache__``) are left out: they follow from the files. ``root``: the package's
+    folder (default: the ``dpsc`` this process imports).
+    """
+    import dpsc
+
+    root = Path(dpsc.__file__).resolve().parent if root is None else Path(root)
+    digest = hashlib.sha256()
+    for path in sorted(p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0")
+        digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()
 
 
 def app_fingerprint() -> str:
-    """Return the fingerprint of this installation's Flower app, as both ends print it (16 hex digits)."""
+    """Return the fingerprint of this installation's Flower app, as both ends print it (16 hex digits).
+
+    It covers the app's files and :func:`code_fingerprint` (every file of the installed dpsc), so
+    equal fingerprints mean both ends run the same dpsc code. It is a check between honest parties:
+    a hostile server can print any value, and a site's safety never rests on it (a site runs only
+    its own code and checks every request, :mod:`._site`).
+    """
     from ._run_config import PIPELINE
 
     return bundle_fingerprint(app_files(PIPELINE))[:16]
@@ -151,6 +185,11 @@ def check_bundle(content: bytes, own: dict[str, bytes]) -> str:
     if fingerprint == expected:
         return fingerprint
     version = ""
+    if theirs.get(CODE_FILE) != own[CODE_FILE]:
+        version = (
+            " The server's installed dpsc code is not this site's (code fingerprint "
+            f"{_code_of(theirs)[:16]}, this site's {_code_of(own)[:16]}): both must install the same dpsc."
+        )
     with contextlib.suppress(Exception):
         project = tomllib.loads(theirs["pyproject.toml"].decode())["project"]
         if project.get("name") == APP_NAME and project.get("version") != __version__:
@@ -163,6 +202,13 @@ def check_bundle(content: bytes, own: dict[str, bytes]) -> str:
         f"{fingerprint[:16]}, this site's {expected[:16]}); nothing of it ran and no cell was read."
         f"{version}"
     )
+
+
+def _code_of(files: dict[str, bytes]) -> str:
+    """Return the code fingerprint a bundle states (``"none"`` when it states none readably)."""
+    with contextlib.suppress(Exception):
+        return str(json.loads(files[CODE_FILE])["dpsc_sha256"])
+    return "none"
 
 
 class OwnAppRunner:

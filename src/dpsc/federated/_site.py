@@ -10,7 +10,8 @@ request with the integer lattice vector of its own sum plus its share of the noi
 
 * a run without noise, when the site is configured with an ε, and any release of a private run
   with a noise multiplier of 0 or below what the site's own (ε, δ) calls for (the site calibrates
-  the same public plan with its own numbers);
+  the same public plan with its own numbers; a gated plan must be the shape its own planner makes,
+  and every release of **each** branch the count may choose is checked before the first release);
 * anything but the plan's schedule (:meth:`~dpsc.methods._clustering.ClusterPlan.schedule`): each
   release is served once, in order, with the kind, σ and sizes the schedule fixes; a release
   served before, a skipped or reordered one, one past the schedule, or a change of the plan or of
@@ -25,7 +26,10 @@ request with the integer lattice vector of its own sum plus its share of the noi
   server) is above the site's ``max_fallback_epsilon``, or a secure-mode request that did not arrive
   through SecAgg+ (the share it would send is not enough noise on its own);
 * a run, or a release, that would take its ledger past its budget (:func:`~._trust.resolve_budget`:
-  one run's ε unless a budget is set), or past ``max_rounds``;
+  one run's ε unless a budget is set), or past ``max_rounds``; and, whatever the plan said, a
+  release that would take the run's own bookings past the site's ε for one run (or, in secure mode,
+  its fallback cap for one run): a second line that holds even if a plan check had a hole
+  (:func:`~._trust.run_cap_refusal`);
 * a run on a public reference whose fingerprint is not that of the site's own copy (or when the
   site has none), and a request whose public basis is not the one the site computes from its own
   copy (:meth:`Site.public_basis`);
@@ -99,6 +103,7 @@ from ._trust import (
     fallback_history,
     ledger_fallback_epsilon,
     resolve_budget,
+    run_cap_refusal,
 )
 
 MODES = ("secure", "plain")
@@ -376,21 +381,32 @@ class Site:
                 n_genes=plan.n_genes,
                 markers=plan.markers,
                 public_basis=basis,
-                public_start=plan.kmeans["n_sketch_steps"] == 0,  # a public start: no sketch release
-                gated=plan.gated,  # the count that chooses the start: both branches checked below
+                # a public start: no sketch release; a gated plan is its type start's branch
+                public_start=plan.gated or plan.kmeans["n_sketch_steps"] == 0,
+                gated=plan.gated,  # the count that chooses the start: every branch checked below
             )
         except ValueError as err:
             raise SiteRefusal(f"Malformed plan from the server ({err}); nothing was sent.") from None
-        if plan.n_genes != own.n_genes or plan.n_comps != own.n_comps or plan.kmeans != own.kmeans:
+        if plan.n_genes != own.n_genes or plan.n_comps != own.n_comps:
             raise SiteRefusal(
                 f"Malformed plan from the server: {plan.n_comps} components where a plan of {plan.n_genes} "
                 f"genes has {own.n_comps}; nothing was sent."
             )
-        branches = [(plan, own)]
-        if plan.gated:  # the sketch branch the count may choose: the server's and this site's own
-            branches.append((plan.branch("sketch"), own.branch("sketch")))
+        if plan.kmeans != own.kmeans:
+            raise SiteRefusal(
+                "Malformed plan from the server: its k-means settings are not those this site's own "
+                f"planner makes for {'a gated plan (the type start)' if plan.gated else 'this start'}; "
+                "nothing was sent."
+            )
+        # every release of every branch the run may follow, at least at this site's own σ of it
+        pairs = [(plan.branch(b), own.branch(b)) for b in BRANCHES] if plan.gated else [(plan, own)]
+        if any(theirs.kinds != mine.kinds for theirs, mine in pairs):
+            raise SiteRefusal(
+                "Malformed plan from the server: its releases are not those of this site's own plan; "
+                "nothing was sent."
+            )
         for release, needed in (
-            (release, mine.sigmas[release.kind]) for theirs, mine in branches for release in theirs.schedule()
+            (release, mine.sigmas[release.kind]) for theirs, mine in pairs for release in theirs.schedule()
         ):
             if not release.sigma > 0 or release.sigma < needed * (1 - 1e-9):
                 asked = plan.spent()  # None: a release without noise, an unbounded ε
@@ -479,10 +495,9 @@ class Site:
         reads the message, the settings and the ledger only, and happens before any cell is read.
         """
         run_state = {} if run_state is None else run_state
-        # a ledger in memory is one copy per worker process: the run's bookings travel with its state
-        booked = run_state.setdefault("booked", []) if isinstance(self.ledger, MemoryLedger) else None
-        if booked:  # this run's bookings made by other worker processes of the simulation
-            self.ledger.adopt(booked)
+        booked = run_state.setdefault("booked", [])  # this run's lines: its per-run caps compose them
+        if booked and isinstance(self.ledger, MemoryLedger):  # one copy per worker process: adopt
+            self.ledger.adopt(booked)  # this run's bookings made by other worker processes
         signature = run_signature(plan, mode, threshold, n_sites, reference)
         if run_state.get("signature", signature) != signature:
             raise SiteRefusal(
@@ -525,8 +540,8 @@ class Site:
         _check_bound(vector, spec, self.n_obs)
         if plan.epsilon is not None:
             vector = vector + self._noise(spec, request, threshold if mode == "secure" else 1, n_sites)
-        line = self._book(plan, request, mode, threshold, n_sites)
-        if booked is not None and line is not None:
+        line = self._book(plan, request, mode, threshold, n_sites, booked)
+        if line is not None:
             booked.append(plain_entry(line))
         run_state["served"] = served + 1
         return vector
@@ -570,10 +585,19 @@ class Site:
         return np.floor_divide(central, n_sites) + (np.mod(central, n_sites) > k)
 
     def _book(
-        self, plan: ClusterPlan, request: Request, mode: str, threshold: int, n_sites: int
+        self,
+        plan: ClusterPlan,
+        request: Request,
+        mode: str,
+        threshold: int,
+        n_sites: int,
+        run_lines: list[dict[str, Any]],
     ) -> dict[str, Any] | None:
-        """Append this release to the ledger, atomically and checked against the budget, before it is sent.
+        """Append this release to the ledger, atomically and checked against the caps, before it is sent.
 
+        Two lines of defence: the run's lines so far (``run_lines``) with this one must stay within
+        the site's ε for one run (and, in secure mode, its fallback cap for one run), whatever the
+        plan said (:func:`~._trust.run_cap_refusal`); and the ledger within its total budget.
         Returns the ledger line booked (``None`` for a run without noise, which books nothing).
         """
         if plan.epsilon is None:
@@ -593,8 +617,15 @@ class Site:
         )
         line = ledger_entry(record, f"release {request.index}: {request.kind}", "sent")
         line["fallback_history"] = fallback_history(request.sigma, threshold if mode == "secure" else 1)
+        fallback_cap = fallback_caps(self.settings, self.budget)[0] if mode == "secure" else None
+        over = run_cap_refusal(run_lines, plain_entry(line), self.delta, self.settings.epsilon, fallback_cap)
+        if over is not None:
+            raise SiteRefusal(
+                f"This site refuses release {request.index} ({request.kind}): {over}. Nothing was sent."
+            )
+        pending = plan.delta - sum(float(entry["delta"]) for entry in [*run_lines, line])
         try:
-            self.ledger.reserve(line, cap=self._budget())
+            self.ledger.reserve(line, cap=self._budget(), pending_delta=pending)
         except BudgetExceededError:
             raise SiteRefusal(self._budget_message(epsilon, "release")) from None
         return line

@@ -17,6 +17,11 @@ its noise multiplier at that fallback (``fallback_history``; a plain release's i
 fallback ε composes over every run of the ledger file (:func:`ledger_fallback_epsilon`), and a
 site caps that total with ``max_fallback_epsilon`` (default: twice its ε for one run, twice its
 budget in total).
+
+**One run's cap, booking by booking.** Before it serves, a site checks the whole run against
+these caps. Each booking is checked again against the same per-run caps, composed over the lines
+this run has booked so far (:func:`run_cap_refusal`): a second line of defence that holds even if a
+plan check had a hole, since what a run books is what it sent.
 """
 
 from __future__ import annotations
@@ -123,3 +128,37 @@ def ledger_fallback_epsilon(
         history += [tuple(float(v) for v in row) for row in rows]
     delta = float(planned_delta) + sum(float(e.get("delta", 0.0)) for e in entries)
     return history_epsilon(history, min(delta, 0.5))
+
+
+def run_cap_refusal(
+    run_lines: list[dict],
+    line: dict,
+    delta: float,
+    epsilon_cap: float | None,
+    fallback_cap: float | None = None,
+) -> str | None:
+    """Return why booking ``line`` would take this run past its own caps (``None``: within them).
+
+    ``run_lines`` are the ledger lines this run has booked. The run's releases so far and ``line``
+    are composed at the run's δ (``delta``: the site's own, which a plan's δ never exceeds; Opacus
+    RDP), so a run that follows a plan calibrated to (ε, δ) never trips it, and one whose σ are
+    too small does at its first booking past the cap: ``epsilon_cap`` the site's ε for one run
+    (``None``: no cap), ``fallback_cap`` its fallback ε for one run in secure mode (``None``: plain).
+    """
+    from ..privacy import history_epsilon
+
+    lines = [*run_lines, line]
+    caps = (("history", epsilon_cap, "epsilon", "--epsilon, or epsilon in its settings file"),)
+    if fallback_cap is not None:
+        caps += (("fallback_history", fallback_cap, "fallback epsilon", "--max-fallback-epsilon"),)
+    for field, cap, words, flag in caps:
+        if cap is None:
+            continue
+        history = [tuple(float(v) for v in row) for entry in lines for row in entry[field]]
+        spent = history_epsilon(history, delta) if all(h[0] > 0 for h in history) else math.inf
+        if not spent <= float(cap) * (1 + 1e-6):
+            return (
+                f"this run's {words} would be {spent:.3g} with it, above the {float(cap):.3g} this site "
+                f"allows for one run ({flag})"
+            )
+    return None

@@ -30,7 +30,7 @@ from ..methods import (
 )
 from ..module import DEFAULT_LATENT_SCALE, DCANModule, clean_input
 from ..privacy import PrivacyRecord, broadcast_from_rank_zero, dp_cluster_frequency
-from ..train import DCANTrainingPlan, FitProgress, PoissonDataSplitter, quiet_training_logs
+from ..train import DCANTrainingPlan, FitProgress, PoissonDataSplitter, as_tensor, quiet_training_logs
 from ._dcan_privacy import (
     FitPlan,
     PlannedTraining,
@@ -684,7 +684,7 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
         partition = getattr(self, "partition_centroids_", None)
         start = 0
         for tensors in loader:
-            x = tensors[REGISTRY_KEYS.X_KEY]
+            x = as_tensor(tensors[REGISTRY_KEYS.X_KEY])
             out = self.module.inference(x)
             stop = start + out["z"].shape[0]
             z[start:stop] = out["z"].cpu().numpy()

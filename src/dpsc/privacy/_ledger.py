@@ -219,12 +219,21 @@ class FileLedger:
         with self._locked() as state:
             state["budget"] = budget
 
-    def reserve(self, entry: dict[str, Any], cap: dict[str, float] | None = None) -> str:
-        """Check ``entry`` against the budget (and ``cap``, if given), book it atomically; return its id."""
+    def reserve(
+        self, entry: dict[str, Any], cap: dict[str, float] | None = None, pending_delta: float = 0.0
+    ) -> str:
+        """Check ``entry`` against the budget (and ``cap``, if given), book it atomically; return its id.
+
+        ``pending_delta``: the δ that the rest of the run ``entry`` belongs to will book (a site books a
+        run release by release, each with its share of the run's δ). The budget is checked at the δ
+        the ledger will hold once the run is whole, so a partial run is judged as the run it is part
+        of (at a smaller δ the same releases compose to a larger ε); ``entry`` is booked with its own δ.
+        """
+        checked = {**entry, "delta": float(entry["delta"]) + max(float(pending_delta), 0.0)}
         with self._locked() as state:
             entries = [state["entries"][k] for k in sorted(state["entries"])]
-            check_within_budget(entries, entry, state["budget"])
-            check_within_budget(entries, entry, cap)
+            check_within_budget(entries, checked, state["budget"])
+            check_within_budget(entries, checked, cap)
             key = _next_key(state["entries"])
             state["entries"][key] = plain_entry(entry)
         return key

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
+import scipy.sparse as sp
 import torch
 from lightning.pytorch import LightningDataModule
 from scvi import REGISTRY_KEYS
@@ -71,4 +72,11 @@ class PoissonDataSplitter(LightningDataModule):
 
 
 def _collate(batch: dict) -> dict[str, torch.Tensor]:
-    return {k: torch.as_tensor(v) for k, v in batch.items()}
+    return {k: as_tensor(v) for k, v in batch.items()}
+
+
+def as_tensor(values) -> torch.Tensor:
+    """Return a batch's array as a tensor (a sparse block, such as a Dask chunk of CSR rows, densified)."""
+    if isinstance(values, torch.Tensor):
+        return values
+    return torch.as_tensor(values.toarray() if sp.issparse(values) else np.asarray(values))

@@ -1,0 +1,179 @@
+"""FedSC's site against a hostile server: schedule, σ, the run's own ε and replay, one attack each.
+
+A fake server drives the site's guard (:class:`dpsc.federated._fedsc_site.FedSCGuard`) as the Flower
+handlers do: the run is checked at its first round, every training round and k-means release must be
+the next of the run's schedule, and every booking stays within the site's ε for one run. After each
+refusal nothing more was booked, and the ledger stays within the site's ε for the run.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from dpsc.federated._fedsc_site import KMEANS_STEPS, FedSCGuard, fedsc_plan, kmeans_schedule
+from dpsc.federated._settings import SiteSettings
+from dpsc.federated._site import SiteRefusal
+from dpsc.federated._ssl import dp_schedule
+from dpsc.methods._kmeans import Assignment
+from dpsc.privacy import compose, history_epsilon
+
+N_CELLS, BATCH, ROUNDS, D, K = 200, 64, 3, 8, 4
+
+
+def honest_run(epsilon: float = 8.0) -> dict:
+    """The run configuration an honest server sends, with the noise a site of ε calibrates."""
+    q, per_epoch = dp_schedule(N_CELLS, BATCH)
+    plan = fedsc_plan(epsilon, 1e-5, q, ROUNDS * per_epoch)
+    return {
+        "rounds": ROUNDS,
+        "local-epochs": 1,
+        "noise-multipliers": json.dumps([plan.sigma("training")]),
+        "kmeans-noise-multipliers": json.dumps([plan.sigma("kmeans")]),
+        "noise-seed": -1,
+    }
+
+
+class FakeSite:
+    """The site's side as the Flower handlers run it: a guard per message, the run's state kept."""
+
+    def __init__(self, tmp_path, run: dict, budget: float = 100.0) -> None:
+        self.settings = SiteSettings(
+            data=str(tmp_path / "cells.npy"), ledger=str(tmp_path / "ledger.json"), budget=budget, delta=1e-5
+        )
+        self.config, self.state = run, {}
+        self.q, self.per_epoch = dp_schedule(N_CELLS, BATCH)
+
+    def guard(self) -> FedSCGuard:
+        return FedSCGuard(self.settings, N_CELLS, json.loads(json.dumps(self.state)))
+
+    def train(self, server_round: int, local_epochs: int = 1) -> None:
+        guard = self.guard()
+        guard.start(self.config, 0, self.q, self.per_epoch)
+        guard.check_round(server_round, local_epochs)
+        steps, total = local_epochs * self.per_epoch, int(guard.run["steps"])
+        sigma = float(guard.run["sigma"])
+        try:
+            guard.book([(sigma, self.q, steps)], f"round {server_round}", steps / (total + KMEANS_STEPS))
+        finally:
+            self.state = guard.run
+        guard.run["served"] = server_round
+        self.state = guard.run
+
+    def kmeans(self, index: int, kind: str | None = None, shape: tuple | None = None) -> np.ndarray:
+        guard = self.guard()
+        schedule = kmeans_schedule(K, D)
+        kind = kind or schedule[min(index, len(schedule) - 1)][0]
+        shape = shape or schedule[min(index, len(schedule) - 1)][1]
+        matrix = np.random.default_rng(index).normal(size=shape)
+        points = np.random.default_rng(0).normal(size=(N_CELLS, D)).astype(np.float32)
+        try:
+            return guard.kmeans_table(points, Assignment(kind, matrix), index, K)
+        finally:
+            self.state = guard.run
+
+    def entries(self) -> list[dict]:
+        from dpsc.privacy import FileLedger
+
+        return FileLedger(self.settings.ledger).entries()
+
+    def refuses(self, call, *args, match: str, **kwargs) -> None:
+        before = self.entries()
+        with pytest.raises(SiteRefusal, match=match):
+            call(*args, **kwargs)
+        assert self.entries() == before  # a refusal books nothing
+        assert run_epsilon(self.entries()) <= 8.0 * (1 + 1e-6)
+
+
+def run_epsilon(entries: list[dict]) -> float:
+    """ε of a run's booked releases at the run's δ (the site's 1e-5; a partial run is a part of it)."""
+    history = [tuple(row) for entry in entries for row in entry["history"]]
+    return history_epsilon(history, 1e-5) if history else 0.0
+
+
+def serve_honestly(site: FakeSite) -> None:
+    for server_round in range(1, ROUNDS + 1):
+        site.train(server_round)
+    for index in range(KMEANS_STEPS):
+        site.kmeans(index)
+
+
+@pytest.mark.parametrize("budget", [None, 100.0])
+def test_an_honest_run_is_served_whole_within_the_sites_epsilon(tmp_path, budget):
+    """Also with the default budget (one run's ε): a partial run is judged at the whole run's δ."""
+    site = FakeSite(tmp_path, honest_run(), budget=budget)
+    serve_honestly(site)
+    assert [e["key"] for e in site.entries()] == [
+        *(f"round {r}" for r in range(1, ROUNDS + 1)),
+        *(f"k-means release {i}" for i in range(KMEANS_STEPS)),
+    ]
+    assert compose(site.entries()).epsilon <= 8.0 * (1 + 1e-6)
+
+
+def test_a_training_round_is_served_once_in_order_and_never_past_the_run(tmp_path):
+    """Attack: replay round 1, skip to round 3, ask for a round past the run's last."""
+    site = FakeSite(tmp_path, honest_run())
+    site.train(1)
+    site.refuses(site.train, 1, match="round 1; this site has served 1")
+    site.refuses(site.train, 3, match="round 3; this site has served 1")
+    site.train(2)
+    site.train(3)
+    site.refuses(site.train, 4, match="served 3 of the run's 3 rounds")
+
+
+def test_a_round_of_more_local_epochs_than_planned_is_refused(tmp_path):
+    """Attack: the message asks for 50 local epochs in a run planned with 1 (50 × the steps)."""
+    site = FakeSite(tmp_path, honest_run())
+    site.refuses(site.train, 1, 50, match="50 local epochs")
+
+
+def test_noise_below_the_sites_own_calibration_or_a_server_seed_is_refused(tmp_path):
+    """Attack: the server's σ for training or for the k-means below the site's own; a noise seed."""
+    run = honest_run()
+    for key in ("noise-multipliers", "kmeans-noise-multipliers"):
+        low = {**run, key: json.dumps([json.loads(run[key])[0] * 0.5])}
+        site = FakeSite(tmp_path / key, low)
+        site.refuses(site.train, 1, match="below this site's own calibration")
+    site = FakeSite(tmp_path / "seed", {**run, "noise-seed": 7})
+    site.refuses(site.train, 1, match="noise seed")
+
+
+def test_a_kmeans_release_is_served_once_in_order_after_training_with_its_planned_shape(tmp_path):
+    """Attacks: a table before training ends, a replayed or skipped index, one past the schedule, a
+    table of another kind or of more rows than the plan's, values that are not finite."""
+    site = FakeSite(tmp_path, honest_run())
+    site.train(1)
+    site.refuses(site.kmeans, 0, match="before the run's training rounds were all served")
+    site.train(2)
+    site.train(3)
+    site.kmeans(0)
+    site.refuses(site.kmeans, 0, match="k-means release 0; the next")
+    site.refuses(site.kmeans, 2, match="k-means release 2; the next")
+    site.refuses(site.kmeans, 1, kind="sketch", match="Malformed k-means request")
+    rows, width = kmeans_schedule(K, D)[1][1]
+    site.refuses(site.kmeans, 1, shape=(rows * 100, width), match="Malformed k-means request")
+    for index in range(1, KMEANS_STEPS):
+        site.kmeans(index)
+    site.refuses(site.kmeans, KMEANS_STEPS, match=f"release {KMEANS_STEPS}; the next")
+
+
+def test_the_run_never_books_past_the_sites_epsilon_even_through_a_hole_in_the_plan_check(
+    tmp_path, monkeypatch
+):
+    """The second line: with the σ check disabled (a hole) and a budget of 100, a run whose noise is
+    a tenth of the site's own is refused at its first booking past the site's ε for one run."""
+    run = honest_run()
+    tenth = {**run, "noise-multipliers": json.dumps([json.loads(run["noise-multipliers"])[0] / 10])}
+    monkeypatch.setattr(
+        FedSCGuard,
+        "check_run",
+        lambda self, run, partition, q, steps: (
+            json.loads(run["noise-multipliers"])[0],
+            json.loads(run["kmeans-noise-multipliers"])[0],
+        ),
+    )
+    site = FakeSite(tmp_path, tenth)
+    site.refuses(site.train, 1, match="for one run")
+    assert site.entries() == []
