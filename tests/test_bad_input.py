@@ -84,14 +84,17 @@ def test_bad_input_fails_fast_and_leaves_adata_alone(small_adata, case):
     assert_unchanged(adata, snap)
 
 
-def test_dp_fit_reads_bad_values_per_cell(small_adata, tiny_fit):
-    """Under DP, non-integer and negative values read per cell (as 0), without a refusal.
-
-    Non-finite values are refused up front: the caller holds the cells, so that local check is not
-    a release and books nothing (docs/privacy.md; a federated site reads them as 0 instead).
-    """
+def test_dp_fit_refuses_values_that_are_not_counts_before_booking(small_adata, tiny_fit):
+    """Non-integer, negative and non-finite values are refused up front, with the fix: the caller holds
+    the cells, so that local check is not a release and books nothing (docs/privacy.md; a federated
+    site reads such cells as 0 instead). Empty cells and genes read per cell."""
     fresh = small_adata.copy()
-    adata = _zero_col(_zero_row(_set(_set(small_adata, 0.5), -1.0, (1, 1))))
+    for value, where in ((0.5, (0, 0)), (-1.0, (1, 1))):
+        adata = _set(fresh.copy(), value, where)
+        with pytest.raises(ValueError, match=r"non-integer values.*likelihood='gaussian'.*Nothing was spent"):
+            dpsc.tl.fit(adata, epsilon=8.0, **tiny_fit)
+        assert dpsc.privacy.spent(adata).epsilon == 0.0 and "X_dpdcan" not in adata.obsm
+    adata = _zero_col(_zero_row(fresh.copy()))
     with pytest.warns(UserWarning):  # 300 cells are few at epsilon = 8
         dpsc.tl.fit(adata, epsilon=8.0, **tiny_fit)
     assert np.isfinite(adata.obsm["X_dpdcan"]).all()
@@ -113,6 +116,31 @@ def test_log_normalised_input_is_refused_from_public_metadata(small_adata):
         with pytest.raises(ValueError, match="log"):
             call()
     assert "dpsc" not in adata.uns
+
+
+def test_log_data_without_metadata_is_refused_before_booking_with_the_fix(small_adata):
+    """X log-normalised by another tool (no uns['log1p']): every path that reads counts refuses it,
+    names the fix, books nothing and leaves the AnnData untouched."""
+    import scanpy as sc
+
+    logged = small_adata.copy()
+    logged.layers["counts"] = logged.X.copy()
+    sc.pp.normalize_total(logged)
+    sc.pp.log1p(logged)
+    del logged.uns["log1p"]  # another tool's log data carries no scanpy metadata
+    before = logged.copy()
+    for call in (
+        lambda a: dpsc.tl.cluster(a, 3, epsilon=8.0),
+        lambda a: dpsc.tl.rank_genes_groups(a, "cell_type", epsilon=2.0),
+        lambda a: dpsc.pp.pca(a, epsilon=4.0),
+        lambda a: dpsc.pp.highly_variable_genes(a, 50, epsilon=1.0),
+        lambda a: dpsc.tl.fit(a, epsilon=8.0, n_clusters=3),
+    ):
+        with pytest.raises(ValueError, match=r"non-integer values .*layer='counts'.*Nothing was spent"):
+            call(logged)
+        assert "dpsc" not in logged.uns and dpsc.privacy.spent(logged).epsilon == 0.0
+    assert (logged.X != before.X).nnz == 0 and set(logged.obs) == set(before.obs)
+    dpsc.pp.pca(logged, epsilon=4.0, log_normalize=False)  # transformed data where the tool takes it
 
 
 def test_error_messages_name_the_fix(small_adata):

@@ -139,11 +139,12 @@ def test_budget_and_bad_input_leave_adata_unchanged():
     with pytest.raises(ValueError, match="n_genes"):
         dpsc.pp.pca(adata, n_comps=10, epsilon=0.5, n_genes=5)
     assert set(adata.obsm) == set(before.obsm) and set(adata.uns["dpsc"]) == {"budget"}
-    # no check reads the cells under DP: negative counts read as 0 (here every cell is then empty)
+    # values that are not counts are refused before booking (a local check of the caller's cells)
     bad = blobs()
     bad.X = -bad.X
-    dpsc.pp.pca(bad, n_comps=3, epsilon=0.5)
-    assert np.all(bad.obsm["X_pca"] == 0)
+    with pytest.raises(ValueError, match=r"negative or non-integer values.*log_normalize=False"):
+        dpsc.pp.pca(bad, n_comps=3, epsilon=0.5)
+    assert "X_pca" not in bad.obsm and dpsc.privacy.spent(bad).epsilon == 0.0
 
 
 def test_a_unit_residual_moves_the_release_by_at_most_one_whatever_directions_the_server_sends():

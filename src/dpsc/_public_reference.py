@@ -109,7 +109,7 @@ def read_reference(
     genes with ``adata`` (another naming or species), or lacks ``reference_key``; warns for a type
     with fewer than :data:`MIN_TYPE_CELLS` cells. Reads the reference and ``adata.var_names`` only.
     """
-    name = "AnnData"
+    name = None
     if isinstance(reference, str | os.PathLike):
         name = os.fspath(reference)
         if not os.path.exists(name):
@@ -119,6 +119,8 @@ def read_reference(
         raise TypeError(
             f"{tool}: reference must be an AnnData or an .h5ad path, got {type(reference).__name__}."
         )
+    if name is None:  # an AnnData in memory: named by its shape (its fingerprint identifies it)
+        name = f"an in-memory AnnData of {reference.n_obs} cells × {reference.n_vars} genes"
     counts = reference.X
     _check_reference_counts(reference, counts, tool)
     reference_genes, private_genes = _shared_genes(reference.var_names, adata.var_names, tool)

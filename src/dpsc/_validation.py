@@ -53,13 +53,17 @@ def check_public_counts(
         )
 
 
-def check_cells(adata: ad.AnnData, matrix: Any, tool: str) -> None:
-    """Refuse non-finite values and warn on duplicate gene names, before any release (central calls).
+def check_cells(
+    adata: ad.AnnData, matrix: Any, tool: str, counts: bool = True, fix: str | None = None
+) -> None:
+    """Refuse non-finite values, and non-counts where counts are read; warn on duplicate gene names.
 
-    The caller holds these cells: a check that reads them and raises here is not a release
-    (nothing leaves the process, nothing is booked; ``docs/privacy.md``). A federated site never
-    runs it: there a refusal the server sees may not depend on the cells, and a non-finite cell
-    contributes zero instead.
+    Before any release (central calls). The caller holds these cells: a check that reads them and
+    raises here is not a release (nothing leaves the process, nothing is booked;
+    ``docs/privacy.md``). A federated site never runs it: there a refusal the server sees may not
+    depend on the cells, and a non-finite cell contributes zero instead. ``counts``: the tool reads
+    raw counts, so negative or non-integer values (log-normalised or scaled data that carries no
+    ``uns["log1p"]``) are refused with the fix (``fix``: the option for transformed data, if any).
     """
     duplicated = adata.var_names[adata.var_names.duplicated()]
     if len(duplicated):
@@ -74,8 +78,19 @@ def check_cells(adata: ad.AnnData, matrix: Any, tool: str) -> None:
     if bad:
         raise ValueError(
             f"{tool}: {bad} cells of the expression matrix hold NaN or infinite values; it needs raw counts. "
-            "Drop those cells first, e.g. adata = adata[np.isfinite(adata.X.toarray()).all(axis=1)].copy() "
-            "(use the layer you pass for layer=). Nothing was spent."
+            "Drop those cells first, e.g. adata = adata[np.isfinite(np.asarray(adata.X.sum(axis=1))).ravel()]"
+            ".copy() (use the layer you pass for layer=). Nothing was spent."
+        )
+    not_counts = int(blockwise_sum(matrix, _non_count_rows) or 0) if counts else 0
+    if not_counts:
+        layers = [name for name in adata.layers.keys() if "count" in str(name).lower()]
+        fixes = [f"layer={layers[0]!r}" if layers else "layer='counts' (if a layer holds them)"]
+        if adata.raw is not None:
+            fixes.append("adata.raw.to_adata() (if adata.raw holds them)")
+        raise ValueError(
+            f"{tool} needs raw counts, but {not_counts} cells of the expression matrix hold negative or "
+            "non-integer values (log-normalised or scaled data?). Pass the counts: "
+            f"{' or '.join(fixes)}{f', or {fix} for transformed data' if fix else ''}. Nothing was spent."
         )
 
 
@@ -85,6 +100,15 @@ def _non_finite_rows(block: Any) -> int:
         return 0
     dense = block.toarray() if sp.issparse(block) else np.asarray(block)
     return int((~np.isfinite(dense)).any(axis=1).sum())
+
+
+def _non_count_rows(block: Any) -> int:
+    """Count the cells of a block with a negative or non-integer value (NaN-free blocks)."""
+    values = _values(block)
+    if values.size == 0 or ((values >= 0) & (values == np.round(values))).all():
+        return 0
+    dense = block.toarray() if sp.issparse(block) else np.asarray(block)
+    return int(((dense < 0) | (dense != np.round(dense))).any(axis=1).sum())
 
 
 def _values(block: Any) -> np.ndarray:

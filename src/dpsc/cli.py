@@ -35,6 +35,7 @@ ARGUMENTS = (
     "reference_key",
     "reference_model",
     "reference",
+    "donor_key",
 )
 
 
@@ -167,6 +168,12 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
         default=None,
         help="obs column of the reference's cell types: the k-means starts from their means unless a "
         "released count finds most cells outside them; names the clusters.",
+    )
+    cluster.add_argument(
+        "--donor-key",
+        default=None,
+        help="obs column naming each cell's donor (patient): the ε is then per donor, with all of "
+        "their cells (default: per cell).",
     )
     cluster.add_argument(
         "--noise-seed",
@@ -411,9 +418,16 @@ def _summary(record: dict) -> str:
         record["guarantee"], record["guarantee"]
     )
     return (
-        f"Privacy: epsilon {record['epsilon']:.2f} at delta {record['delta']:.0e}, {kind}, per cell. "
+        f"Privacy: epsilon {record['epsilon']:.2f} at delta {record['delta']:.0e}, {kind}, {_per(record)}. "
         f"Covered: {record.get('covered', 'the released values')}. The full statement: --verbose."
     )
+
+
+def _per(record: dict) -> str:
+    """Return the record's unit of privacy in plain words: per cell, or per donor (obs['donor'])."""
+    if record.get("individual") == "donor":
+        return f"per donor (obs[{record.get('donor_key')!r}], each with all of their cells)"
+    return "per cell"
 
 
 def _score(adata, key: str | None, column: str) -> None:
@@ -456,6 +470,7 @@ def _cluster(args: argparse.Namespace) -> int:
             markers=args.markers,
             reference=args.reference,
             reference_key=args.reference_key,
+            donor_key=args.donor_key,
             noise_seed=args.noise_seed,
         )
     wall = time.perf_counter() - start

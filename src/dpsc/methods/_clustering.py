@@ -491,6 +491,22 @@ class ClusterPlan(PlanSettings):
             branch_sigmas=self.branch_sigmas,
         )
 
+    def kmeans_signal(self, n_individuals: float) -> tuple[int, float, float]:
+        r"""Return the k-means table's rows, the expected weight per row and its count's noise sd.
+
+        Each of the rows (k from a public start, else the :attr:`coreset_size` Lloyd centroids)
+        holds about :math:`n/\text{rows}` of the ``n_individuals`` (cells, or donors at the donor
+        unit, whose weights add up to 1 each); one release's count carries noise of sd
+        :math:`\sigma\Delta/(\kappa R) = \sigma\sqrt{1+\kappa^2}/\kappa`. A row whose expected
+        weight is below twice that sd is below the test a released count must pass to be in use
+        (:func:`~._kmeans.clusters_above_noise`): the result is then dominated by noise. Reads the
+        plan and a number only.
+        """
+        rows = self.n_clusters if self.start == "types" and self.public_basis else self.coreset_size
+        kappa = float(self.kmeans["count_scale"])
+        noise_sd = self.sigmas["kmeans"] * _kmeans.table_sensitivity(CLIP_NORM, kappa) / (kappa * CLIP_NORM)
+        return rows, float(n_individuals) / rows, float(noise_sd)
+
     @property
     def releases_in_words(self) -> str:
         """The plan's releases as a record states them: "1 discrete Gaussian release", "5 … releases"."""
@@ -901,13 +917,21 @@ class Request:
 
 
 def contribution(
-    request: Request, matrix: Any, count_scale: float = KMEANS_PLAN["count_scale"]
+    request: Request,
+    matrix: Any,
+    count_scale: float = KMEANS_PLAN["count_scale"],
+    weights: np.ndarray | None = None,
 ) -> np.ndarray:
     """Return the exact sum over the cells of ``matrix`` that ``request`` asks for (read in row blocks).
 
     On a Dask array the same sum is computed per chunk where the chunk lives and the partial sums
     added there (:func:`dpsc._blocks.blockwise_sum`): one implementation for every storage.
+    ``weights``: each cell's contribution weighted (the donor unit: :math:`1/m_d`, a donor's weights
+    add up to 1, so the release's per-cell bound Δ holds per donor; :func:`dpsc._blocks.weighted_sum`).
     """
+    if weights is not None:
+        one = functools.partial(contribution, request, count_scale=count_scale)
+        return _blocks.weighted_sum(one, matrix, weights)
     if _blocks.is_dask(matrix):
         return _blocks.blockwise_sum(
             matrix, functools.partial(contribution, request, count_scale=count_scale)
@@ -1184,14 +1208,20 @@ def _release_focused_markers(
     return columns, table, frame
 
 
-def central_release_sum(matrix: Any, noise, prefix: str = "tl.cluster") -> ReleaseSum:
-    """``release_sum`` over cells held in one place: the exact sum, plus the release's noise."""
+def central_release_sum(
+    matrix: Any, noise, prefix: str = "tl.cluster", weights: np.ndarray | None = None
+) -> ReleaseSum:
+    """``release_sum`` over cells held in one place: the exact sum, plus the release's noise.
+
+    ``weights``: each cell's weight in every sum (the donor unit, :func:`contribution`).
+    """
     n_vars = matrix.shape[1]
 
     def release(request: Request) -> np.ndarray:
         spec = request.release(n_vars)
         return spec.release(
-            contribution(request, matrix), noise.stream(f"{prefix}.{request.kind}", request.index)
+            contribution(request, matrix, weights=weights),
+            noise.stream(f"{prefix}.{request.kind}", request.index),
         )
 
     return release

@@ -74,7 +74,9 @@ def _check(adata, n_top_genes, epsilon, delta, layer, log_normalize, square_clip
     check_privacy_args(epsilon, delta, adata.n_obs)
     check_gene_selection(n_top_genes, adata.n_vars)
     check_public_counts(adata, layer, log_normalize, "dpsc.pp.highly_variable_genes", "log_normalize=False")
-    check_cells(adata, get_matrix(adata, layer), "dpsc.pp.highly_variable_genes")
+    check_cells(
+        adata, get_matrix(adata, layer), "dpsc.pp.highly_variable_genes", log_normalize, "log_normalize=False"
+    )
     if flavor not in FLAVORS:
         raise ValueError(f"flavor must be one of {FLAVORS}, got {flavor!r}.")
     if not 0 < square_clip <= 1:

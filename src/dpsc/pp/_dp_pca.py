@@ -55,7 +55,7 @@ def _check(adata: ad.AnnData, n_comps, n_genes, epsilon, delta, layer, log_norma
     matrix = get_matrix(adata, layer)
     check_privacy_args(epsilon, delta, adata.n_obs)
     check_public_counts(adata, layer, log_normalize, "dpsc.pp.pca", "log_normalize=False")
-    check_cells(adata, get_matrix(adata, layer), "dpsc.pp.pca")
+    check_cells(adata, get_matrix(adata, layer), "dpsc.pp.pca", log_normalize, "log_normalize=False")
     if adata.n_vars > mechanism.MAX_GENES:
         raise ValueError(
             f"dpsc.pp.pca releases a dense genes × genes matrix; {adata.n_vars} genes is more than "

@@ -41,14 +41,16 @@ _USER = {
 }
 
 #: What a private tool of dpsc is built from (docs/api.md, "Building a private tool"): the accountant
-#: and its ε, the record and ledger writers, the standard sentences of a record, the Poisson step
-#: counts, derived keys, and the process group of a data-parallel fit.
+#: and its ε, the record and ledger writers, the standard sentences of a record, the unit of privacy
+#: (a cell or a donor, and each cell's donor weight), the Poisson step counts, derived keys, and the
+#: process group of a data-parallel fit.
 _BUILDING_BLOCKS = {
     "broadcast_from_rank_zero": "._distributed",
     "check_within_budget": "._ledger",
     "COMMON_NOT_COVERED": "._record",
     "compose": "._ledger",
     "derive_key": "._random",
+    "donor_weights": "._unit",
     "epsilon_curve": "._accounting",
     "estimator_record": "._record",
     "gaussian_release_record": "._plan",
@@ -58,8 +60,12 @@ _BUILDING_BLOCKS = {
     "ledger_entry": "._ledger",
     "make_accountant": "._accounting",
     "MemoryLedger": "._ledger",
+    "n_donors": "._unit",
     "no_guarantee_record": "._record",
+    "not_covered_for": "._record",
+    "note_donor_column": "._unit",
     "plain_entry": "._ledger",
+    "PrivacyUnit": "._unit",
     "poisson_steps": "._engine",
     "REPLACE_ONE": "._record",
     "Spending": "._ledger",

@@ -59,6 +59,7 @@ import numpy as np
 import pandas as pd
 
 from ._record import ADD_REMOVE, REPLACE_ONE, PrivacyRecord
+from ._unit import check_unit, unit_of
 
 LEDGER_KEY = "ledger"
 BUDGET_KEY = "budget"
@@ -70,15 +71,21 @@ class BudgetExceededError(ValueError):
 
 
 class Spent(tuple):
-    """``(epsilon, delta)`` of a ledger, with ``relation``, ``guarantee`` and ``seeded`` attributes."""
+    """``(epsilon, delta)`` of a ledger, with ``relation``, ``guarantee``, ``seeded`` and ``unit``.
+
+    ``unit``: what one individual of the ε is, ``"cell"`` or ``"donor"`` (:mod:`._unit`).
+    """
 
     relation: str
     guarantee: str
     seeded: bool
+    unit: str
 
-    def __new__(cls, epsilon: float, delta: float, relation: str, guarantee: str, seeded: bool) -> Spent:
+    def __new__(
+        cls, epsilon: float, delta: float, relation: str, guarantee: str, seeded: bool, unit: str = "cell"
+    ) -> Spent:
         out = super().__new__(cls, (float(epsilon), float(delta)))
-        out.relation, out.guarantee, out.seeded = relation, guarantee, bool(seeded)
+        out.relation, out.guarantee, out.seeded, out.unit = relation, guarantee, bool(seeded), unit
         return out
 
     @property
@@ -100,6 +107,7 @@ def ledger_entry(record: PrivacyRecord, key: str, status: str = "released") -> d
         "key": key,
         "guarantee": record.guarantee,
         "relation": record.relation,
+        "unit": record.individual,
         "epsilon": record.spent,
         "delta": float(record.delta),
         "history": np.asarray(record.history, dtype=float).reshape(-1, 3),
@@ -132,6 +140,13 @@ def compose(entries: list[dict[str, Any]]) -> Spent:
     """Composed :class:`Spent` of a list of ledger entries (module docstring)."""
     if not entries:
         return Spent(0.0, 0.0, ADD_REMOVE, "none", False)
+    units = {unit_of(e) for e in entries}
+    if len(units) > 1:
+        raise ValueError(
+            "This ledger mixes entries per cell and per donor, which do not compose into one ε; "
+            "keep each unit's releases on their own copy of the cells."
+        )
+    unit = units.pop()
     guarantees = {str(e["guarantee"]) for e in entries}
     weakest = next(g for g in ("none", "heuristic", "proven") if g in guarantees)
     seeded = any(bool(e.get("seeded", False)) for e in entries)
@@ -139,16 +154,16 @@ def compose(entries: list[dict[str, Any]]) -> Spent:
     relation = REPLACE_ONE if REPLACE_ONE in relations else ADD_REMOVE
     total_delta = float(sum(float(e["delta"]) for e in entries))
     if any(not math.isfinite(float(e["epsilon"])) for e in entries):
-        return Spent(math.inf, total_delta, relation, weakest, seeded)
+        return Spent(math.inf, total_delta, relation, weakest, seeded, unit)
     by_relation = {r: [e for e in entries if str(e.get("relation", ADD_REMOVE)) == r] for r in relations}
     if len(relations) == 1:
         eps, delta = _compose_one_relation(entries)
-        return Spent(eps, delta, relation, weakest, seeded)
+        return Spent(eps, delta, relation, weakest, seeded, unit)
     eps_a, delta_a = _compose_one_relation(by_relation[ADD_REMOVE])
     eps_r, delta_r = _compose_one_relation(by_relation[REPLACE_ONE])
     eps = 2.0 * eps_a + eps_r
     delta = (1.0 + math.exp(min(eps_a, 700.0))) * delta_a + delta_r
-    return Spent(eps, delta, REPLACE_ONE, weakest, seeded)
+    return Spent(eps, delta, REPLACE_ONE, weakest, seeded, unit)
 
 
 # -- where entries live ------------------------------------------------------------------------
@@ -366,7 +381,8 @@ def spent(adata: ad.AnnData) -> Spent:
     summed δ, so a further call can lower the ε shown while δ grows (the same releases at a larger
     δ cost a smaller ε): read the two together. The result also carries
     ``.relation``, ``.guarantee`` (the weakest among the entries: ``"none"``, ``"heuristic"`` or
-    ``"proven"``) and ``.seeded`` (some entry used a known noise seed).
+    ``"proven"``), ``.seeded`` (some entry used a known noise seed) and ``.unit`` (what one
+    individual is: ``"cell"``, or ``"donor"`` for a ledger of donor-level calls).
     """
     return compose(_entries(adata))
 
@@ -491,6 +507,7 @@ def spending(adata: ad.AnnData, planned: PrivacyRecord, key: str) -> Iterator[Sp
             stacklevel=_outside_dpsc(),
         )
     entry = ledger_entry(planned, key, "reserved")
+    check_unit(_entries(adata), entry["unit"], planned.tool)
     uns_before = {k: adata.uns[k] for k in adata.uns.keys()}
     dpsc_before = copy.deepcopy(adata.uns.get("dpsc")) if "dpsc" in adata.uns else None
     drawn = draws()
@@ -541,6 +558,7 @@ def ledger_frame(adata: ad.AnnData) -> pd.DataFrame:
                 "key": e["key"],
                 "guarantee": e["guarantee"],
                 "relation": e.get("relation", ADD_REMOVE),
+                "unit": unit_of(e),
                 "epsilon": float(e["epsilon"]),
                 "delta": float(e["delta"]),
                 "gaussian_steps": int(history[:, 2].sum()),

@@ -43,6 +43,22 @@ COMMON_NOT_COVERED = (
 )
 
 
+#: What a donor-level record does not cover (in place of :data:`COMMON_NOT_COVERED`).
+DONOR_NOT_COVERED = (
+    "outputs written for the training cells themselves (they are computed from those cells), any "
+    "gene selection or preprocessing statistics computed on the private cells before dpsc saw them, "
+    "hyper-parameters chosen by looking at these cells, and the numbers of cells and of donors where "
+    "they set the plan (the default δ, the number of genes the PCA reads), which are treated as "
+    "public. One donor with all of their cells is the unit of privacy: a person who appears under "
+    "two donor IDs (or at two sites) is protected only at group level, as two donors"
+)
+
+
+def not_covered_for(individual: str) -> str:
+    """Return the caveats every record of this unit carries (``"cell"`` or ``"donor"``)."""
+    return DONOR_NOT_COVERED if individual == "donor" else COMMON_NOT_COVERED
+
+
 #: What a record adds when the cells were a Dask array: who saw what before the noise.
 DASK_BOUNDARY = (
     "the Dask workers that computed the releases saw the cells and un-noised partial sums of them, "
@@ -157,8 +173,11 @@ class PrivacyRecord:
     noise
         ``{"secret": bool, "noise_seed": int}`` (``-1`` when secret).
     relation
-        The neighbouring relation of the proof: ``"add/remove"`` (one cell added or removed) or
-        ``"replace-one"`` (one row replaced, the number of rows fixed).
+        The neighbouring relation of the proof: ``"add/remove"`` (one individual added or removed)
+        or ``"replace-one"`` (one row replaced, the number of rows fixed).
+    individual
+        What one individual of the relation is: ``"cell"``, or ``"donor"`` (a donor with all of
+        their cells, :mod:`dpsc.privacy._unit`).
     details
         Tool-specific fields (curves, per-site values, layer budgets…), written flat.
     """
@@ -184,6 +203,7 @@ class PrivacyRecord:
     scope: str = "none"
     noise: dict[str, Any] = field(default_factory=lambda: {"secret": True, "noise_seed": -1})
     relation: str = ADD_REMOVE
+    individual: str = "cell"
     details: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

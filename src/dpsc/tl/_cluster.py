@@ -8,6 +8,7 @@ so that the composed spend is the asked ε. The separate steps (:func:`dpsc.pp.h
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import anndata as ad
@@ -29,14 +30,21 @@ from ..methods._clustering import (
 )
 from ..methods._public_basis import PublicBasis
 from ..privacy import (
-    COMMON_NOT_COVERED,
     NoiseSource,
     PrivacyRecord,
+    PrivacyUnit,
     Spending,
+    donor_weights,
+    n_donors,
+    not_covered_for,
+    note_donor_column,
     with_storage_note,
 )
 from ._kmeans import warn_if_few_clusters
 from ._reference import name_clusters, reference_basis, write_names
+
+#: The default unit of privacy: one cell.
+CELL = PrivacyUnit()
 
 MARKER_SUMS = [
     "the cells' mean expression",
@@ -59,14 +67,19 @@ def plan_for_cells(
     random_state: int,
     markers: bool = False,
     basis: PublicBasis | None = None,
+    n_individuals: int | None = None,
 ) -> ClusterPlan:
-    """Return the plan for these cells from their numbers of cells and genes, k and (ε, δ) (reads no cell)."""
+    """Return the plan for these cells from their numbers of cells and genes, k and (ε, δ) (reads no cell).
+
+    ``n_individuals``: the number of individuals the sums hold (the donors at the donor unit;
+    default the cells), which sets how many genes the PCA reads.
+    """
     return plan_clustering(
         epsilon,
         delta,
         n_vars=adata.n_vars,
         n_clusters=n_clusters,
-        n_obs=adata.n_obs,
+        n_obs=adata.n_obs if n_individuals is None else n_individuals,
         random_state=random_state,
         markers=markers,
         public_basis=basis,
@@ -79,15 +92,16 @@ def cluster_record(
     noise: NoiseSource,
     tool: str = "cluster",
     reference: dict[str, Any] | None = None,
+    unit: PrivacyUnit = CELL,
 ) -> PrivacyRecord:
     """Proven record of the whole clustering: every release in one Opacus history.
 
     ``reference``: the public reference's summary (:meth:`PublicReference.summary`), stated in the
-    record (``details["reference"]``) and in what the guarantee does not cover.
+    record (``details["reference"]``) and in what the guarantee does not cover. ``unit``: what one
+    individual is (a cell, or a donor with all of their cells: :mod:`dpsc.privacy._unit`).
     """
     if reference is not None:
-        return _reference_record(plan, n_obs, noise, tool, reference)
-    unit = f"adding or removing one of the {n_obs} cells"
+        return _reference_record(plan, n_obs, noise, tool, reference, unit)
     covered = (
         ("the selected genes and their noisy statistics, " if plan.select_genes else "")
         + "the loadings, the eigenvalues and the centroids, "
@@ -95,7 +109,8 @@ def cluster_record(
         + "and anything computed from them on other data (e.g. the labels of new cells)"
     )
     not_covered = (
-        "the projections and labels written for these cells (computed from each cell); " + COMMON_NOT_COVERED
+        "the projections and labels written for these cells (computed from each cell); "
+        + not_covered_for(unit.name)
     )
     sums = ", ".join(
         [
@@ -106,25 +121,49 @@ def cluster_record(
             *(marker_sums(plan) if plan.markers else []),
         ]
     )
+    individuals = "cells" if unit.donor_key is None else "donors"
     mechanism = (
-        f"{plan.releases_in_words} of sums over cells ({sums}; lattice-encoded), "
+        f"{plan.releases_in_words} of sums over cells{_weighted_words(unit)} ({sums}; lattice-encoded), "
         "composed by the Opacus RDP accountant; the PCA reads "
-        f"{plan.n_genes} of the {plan.n_vars} genes, a number chosen from the public n, ε, δ and "
-        "number of genes, never from the cells"
+        f"{plan.n_genes} of the {plan.n_vars} genes, a number chosen from the public number of "
+        f"{individuals}, ε, δ and number of genes, never from the cells"
     )
     return plan.releases.record(
         tool,
-        unit=unit,
+        unit=unit.relation(n_obs),
         mechanism=mechanism,
         covered=covered,
         not_covered=not_covered,
         noise=noise,
         scope="genes, loadings, centroids",
+        **_unit_fields(unit),
     )
 
 
+def _weighted_words(unit: PrivacyUnit) -> str:
+    """How a donor-level sum weights each cell, in a record's words ("" per cell)."""
+    if unit.donor_key is None:
+        return ""
+    return (
+        ", each cell weighted by 1/(its donor's number of cells) so that each donor's weights add up to "
+        "1 and its whole contribution keeps the per-cell bound"
+    )
+
+
+def _unit_fields(unit: PrivacyUnit) -> dict[str, Any]:
+    """Return the record fields that name the unit (and, per donor, the obs column of the donors)."""
+    if unit.donor_key is None:
+        return {}
+    return {"individual": unit.name, "details": {"donor_key": unit.donor_key}}
+
+
 def _reference_record(
-    plan: ClusterPlan, n_obs: int, noise: NoiseSource, tool: str, reference: dict[str, Any]
+    plan: ClusterPlan,
+    n_obs: int,
+    noise: NoiseSource,
+    tool: str,
+    reference: dict[str, Any],
+    unit: PrivacyUnit = CELL,
 ) -> PrivacyRecord:
     """Record of a clustering on a public reference's genes and components: k-means (and markers).
 
@@ -136,7 +175,7 @@ def _reference_record(
         [*(count if plan.gated else []), "k-means tables", *(marker_sums(plan) if plan.markers else [])]
     )
     mechanism = (
-        f"{plan.releases_in_words} of sums over cells ({sums}; lattice-encoded), "
+        f"{plan.releases_in_words} of sums over cells{_weighted_words(unit)} ({sums}; lattice-encoded), "
         "composed by the Opacus RDP accountant, of each cell's point in the public reference's "
         f"basis ({plan.n_genes} genes, their scales and {plan.n_comps} components, computed from the "
         "reference alone)"
@@ -150,17 +189,61 @@ def _reference_record(
         f"the public reference {reference['name']!r} (sha256 {reference['fingerprint'][:16]}…, "
         f"{reference['n_obs']} cells): it is assumed public and must not contain these cells, and no "
         "epsilon is spent on it; the projections and labels written for these cells (computed from "
-        "each cell); " + COMMON_NOT_COVERED
+        "each cell); " + not_covered_for(unit.name)
     )
+    fields = _unit_fields(unit)
+    details = {"noise_multipliers": plan.releases.sigmas, "reference": reference, **fields.pop("details", {})}
     return plan.releases.record(
         tool,
-        unit=f"adding or removing one of the {n_obs} cells",
+        unit=unit.relation(n_obs),
         mechanism=mechanism,
         covered=covered,
         not_covered=not_covered,
         noise=noise,
         scope="centroids",
-        details={"noise_multipliers": plan.releases.sigmas, "reference": reference},
+        details=details,
+        **fields,
+    )
+
+
+def unit_for(adata: ad.AnnData, donor_key: str | None, tool: str) -> tuple[PrivacyUnit, np.ndarray | None]:
+    """Return the call's unit of privacy and each cell's donor weight (``None`` per cell); checked first.
+
+    Per cell, says once when ``obs`` has a column that looks like a donor's
+    (:func:`~dpsc.privacy.note_donor_column`). Reads ``obs`` only.
+    """
+    if donor_key is None:
+        note_donor_column(adata, tool)
+        return CELL, None
+    return PrivacyUnit(donor_key), donor_weights(adata, donor_key, tool)
+
+
+def warn_if_noise_dominated(plan: ClusterPlan, n_individuals: int, unit: PrivacyUnit, tool: str) -> None:
+    """Warn, before anything is booked, when the plan's k-means would be dominated by its noise.
+
+    Donor level only: from the plan and the local number of donors (a local figure, not a
+    release), when each k-means row would hold less than twice its count's noise sd
+    (:meth:`~dpsc.methods._clustering.ClusterPlan.kmeans_signal`). Names the levers.
+    """
+    if unit.donor_key is None or plan.epsilon is None:
+        return
+    rows, per_row, noise_sd = plan.kmeans_signal(n_individuals)
+    if per_row >= 2 * noise_sd:
+        return
+    reference = (
+        "a public reference that covers the cohort (reference= and reference_key=: its types' means "
+        "start the k-means, which then makes one release of k rows)"
+        if not (plan.public_basis and plan.start == "types")
+        else "a reference of these cells' types (already given)"
+    )
+    warnings.warn(
+        f"{tool}: with {n_individuals} donors this clustering would be dominated by noise: each of "
+        f"the k-means' {rows} rows holds about {per_row:.3g} donors, below twice its count's noise sd "
+        f"({2 * noise_sd:.3g}) at epsilon={plan.epsilon:g}, so most of its centroids would be noise. "
+        f"Levers: {reference}; more donors (more sites); a larger epsilon; fewer releases "
+        "(markers=False, fewer clusters).",
+        UserWarning,
+        stacklevel=3,
     )
 
 
@@ -221,6 +304,7 @@ def cluster(
     markers: bool = False,
     reference: ad.AnnData | str | None = None,
     reference_key: str | None = None,
+    donor_key: str | None = None,
     random_state: int = 0,
     noise_seed: int | None = None,
     copy: bool = False,
@@ -234,15 +318,17 @@ def cluster(
     (:mod:`dpsc.methods._clustering` states the plan and the argument); the asked (ε, δ) is split
     among the releases and composed by the Opacus RDP accountant, so that
     :func:`dpsc.privacy.spent` grows by the asked ε. Proven (ε, δ)-DP with respect to adding or
-    removing one cell for the selected genes, the loadings and the centroids.
+    removing one cell (with ``donor_key``: one donor with all of their cells) for the selected
+    genes, the loadings and the centroids.
 
     Parameters
     ----------
     adata
         Cells × genes, raw counts, all genes as they come: the PCA reads
-        clip((0.02 n / σ)², 250, 2000) of them (n cells, σ the PCA's noise
-        multiplier; :func:`dpsc.methods._clustering.genes_for`), chosen by the DP gene selection
-        inside ε when the matrix has more. No check reads the cells.
+        clip((0.02 n / σ)², 250, 2000) of them (n cells, or donors with ``donor_key``; σ the
+        PCA's noise multiplier), chosen by the DP gene selection inside ε when the matrix has
+        more. The input checks (finite counts) read the cells here, before anything is booked;
+        they release nothing.
     n_clusters
         k (fixed in advance from prior knowledge; estimating it would spend privacy).
     epsilon, delta
@@ -273,6 +359,15 @@ def cluster(
         Lloyd release of those k centroids, else from its own sketch; each released centroid is
         named after the type whose own spread, widened by the centroid's noise, holds it, or
         ``"unmatched"`` (:func:`dpsc.tl._reference.name_clusters`; post-processing).
+    donor_key
+        ``obs`` column naming each cell's donor (patient, mouse): the guarantee is then per donor,
+        with respect to adding or removing one donor with all of their cells. Each cell's
+        contribution to every release is weighted by 1/(its donor's number of cells), so a donor's
+        whole contribution keeps each release's per-cell bound (:mod:`dpsc.privacy._unit`); σ and
+        ε are those of the same call per cell. The sums then hold about as many individuals as
+        there are donors: before spending, a call whose k-means would be dominated by noise warns
+        and names the levers (a public reference, more donors, a larger ε, fewer releases).
+        ``None``: per cell (a note says once when ``obs`` has a column that looks like a donor's).
     random_state
         Seed of the k-means projections and post-processing (public; never of the noise).
     noise_seed
@@ -317,26 +412,35 @@ def cluster(
         or not 2 <= n_clusters <= adata.n_obs
     ):
         raise ValueError(f"n_clusters must be an integer in [2, n_obs={adata.n_obs}], got {n_clusters!r}.")
+    unit, weights = unit_for(adata, donor_key, "dpsc.tl.cluster")
+    n_individuals = adata.n_obs if weights is None else n_donors(weights)
     public, basis = reference_basis(
         reference, reference_key, adata, "dpsc.tl.cluster", bool(markers), int(n_clusters)
     )
-    plan = plan_for_cells(adata, int(n_clusters), epsilon, delta, random_state, bool(markers), basis)
+    plan = plan_for_cells(
+        adata, int(n_clusters), epsilon, delta, random_state, bool(markers), basis, n_individuals
+    )
+    warn_if_noise_dominated(plan, n_individuals, unit, "dpsc.tl.cluster")
     noise = NoiseSource(noise_seed)
     summary = None if public is None else public.summary(basis)
-    record = with_storage_note(cluster_record(plan, adata.n_obs, noise, reference=summary), is_dask(matrix))
+
+    def record_of(plan: ClusterPlan) -> PrivacyRecord:
+        record = cluster_record(plan, adata.n_obs, noise, reference=summary, unit=unit)
+        return with_storage_note(record, is_dask(matrix))
+
+    record = record_of(plan)
     with plan.releases.spend(adata, record, key_added, noise) as spent:
-        result = run_clustering(plan, central_release_sum(matrix, noise), basis)
+        result = run_clustering(plan, central_release_sum(matrix, noise, weights=weights), basis)
         if result.plan is not plan:  # a gated plan's other branch ran: its record is what was spent
             plan = result.plan
-            record = with_storage_note(
-                cluster_record(plan, adata.n_obs, noise, reference=summary), is_dask(matrix)
-            )
+            record = record_of(plan)
         extra: dict[str, Any] = {} if summary is None else {"reference": summary}
         if public is not None and public.labels is not None:
             extra["cluster_names"] = name_clusters(result.centroids, public, basis, result.centroid_noise)
         params = {
             "n_clusters": plan.n_clusters,
             "layer": layer,
+            "donor_key": donor_key,
             "genes_selected": int(plan.select_genes) * len(result.genes),
             "n_comps": plan.n_comps,
             "random_state": random_state,

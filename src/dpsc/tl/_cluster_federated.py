@@ -19,6 +19,7 @@ from dpsc._docs import doc_params
 
 from .._api import DEFAULT_EPSILON, renamed_arguments
 from .._validation import (
+    check_cells,
     check_privacy_args,
     check_public_counts,
     federation_sites,
@@ -119,6 +120,7 @@ def cluster_federated(
     delta = resolve_delta(delta, largest)
     check_privacy_args(epsilon, delta, largest)
     check_public_counts(adata, layer, True, "dpsc.tl.cluster_federated")
+    check_cells(adata, matrix, "dpsc.tl.cluster_federated")  # the caller's own cells, before any site
     threshold = _check_mode(mode, threshold, len(names), site_key)
     public, basis = reference_basis(
         reference, reference_key, adata, "dpsc.tl.cluster_federated", bool(markers), int(n_clusters)

@@ -267,7 +267,7 @@ def fit(
     )
     plan = _plan_for(adata, settings, n_clusters, model_kwargs, scope, input_pcs, likelihood, public)
     _check_input_for(plan, adata, matrix, layer, likelihood, model_kwargs)
-    check_cells(adata, matrix, "dpsc.tl.fit")
+    check_cells(adata, matrix, "dpsc.tl.fit", likelihood == "zinb", "likelihood='gaussian'")
 
     call = {
         "n_clusters": n_clusters,
