@@ -194,7 +194,7 @@ def test_the_clustering_tools_share_one_cluster_column_and_a_later_one_says_it_r
 
 def test_old_argument_names_fail_fast_with_the_new_name_and_leave_the_data_alone(small_adata):
     """dpsc 0.2's names were renamed in 0.3: a call with one names the fix and reads nothing."""
-    with pytest.raises(TypeError, match=r"n_clients= was renamed n_sites= in dpsc 0\.3; pass n_sites=3"):
+    with pytest.raises(TypeError, match=r"n_clients= was renamed n_sites= after dpsc 0\.2; pass n_sites=3"):
         dpsc.pp.partition(small_adata, n_clients=3)
     with pytest.raises(TypeError, match=r"types_per_client= was renamed types_per_site="):
         dpsc.pp.partition(small_adata, n_sites=3, types_per_client=2)

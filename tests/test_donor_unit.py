@@ -201,3 +201,112 @@ def test_a_donor_like_column_is_named_once_for_a_per_cell_call(small_adata, monk
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message=".*looks like a donor")
         dpsc.tl.cluster(adata.copy(), 3, epsilon=2.0)
+
+
+def donors_by_site(adata: ad.AnnData, n_sites: int = 3, n_donors: int = 12) -> ad.AnnData:
+    """Each cell a donor of uneven size, each donor at one site."""
+    out = adata.copy()
+    rng = np.random.default_rng(3)
+    donor = rng.choice(n_donors, size=out.n_obs, p=rng.dirichlet(np.ones(n_donors)))
+    out.obs["donor"] = [f"d{d}" for d in donor]
+    out.obs["site"] = [f"s{d % n_sites}" for d in donor]
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.optional_extra
+def test_federated_donor_level_clustering_equals_the_central_one(small_adata):
+    pytest.importorskip("flwr")
+    adata = donors_by_site(small_adata)
+    fed, central = adata.copy(), adata.copy()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # 12 donors: the regime warning, in both
+        dpsc.tl.cluster_federated(fed, "site", 3, epsilon=8.0, noise_seed=4, donor_key="donor")
+        dpsc.tl.cluster(central, 3, epsilon=8.0, noise_seed=4, donor_key="donor")
+    np.testing.assert_allclose(
+        fed.uns["dpsc"]["dp_cluster"]["centroids"], central.uns["dpsc"]["dp_cluster"]["centroids"], atol=1e-5
+    )
+    record = dpsc.privacy.get_record(fed, "dp_cluster")
+    assert record["individual"] == "donor" and "one donor with all of their cells" in record["statement"]
+    assert dpsc.privacy.spent(fed).unit == "donor"
+    assert dpsc.privacy.spent(fed).epsilon == pytest.approx(dpsc.privacy.spent(central).epsilon)
+
+
+def test_a_donor_at_two_sites_is_refused_before_anything_is_booked(small_adata):
+    adata = donors_by_site(small_adata)
+    first = adata.obs_names[0]
+    other = "s1" if adata.obs.loc[first, "site"] != "s1" else "s2"
+    adata.obs.loc[first, "site"] = other  # one cell of a donor at another site
+    with pytest.raises(ValueError, match=r"more than one site.*Give each donor one site"):
+        dpsc.tl.cluster_federated(adata, "site", 3, donor_key="donor")
+    assert "dpsc" not in adata.uns
+
+
+def test_a_site_serves_only_plans_of_its_own_unit(small_adata, tmp_path):
+    """A site with a donor_key refuses a per-cell plan, a site without one a per-donor plan; both before
+    any cell is read, on the message only."""
+    from dpsc.federated._site import Site, SiteRefusal, SiteSettings
+
+    adata = donors_by_site(small_adata)
+    path = tmp_path / "site.h5ad"
+    adata.write_h5ad(path)
+    plans = {
+        unit: plan_clustering(8.0, 1e-5, n_vars=adata.n_vars, n_clusters=3, n_obs=adata.n_obs, unit=unit)
+        for unit in ("cell", "donor")
+    }
+    assert type(plans["donor"]).from_config(plans["donor"].to_config()).unit == "donor"
+    for donor_key, wrong in ((None, "donor"), ("donor", "cell")):
+        ledger = tmp_path / f"{donor_key}.json"
+        site = Site(SiteSettings(data=str(path), ledger=str(ledger), donor_key=donor_key))
+        with pytest.raises(SiteRefusal, match=f"The run protects one {wrong}"):
+            site.check_run(plans[wrong], "plain", 1, 2)
+        site.check_run(plans["cell" if wrong == "donor" else "donor"], "plain", 1, 2)
+
+
+def test_pp_releases_move_by_at_most_their_sensitivity_per_donor(small_adata):
+    """pp.highly_variable_genes (Δ = √3) and pp.pca (Δ = 1): removing any one donor, weighted."""
+    import functools
+
+    from dpsc._blocks import weighted_sum
+    from dpsc.methods import _hvg, _pca
+
+    adata = with_donors(small_adata, seed=4)
+    weights = donor_weights(adata, "donor", "test")
+    releases = {
+        _hvg.SENSITIVITY: functools.partial(_hvg.gene_sums, log_normalize=True, square_clip=0.5),
+        1.0: lambda m: _pca.upper(_pca.second_moment(m, True)),
+    }
+    for donor in (adata.obs["donor"].value_counts().index[0], "single", "extreme"):
+        keep = (adata.obs["donor"] != donor).to_numpy()
+        for delta, release in releases.items():
+            full = weighted_sum(release, adata.X, weights)
+            without = weighted_sum(release, adata[keep].X, weights[keep])
+            assert np.linalg.norm(full - without) <= delta * (1 + 1e-9), (donor, delta)
+
+
+def test_pp_per_donor_records_the_unit_and_one_cell_donors_equal_the_cell_level_call(small_adata):
+    for call, key in (
+        (lambda a, **kw: dpsc.pp.pca(a, 4, epsilon=4.0, noise_seed=2, **kw), "X_pca"),
+        (
+            lambda a, **kw: dpsc.pp.highly_variable_genes(a, 50, epsilon=2.0, noise_seed=2, **kw),
+            "highly_variable",
+        ),
+        (
+            lambda a, **kw: dpsc.tl.rank_genes_groups(a, "cell_type", epsilon=2.0, noise_seed=2, **kw),
+            "rank_genes_groups",
+        ),
+    ):
+        per_cell, per_donor = small_adata.copy(), small_adata.copy()
+        per_donor.obs["patient"] = [f"p{i}" for i in range(per_donor.n_obs)]
+        call(per_cell)
+        call(per_donor, donor_key="patient")
+        record = dpsc.privacy.get_record(per_donor, key)
+        assert record["individual"] == "donor" and "one donor (obs['patient'])" in record["statement"]
+        if key == "X_pca":
+            np.testing.assert_allclose(per_donor.varm["PCs"], per_cell.varm["PCs"], atol=1e-6)
+        elif key == "highly_variable":
+            assert (per_donor.var["highly_variable"] == per_cell.var["highly_variable"]).all()
+        else:
+            for group in per_cell.uns[key]["names"].dtype.names:
+                assert list(per_donor.uns[key]["names"][group]) == list(per_cell.uns[key]["names"][group])
+        assert dpsc.privacy.spent(per_donor).unit == "donor"

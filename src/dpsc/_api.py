@@ -126,8 +126,8 @@ def _mark_replaced_labels(annotated: ad.AnnData, key: str, column: str) -> None:
         )
 
 
-RENAMED_IN = "0.3"
-"""The release that renamed the 0.2 argument names listed by :func:`renamed_arguments`."""
+RENAMED_IN = "0.2"
+"""The last release with the old argument names listed by :func:`renamed_arguments`."""
 
 
 def renamed_arguments(function: str, **renames: str) -> Callable[[Function], Function]:
@@ -145,7 +145,7 @@ def renamed_arguments(function: str, **renames: str) -> Callable[[Function], Fun
                 new, value = renames[old], kwargs[old]
                 shown = repr(value) if isinstance(value, (bool, int, float, str)) else "..."
                 raise TypeError(
-                    f"{function}: {old}= was renamed {new}= in dpsc {RENAMED_IN}; pass {new}={shown}."
+                    f"{function}: {old}= was renamed {new}= after dpsc {RENAMED_IN}; pass {new}={shown}."
                 )
             return wrapped(*args, **kwargs)
 

@@ -119,22 +119,25 @@ def blockwise_sum(matrix: Any, fn, *per_cell: np.ndarray):
     return compute(parts[0])
 
 
-def weighted_sum(fn: Callable, matrix: Any, weights: np.ndarray) -> Any:
+def weighted_sum(fn: Callable, matrix: Any, weights: np.ndarray | None, *per_cell: np.ndarray) -> Any:
     r"""Return :math:`\sum_i w_i c_i` where ``fn(rows)`` returns :math:`\sum_{i \in rows} c_i`.
 
     ``fn`` is a release's exact sum over cells of per-cell contributions (any storage); the cells
     of each distinct weight are summed together and scaled by it, so no per-cell contribution is
     materialised and every release kind is weighted the same way (the donor unit,
     :mod:`dpsc.privacy._unit`: a donor's weights add up to 1, so its whole contribution keeps the
-    per-cell bound Δ).
+    per-cell bound Δ). ``per_cell``: arrays of one value per cell, passed to ``fn`` with the rows
+    (e.g. each cell's group). ``weights=None``: ``fn(matrix, *per_cell)``, unweighted.
     """
+    if weights is None:
+        return fn(matrix, *per_cell)
     weights = np.asarray(weights, dtype=np.float64)
     if weights.shape != (matrix.shape[0],):
         raise ValueError(f"{len(weights)} weights for {matrix.shape[0]} cells.")
     total = None
     for weight in np.unique(weights):
         rows = np.flatnonzero(weights == weight)
-        part = weight * fn(matrix[rows])
+        part = weight * fn(matrix[rows], *(np.asarray(a)[rows] for a in per_cell))
         total = part if total is None else total + part
     return total
 

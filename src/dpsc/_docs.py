@@ -24,6 +24,12 @@ Also return what was trained: the model alone, or ``(copy, model)`` with ``copy=
 For tests and benchmarks only: makes the DP noise and sampling repeatable. The record then
 says that the guarantee does not hold against anyone who knows the seed. ``None`` (default):
 the noise comes from the operating system's secure source and cannot be replayed.""",
+    "doc_donor_key": """\
+``obs`` column naming each cell's donor (patient, mouse): the guarantee is then per donor, with
+respect to adding or removing one donor with all of their cells. Each cell's contribution to the
+release is weighted by 1/(its donor's number of cells), so a donor's whole contribution keeps the
+release's per-cell bound and the same σ gives the same ε per donor (:mod:`dpsc.privacy._unit`).
+``None``: per cell (a note says once when ``obs`` has a column that looks like a donor's).""",
     "doc_progress_bar": """\
 Show one progress bar for the whole training, with the ε spent so far.""",
     "doc_delta": """\

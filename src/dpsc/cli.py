@@ -212,6 +212,11 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
         help="Also release each cluster's marker genes inside the same ε; every site receives them.",
     )
     server.add_argument(
+        "--donor-unit",
+        action="store_true",
+        help="Plan a run that protects each donor with all of their cells (every site needs --donor-key).",
+    )
+    server.add_argument(
         "--reference",
         default=None,
         help="A public reference (.h5ad of raw counts) every site holds a copy of: the run is on its genes, "
@@ -275,6 +280,12 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
         default=None,
         help="obs column of the cell types in --reference: the k-means starts from their means (when every "
         "site has them and a released count finds most cells within them); names this site's clusters.",
+    )
+    site.add_argument(
+        "--donor-key",
+        default=None,
+        help="obs column naming each cell's donor: this site's ε is then per donor with all of their "
+        "cells, and it serves donor-level runs only (default: per cell).",
     )
     site.add_argument(
         "--port", type=int, default=None, help="Local port of the SuperNode (default: a free one)."
@@ -613,6 +624,7 @@ def _federate(args: argparse.Namespace) -> int:
             n_clusters=args.n_clusters,
             n_vars=args.n_vars,
             markers=int(args.markers),
+            donor_unit=int(args.donor_unit),
             reference_fingerprint=reference,
         )
         print(
@@ -646,6 +658,7 @@ def _federate(args: argparse.Namespace) -> int:
             output=args.output,
             reference=None if args.reference is None else str(Path(args.reference).resolve()),
             reference_key=args.reference_key,
+            donor_key=args.donor_key,
         )
         settings_file = write_site_settings(settings, Path(args.data).with_suffix(".dpsc-site.toml"))
     else:

@@ -244,6 +244,7 @@ def run_site(
     if not Path(settings.data).is_file():
         raise FileNotFoundError(f"The site's data file {settings.data} does not exist.")
     check_budget_settings(settings)
+    check_donor_settings(settings)
     settings.refusal_file.unlink(missing_ok=True)
     port = port or free_port()
     tls = ["--root-certificates", root_certificates] if root_certificates else ["--insecure"]
@@ -345,6 +346,21 @@ def _watch_site(node, runner, settings, output, before, deadline, watch, log) ->
             )
         time.sleep(0.5)
     return None
+
+
+def check_donor_settings(settings: SiteSettings) -> None:
+    """Fail fast, before the SuperNode starts, on a ``donor_key`` the site's data cannot serve."""
+    if settings.donor_key is None:
+        return
+    import anndata as ad
+
+    from ..privacy import donor_weights
+
+    cells = ad.read_h5ad(settings.data, backed="r")  # obs only: the counts stay on disk
+    try:
+        donor_weights(cells, settings.donor_key, "This site (--donor-key)")
+    finally:
+        cells.file.close()
 
 
 def check_budget_settings(settings: SiteSettings) -> None:

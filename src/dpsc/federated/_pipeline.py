@@ -620,6 +620,7 @@ def _plan(
             random_state=int(s["random-state"]),
             markers=bool(int(s.get("markers", 0))),
             public_basis=basis,
+            unit="donor" if int(s.get("donor-unit", 0)) else "cell",
         ),
         basis,
     )

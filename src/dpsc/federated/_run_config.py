@@ -26,6 +26,7 @@ PIPELINE: dict[str, Any] = {
     "n-obs": 0,  # the sites' cells in all (public; chooses the genes the PCA reads); 0: asked from the sites
     "random-state": 0,
     "markers": 0,  # 1: the plan ends with the release of each cluster's marker statistics
+    "donor-unit": 0,  # 1: every site's ε is per donor with all their cells (sites with a donor_key)
     "reference-fingerprint": "",  # a public reference's sha256: every site computes its basis from its copy
     "out-dir": "",
     "timeout": 300.0,

@@ -58,6 +58,11 @@ class SiteSettings:
         (:mod:`dpsc.methods._type_gate`), and names each released cluster after the reference type
         whose spread holds its centroid (post-processing, no ε) in ``obs["dp_cluster_names"]`` of
         its output. ``None``: no names, and the k-means starts from its sketch.
+    donor_key
+        ``obs`` column of the site's data naming each cell's donor: the site then serves only
+        donor-level plans, weighting each cell 1/(its donor's cells at this site), and its ε is
+        per donor with all of their cells (:mod:`dpsc.privacy._unit`). ``None``: per cell. A donor
+        whose cells are at two sites is protected as two donors.
     ledger
         The ledger file (default ``<data>.dpsc-ledger.json``).
     output
@@ -79,6 +84,7 @@ class SiteSettings:
     accountant: str = "rdp"
     reference: str | Any | None = None
     reference_key: str | None = None
+    donor_key: str | None = None
     ledger: str | None = None
     output: str | None = None
     noise_seed: int | None = None

@@ -89,8 +89,10 @@ from ..privacy import (
     MemoryLedger,
     NoiseSource,
     PrivacyRecord,
+    PrivacyUnit,
     check_within_budget,
     compose,
+    donor_weights,
     ledger_entry,
     plain_entry,
 )
@@ -176,16 +178,18 @@ def site_record(
     (:func:`dpsc.tl.cluster_federated`): each site's ε covers its own cells, and so every cell here.
     ``reference``: the public reference's summary of a run on one (``details["reference"]``).
     """
+    individual = PrivacyUnit("donor") if plan.unit == "donor" else PrivacyUnit()
+    one = "one donor with all of their cells" if plan.unit == "donor" else "one cell"
     if simulated:
         unit = (
-            f"adding or removing one of these {n_obs} cells (each of the {n_sites} sites' ε covers its own)"
+            f"adding or removing {one} of these {n_obs} cells (each of the {n_sites} sites' ε covers its own)"
         )
         covered = (
             "every message the sites sent (their noisy sums), hence the released genes, loadings and "
             "centroids"
         )
     else:
-        unit = f"adding or removing one of this site's {n_obs} cells"
+        unit = f"adding or removing {one} of this site's {n_obs} cells"
         covered = (
             "every message this site sent (its noisy sums), hence the released genes, loadings and centroids"
         )
@@ -214,6 +218,11 @@ def site_record(
         "cells of each site (treated as public), and site-level privacy (whether "
         f"{'a' if simulated else 'this'} site took part)"
     )
+    if plan.unit == "donor":  # each cell weighted 1/(its donor's cells at its site)
+        not_covered += (
+            "; a donor whose cells are at two sites is protected as two donors (group privacy): give each "
+            "person one site"
+        )
     details = {"mode": mode, "threshold": threshold, "n_sites": n_sites, "fallback_epsilon": fallback}
     mechanism = f"{plan.releases_in_words} of sums, {assumption}"
     if reference is not None:
@@ -227,6 +236,8 @@ def site_record(
             "no epsilon is spent on it; " + not_covered
         )
         details["reference"] = reference
+    if plan.unit == "donor":
+        mechanism += "; each cell's contribution weighted by 1/(its donor's number of cells at its site)"
     return plan.releases.record(
         "federated clustering",
         unit=unit,
@@ -236,6 +247,7 @@ def site_record(
         noise=noise,
         scope=f"site ({mode})",
         details=details,
+        individual=individual.name,
     )
 
 
@@ -258,6 +270,11 @@ class Site:
         self.budget = resolve_budget(settings, self.ledger)  # before reading a cell: fails fast
         self.adata = resolve_shared(settings.data) if settings.in_memory else ad.read_h5ad(path)
         self.matrix = get_matrix(self.adata, settings.layer)
+        # the donor unit: each cell's weight 1/(its donor's cells here); local, never sent
+        self.unit = PrivacyUnit(settings.donor_key)
+        self.weights = (
+            None if settings.donor_key is None else donor_weights(self.adata, settings.donor_key, "site")
+        )
         self.noise = NoiseSource(settings.noise_seed)
         self.delta = resolve_delta(settings.delta, self.adata.n_obs)
         self._bases: dict[str, tuple[PublicBasis, PublicBasis]] = {}
@@ -348,6 +365,16 @@ class Site:
                 "Malformed plan from the server: a plan on a public basis names its reference's "
                 "fingerprint, and only such a plan does; nothing was sent."
             )
+        if plan.unit != self.unit.name:
+            fix = (
+                "start it with --donor-key (donor_key in its settings) naming its donors' obs column"
+                if plan.unit == "donor"
+                else "a run of donor-level plans (dpsc federate server --donor-unit)"
+            )
+            raise SiteRefusal(
+                f"The run protects one {plan.unit}; this site serves runs that protect one {self.unit.name} "
+                f"({self.unit.plain}). Nothing was sent. For this run, {fix}."
+            )
         if plan.epsilon is None:
             if s.epsilon is not None:
                 raise SiteRefusal(
@@ -384,6 +411,7 @@ class Site:
                 # a public start: no sketch release; a gated plan is its type start's branch
                 public_start=plan.gated or plan.kmeans["n_sketch_steps"] == 0,
                 gated=plan.gated,  # the count that chooses the start: every branch checked below
+                unit=plan.unit,
             )
         except ValueError as err:
             raise SiteRefusal(f"Malformed plan from the server ({err}); nothing was sent.") from None
@@ -536,7 +564,7 @@ class Site:
                 )
             request = replace(request, basis=own.with_start(start, radii))
         spec = scheduled.release(request.columns)
-        vector = spec.encode(contribution(request, self.matrix))
+        vector = spec.encode(contribution(request, self.matrix, weights=self.weights))
         _check_bound(vector, spec, self.n_obs)
         if plan.epsilon is not None:
             vector = vector + self._noise(spec, request, threshold if mode == "secure" else 1, n_sites)

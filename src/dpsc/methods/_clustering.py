@@ -358,6 +358,9 @@ class ClusterPlan(PlanSettings):
     gated: bool = False
     #: a gated plan's k-means σ in each branch, in :data:`BRANCHES` order (its other σ serve both)
     branch_sigmas: tuple[float, float] = (0.0, 0.0)
+    #: what one individual is: ``"cell"``, or ``"donor"`` (each cell's contribution weighted
+    #: 1/its donor's cells, :mod:`dpsc.privacy._unit`); the same σ serve both
+    unit: str = "cell"
 
     def __post_init__(self) -> None:
         names = tuple(r.name for r in self.releases.releases)
@@ -384,6 +387,7 @@ class ClusterPlan(PlanSettings):
         public_basis: bool = False,
         gated: bool = False,
         branch_sigmas: tuple[float, float] = (0.0, 0.0),
+        unit: str = "cell",
     ) -> ClusterPlan:
         """Return the plan of these settings whose releases carry ``sigmas`` (by kind; no calibration).
 
@@ -406,7 +410,7 @@ class ClusterPlan(PlanSettings):
             delta=delta,
         )
         settings = (n_vars, n_clusters, n_genes, n_comps, random_state, kmeans, markers, public_basis, gated)
-        return cls(releases, *settings, tuple(float(v) for v in branch_sigmas))
+        return cls(releases, *settings, tuple(float(v) for v in branch_sigmas), unit)
 
     @property
     def sigmas(self) -> dict[str, float]:
@@ -489,6 +493,7 @@ class ClusterPlan(PlanSettings):
             public_basis=True,
             gated=True,
             branch_sigmas=self.branch_sigmas,
+            unit=self.unit,
         )
 
     def kmeans_signal(self, n_individuals: float) -> tuple[int, float, float]:
@@ -612,6 +617,7 @@ class ClusterPlan(PlanSettings):
             "markers": int(self.markers),
             "public-basis": int(self.public_basis),
             "gated": int(self.gated),
+            "donor-unit": int(self.unit == "donor"),
             **{
                 f"sigma-kmeans-{name}": sigma
                 for name, sigma in zip(BRANCHES, self.branch_sigmas, strict=True)
@@ -645,6 +651,7 @@ class ClusterPlan(PlanSettings):
             public_basis=public_basis,
             gated=public_basis and bool(int(config.get("gated", 0))),
             branch_sigmas=tuple(float(config.get(f"sigma-kmeans-{name}", 0.0)) for name in BRANCHES),
+            unit="donor" if int(config.get("donor-unit", 0)) else "cell",
         )
 
 
@@ -752,6 +759,7 @@ def plan_clustering(
     public_basis: PublicBasis | None = None,
     public_start: bool | None = None,
     gated: bool | None = None,
+    unit: str = "cell",
 ) -> ClusterPlan:
     """Split (ε, δ) over the releases by :data:`SHARES`, calibrate each σ once, choose the genes.
 
@@ -769,16 +777,21 @@ def plan_clustering(
     starts from public centroids (``public_start``; ``None``: when the basis holds a start).
     ``gated``: the plan opens with the count that chooses between the type start and the sketch
     (:mod:`._type_gate`; ``None``: when the basis holds a start with its types' radii); the plan
-    returned is the type start's branch (:meth:`ClusterPlan.branch`).
+    returned is the type start's branch (:meth:`ClusterPlan.branch`). ``unit``: what one
+    individual is, ``"cell"`` or ``"donor"``; the calibration is the same (every release keeps its
+    bound per donor, :func:`contribution` with weights), the plan states it.
     """
+    if unit not in ("cell", "donor"):
+        raise ValueError(f"unit must be 'cell' or 'donor', got {unit!r}.")
     extra = MARKER_KINDS if markers else ()
     if public_basis is not None:
         start = public_basis.start is not None if public_start is None else bool(public_start)
         gate = start and public_basis.start_radii is not None if gated is None else bool(gated)
         shape = (len(public_basis.genes), public_basis.n_comps)
-        return _plan_on_public_basis(
+        plan = _plan_on_public_basis(
             epsilon, delta, n_vars, n_clusters, shape, random_state, accountant, markers, start, gate
         )
+        return replace(plan, unit=unit)
     if n_vars < 3:
         raise ValueError(f"A clustering needs at least 3 genes, got {n_vars}.")
     steps = kmeans_steps(kmeans_plan())
@@ -806,6 +819,7 @@ def plan_clustering(
         random_state=random_state,
         markers=markers,
         accountant=accountant,
+        unit=unit,
     )
 
 

@@ -32,6 +32,7 @@ still of norm at most 1, so sensitivity 1) gives the other loadings (:func:`resi
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -209,6 +210,7 @@ def released_loadings(
     n_genes: int | None,
     drop_mean_component: bool,
     log_normalize: bool = True,
+    weights: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     r"""Release the second moment of ``matrix``'s cells with Gaussian noise and return its loadings.
 
@@ -228,13 +230,17 @@ def released_loadings(
         Passed to :func:`loadings`.
     log_normalize
         Whether the rows are counts (log1p(CP10k) before the unit norm) or values as given.
+    weights
+        Each cell's weight in the sum (the donor unit: 1/its donor's cells, so a donor's
+        contribution keeps the sensitivity 1; :func:`dpsc._blocks.weighted_sum`).
 
     Returns
     -------
     What :func:`loadings` returns: ``(loadings, kept gene indices, eigenvalues)``.
     """
     d = matrix.shape[1]
-    S = second_moment(matrix, log_normalize)
+    moment = functools.partial(second_moment, log_normalize=log_normalize)
+    S = moment(matrix) if weights is None else _blocks.weighted_sum(moment, matrix, weights)
     noisy = second_moment_release(d, noise_multiplier).release(upper(S), stream)
     return loadings(from_upper(noisy, d), n_comps, n_genes, drop_mean_component)
 

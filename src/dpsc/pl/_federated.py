@@ -13,8 +13,8 @@ from ._utils import finish, get_ax, uns_record
 
 def federated(
     adata: ad.AnnData,
-    *,
     key: str = "X_fedsc",
+    *,
     ax: Axes | None = None,
     show: bool | None = None,
     save: str | Path | None = None,

@@ -9,45 +9,57 @@ variance 13: the variance is a difference of two noisy terms and the weakest sta
 
 from __future__ import annotations
 
+import functools
+
 import anndata as ad
 import numpy as np
 
 from dpsc._docs import doc_params
 
 from .._api import DEFAULT_EPSILON, result_target, store_result
-from .._blocks import is_dask
+from .._blocks import is_dask, weighted_sum
 from .._outputs import derived_key
 from .._validation import check_cells, check_privacy_args, check_public_counts, get_matrix, resolve_delta
 from ..methods import _hvg as mechanism
 from ..methods._hvg import DEFAULT_SQUARE_CLIP, FLAVORS, Flavor
 from ..privacy import (
-    COMMON_NOT_COVERED,
     NoiseSource,
     PlannedRelease,
     PrivacyRecord,
+    PrivacyUnit,
     ReleasePlan,
     gaussian_release_record,
+    not_covered_for,
+    unit_and_weights,
     with_storage_note,
+    with_unit,
 )
 
+#: The default unit of privacy: one cell.
+PER_CELL = PrivacyUnit()
 
-def hvg_record(sigma: float, epsilon: float, delta: float, n_obs: int, noise: NoiseSource) -> PrivacyRecord:
+
+def hvg_record(
+    sigma: float, epsilon: float, delta: float, n_obs: int, noise: NoiseSource, unit: PrivacyUnit = PER_CELL
+) -> PrivacyRecord:
     """Record of the one Gaussian release (proven (ε, δ)-DP, sensitivity √3)."""
-    return gaussian_release_record(
+    weighted = "" if unit.donor_key is None else ", each cell weighted by 1/(its donor's number of cells)"
+    record = gaussian_release_record(
         "pp.highly_variable_genes",
         sigma=sigma,
         target_epsilon=epsilon,
         delta=delta,
-        unit=f"adding or removing one of the {n_obs} cells",
+        unit=unit.relation(n_obs),
         mechanism="the discrete Gaussian mechanism on per-gene sums of unit-norm log expression, of its "
-        "clipped squares, and on the cell count (sensitivity sqrt(3), lattice-encoded)",
+        f"clipped squares, and on the cell count{weighted} (sensitivity sqrt(3), lattice-encoded)",
         covered="the selected genes, the released means and variances, and anything computed from "
         "them on other data",
-        not_covered=COMMON_NOT_COVERED,
+        not_covered=not_covered_for(unit.name),
         noise=noise,
         scope="gene statistics",
         sensitivity=mechanism.SENSITIVITY,
     )
+    return with_unit(record, unit)
 
 
 def _statistic_key(key_added: str, what: str) -> str:
@@ -69,7 +81,7 @@ def check_gene_selection(n_top_genes: int, n_vars: int) -> None:
 
 
 def _check(adata, n_top_genes, epsilon, delta, layer, log_normalize, square_clip, flavor):
-    """Every check reads only the call's arguments and public metadata, never a cell."""
+    """Check the call before anything is booked; the cells only locally (finite counts; no release)."""
     matrix = get_matrix(adata, layer)
     check_privacy_args(epsilon, delta, adata.n_obs)
     check_gene_selection(n_top_genes, adata.n_vars)
@@ -98,6 +110,7 @@ def highly_variable_genes(
     min_mean_sd: float = 3.0,
     subset: bool = False,
     key_added: str = "highly_variable",
+    donor_key: str | None = None,
     noise_seed: int | None = None,
     copy: bool = False,
 ) -> ad.AnnData | None:
@@ -137,6 +150,8 @@ def highly_variable_genes(
         Keep only the selected genes (in place, or in the copy).
     key_added
         ``var`` column of the selection; the record goes to ``uns["dpsc"][key_added]``.
+    donor_key
+        {doc_donor_key}
     noise_seed
         {doc_noise_seed}
     copy
@@ -153,16 +168,16 @@ def highly_variable_genes(
     """
     delta = resolve_delta(delta, adata.n_obs)
     matrix = _check(adata, n_top_genes, epsilon, delta, layer, log_normalize, square_clip, flavor)
+    unit, weights = unit_and_weights(adata, donor_key, "dpsc.pp.highly_variable_genes")
     plan = ReleasePlan.of(PlannedRelease("pp.highly_variable_genes")).calibrate(epsilon, delta)
     sigma = plan.sigma("pp.highly_variable_genes")
     noise = NoiseSource(noise_seed)
-    record = with_storage_note(hvg_record(sigma, epsilon, delta, adata.n_obs, noise), is_dask(matrix))
+    record = with_storage_note(hvg_record(sigma, epsilon, delta, adata.n_obs, noise, unit), is_dask(matrix))
     with plan.spend(adata, record, key_added, noise) as releases:
         release = mechanism.gene_statistics_release(adata.n_vars, sigma)
-        released = release.release(
-            mechanism.gene_sums(matrix, log_normalize, square_clip),
-            releases.stream("pp.highly_variable_genes"),
-        )
+        sums = functools.partial(mechanism.gene_sums, log_normalize=log_normalize, square_clip=square_clip)
+        exact = sums(matrix) if weights is None else weighted_sum(sums, matrix, weights)
+        released = release.release(exact, releases.stream("pp.highly_variable_genes"))
         means, variances, eligible, order = mechanism.rank_genes(
             released, release, square_clip, min_mean_sd, flavor
         )

@@ -18,40 +18,51 @@ from .._outputs import derived_key
 from .._validation import check_cells, check_privacy_args, check_public_counts, get_matrix, resolve_delta
 from ..methods import _pca as mechanism
 from ..privacy import (
-    COMMON_NOT_COVERED,
     NoiseSource,
     PlannedRelease,
     PrivacyRecord,
+    PrivacyUnit,
     ReleasePlan,
     gaussian_release_record,
+    not_covered_for,
+    unit_and_weights,
     with_storage_note,
+    with_unit,
 )
 
 DEFAULT_PCA_GENES = mechanism.DEFAULT_GENE_BLOCK
 
 
-def pca_record(sigma: float, epsilon: float, delta: float, n_obs: int, noise: NoiseSource) -> PrivacyRecord:
+#: The default unit of privacy: one cell.
+PER_CELL = PrivacyUnit()
+
+
+def pca_record(
+    sigma: float, epsilon: float, delta: float, n_obs: int, noise: NoiseSource, unit: PrivacyUnit = PER_CELL
+) -> PrivacyRecord:
     """Record of one Analyze-Gauss release (proven (ε, δ)-DP, Gaussian mechanism, sensitivity 1)."""
-    return gaussian_release_record(
+    weighted = "" if unit.donor_key is None else ", each cell weighted by 1/(its donor's number of cells)"
+    record = gaussian_release_record(
         "pp.pca",
         sigma=sigma,
         target_epsilon=epsilon,
         delta=delta,
-        unit=f"adding or removing one of the {n_obs} cells",
-        mechanism="the discrete Gaussian mechanism on the gene second-moment matrix of unit-norm cells "
-        "(sensitivity 1, lattice-encoded)",
+        unit=unit.relation(n_obs),
+        mechanism="the discrete Gaussian mechanism on the gene second-moment matrix of unit-norm cells"
+        f"{weighted} (sensitivity 1, lattice-encoded)",
         covered="the loadings, the selected genes and the eigenvalues, and anything computed "
         "from them on other data",
         not_covered="the projections written to obsm for these cells (computed from each cell); "
-        + COMMON_NOT_COVERED,
+        + not_covered_for(unit.name),
         noise=noise,
         scope="loadings",
         sensitivity=1.0,
     )
+    return with_unit(record, unit)
 
 
 def _check(adata: ad.AnnData, n_comps, n_genes, epsilon, delta, layer, log_normalize, drop_mean_component):
-    """Every check reads only the call's arguments and public metadata (shapes, ``uns``), never a cell."""
+    """Check the call before anything is booked; the cells only locally (finite counts; no release)."""
     matrix = get_matrix(adata, layer)
     check_privacy_args(epsilon, delta, adata.n_obs)
     check_public_counts(adata, layer, log_normalize, "dpsc.pp.pca", "log_normalize=False")
@@ -89,6 +100,7 @@ def pca(
     log_normalize: bool = True,
     drop_mean_component: bool = True,
     key_added: str | None = None,
+    donor_key: str | None = None,
     noise_seed: int | None = None,
     copy: bool = False,
 ) -> ad.AnnData | None:
@@ -96,10 +108,10 @@ def pca(
 
     One Gaussian release of the genes × genes second-moment matrix of unit-norm cells; the
     loadings are its top eigenvectors (:mod:`dpsc.methods._pca` states the argument). Proven
-    (ε, δ)-DP for the loadings with respect to adding or removing one cell; the ε goes into the
-    AnnData's ledger (:func:`dpsc.privacy.spent`). Only the local refusal of NaN or infinite values
-    reads the cells, before anything is booked: a cell without counts is a zero row, a negative
-    count reads as 0.
+    (ε, δ)-DP for the loadings with respect to adding or removing one cell (with ``donor_key``: one
+    donor with all of their cells); the ε goes into the AnnData's ledger
+    (:func:`dpsc.privacy.spent`). Only the local refusal of values that are not finite counts
+    reads the cells, before anything is booked: a cell without counts is a zero row.
 
     Parameters
     ----------
@@ -127,6 +139,8 @@ def pca(
         scanpy's rule: ``None`` writes ``obsm["X_pca"]`` and ``varm["PCs"]``; a name writes
         ``obsm[key_added]`` and ``varm[key_added]``. The record goes to
         ``uns["dpsc"][key_added or "X_pca"]``.
+    donor_key
+        {doc_donor_key}
     noise_seed
         {doc_noise_seed}
     copy
@@ -145,13 +159,15 @@ def pca(
     matrix = _check(adata, n_comps, n_genes, epsilon, delta, layer, log_normalize, drop_mean_component)
     obsm_key, varm_key = (key_added, key_added) if key_added else ("X_pca", "PCs")
     record_key = key_added or "X_pca"
+    unit, weights = unit_and_weights(adata, donor_key, "dpsc.pp.pca")
     plan = ReleasePlan.of(PlannedRelease("pp.pca")).calibrate(epsilon, delta)
     sigma = plan.sigma("pp.pca")
     noise = NoiseSource(noise_seed)
-    record = with_storage_note(pca_record(sigma, epsilon, delta, adata.n_obs, noise), is_dask(matrix))
+    record = with_storage_note(pca_record(sigma, epsilon, delta, adata.n_obs, noise, unit), is_dask(matrix))
     with plan.spend(adata, record, record_key, noise) as releases:
+        stream = releases.stream("pp.pca")
         pcs, keep, eigval = mechanism.released_loadings(
-            matrix, sigma, releases.stream("pp.pca"), n_comps, n_genes, drop_mean_component, log_normalize
+            matrix, sigma, stream, n_comps, n_genes, drop_mean_component, log_normalize, weights
         )
         target = result_target(adata, copy)
         target.obsm[obsm_key] = mechanism.project(matrix, pcs, log_normalize)
@@ -167,6 +183,7 @@ def pca(
             "layer": layer,
             "log_normalize": log_normalize,
             "drop_mean_component": drop_mean_component,
+            "donor_key": donor_key,
             "obsm_key": obsm_key,
             "varm_key": varm_key,
         }

@@ -66,6 +66,8 @@ _BUILDING_BLOCKS = {
     "note_donor_column": "._unit",
     "plain_entry": "._ledger",
     "PrivacyUnit": "._unit",
+    "unit_and_weights": "._unit",
+    "with_unit": "._unit",
     "poisson_steps": "._engine",
     "REPLACE_ONE": "._record",
     "Spending": "._ledger",

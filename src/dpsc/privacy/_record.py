@@ -47,10 +47,11 @@ COMMON_NOT_COVERED = (
 DONOR_NOT_COVERED = (
     "outputs written for the training cells themselves (they are computed from those cells), any "
     "gene selection or preprocessing statistics computed on the private cells before dpsc saw them, "
-    "hyper-parameters chosen by looking at these cells, and the numbers of cells and of donors where "
-    "they set the plan (the default δ, the number of genes the PCA reads), which are treated as "
-    "public. One donor with all of their cells is the unit of privacy: a person who appears under "
-    "two donor IDs (or at two sites) is protected only at group level, as two donors"
+    "hyper-parameters chosen by looking at these cells, and the number of cells, which is treated as "
+    "public (it sets the default δ and the number of genes the PCA reads; the number of donors and "
+    "their sizes are never released). One donor with all of their cells is the unit of privacy: a "
+    "person who appears under two donor IDs (or at two sites) is protected only at group level, as "
+    "two donors"
 )
 
 

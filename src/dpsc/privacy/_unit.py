@@ -29,7 +29,7 @@ compose into one statement.
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -124,6 +124,25 @@ def donor_weights(adata: Any, donor_key: str, tool: str) -> np.ndarray:
 def n_donors(weights: np.ndarray) -> int:
     """Return the number of donors of these weights (a local figure for warnings; never released)."""
     return round(float(np.sum(weights)))
+
+
+def unit_and_weights(adata: Any, donor_key: str | None, tool: str) -> tuple[PrivacyUnit, np.ndarray | None]:
+    """Return a call's unit of privacy and each cell's donor weight (``None`` per cell), checked first.
+
+    Per cell, says once when ``obs`` has a column that looks like a donor's
+    (:func:`note_donor_column`). Reads ``obs`` only.
+    """
+    if donor_key is None:
+        note_donor_column(adata, tool)
+        return PrivacyUnit(), None
+    return PrivacyUnit(donor_key), donor_weights(adata, donor_key, tool)
+
+
+def with_unit(record: Any, unit: PrivacyUnit) -> Any:
+    """Return ``record`` naming its unit: ``individual="donor"`` and the donors' column, per donor."""
+    if unit.donor_key is None:
+        return record
+    return replace(record, individual=unit.name, details={**record.details, "donor_key": unit.donor_key})
 
 
 def note_donor_column(adata: Any, tool: str) -> None:

@@ -133,7 +133,7 @@ def _check_order(adata: ad.AnnData, adata_ref: ad.AnnData, label_key: str) -> No
     ):
         raise ValueError(
             f"dpsc.tl.annotate takes the cells to label first and the labelled reference second, as "
-            f"sc.tl.ingest (since dpsc {RENAMED_IN}): only the first holds obs[{label_key!r}]; call "
+            f"sc.tl.ingest (after dpsc {RENAMED_IN}): only the first holds obs[{label_key!r}]; call "
             f"dpsc.tl.annotate(adata, adata_ref, {label_key!r}) with the reference second."
         )
 

@@ -34,11 +34,11 @@ from ..privacy import (
     PrivacyRecord,
     PrivacyUnit,
     Spending,
-    donor_weights,
     n_donors,
     not_covered_for,
-    note_donor_column,
+    unit_and_weights,
     with_storage_note,
+    with_unit,
 )
 from ._kmeans import warn_if_few_clusters
 from ._reference import name_clusters, reference_basis, write_names
@@ -67,19 +67,20 @@ def plan_for_cells(
     random_state: int,
     markers: bool = False,
     basis: PublicBasis | None = None,
-    n_individuals: int | None = None,
+    unit: str = "cell",
 ) -> ClusterPlan:
     """Return the plan for these cells from their numbers of cells and genes, k and (ε, δ) (reads no cell).
 
-    ``n_individuals``: the number of individuals the sums hold (the donors at the donor unit;
-    default the cells), which sets how many genes the PCA reads.
+    ``unit``: what one individual is (``"cell"`` or ``"donor"``); the plan states it. The number
+    of cells (public) chooses the genes at either unit: the number of donors is never used.
     """
     return plan_clustering(
         epsilon,
         delta,
         n_vars=adata.n_vars,
         n_clusters=n_clusters,
-        n_obs=adata.n_obs if n_individuals is None else n_individuals,
+        n_obs=adata.n_obs,
+        unit=unit,
         random_state=random_state,
         markers=markers,
         public_basis=basis,
@@ -121,14 +122,13 @@ def cluster_record(
             *(marker_sums(plan) if plan.markers else []),
         ]
     )
-    individuals = "cells" if unit.donor_key is None else "donors"
     mechanism = (
         f"{plan.releases_in_words} of sums over cells{_weighted_words(unit)} ({sums}; lattice-encoded), "
         "composed by the Opacus RDP accountant; the PCA reads "
-        f"{plan.n_genes} of the {plan.n_vars} genes, a number chosen from the public number of "
-        f"{individuals}, ε, δ and number of genes, never from the cells"
+        f"{plan.n_genes} of the {plan.n_vars} genes, a number chosen from the public n, ε, δ and "
+        "number of genes, never from the cells"
     )
-    return plan.releases.record(
+    record = plan.releases.record(
         tool,
         unit=unit.relation(n_obs),
         mechanism=mechanism,
@@ -136,8 +136,8 @@ def cluster_record(
         not_covered=not_covered,
         noise=noise,
         scope="genes, loadings, centroids",
-        **_unit_fields(unit),
     )
+    return with_unit(record, unit)
 
 
 def _weighted_words(unit: PrivacyUnit) -> str:
@@ -148,13 +148,6 @@ def _weighted_words(unit: PrivacyUnit) -> str:
         ", each cell weighted by 1/(its donor's number of cells) so that each donor's weights add up to "
         "1 and its whole contribution keeps the per-cell bound"
     )
-
-
-def _unit_fields(unit: PrivacyUnit) -> dict[str, Any]:
-    """Return the record fields that name the unit (and, per donor, the obs column of the donors)."""
-    if unit.donor_key is None:
-        return {}
-    return {"individual": unit.name, "details": {"donor_key": unit.donor_key}}
 
 
 def _reference_record(
@@ -191,9 +184,7 @@ def _reference_record(
         "epsilon is spent on it; the projections and labels written for these cells (computed from "
         "each cell); " + not_covered_for(unit.name)
     )
-    fields = _unit_fields(unit)
-    details = {"noise_multipliers": plan.releases.sigmas, "reference": reference, **fields.pop("details", {})}
-    return plan.releases.record(
+    record = plan.releases.record(
         tool,
         unit=unit.relation(n_obs),
         mechanism=mechanism,
@@ -201,21 +192,9 @@ def _reference_record(
         not_covered=not_covered,
         noise=noise,
         scope="centroids",
-        details=details,
-        **fields,
+        details={"noise_multipliers": plan.releases.sigmas, "reference": reference},
     )
-
-
-def unit_for(adata: ad.AnnData, donor_key: str | None, tool: str) -> tuple[PrivacyUnit, np.ndarray | None]:
-    """Return the call's unit of privacy and each cell's donor weight (``None`` per cell); checked first.
-
-    Per cell, says once when ``obs`` has a column that looks like a donor's
-    (:func:`~dpsc.privacy.note_donor_column`). Reads ``obs`` only.
-    """
-    if donor_key is None:
-        note_donor_column(adata, tool)
-        return CELL, None
-    return PrivacyUnit(donor_key), donor_weights(adata, donor_key, tool)
+    return with_unit(record, unit)
 
 
 def warn_if_noise_dominated(plan: ClusterPlan, n_individuals: int, unit: PrivacyUnit, tool: str) -> None:
@@ -412,13 +391,13 @@ def cluster(
         or not 2 <= n_clusters <= adata.n_obs
     ):
         raise ValueError(f"n_clusters must be an integer in [2, n_obs={adata.n_obs}], got {n_clusters!r}.")
-    unit, weights = unit_for(adata, donor_key, "dpsc.tl.cluster")
+    unit, weights = unit_and_weights(adata, donor_key, "dpsc.tl.cluster")
     n_individuals = adata.n_obs if weights is None else n_donors(weights)
     public, basis = reference_basis(
         reference, reference_key, adata, "dpsc.tl.cluster", bool(markers), int(n_clusters)
     )
     plan = plan_for_cells(
-        adata, int(n_clusters), epsilon, delta, random_state, bool(markers), basis, n_individuals
+        adata, int(n_clusters), epsilon, delta, random_state, bool(markers), basis, unit.name
     )
     warn_if_noise_dominated(plan, n_individuals, unit, "dpsc.tl.cluster")
     noise = NoiseSource(noise_seed)

@@ -26,8 +26,8 @@ from .._validation import (
     get_matrix,
     resolve_delta,
 )
-from ..privacy import NoiseSource
-from ._cluster import plan_for_cells, store_clustering
+from ..privacy import NoiseSource, n_donors, unit_and_weights
+from ._cluster import plan_for_cells, store_clustering, warn_if_noise_dominated
 from ._reference import name_clusters, reference_basis
 
 
@@ -47,6 +47,7 @@ def cluster_federated(
     markers: bool = False,
     reference: ad.AnnData | str | None = None,
     reference_key: str | None = None,
+    donor_key: str | None = None,
     random_state: int = 0,
     noise_seed: int | None = None,
     n_cpus: int = 2,
@@ -94,6 +95,11 @@ def cluster_federated(
         the reference types' means (every site computes them from its own copy) when a released
         count of the cells within their spreads chooses them, else from its sketch, and the clusters
         are named after the types (post-processing of the released centroids).
+    donor_key
+        ``obs`` column naming each cell's donor: every site's ε is then per donor with all of their
+        cells, as :func:`dpsc.tl.cluster`'s with ``donor_key`` (each site weights its cells by
+        1/(its donor's cells), so the summed releases are the central ones). Every donor must be at
+        one site: a donor at two sites would be protected as two donors, and the call refuses it.
     random_state
         Seed of the public k-means projections and post-processing.
     noise_seed
@@ -122,12 +128,16 @@ def cluster_federated(
     check_public_counts(adata, layer, True, "dpsc.tl.cluster_federated")
     check_cells(adata, matrix, "dpsc.tl.cluster_federated")  # the caller's own cells, before any site
     threshold = _check_mode(mode, threshold, len(names), site_key)
+    unit, weights = _unit_of_sites(adata, donor_key, site_key)
     public, basis = reference_basis(
         reference, reference_key, adata, "dpsc.tl.cluster_federated", bool(markers), int(n_clusters)
     )
     from ..federated import run_pipeline_simulation, site_record  # after the input checks
 
-    plan = plan_for_cells(adata, int(n_clusters), epsilon, delta, random_state, bool(markers), basis)
+    k = int(n_clusters)
+    plan = plan_for_cells(adata, k, epsilon, delta, random_state, bool(markers), basis, unit.name)
+    if weights is not None:
+        warn_if_noise_dominated(plan, n_donors(weights), unit, "dpsc.tl.cluster_federated")
     noise = NoiseSource(noise_seed)
     summary = None if public is None else public.summary(basis)
     shares = threshold if mode == "secure" else 1
@@ -139,8 +149,9 @@ def cluster_federated(
 
     record = record_of(plan)
     with plan.releases.spend(adata, record, key_added, noise) as spent:
+        donors = None if donor_key is None else adata.obs[[donor_key]]
         settings = _simulated_sites(
-            matrix, adata.var, sites, names, epsilon, delta, noise_seed, reference, reference_key
+            matrix, adata.var, sites, names, epsilon, delta, noise_seed, reference, reference_key, donors
         )
         server = _server_config(adata, plan, mode, threshold, len(names), epsilon, delta, public)
         result, run = run_pipeline_simulation(server, settings, n_cpus=n_cpus)
@@ -156,7 +167,13 @@ def cluster_federated(
             result,
             key_added,
             record,
-            {"n_clusters": int(n_clusters), "mode": mode, "threshold": threshold, "n_sites": len(names)},
+            {
+                "n_clusters": k,
+                "mode": mode,
+                "threshold": threshold,
+                "n_sites": len(names),
+                "donor_key": donor_key,
+            },
             copy=copy,
             booking=spent.booking,
             plan=plan,
@@ -192,13 +209,23 @@ def _simulated_sites(
     noise_seed: int | None,
     reference: Any,
     reference_key: str | None = None,
+    donors: Any = None,
 ) -> list[Any]:
-    """Return one :class:`~dpsc.federated.SiteSettings` per site: its cells, noise and reference copy."""
+    """Return one :class:`~dpsc.federated.SiteSettings` per site: its cells, noise and reference copy.
+
+    ``donors``: the ``obs`` column of each cell's donor (a one-column frame), given to each site
+    with its cells and named as its ``donor_key``.
+    """
     from ..federated import SiteSettings
+
+    def cells(rows: np.ndarray) -> ad.AnnData:
+        obs = None if donors is None else donors.iloc[rows].copy()
+        return ad.AnnData(matrix[rows], obs=obs, var=var[[]].copy())
 
     return [
         SiteSettings(
-            data=ad.AnnData(matrix[np.flatnonzero(sites == name)], var=var[[]].copy()),
+            data=cells(np.flatnonzero(sites == name)),
+            donor_key=None if donors is None else str(donors.columns[0]),
             epsilon=epsilon,
             delta=delta,
             noise_seed=noise_seed,
@@ -234,5 +261,27 @@ def _server_config(
         "n-obs": adata.n_obs,
         "random-state": plan.random_state,
         "markers": int(bool(plan.markers)),
+        "donor-unit": int(plan.unit == "donor"),
         "reference-fingerprint": "" if public is None else public.fingerprint,
     }
+
+
+def _unit_of_sites(adata: ad.AnnData, donor_key: str | None, site_key: str) -> tuple[Any, Any]:
+    """Return the run's unit and donor weights; refuse donors whose cells are at two sites.
+
+    Each site weights its cells by 1/(its donor's cells at that site), so a donor at two sites would
+    count as two whole donors: the simulation, which holds every site's cells, refuses it.
+    """
+    unit, weights = unit_and_weights(adata, donor_key, "dpsc.tl.cluster_federated")
+    if donor_key is None:
+        return unit, weights
+    spread = adata.obs.groupby(adata.obs[donor_key].astype(str), observed=True)[site_key].nunique()
+    split = spread[spread > 1]
+    if len(split):
+        raise ValueError(
+            f"dpsc.tl.cluster_federated: {len(split)} donors of obs[{donor_key!r}] have cells at more than "
+            f"one site of obs[{site_key!r}] (e.g. {split.index[0]!r}); each site would count them as a whole "
+            "donor, so they would be protected only as two donors. Give each donor one site (e.g. assign "
+            "sites by donor). Nothing was spent."
+        )
+    return unit, weights

@@ -9,6 +9,7 @@ The mechanism (per-cell rows, their bounds, the per-group table and scanpy's t-t
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -21,18 +22,21 @@ import pandas as pd
 from dpsc._docs import doc_params
 
 from .._api import DEFAULT_EPSILON, result_target, store_result
-from .._blocks import is_dask
+from .._blocks import is_dask, weighted_sum
 from .._outputs import write_marker_result
 from .._validation import check_cells, check_privacy_args, check_public_counts, get_matrix, resolve_delta
 from ..methods import _markers as mechanism
 from ..methods._public_markers import reference_center, reference_focus_genes
 from ..privacy import (
-    COMMON_NOT_COVERED,
     NoiseSource,
     PlannedRelease,
     PrivacyRecord,
+    PrivacyUnit,
     ReleasePlan,
+    not_covered_for,
+    unit_and_weights,
     with_storage_note,
+    with_unit,
 )
 from ._reference import optional_reference
 
@@ -78,7 +82,12 @@ def markers_sigmas(plan: ReleasePlan) -> dict[str, float]:
 
 
 def markers_record(
-    plan: ReleasePlan, n_obs: int, groupby: str, noise: NoiseSource, reference: dict | None = None
+    plan: ReleasePlan,
+    n_obs: int,
+    groupby: str,
+    noise: NoiseSource,
+    reference: dict | None = None,
+    unit: PrivacyUnit | None = None,
 ) -> PrivacyRecord:
     """Record of the Gaussian releases (centre, norm histograms, group table, focused two); none without ε.
 
@@ -92,13 +101,15 @@ def markers_record(
     if plan.epsilon is None:
         return plan.record(tool, unit=f"one of the {n_obs} cells", mechanism="", covered=covered)
     sigmas = {part: sigma for part, sigma in markers_sigmas(plan).items() if PARTS[part] in plan}
-    return plan.record(
+    unit = PrivacyUnit() if unit is None else unit
+    weighted = "" if unit.donor_key is None else "; each cell weighted by 1/(its donor's number of cells)"
+    record = plan.record(
         tool,
-        unit=f"adding or removing one of the {n_obs} cells (with its value of obs[{groupby!r}])",
-        mechanism=_mechanism_words(reference),
+        unit=f"{unit.relation(n_obs)} (with each cell's value of obs[{groupby!r}])",
+        mechanism=_mechanism_words(reference) + weighted,
         covered=f"{covered}, the released centre, bounds and focused genes, and anything computed from them",
-        not_covered=f"{COMMON_NOT_COVERED}; the groups themselves (obs[{groupby!r}] is read as part of "
-        "each cell: when it comes from a private clustering, that clustering's ε covers it); plots "
+        not_covered=f"{not_covered_for(unit.name)}; the groups themselves (obs[{groupby!r}] is read as "
+        "part of each cell: when it comes from a private clustering, that clustering's ε covers it); plots "
         "such as sc.pl.rank_genes_groups_dotplot, which read the cells again on this machine"
         + _reference_words(reference),
         noise=noise,
@@ -107,6 +118,7 @@ def markers_record(
         scope="marker genes",
         details={"noise_multipliers": sigmas, **({} if reference is None else {"reference": reference})},
     )
+    return with_unit(record, unit)
 
 
 def _reference_words(reference: dict | None) -> str:
@@ -147,21 +159,26 @@ def _mechanism_words(reference: dict | None) -> str:
     )
 
 
-def frame_releases(matrix, sigmas: dict[str, float], releases, private: bool) -> tuple:
+def frame_releases(
+    matrix, sigmas: dict[str, float], releases, private: bool, weights: np.ndarray | None = None
+) -> tuple:
     """Return the two releases of the first table's frame over these cells (``mechanism.release_frame``).
 
     Without ε (``private`` false) the centre's sums are exact and no histogram is released.
+    ``weights``: each cell's weight in every sum (the donor unit, :func:`dpsc._blocks.weighted_sum`).
     """
 
     def release_center() -> np.ndarray:
-        exact = mechanism.center_sum(matrix)
+        exact = weighted_sum(mechanism.center_sum, matrix, weights)
         if not private:
             return exact
         release = mechanism.center_release(matrix.shape[1], sigmas["center"])
         return release.release(exact, releases.stream(CENTER))
 
     def release_norms(frame: mechanism.MarkerFrame) -> np.ndarray:
-        exact = mechanism.norm_histograms(matrix, frame.center)
+        exact = weighted_sum(
+            functools.partial(mechanism.norm_histograms, center=frame.center), matrix, weights
+        )
         return mechanism.norm_release(sigmas["norms"]).release(exact, releases.stream(NORMS))
 
     return release_center, release_norms if private else None
@@ -176,13 +193,14 @@ def focused_markers(
     sigmas,
     releases,
     genes: np.ndarray | None = None,
+    weights: np.ndarray | None = None,
 ) -> tuple[mechanism.MarkerResult, np.ndarray, mechanism.MarkerTable]:
     """Release the focused table over U (:func:`~dpsc.methods._markers.focus_genes`) and join the rankings.
 
     U and its centre and weights are post-processing of the first table and centre (or U is
     ``genes``, public: a reference's); then one release of the histograms of the cells' norms over
     U (their bounds) and one of the table over U. Returns the joined ranking, U and the focused
-    table's layout.
+    table's layout. ``weights``: each cell's weight in the sums (the donor unit).
     """
     own = mechanism.focus_genes(first)
     if genes is None:
@@ -192,14 +210,16 @@ def focused_markers(
     else:
         genes = np.asarray(genes)
     center = np.asarray(frame.center)[genes]
-    histograms = mechanism.norm_histograms(matrix, center, genes)
+    norms = functools.partial(mechanism.norm_histograms, center=center, columns=genes)
+    histograms = weighted_sum(norms, matrix, weights)
     norms_release = mechanism.norm_release(sigmas["focus_norms"])
     released_norms = norms_release.release(histograms, releases.stream(FOCUS_NORMS))
     table = mechanism.MarkerTable(
         n_groups, len(genes), mechanism.focused_frame(released_norms, frame, genes), columns=genes
     )
     release = mechanism.marker_release(table, sigmas["focus_table"])
-    released = release.release(mechanism.group_table(matrix, codes, table), releases.stream(FOCUS_TABLE))
+    exact = weighted_sum(functools.partial(mechanism.group_table, table=table), matrix, weights, codes)
+    released = release.release(exact, releases.stream(FOCUS_TABLE))
     focused = mechanism.rank_markers(mechanism.group_statistics(released, table, release))
     return mechanism.focused_result(first, focused, genes), genes, table
 
@@ -236,6 +256,7 @@ def rank_genes_groups(
     layer: str | None = None,
     reference: ad.AnnData | str | os.PathLike | None = None,
     reference_key: str | None = None,
+    donor_key: str | None = None,
     noise_seed: int | None = None,
     key_added: str = "rank_genes_groups",
     copy: bool = False,
@@ -288,6 +309,8 @@ def rank_genes_groups(
     reference_key
         ``obs`` column of the reference's cell types: the focused table reads each type's best
         genes in the reference (scanpy's t-test, public) instead of those of the first, noisy table.
+    donor_key
+        {doc_donor_key}
     noise_seed
         {doc_noise_seed}
     key_added
@@ -313,24 +336,26 @@ def rank_genes_groups(
     if n_genes is not None and (isinstance(n_genes, bool) or int(n_genes) < 1):
         raise ValueError(f"n_genes must be a positive integer or None, got {n_genes!r}.")
     kept = adata.n_vars if n_genes is None else min(int(n_genes), adata.n_vars)
+    unit, weights = unit_and_weights(adata, donor_key, "dpsc.tl.rank_genes_groups")
     public = public_marker_parts(reference, reference_key, adata)
     plan = markers_plan(epsilon, delta, public_center=public is not None)
     sigmas = markers_sigmas(plan)
     noise = NoiseSource(noise_seed)
     summary = None if public is None else public.summary
-    record = with_storage_note(markers_record(plan, adata.n_obs, groupby, noise, summary), is_dask(matrix))
+    record = markers_record(plan, adata.n_obs, groupby, noise, summary, unit)
+    record = with_storage_note(record, is_dask(matrix))
     with plan.spend(adata, record, key_added, noise) as releases:
-        frame = marker_frame(matrix, sigmas, releases, epsilon is not None, public)
+        frame = marker_frame(matrix, sigmas, releases, epsilon is not None, public, weights)
         table = mechanism.MarkerTable(len(names), adata.n_vars, frame)
         release = mechanism.marker_release(table, sigmas["table"])
-        exact = mechanism.group_table(matrix, codes, table)
+        exact = weighted_sum(functools.partial(mechanism.group_table, table=table), matrix, weights, codes)
         released = exact if epsilon is None else release.release(exact, releases.stream(TABLE))
         result = mechanism.rank_markers(mechanism.group_statistics(released, table, release))
         focus = {}
         if epsilon is not None:
             chosen = None if public is None else public.focus_genes
             result, genes, focused = focused_markers(
-                matrix, codes, len(names), result, frame, sigmas, releases, chosen
+                matrix, codes, len(names), result, frame, sigmas, releases, chosen, weights
             )
             focus = {"focus_genes": len(genes), "focus_expression_bound": focused.bounds["sum"]}
         target = result_target(adata, copy)
@@ -346,7 +371,14 @@ def rank_genes_groups(
             count_noise=release.noise_std * table.scale("count"),
             bounds=table.bounds,
         )
-        params = {"groupby": groupby, "groups": names, "layer": layer, **written, **focus}
+        params = {
+            "groupby": groupby,
+            "groups": names,
+            "layer": layer,
+            "donor_key": donor_key,
+            **written,
+            **focus,
+        }
         return store_result(adata, target, key_added, record, params, copy=copy, booking=releases.booking)
 
 
@@ -377,13 +409,18 @@ def public_marker_parts(
 
 
 def marker_frame(
-    matrix, sigmas: dict[str, float], releases, private: bool, public: PublicMarkerParts | None
+    matrix,
+    sigmas: dict[str, float],
+    releases,
+    private: bool,
+    public: PublicMarkerParts | None,
+    weights: np.ndarray | None = None,
 ) -> mechanism.MarkerFrame:
     """Release the first table's frame: the centre (or the reference's) and the bounds from it."""
     if public is None:
-        first = frame_releases(matrix, sigmas, releases, private)
+        first = frame_releases(matrix, sigmas, releases, private, weights)
         return mechanism.release_frame(matrix.shape[1], sigmas["center"], *first)
-    release_norms = frame_releases(matrix, sigmas, releases, private)[1] if private else None
+    release_norms = frame_releases(matrix, sigmas, releases, private, weights)[1] if private else None
     return mechanism.frame_from_center(public.center, release_norms)
 
 
