@@ -34,6 +34,7 @@ from ..methods._clustering import CLIP_NORM, KMEANS_PLAN, MAX_PUBLIC_VALUE
 from ..methods._kmeans import Assignment, kmeans_points, kmeans_release_steps, kmeans_table, table_release
 from ..privacy import (
     BudgetExceededError,
+    MemoryLedger,
     NoiseSource,
     PlannedRelease,
     PrivacyRecord,
@@ -99,6 +100,8 @@ class FedSCGuard:
         from ._trust import resolve_budget
 
         self.ledger = ledger_for(self.settings)
+        if isinstance(self.ledger, MemoryLedger) and self.run.get("booked"):
+            self.ledger.adopt(self.run["booked"])  # one copy per simulation worker: this run's lines
         budget = resolve_budget(self.settings, self.ledger)
         self.cap = None if budget is None else {"epsilon": budget, "delta": -1.0}
         self.noise = NoiseSource(self.settings.noise_seed)
