@@ -161,3 +161,15 @@ def test_fit_reads_dask_chunks_as_in_memory(small_adata, sparse):
     np.testing.assert_allclose(lazy.obsm["X_dpdcan"], memory.obsm["X_dpdcan"], atol=1e-4)
     assert (lazy.obs["dp_cluster"] == memory.obs["dp_cluster"]).all()
     assert dpsc.privacy.spent(lazy) == dpsc.privacy.spent(memory)
+
+
+def test_a_donor_level_clustering_on_dask_equals_the_in_memory_one(small_adata):
+    memory = small_adata.copy()
+    memory.obs["donor"] = [f"d{i % 7}" for i in range(memory.n_obs)]
+    lazy = lazy_copy(memory, sparse=True)
+    for adata in (lazy, memory):
+        dpsc.tl.cluster(adata, 3, epsilon=8.0, noise_seed=5, donor_key="donor")
+    np.testing.assert_allclose(
+        lazy.uns["dpsc"]["dp_cluster"]["centroids"], memory.uns["dpsc"]["dp_cluster"]["centroids"], atol=1e-6
+    )
+    assert dpsc.privacy.spent(lazy) == dpsc.privacy.spent(memory) and dpsc.privacy.spent(lazy).unit == "donor"

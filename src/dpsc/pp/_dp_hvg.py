@@ -43,7 +43,6 @@ def hvg_record(
     sigma: float, epsilon: float, delta: float, n_obs: int, noise: NoiseSource, unit: PrivacyUnit = PER_CELL
 ) -> PrivacyRecord:
     """Record of the one Gaussian release (proven (ε, δ)-DP, sensitivity √3)."""
-    weighted = "" if unit.donor_key is None else ", each cell weighted by 1/(its donor's number of cells)"
     record = gaussian_release_record(
         "pp.highly_variable_genes",
         sigma=sigma,
@@ -51,7 +50,7 @@ def hvg_record(
         delta=delta,
         unit=unit.relation(n_obs),
         mechanism="the discrete Gaussian mechanism on per-gene sums of unit-norm log expression, of its "
-        f"clipped squares, and on the cell count{weighted} (sensitivity sqrt(3), lattice-encoded)",
+        f"clipped squares, and on the cell count{unit.weighting} (sensitivity sqrt(3), lattice-encoded)",
         covered="the selected genes, the released means and variances, and anything computed from "
         "them on other data",
         not_covered=not_covered_for(unit.name),

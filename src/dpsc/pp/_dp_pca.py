@@ -41,7 +41,6 @@ def pca_record(
     sigma: float, epsilon: float, delta: float, n_obs: int, noise: NoiseSource, unit: PrivacyUnit = PER_CELL
 ) -> PrivacyRecord:
     """Record of one Analyze-Gauss release (proven (ε, δ)-DP, Gaussian mechanism, sensitivity 1)."""
-    weighted = "" if unit.donor_key is None else ", each cell weighted by 1/(its donor's number of cells)"
     record = gaussian_release_record(
         "pp.pca",
         sigma=sigma,
@@ -49,7 +48,7 @@ def pca_record(
         delta=delta,
         unit=unit.relation(n_obs),
         mechanism="the discrete Gaussian mechanism on the gene second-moment matrix of unit-norm cells"
-        f"{weighted} (sensitivity 1, lattice-encoded)",
+        f"{unit.weighting} (sensitivity 1, lattice-encoded)",
         covered="the loadings, the selected genes and the eigenvalues, and anything computed "
         "from them on other data",
         not_covered="the projections written to obsm for these cells (computed from each cell); "

@@ -58,6 +58,16 @@ class PrivacyUnit:
         """The unit in a data manager's words: ``per cell`` or ``per donor (obs['donor'])``."""
         return "per cell" if self.donor_key is None else f"per donor (obs[{self.donor_key!r}])"
 
+    @property
+    def weighting(self) -> str:
+        """How a donor-level sum weights each cell, as a record's mechanism says it ("" per cell)."""
+        if self.donor_key is None:
+            return ""
+        return (
+            ", each cell weighted by 1/(its donor's number of cells) so that a donor's weights add up to 1 "
+            "and its whole contribution keeps the per-cell bound"
+        )
+
     def relation(self, n_obs: int) -> str:
         """Return the neighbouring relation, as a record's statement says it."""
         if self.donor_key is None:

@@ -123,7 +123,7 @@ def cluster_record(
         ]
     )
     mechanism = (
-        f"{plan.releases_in_words} of sums over cells{_weighted_words(unit)} ({sums}; lattice-encoded), "
+        f"{plan.releases_in_words} of sums over cells{unit.weighting} ({sums}; lattice-encoded), "
         "composed by the Opacus RDP accountant; the PCA reads "
         f"{plan.n_genes} of the {plan.n_vars} genes, a number chosen from the public n, ε, δ and "
         "number of genes, never from the cells"
@@ -138,16 +138,6 @@ def cluster_record(
         scope="genes, loadings, centroids",
     )
     return with_unit(record, unit)
-
-
-def _weighted_words(unit: PrivacyUnit) -> str:
-    """How a donor-level sum weights each cell, in a record's words ("" per cell)."""
-    if unit.donor_key is None:
-        return ""
-    return (
-        ", each cell weighted by 1/(its donor's number of cells) so that each donor's weights add up to "
-        "1 and its whole contribution keeps the per-cell bound"
-    )
 
 
 def _reference_record(
@@ -168,7 +158,7 @@ def _reference_record(
         [*(count if plan.gated else []), "k-means tables", *(marker_sums(plan) if plan.markers else [])]
     )
     mechanism = (
-        f"{plan.releases_in_words} of sums over cells{_weighted_words(unit)} ({sums}; lattice-encoded), "
+        f"{plan.releases_in_words} of sums over cells{unit.weighting} ({sums}; lattice-encoded), "
         "composed by the Opacus RDP accountant, of each cell's point in the public reference's "
         f"basis ({plan.n_genes} genes, their scales and {plan.n_comps} components, computed from the "
         "reference alone)"

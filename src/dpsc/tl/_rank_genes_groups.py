@@ -102,11 +102,10 @@ def markers_record(
         return plan.record(tool, unit=f"one of the {n_obs} cells", mechanism="", covered=covered)
     sigmas = {part: sigma for part, sigma in markers_sigmas(plan).items() if PARTS[part] in plan}
     unit = PrivacyUnit() if unit is None else unit
-    weighted = "" if unit.donor_key is None else "; each cell weighted by 1/(its donor's number of cells)"
     record = plan.record(
         tool,
         unit=f"{unit.relation(n_obs)} (with each cell's value of obs[{groupby!r}])",
-        mechanism=_mechanism_words(reference) + weighted,
+        mechanism=_mechanism_words(reference) + unit.weighting,
         covered=f"{covered}, the released centre, bounds and focused genes, and anything computed from them",
         not_covered=f"{not_covered_for(unit.name)}; the groups themselves (obs[{groupby!r}] is read as "
         "part of each cell: when it comes from a private clustering, that clustering's ε covers it); plots "
