@@ -178,7 +178,6 @@ def site_record(
     (:func:`dpsc.tl.cluster_federated`): each site's ε covers its own cells, and so every cell here.
     ``reference``: the public reference's summary of a run on one (``details["reference"]``).
     """
-    individual = PrivacyUnit("donor") if plan.unit == "donor" else PrivacyUnit()
     one = "one donor with all of their cells" if plan.unit == "donor" else "one cell"
     if simulated:
         unit = (
@@ -247,7 +246,7 @@ def site_record(
         noise=noise,
         scope=f"site ({mode})",
         details=details,
-        individual=individual.name,
+        individual=plan.unit,
     )
 
 

@@ -199,16 +199,22 @@ def warn_if_noise_dominated(plan: ClusterPlan, n_individuals: int, unit: Privacy
     rows, per_row, noise_sd = plan.kmeans_signal(n_individuals)
     if per_row >= 2 * noise_sd:
         return
+    typed = plan.public_basis and plan.start == "types"
+    outcome = (
+        "its released centroids would stay near the reference types' means"
+        if typed
+        else "most of its centroids would be noise"
+    )
     reference = (
-        "a public reference that covers the cohort (reference= and reference_key=: its types' means "
+        "a reference of these cells' types (already given)"
+        if typed
+        else "a public reference that covers the cohort (reference= and reference_key=: its types' means "
         "start the k-means, which then makes one release of k rows)"
-        if not (plan.public_basis and plan.start == "types")
-        else "a reference of these cells' types (already given)"
     )
     warnings.warn(
         f"{tool}: with {n_individuals} donors this clustering would be dominated by noise: each of "
         f"the k-means' {rows} rows holds about {per_row:.3g} donors, below twice its count's noise sd "
-        f"({2 * noise_sd:.3g}) at epsilon={plan.epsilon:g}, so most of its centroids would be noise. "
+        f"({2 * noise_sd:.3g}) at epsilon={plan.epsilon:g}, so {outcome}. "
         f"Levers: {reference}; more donors (more sites); a larger epsilon; fewer releases "
         "(markers=False, fewer clusters).",
         UserWarning,
@@ -294,10 +300,9 @@ def cluster(
     ----------
     adata
         Cells × genes, raw counts, all genes as they come: the PCA reads
-        clip((0.02 n / σ)², 250, 2000) of them (n cells, or donors with ``donor_key``; σ the
-        PCA's noise multiplier), chosen by the DP gene selection inside ε when the matrix has
-        more. The input checks (finite counts) read the cells here, before anything is booked;
-        they release nothing.
+        clip((0.02 n / σ)², 250, 2000) of them (n cells, σ the PCA's noise multiplier), chosen
+        by the DP gene selection inside ε when the matrix has more. The input checks (finite
+        counts) read the cells here, before anything is booked; they release nothing.
     n_clusters
         k (fixed in advance from prior knowledge; estimating it would spend privacy).
     epsilon, delta
