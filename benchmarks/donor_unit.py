@@ -170,7 +170,7 @@ def report(path: Path) -> str:
     rows = [r for r in every if r.get("kind", "cluster") == "cluster"]
     cohorts_seen = list(dict.fromkeys(r["cohort"] for r in rows))
     lines = [
-        "## The donor unit: `tl.cluster(donor_key=...)` against the cell level",
+        "# The donor unit: `tl.cluster(donor_key=...)` against the cell level",
         "",
         f"ARI against the known types, mean of {max(r['run'] for r in rows) + 1} noise draws at ε = "
         f"{rows[0]['epsilon']:g}; *kept*: donor level / cell level on the same cells; *warned*: the "
