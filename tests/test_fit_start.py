@@ -97,14 +97,14 @@ def test_the_model_reads_the_clustering_points(small_adata, tiny_fit):
     seen = {}
     original = fit_module.choose_partition
 
-    def spy(matrix, start, model, plan):
+    def spy(matrix, start, model, plan, weights=None):
         seen["points"] = cell_points(matrix, start.genes, start.loadings)
         x = model.adata_manager.get_from_registry("X")
         import torch
 
         dense = torch.as_tensor(np.asarray(x.todense() if hasattr(x, "todense") else x), dtype=torch.float32)
         seen["module"] = model.module.represent(dense).detach().numpy()
-        return original(matrix, start, model, plan)
+        return original(matrix, start, model, plan, weights)
 
     fit_module.choose_partition = spy
     try:

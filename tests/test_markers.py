@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import anndata as ad
 import numpy as np
 import pandas as pd
@@ -430,3 +432,22 @@ def test_a_lone_marker_below_the_noise_edge_survives_the_projection():
         directions_only.append(len(set(np.argsort(-(projector @ noisy)[0])[:5]) & set(range(5))) / 5)
     assert np.mean(found) >= 0.95
     assert np.mean(directions_only) < 0.5
+
+
+def test_scanpy_plots_read_a_clustering_with_empty_clusters_and_the_release_keeps_every_group(pbmc_full):
+    import matplotlib
+    import scanpy as sc
+
+    matplotlib.use("Agg")
+    cells = pbmc_full.copy()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dpsc.tl.cluster(cells, 16, epsilon=1, noise_seed=3)
+        dpsc.tl.rank_genes_groups(cells, "dp_cluster", epsilon=1, noise_seed=3)
+    labels = cells.obs["dp_cluster"]
+    assert (labels.value_counts() > 0).all() and len(labels.cat.categories) < 16
+    params = cells.uns["dpsc"]["rank_genes_groups"]["params"]
+    assert params["groups"] == [str(i) for i in range(16)]  # the release's groups: the record's count
+    assert list(cells.uns["rank_genes_groups"]["names"].dtype.names) == list(labels.cat.categories)
+    sc.pl.rank_genes_groups_dotplot(cells, n_genes=2, show=False)
+    sc.pl.dotplot(cells, list(cells.var_names[:3]), groupby="dp_cluster", show=False)

@@ -63,8 +63,20 @@ def write_clustering(
     if result.gene_means is not None:
         target.var[derived_key(key_added, "means")] = result.gene_means
         target.var[derived_key(key_added, "variances")] = result.gene_variances
-    labels = result.labels(matrix)  # codes straight into a categorical: no string per cell
-    target.obs[key_added] = pd.Categorical.from_codes(labels, categories=[str(i) for i in range(n_clusters)])
+    target.obs[key_added] = cluster_labels(result.labels(matrix), n_clusters)
+
+
+def cluster_labels(labels: np.ndarray, n_clusters: int) -> pd.Categorical:
+    """Each cell's cluster (integers ``0 … n_clusters-1``) as ``obs`` holds it: clusters with cells only.
+
+    Categories ``"0"`` … in cluster order, those no cell is nearest left out, as scanpy's own
+    clusterings are (its plots read one group per category). Which clusters hold a cell is read
+    from the labels written for these cells, which no ε covers; every release keeps all
+    ``n_clusters`` rows (the record's ``n_clusters`` names them).
+    """
+    codes = np.asarray(labels, dtype=np.int64)
+    categorical = pd.Categorical.from_codes(codes, categories=[str(i) for i in range(n_clusters)])
+    return categorical.remove_unused_categories()
 
 
 def write_cluster_markers(
@@ -104,10 +116,14 @@ def _recarray(values: np.ndarray, names: list[str], dtype: str) -> np.recarray:
     return np.rec.fromarrays(list(values), dtype=[(name, dtype) for name in names])
 
 
-def _scanpy_result(result, names, var_names, n_genes, groupby, layer, pts: bool) -> dict:
-    """Return what :func:`scanpy.tl.rank_genes_groups` writes (method ``"t-test"``, reference ``"rest"``)."""
-    top = result.order[:, :n_genes]
-    pick = lambda values: np.take_along_axis(values, top, axis=1)  # noqa: E731
+def _scanpy_result(result, names, var_names, n_genes, groupby, layer, pts: bool, shown) -> dict:
+    """Return what :func:`scanpy.tl.rank_genes_groups` writes (method ``"t-test"``, reference ``"rest"``).
+
+    ``shown``: the indices of the groups written (those with cells in ``obs[groupby]``).
+    """
+    top = result.order[shown, :n_genes]
+    names = [names[k] for k in shown]
+    pick = lambda values: np.take_along_axis(values[shown], top, axis=1)  # noqa: E731
     out = {
         "params": {
             "groupby": groupby,
@@ -124,8 +140,8 @@ def _scanpy_result(result, names, var_names, n_genes, groupby, layer, pts: bool)
         "logfoldchanges": _recarray(pick(result.logfoldchanges).astype(np.float32), names, "float32"),
     }
     if pts:
-        out["pts"] = pd.DataFrame(result.pts.T, index=var_names, columns=names)
-        out["pts_rest"] = pd.DataFrame(result.pts_rest.T, index=var_names, columns=names)
+        out["pts"] = pd.DataFrame(result.pts[shown].T, index=var_names, columns=names)
+        out["pts_rest"] = pd.DataFrame(result.pts_rest[shown].T, index=var_names, columns=names)
     return out
 
 
@@ -146,9 +162,15 @@ def write_marker_result(
 
     ``count_noise``: the noise sd of the group sizes; a group whose noisy size is below twice it
     has markers that are mostly noise (``groups_below_noise``). ``bounds``: the table's bounds.
+    Scanpy's format holds the groups with cells in ``obs[groupby]`` (its plots read each group's
+    cells); the record keeps every released group.
     """
     kept = target.n_vars if n_genes is None else min(int(n_genes), target.n_vars)
-    target.uns[key] = _scanpy_result(result, names, target.var_names, kept, groupby, layer, pts)
+    shown = list(range(len(names)))
+    if groupby in target.obs:
+        present = set(target.obs[groupby].dropna().astype(str).unique())
+        shown = [k for k, name in enumerate(names) if name in present] or shown
+    target.uns[key] = _scanpy_result(result, names, target.var_names, kept, groupby, layer, pts, shown)
     below = [name for name, size in zip(names, result.counts, strict=True) if size < 2 * count_noise]
     return {
         "n_genes": kept,

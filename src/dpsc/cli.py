@@ -129,6 +129,12 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
         "released count finds most cells outside them; names the clusters.",
     )
     fit.add_argument(
+        "--donor-key",
+        default=None,
+        help="obs column naming each cell's donor (patient): the ε is then per donor, with all of "
+        "their cells (default: per cell).",
+    )
+    fit.add_argument(
         "--reference-model",
         default=None,
         help="Directory for the model pretrained on --reference: reused from there, else saved there.",
@@ -379,6 +385,7 @@ def _fit(args: argparse.Namespace) -> int:
             reference=args.reference,
             reference_key=args.reference_key,
             reference_model=args.reference_model,
+            donor_key=args.donor_key,
             progress_bar=not args.no_progress,
             return_model=True,
         )
@@ -399,7 +406,7 @@ def _fit(args: argparse.Namespace) -> int:
         "its noise; read from released values only)"
     )
     if in_use < asked / 2:
-        print(_wrap(collapse_message(in_use, asked, epsilon)))
+        print(_wrap(collapse_message(in_use, asked, epsilon, args.donor_key is not None)))
     partition = result["params"].get("partition")
     if partition is not None:
         source = {

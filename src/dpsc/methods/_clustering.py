@@ -941,14 +941,29 @@ def contribution(
     On a Dask array the same sum is computed per chunk where the chunk lives and the partial sums
     added there (:func:`dpsc._blocks.blockwise_sum`): one implementation for every storage.
     ``weights``: each cell's contribution weighted (the donor unit: :math:`1/m_d`, a donor's weights
-    add up to 1, so the release's per-cell bound Δ holds per donor; :func:`dpsc._blocks.weighted_sum`).
+    add up to 1, so the release's per-cell bound Δ holds per donor): inside the k-means and the
+    type-count tables row by row, for the other kinds by :func:`dpsc._blocks.weighted_sum`.
     """
-    if weights is not None:
-        one = functools.partial(contribution, request, count_scale=count_scale)
-        return _blocks.weighted_sum(one, matrix, weights)
+    rows_sum = functools.partial(_rows_contribution, request, count_scale)
     if _blocks.is_dask(matrix):
-        return _blocks.blockwise_sum(
-            matrix, functools.partial(contribution, request, count_scale=count_scale)
+        return _blocks.blockwise_sum(matrix, rows_sum, *(() if weights is None else (np.asarray(weights),)))
+    return rows_sum(matrix, weights)
+
+
+def _rows_contribution(
+    request: Request, count_scale: float, matrix: Any, weights: np.ndarray | None = None
+) -> np.ndarray:
+    """:func:`contribution` over rows held in memory (or backed), weighted as it says."""
+    if request.kind == "kmeans":
+        points = cell_points(matrix, request.genes, request.loadings, request.basis)
+        return _kmeans.kmeans_table(points, request.assignment, CLIP_NORM, count_scale, weights=weights)
+    if request.kind == TYPE_COUNT:  # each cell's point against the public start and its types' radii
+        basis = request.basis
+        points = cell_points(matrix, None, None, basis)
+        return _type_gate.inside_counts(points, basis.start, basis.start_radii, weights)
+    if weights is not None:
+        return _blocks.weighted_sum(
+            functools.partial(_rows_contribution, request, count_scale), matrix, weights
         )
     if request.kind == "genes":
         return _hvg.gene_sums(matrix, True, _hvg.DEFAULT_SQUARE_CLIP)
@@ -956,14 +971,6 @@ def contribution(
         return _pca.cell_sum(matrix, True, columns=request.genes)
     if request.kind == "pca":
         return _pca.upper(_pca.second_moment(matrix, True, request.genes, request.loadings))
-    if request.kind == "kmeans":
-        points = cell_points(matrix, request.genes, request.loadings, request.basis)
-        return _kmeans.kmeans_table(points, request.assignment, CLIP_NORM, count_scale)
-    if request.kind == TYPE_COUNT:  # each cell's point against the public start and its types' radii
-        basis = request.basis
-        return _type_gate.inside_counts(
-            cell_points(matrix, None, None, basis), basis.start, basis.start_radii
-        )
     if request.kind == "marker_center":
         return _markers.center_sum(matrix)
     if request.kind in ("marker_norms", "marker_focus_norms"):
@@ -1011,6 +1018,8 @@ class ClusterResult:
     basis: PublicBasis | None = None  # the public reference's map of a cell to its point, when used
     #: each centroid's noise sd per coordinate (:func:`~._kmeans.dp_kmeans_centroids`; post-processing)
     centroid_noise: np.ndarray | None = None
+    #: the last k-means release's total count: the noisy number of individuals (cells or donors)
+    released_total: float = float("nan")
 
     def labels(self, matrix: Any) -> np.ndarray:
         """Each cell's nearest released centroid (post-processing; computed from each cell)."""
@@ -1084,9 +1093,13 @@ def run_clustering(
         table_request = Request("kmeans", index, sigma, genes, loadings, assignment, basis=basis)
         noisy = release_sum(table_request)
         index += 1
-        return _kmeans.split_table(
+        sums, counts = _kmeans.split_table(
             noisy, assignment.n_rows, plan.n_comps, CLIP_NORM, plan.kmeans["count_scale"]
         )
+        released_total[0] = float(counts.sum())
+        return sums, counts
+
+    released_total = [float("nan")]
 
     centroids, in_use, centroid_noise = _kmeans.dp_kmeans_centroids(
         release_table,
@@ -1139,6 +1152,7 @@ def run_clustering(
         genes, loadings, eigenvalues, centroids, means, variances, index, in_use, marker_table, marker_frame
     )
     result.basis, result.centroid_noise, result.plan = basis, centroid_noise, plan
+    result.released_total = released_total[0]
     if focus is not None:
         result.marker_focus_genes, result.marker_focus_table, result.marker_focus_frame = focus
     return result

@@ -134,21 +134,32 @@ def _clip_rows(z: np.ndarray, clip_norm: float) -> np.ndarray:
 
 
 def kmeans_table(
-    points, assignment: Assignment, clip_norm: float, count_scale: float, rows: np.ndarray | None = None
+    points,
+    assignment: Assignment,
+    clip_norm: float,
+    count_scale: float,
+    rows: np.ndarray | None = None,
+    weights: np.ndarray | None = None,
 ) -> np.ndarray:
-    r"""Return the exact table :math:`\sum_i e_{r(i)} \otimes (\mathrm{clip}_R(z_i), \kappa R)`, flattened.
+    r"""Return the exact table :math:`\sum_i w_i e_{r(i)} \otimes (\mathrm{clip}_R(z_i), \kappa R)` (flat).
 
     Row-major ``(n_rows, d + 1)``: the sums of the clipped points, then the weighted count.
     ``rows``: each point's row r(i) when it is not the assignment's of the point itself (a map of
     the cell and public values computed elsewhere, e.g. from another representation).
+    ``weights``: each cell's :math:`w_i` (1 when ``None``; the donor unit's :math:`1/m_d`, adding up
+    to 1 per donor, so a donor moves the table by at most the per-cell sensitivity).
     """
     z = _array(points)
     d = z.shape[1]
     table = np.zeros((assignment.n_rows, d + 1))
     if z.shape[0] > 0:
         rows = assignment.rows(z) if rows is None else np.asarray(rows, dtype=np.int64)
-        np.add.at(table[:, :d], rows, _clip_rows(z, clip_norm))
-        table[:, d] = np.bincount(rows, minlength=assignment.n_rows) * (count_scale * clip_norm)
+        clipped = _clip_rows(z, clip_norm)
+        if weights is not None:
+            clipped = clipped * np.asarray(weights, dtype=np.float64)[:, None]
+        np.add.at(table[:, :d], rows, clipped)
+        counts = np.bincount(rows, weights=weights, minlength=assignment.n_rows)
+        table[:, d] = counts * (count_scale * clip_norm)
     return table.reshape(-1)
 
 
@@ -381,12 +392,16 @@ def central_table_release(
     noise_multiplier: float,
     draw_stream: Callable[[], object],
     on_release: Callable[[], None] = lambda: None,
+    weights: np.ndarray | None = None,
 ) -> ReleaseTable:
-    """``release_table`` over points held in one place: table, noise from a fresh stream, split."""
+    """``release_table`` over points held in one place: table, noise from a fresh stream, split.
+
+    ``weights``: each point's weight in the table (the donor unit, :func:`kmeans_table`).
+    """
     d = points.shape[1]
 
     def release(assignment: Assignment) -> tuple[torch.Tensor, torch.Tensor]:
-        table = kmeans_table(points, assignment, clip_norm, count_scale)
+        table = kmeans_table(points, assignment, clip_norm, count_scale, weights=weights)
         spec = table_release(assignment.n_rows, d, clip_norm, count_scale, noise_multiplier)
         noisy = spec.release(table, draw_stream())
         on_release()

@@ -58,17 +58,23 @@ def selection_release(n_clusters: int, d: int, noise_multiplier: float) -> Gauss
 
 
 def partition_tables(
-    points: np.ndarray, labels: tuple[np.ndarray, np.ndarray], n_clusters: int
+    points: np.ndarray,
+    labels: tuple[np.ndarray, np.ndarray],
+    n_clusters: int,
+    weights: np.ndarray | None = None,
 ) -> np.ndarray:
     r"""Return the exact :math:`T` of the module docstring, flattened (both tables, row-major).
 
     ``points``: cells × d, rows of norm at most 1 (a row that is not finite, or longer, is scaled
     or zeroed so the sensitivity holds whatever the input); ``labels``: each cell's cluster in the
-    two partitions, integers in ``[0, n_clusters)``.
+    two partitions, integers in ``[0, n_clusters)``. ``weights``: each cell's weight (the donor
+    unit's :math:`1/m_d`, adding up to 1 per donor), so a donor moves :math:`T` by at most the
+    per-cell bound 2.
     """
     p = np.asarray(points, dtype=np.float64)
     p = np.where(np.isfinite(p).all(1, keepdims=True), p, 0.0)
     p = p / np.maximum(np.linalg.norm(p, axis=1, keepdims=True), 1.0)
+    w = np.ones(p.shape[0]) if weights is None else np.asarray(weights, dtype=np.float64)
     d = p.shape[1]
     tables = np.zeros((2, n_clusters, d + 1))
     for table, assignment in zip(tables, labels, strict=True):
@@ -76,8 +82,8 @@ def partition_tables(
         in_range = not len(assignment) or (0 <= assignment.min() and assignment.max() < n_clusters)
         if assignment.shape != (p.shape[0],) or not in_range:
             raise ValueError("each labelling holds one cluster index in [0, n_clusters) per cell")
-        np.add.at(table[:, :d], assignment, p)
-        table[:, d] = np.bincount(assignment, minlength=n_clusters)
+        np.add.at(table[:, :d], assignment, p * w[:, None])
+        table[:, d] = np.bincount(assignment, weights=w, minlength=n_clusters)
     return tables.reshape(-1)
 
 

@@ -49,17 +49,23 @@ COUNT_SHARE = 0.02
 COUNT_DELTA_SHARE = 1e-3
 
 
-def inside_counts(points: np.ndarray, start: np.ndarray, radii: np.ndarray) -> np.ndarray:
-    """Return the exact (inside, not inside) counts of the module docstring (cells × d points in)."""
+def inside_counts(
+    points: np.ndarray, start: np.ndarray, radii: np.ndarray, weights: np.ndarray | None = None
+) -> np.ndarray:
+    """Return the exact (inside, not inside) counts of the module docstring (cells × d points in).
+
+    ``weights``: each cell's weight (the donor unit's 1/m_d, adding up to 1 per donor).
+    """
     points = np.asarray(points, dtype=np.float64)
     if not len(points):
         return np.zeros(2)
+    w = np.ones(len(points)) if weights is None else np.asarray(weights, dtype=np.float64)
     start, radii = np.asarray(start, dtype=np.float64), np.asarray(radii, dtype=np.float64)
     squared = (points**2).sum(1)[:, None] - 2 * points @ start.T + (start**2).sum(1)[None, :]
     nearest = squared.argmin(1)
     distance = np.sqrt(np.maximum(squared[np.arange(len(points)), nearest], 0.0))
-    inside = int((distance <= radii[nearest]).sum())
-    return np.array([inside, len(points) - inside], dtype=np.float64)
+    inside = float(w[distance <= radii[nearest]].sum())
+    return np.array([inside, w.sum() - inside], dtype=np.float64)
 
 
 def starts_from_types(released: np.ndarray, sigma: float) -> bool:

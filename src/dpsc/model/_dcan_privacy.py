@@ -42,17 +42,23 @@ from ..methods._clustering import (
 from ..methods._public_basis import PublicBasis
 from ..optim import DEFAULT_PRIVATE_LRS, check_optimizer
 from ..privacy import (
-    COMMON_NOT_COVERED,
+    DonorRows,
     DPSGDSettings,
     NoiseSource,
     PlannedRelease,
     PlanSettings,
     PoissonSampling,
     PrivacyRecord,
+    PrivacyUnit,
     ReleasePlan,
     epsilon_curve,
     make_accountant,
+    not_covered_for,
+    with_unit,
 )
+
+#: The default unit of privacy: one cell.
+PER_CELL = PrivacyUnit()
 
 DECODER_WORDS = {
     "zinb": "decoder (hidden layers and ZINB heads)",
@@ -287,6 +293,10 @@ class FitPlan(PlanSettings):
     #: The public reference's summary (:meth:`dpsc._public_reference.PublicReference.summary`) when the
     #: fit reads each cell's point in its basis and starts from a model pretrained on it.
     reference: dict | None = None
+    #: What one individual is (a cell, or a donor with all of their cells) and, per donor, each
+    #: donor's rows for the donor-level Poisson draws (local: never released).
+    unit: PrivacyUnit = PER_CELL
+    donors: DonorRows | None = None
 
     @property
     def sample_rate(self) -> float:
@@ -295,8 +305,8 @@ class FitPlan(PlanSettings):
 
     @property
     def sampling(self) -> PoissonSampling:
-        """The fit's Poisson sampler: the training release's q, the fit's secret streams."""
-        return PoissonSampling(self.sample_rate, self.noise)
+        """The fit's Poisson sampler: the training release's q, the fit's secret streams (and donors)."""
+        return PoissonSampling(self.sample_rate, self.noise, self.donors)
 
     def sigma(self, name: str) -> float | None:
         """σ of release ``name`` (0 without ε), ``None`` when the fit does not make it."""
@@ -359,6 +369,8 @@ def plan_fit(
     start_n_vars: int | None = None,
     start_basis: PublicBasis | None = None,
     reference: dict | None = None,
+    unit: PrivacyUnit = PER_CELL,
+    donors: DonorRows | None = None,
 ) -> FitPlan:
     """Check every option of a fit, count its steps and calibrate σ (and σ_V, σ_G) once. Reads no cell.
 
@@ -368,8 +380,14 @@ def plan_fit(
     loadings release are then the clustering's). ``start_basis``: that clustering reads each cell's
     point in a public reference's basis (:mod:`dpsc.methods._public_basis`): it releases only its
     k-means, with :data:`START_SHARE` of ε (:func:`start_parts_on_basis`); ``reference`` is that
-    reference's summary, for the record.
+    reference's summary, for the record. ``unit`` and ``donors``: the donor unit (q is then each
+    donor's rate, :class:`~dpsc.privacy.DonorRows`); it needs a fit that starts from the clustering.
     """
+    if unit.donor_key is not None and start_n_vars is None:
+        raise ValueError(
+            "donor_key needs the default model, which starts from the private clustering: "
+            "scope='encoder' or 'full', input_pcs='auto', likelihood='zinb' (with or without a reference)."
+        )
     instance_epochs, cluster_epochs = settings.epochs()
     batch_size = check_fit_args(
         n_obs=n_obs, n_clusters=n_clusters, scope=settings.scope, batch_size=settings.batch_size
@@ -430,6 +448,8 @@ def plan_fit(
         likelihood=likelihood,
         start=start,
         reference=reference,
+        unit=unit,
+        donors=donors,
     )
 
 
@@ -571,7 +591,7 @@ def dcan_record(
     Written by the fit's plan (:meth:`~dpsc.privacy.ReleasePlan.record`): its ε is the composition
     of ``history`` (the fit accountant's, the releases that ran, when not given) at δ.
     """
-    unit = f"adding or removing one of the {n_obs} training cells"
+    unit = plan.unit.relation(n_obs)
     releases = plan.releases
     if plan.settings is None:
         return _no_guarantee_record(plan, unit)
@@ -586,7 +606,7 @@ def dcan_record(
         "curve_epsilon": curve_eps,
         **words["details"],
     }
-    return releases.record(
+    record = releases.record(
         "fit",
         unit=unit,
         mechanism=words["mechanism"],
@@ -604,6 +624,7 @@ def dcan_record(
         scope=plan.scope,
         details=details,
     )
+    return with_unit(record, plan.unit)
 
 
 def _no_guarantee_record(plan: FitPlan, unit: str) -> PrivacyRecord:
@@ -622,6 +643,16 @@ def _no_guarantee_record(plan: FitPlan, unit: str) -> PrivacyRecord:
         sample_rate=plan.sample_rate,
         max_grad_norm=float("inf"),
         details={"private_parameters": [], **release_details(None)},
+    )
+
+
+def _sampling_words(unit: PrivacyUnit) -> str:
+    """How the fit's Poisson draws pick cells, in a record's words (:class:`~dpsc.privacy.DonorRows`)."""
+    if unit.donor_key is None:
+        return "Poisson sampling"
+    return (
+        "Poisson sampling of donors, each donor drawn bringing one of its cells chosen at random, so a "
+        "donor adds at most one clipped gradient or sampled row to a step"
     )
 
 
@@ -646,7 +677,7 @@ def _record_words(plan: FitPlan) -> dict:
         f"the released {', '.join(private)}, including the {centroid_start} and the "
         "cluster-frequency and label-count releases, and anything computed from them on other data"
     )
-    not_covered = COMMON_NOT_COVERED
+    not_covered = not_covered_for(plan.unit.name)
     if plan.scope == "paper":
         not_covered = (
             f"the {decoder}, trained without noise and never exported by export_shared; " + not_covered
@@ -655,7 +686,8 @@ def _record_words(plan: FitPlan) -> dict:
     trained = "the encoder and the centroids" + (" and the decoder" if plan.scope == "full" else "")
     kmeans = "" if plan.start else "k-means, "  # after a start the centroids need no release
     mechanism = (
-        f"DP-SGD (ghost-clipped per-cell gradients, Gaussian noise, Poisson sampling) on {trained}, plus "
+        f"DP-SGD (ghost-clipped per-cell gradients, Gaussian noise, {_sampling_words(plan.unit)}) on "
+        f"{trained}, plus "
         f"Gaussian {kmeans}frequency and label-count releases, composed by the "
         f"Opacus {plan.accountant.upper()} accountant{fixed}"
     )
@@ -687,7 +719,7 @@ def _record_words(plan: FitPlan) -> dict:
             details["start_branch_noise_multipliers"] = dict(zip(BRANCHES, start.branch_sigmas, strict=True))
         count = "" if start.gated else f"{start.n_releases} "
         mechanism = (
-            f"the private clustering's {count}discrete Gaussian releases ({sums}), then "
+            f"the private clustering's {count}discrete Gaussian releases ({sums}{plan.unit.weighting}), then "
             + mechanism
             + ", then one discrete Gaussian release of both partitions' tables (the choice)"
         )

@@ -33,17 +33,22 @@ if TYPE_CHECKING:
 
 
 def release_before_training(
-    matrix: Any, likelihood: str, plan: FitPlan, basis: PublicBasis | None = None
+    matrix: Any,
+    likelihood: str,
+    plan: FitPlan,
+    basis: PublicBasis | None = None,
+    weights: np.ndarray | None = None,
 ) -> tuple[ClusterResult | None, np.ndarray | None]:
     """Make the releases before training: the clustering the fit starts from, or the gene selection.
 
     Returns the clustering (``None`` for a fit that does not start from it) and the mask of the
     genes the model reads (``None``: all of them). ``basis``: the public reference's, for a plan
-    whose clustering reads each cell's point in it.
+    whose clustering reads each cell's point in it. ``weights``: each cell's donor weight (the
+    donor unit; only a fit that starts from the clustering takes it).
     """
     n_vars = matrix.shape[1]
     if plan.start is not None:
-        start = release_start(matrix, plan, basis)
+        start = release_start(matrix, plan, basis, weights)
         if not plan.start.select_genes and basis is None:
             return start, None
         genes = np.zeros(n_vars, dtype=bool)
@@ -54,18 +59,25 @@ def release_before_training(
     return None, None
 
 
-def release_start(matrix: Any, plan: FitPlan, basis: PublicBasis | None = None) -> ClusterResult:
+def release_start(
+    matrix: Any, plan: FitPlan, basis: PublicBasis | None = None, weights: np.ndarray | None = None
+) -> ClusterResult:
     """Run the clustering the fit starts from (its releases, with the fit's noise) and account it.
 
     The releases of :func:`dpsc.tl.cluster` at the σ of the fit's split
     (:func:`~dpsc.model._dcan_privacy.start_parts`; with a public ``basis`` only its k-means, after
     the count that chooses its start when it has the reference's types,
     :func:`~dpsc.model._dcan_privacy.start_parts_on_basis`), each told to the fit's accountant.
+    At the donor unit (``weights``) every sum weights a cell by :math:`1/m_d`, and DP-SGD's
+    noisy mean then divides by q times the released number of donors (the k-means' last released
+    count: post-processing), never by the true one.
     """
-    release_sum = central_release_sum(matrix, plan.noise, prefix="tl.fit.start")
+    release_sum = central_release_sum(matrix, plan.noise, prefix="tl.fit.start", weights=weights)
     start = run_clustering(plan.start, release_sum, basis)
     for sigma, _, steps in start.plan.history():  # the branch that ran, when the start is gated
         plan.step_full_release(sigma, steps)
+    if weights is not None and plan.settings is not None:
+        plan.settings.expected_batch_size = max(1, round(plan.sample_rate * start.released_total))
     return start
 
 
@@ -97,15 +109,18 @@ def start_model_from(model: DPDCAN, start: ClusterResult) -> None:
     model.start_from_partition(start.centroids)
 
 
-def choose_partition(matrix: Any, start: ClusterResult, model: DPDCAN, plan: FitPlan) -> _selection.Selection:
+def choose_partition(
+    matrix: Any, start: ClusterResult, model: DPDCAN, plan: FitPlan, weights: np.ndarray | None = None
+) -> _selection.Selection:
     """Release both partitions' tables in the clustering's points and keep the better one.
 
-    :mod:`dpsc.methods._selection` states the release (sensitivity 2) and the score.
+    :mod:`dpsc.methods._selection` states the release (sensitivity 2, per donor with ``weights``)
+    and the score.
     """
     points = cell_points(matrix, start.genes, start.loadings, start.basis)
     labels = (start.labels(matrix), model.latent_and_labels()[1])
     k, d = model.n_clusters, points.shape[1]
-    exact = _selection.partition_tables(points, labels, k)
+    exact = _selection.partition_tables(points, labels, k, weights)
     sigma = plan.releases.sigma("selection")
     if not sigma:
         return _selection.select_partition(exact, k, d, 0.0)

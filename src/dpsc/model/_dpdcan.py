@@ -442,6 +442,8 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
                     enable_checkpointing=False,
                     num_sanity_val_steps=0,
                     limit_val_batches=0,
+                    # nothing reads the logs; an epoch of fewer steps than Lightning's 50 is fine
+                    log_every_n_steps=max(1, min(50, splitter.steps_per_epoch)),
                 )
                 runner()
         except BaseException:

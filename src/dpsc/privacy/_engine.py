@@ -64,6 +64,7 @@ from ._distributed import world
 from ._ghost import ModuleOutputs, ghost_clipped_backward, release_privacy_hooks
 from ._noise import NoiseSource
 from ._random import SecureRandom
+from ._unit import DonorRows
 
 
 class PoissonBatches(Sampler[list[int]]):
@@ -71,48 +72,61 @@ class PoissonBatches(Sampler[list[int]]):
 
     The draws come from a secure stream (:class:`~dpsc.privacy.SecureRandom`); an empty batch is
     yielded as an empty list (the caller then takes a pure-noise step, as the accountant assumes).
-    A PyTorch ``Sampler``, so a ``DataLoader(batch_size=None)`` reads its batches directly.
+    With ``donors`` each donor is drawn with probability q and brings one of its rows, chosen at
+    random (:class:`~dpsc.privacy.DonorRows`). A PyTorch ``Sampler``, so a
+    ``DataLoader(batch_size=None)`` reads its batches directly.
     """
 
-    def __init__(self, n: int, sample_rate: float, steps: int, rng: SecureRandom) -> None:
+    def __init__(
+        self, n: int, sample_rate: float, steps: int, rng: SecureRandom, donors: DonorRows | None = None
+    ) -> None:
         self.n, self.sample_rate, self.steps, self.rng = int(n), float(sample_rate), int(steps), rng
+        self.donors = donors
 
     def __len__(self) -> int:
         return self.steps
 
     def __iter__(self) -> Iterator[list[int]]:
         for _ in range(self.steps):
-            yield poisson_rows(self.rng, self.n, self.sample_rate)
+            yield poisson_rows(self.rng, self.n, self.sample_rate, self.donors)
 
 
-def poisson_rows(rng: SecureRandom, n: int, sample_rate: float) -> list[int]:
-    """Return one Poisson sample of ``n`` rows: each row independently with probability q."""
+def poisson_rows(rng: SecureRandom, n: int, sample_rate: float, donors: DonorRows | None = None) -> list[int]:
+    """Return one Poisson sample of ``n`` rows: each row (each donor's one random row) with probability q."""
+    if donors is not None:
+        if donors.n_rows != n:
+            raise ValueError(f"A donor-level draw over {n} rows needs the donors of those {n} rows.")
+        return donors.one_row_each(rng, np.flatnonzero(rng.bernoulli_mask(donors.n_donors, sample_rate)))
     return np.flatnonzero(rng.bernoulli_mask(n, sample_rate)).tolist()
 
 
 @dataclass(frozen=True)
 class PoissonSampling:
-    r"""The one Poisson sampler of dpsc: every cell in each draw independently with rate q.
+    r"""The one Poisson sampler of dpsc: every cell (or donor) in each draw independently with rate q.
 
     The RDP analysis of the sampled Gaussian mechanism (Mironov et al. 2019) assumes exactly
     this: batch sizes vary and a batch may be empty. Draws come from the secret streams of
     ``noise`` (OS entropy unless a ``noise_seed`` was opted into), never from ``random_state``:
     who knows the sample knows whose cells shaped each step. :meth:`batches` serves DP-SGD
     (one stream per data-parallel rank, ``"sampling"``); :meth:`release_rows` serves the other
-    sampled releases of a fit (k-means, frequencies) from a stream of their own.
+    sampled releases of a fit (k-means, frequencies) from a stream of their own. With ``donors``
+    (the donor unit) q is each donor's rate and a drawn donor brings one random cell
+    (:class:`~dpsc.privacy.DonorRows`).
     """
 
     sample_rate: float
     noise: NoiseSource
+    donors: DonorRows | None = None
 
     def batches(self, n: int, steps: int, rank: int = 0) -> PoissonBatches:
         """Return ``steps`` Poisson batches over ``n`` rows, from rank ``rank``'s sampling stream."""
-        return PoissonBatches(n, self.sample_rate, steps, self.noise.stream("sampling", rank))
+        rng = self.noise.stream("sampling", rank)
+        return PoissonBatches(n, self.sample_rate, steps, rng, self.donors)
 
     def release_rows(self) -> Callable[[int], list[int]]:
         """Return ``draw(n) -> row indices``, one Poisson sample per call for sampled releases."""
         rng = self.noise.stream("sampling-releases")
-        return lambda n: poisson_rows(rng, n, self.sample_rate)
+        return lambda n: poisson_rows(rng, n, self.sample_rate, self.donors)
 
 
 #: Most cells whose losses :func:`poisson_steps` holds in memory at once (larger Poisson batches

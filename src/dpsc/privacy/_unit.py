@@ -89,7 +89,7 @@ def check_unit(entries: list[dict[str, Any]], unit: str, tool: str) -> None:
     if booked and unit not in booked:
         other = booked.pop()
         fix = (
-            "pass donor_key= as the earlier calls did (tl.cluster, tl.cluster_federated, "
+            "pass donor_key= as the earlier calls did (tl.cluster, tl.fit, tl.kmeans, tl.cluster_federated, "
             "tl.rank_genes_groups and pp.* take it); a call that protects one cell only would leave each "
             "donor's total ε unbounded (a donor's many cells compose only at group level)"
             if other == "donor"
@@ -102,12 +102,12 @@ def check_unit(entries: list[dict[str, Any]], unit: str, tool: str) -> None:
         )
 
 
-def donor_weights(adata: Any, donor_key: str, tool: str) -> np.ndarray:
-    r"""Return each cell's weight :math:`1/m_d` (module docstring); check the column first.
+def donor_codes(adata: Any, donor_key: str, tool: str) -> np.ndarray:
+    """Return each cell's donor as an integer code ``0 … D-1``; check the column first.
 
     Refuses, with the fix and before any work: a ``donor_key`` that is not an ``obs`` column, a
     cell without a donor (NaN), and fewer than two donors (a donor-level release about one donor
-    protects no one from its result). Reads ``obs[donor_key]`` only; the weights are never released.
+    protects no one from its result). Reads ``obs[donor_key]`` only; the codes are never released.
     """
     if not isinstance(donor_key, str) or donor_key not in adata.obs:
         columns = ", ".join(repr(c) for c in adata.obs.columns[:12]) or "none"
@@ -129,8 +129,56 @@ def donor_weights(adata: Any, donor_key: str, tool: str) -> np.ndarray:
             f"{tool}: obs[{donor_key!r}] names one donor only; a donor-level release needs at least two "
             "donors (with one, its result is that donor's). Nothing was spent."
         )
-    sizes = np.bincount(codes)
-    return 1.0 / sizes[codes].astype(np.float64)
+    return codes
+
+
+def donor_weights(adata: Any, donor_key: str, tool: str) -> np.ndarray:
+    r"""Return each cell's weight :math:`1/m_d` (module docstring); :func:`donor_codes` checks the column."""
+    codes = donor_codes(adata, donor_key, tool)
+    return 1.0 / np.bincount(codes)[codes].astype(np.float64)
+
+
+@dataclass(frozen=True)
+class DonorRows:
+    r"""Each donor's rows, to sample donors for DP-SGD (local: read from ``obs``, never released).
+
+    A donor-level Poisson draw includes each donor independently with rate q and, for each donor
+    drawn, **one of its cells chosen uniformly at random** (:meth:`one_row_each`, from the
+    same secret stream). Adding or removing a donor then adds or removes at most one row of each batch, so
+    every per-cell bound of a step (the clipping norm C of DP-SGD, the sensitivity 1 of a sampled
+    release) holds per donor, and the sampled Gaussian mechanism's analysis (Mironov et al. 2019)
+    applies at the donors' rate q: the same accountant, with q now each donor's probability.
+    """
+
+    order: np.ndarray  # the rows, grouped by donor
+    starts: np.ndarray  # where each donor's rows begin in ``order``
+    sizes: np.ndarray  # each donor's number of rows
+
+    @classmethod
+    def of(cls, codes: np.ndarray) -> DonorRows:
+        """Group rows by their donor code (``0 … D-1``)."""
+        codes = np.asarray(codes)
+        sizes = np.bincount(codes)
+        starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
+        return cls(np.argsort(codes, kind="stable"), starts, sizes)
+
+    @property
+    def n_rows(self) -> int:
+        """Number of rows (cells) the donors hold together."""
+        return len(self.order)
+
+    @property
+    def n_donors(self) -> int:
+        """Number of donors (local: for the sampler, never released)."""
+        return len(self.sizes)
+
+    def one_row_each(self, rng: Any, donors: np.ndarray) -> list[int]:
+        """Return one row of each donor in ``donors``, chosen uniformly at random from ``rng``."""
+        if not len(donors):
+            return []
+        sizes = self.sizes[donors]
+        pick = np.minimum((rng.uniform(len(donors)) * sizes).astype(np.int64), sizes - 1)
+        return np.sort(self.order[self.starts[donors] + pick]).tolist()
 
 
 def n_donors(weights: np.ndarray) -> int:

@@ -16,6 +16,7 @@ import torch
 from dpsc._docs import doc_params
 
 from .._api import DEFAULT_EPSILON, renamed_arguments, result_target, store_result
+from .._outputs import cluster_labels
 from .._validation import check_matrix, check_site_key, federation_sites, get_matrix, resolve_delta
 from ..federated import (
     METHODS,
@@ -325,8 +326,7 @@ def _run_fedsc(
     labels = nearest_centroid(Z, np.asarray(results["centroids"]))  # what each site computes for its cells
     target = result_target(adata, copy)
     target.obsm[run.key_added] = Z
-    categories = [str(i) for i in range(run.n_clusters)]
-    target.obs[run.cluster_key] = pd.Categorical(labels.astype(str), categories=categories)
+    target.obs[run.cluster_key] = cluster_labels(labels, run.n_clusters)
     rounds_done = sorted(history)
     result = {
         "method": run.method,

@@ -16,13 +16,12 @@ from typing import Any, Literal
 
 import anndata as ad
 import numpy as np
-import pandas as pd
 import torch
 
 from dpsc._docs import doc_params
 
 from .._api import DEFAULT_EPSILON, result_target, store_result
-from .._outputs import derived_key
+from .._outputs import cluster_labels, derived_key
 from .._validation import (
     LIKELIHOODS,
     check_cells,
@@ -46,6 +45,8 @@ from ..model import (
     start_model_from,
 )
 from ..module import DEFAULT_LATENT_SCALE
+from ..privacy import DonorRows, PrivacyUnit, donor_codes, n_donors, unit_and_weights
+from ._cluster import warn_if_noise_dominated
 from ._fit_reference import (
     REFERENCE_FINE_TUNING_EPOCHS,
     REFERENCE_FINE_TUNING_RATE,
@@ -92,6 +93,7 @@ def fit(
     reference: ad.AnnData | str | None = None,
     reference_key: str | None = None,
     reference_model: str | os.PathLike | None = None,
+    donor_key: str | None = None,
     key_added: str = "X_dpdcan",
     cluster_key: str = "dp_cluster",
     copy: bool = False,
@@ -164,6 +166,12 @@ def fit(
         one for this reference, these genes and this architecture, else pretrained and saved
         there (public: share it with every site that uses the same reference). ``None``:
         pretrained in memory.
+    donor_key
+        {doc_donor_key}
+        Needs the default model (``input_pcs="auto"``, ``likelihood="zinb"``, ``scope`` ``"encoder"``
+        or ``"full"``; with or without a ``reference``): its clustering's sums and the choice weight
+        each cell by 1/(its donor's cells), and DP-SGD draws donors (rate ``q = batch_size / n_obs``
+        each) and one random cell of each donor drawn (see Notes).
     key_added, cluster_key
         Where the embedding (``obsm``) and the clusters (``obs``) go; the privacy record and the
         parameters go to ``uns["dpsc"][key_added]``.
@@ -184,8 +192,8 @@ def fit(
     Returns
     -------
     {doc_returns}
-    Writes ``obsm[key_added]``, ``obs[cluster_key]`` (categorical, categories ``"0"`` …
-    ``str(n_clusters - 1)``), the privacy record ``uns["dpsc"][key_added]["privacy"]``
+    Writes ``obsm[key_added]``, ``obs[cluster_key]`` (categorical, categories among ``"0"`` …
+    ``str(n_clusters - 1)``: the clusters that hold a cell, as scanpy's), the privacy record ``uns["dpsc"][key_added]["privacy"]``
     (:func:`dpsc.privacy.get_record`), the parameters (with ``partition``: ``"clustering"`` or
     ``"model"``, the partition written to ``obs[cluster_key]``, and both ``partition_scores``),
     the released cluster frequencies, the released label counts and the clusters in use (counts
@@ -224,6 +232,14 @@ def fit(
     (its sha256 fingerprint, size and genes) and states that it is assumed public and must not
     contain these cells.
 
+    With ``donor_key`` the same releases protect one donor with all of their cells: each sum of the
+    start and of the choice weights a cell by :math:`1/m_d` (a donor's weights add up to 1, so its
+    whole contribution keeps the per-cell bound), and each DP-SGD step and sampled release draws
+    every donor with probability q and, for a donor drawn, one of its cells at random
+    (:class:`dpsc.privacy.DonorRows`): a donor adds at most one clipped gradient to a step, so the
+    same σ, q and accountant hold per donor. The noisy mean of a step divides by q times the
+    number of donors the start released (post-processing), never by the true one.
+
     What the ε covers: with the default ``scope="encoder"`` and with ``scope="full"``, (ε, δ)-DP
     (proven) for the released clustering (or input loadings), the choice, the encoder and the
     centroids (and the decoder under
@@ -246,10 +262,12 @@ def fit(
     matrix = get_matrix(adata, layer)
     check_choice("likelihood", likelihood, LIKELIHOODS)
     model_kwargs = _model_kwargs(scope, input_pcs, adata.n_vars)
+    unit, weights = unit_and_weights(adata, donor_key, "dpsc.tl.fit")
     public = reference_for_fit(
         reference, reference_key, reference_model, adata, scope, input_pcs, likelihood, n_clusters
     )
     run = {k: train_kwargs.pop(k) for k in RUN_OPTIONS if k in train_kwargs}
+    _check_donor_fit(unit, epsilon, run)
     if public is not None and batch_size is None:  # a rule of n alone (reads no cell)
         batch_size = max(1, round(REFERENCE_FINE_TUNING_RATE * adata.n_obs))
     settings = _settings(
@@ -265,8 +283,13 @@ def fit(
         random_state=random_state,
         noise_seed=noise_seed,
     )
-    plan = _plan_for(adata, settings, n_clusters, model_kwargs, scope, input_pcs, likelihood, public)
+    donors = None if weights is None else DonorRows.of(donor_codes(adata, donor_key, "dpsc.tl.fit"))
+    plan = _plan_for(
+        adata, settings, n_clusters, model_kwargs, (scope, input_pcs, likelihood), public, (unit, donors)
+    )
     _check_input_for(plan, adata, matrix, layer, likelihood, model_kwargs)
+    if weights is not None:
+        warn_if_noise_dominated(plan.start, n_donors(weights), unit, "dpsc.tl.fit")
     check_cells(adata, matrix, "dpsc.tl.fit", likelihood == "zinb", "likelihood='gaussian'")
 
     call = {
@@ -277,10 +300,11 @@ def fit(
         "accountant": accountant,
         "key_added": key_added,
         "cluster_key": cluster_key,
+        "donor_key": donor_key,
     }
     with plan.releases.spend(adata, plan.planned_record(adata.n_obs), key_added, plan.noise) as spent:
         target = result_target(adata, copy)
-        training = (matrix, plan, model_kwargs, public, run)
+        training = (matrix, plan, model_kwargs, public, run, weights)
         model, selection, genes = _train(target, *training, call, random_state, progress_bar)
         trained = (model, selection, genes, model_kwargs, public)
         return _store(adata, target, plan, spent.booking, trained, call, copy, return_model)
@@ -304,7 +328,7 @@ def _store(
     model, selection, genes, model_kwargs, public = trained
     key_added, cluster_key = call["key_added"], call["cluster_key"]
     label_counts, in_use = _write_embedding_and_labels(
-        target, model, selection, genes, key_added, cluster_key, plan.epsilon
+        target, model, selection, genes, (key_added, cluster_key), plan
     )
     extra = {} if public is None else reference_outputs(target, public, model, selection, cluster_key)
     return store_result(
@@ -345,6 +369,7 @@ def _fit_params(
         "accountant": named["accountant"],
         "key_added": named["key_added"],
         "cluster_key": named["cluster_key"],
+        "donor_key": named["donor_key"],
         "genes_selected": -1 if genes is None else int(genes.sum()),
         **model.train_params_,
         **_partition_params(selection),
@@ -356,15 +381,18 @@ def _plan_for(
     settings: TrainSettings,
     n_clusters: int,
     model_kwargs: dict,
-    scope: str,
-    input_pcs: int | str | None,
-    likelihood: str,
-    public: ReferenceFit | None = None,
+    model: tuple[str, int | str | None, str],
+    public: ReferenceFit | None,
+    individual: tuple[PrivacyUnit, DonorRows | None],
 ) -> FitPlan:
     """Plan and calibrate the fit's releases for these cells' shape (reads no cell).
 
-    The model's input then reads as many components as the plan's start releases.
+    ``model``: ``(scope, input_pcs, likelihood)``; ``individual``: the unit of privacy and, per
+    donor, each donor's rows. The model's input then reads as many components as the plan's start
+    releases.
     """
+    scope, input_pcs, likelihood = model
+    unit, donors = individual
     if public is not None:
         return plan_fit(
             settings,
@@ -376,6 +404,8 @@ def _plan_for(
             start_n_vars=adata.n_vars,
             start_basis=public.basis,
             reference=public.summary,
+            unit=unit,
+            donors=donors,
         )
     plan = plan_fit(
         settings,
@@ -386,10 +416,28 @@ def _plan_for(
         likelihood=likelihood,
         select_genes=adata.n_vars > MODEL_GENES,
         start_n_vars=adata.n_vars if _starts_from_clustering(scope, input_pcs, likelihood) else None,
+        unit=unit,
+        donors=donors,
     )
     if plan.start is not None:
         model_kwargs["input_pcs"] = plan.start.n_comps
     return plan
+
+
+def _check_donor_fit(unit: PrivacyUnit, epsilon: float | None, run: dict[str, Any]) -> None:
+    """Refuse a donor-level fit without ε or over several processes (reads no cell)."""
+    if unit.donor_key is None:
+        return
+    if epsilon is None:
+        raise ValueError(
+            "dpsc.tl.fit: donor_key protects each donor under DP, and epsilon=None trains without noise. "
+            "Pass an epsilon, or drop donor_key."
+        )
+    if run.get("devices") not in (None, 1, "auto") or run.get("strategy") not in (None, "auto"):
+        raise ValueError(
+            "dpsc.tl.fit: a donor-level fit draws donors in one process; drop devices= and strategy= "
+            "(data-parallel training shards cells, not donors)."
+        )
 
 
 def _train(
@@ -399,6 +447,7 @@ def _train(
     model_kwargs: dict,
     public: ReferenceFit | None,
     run: dict[str, Any],
+    weights: np.ndarray | None,
     call: dict[str, Any],
     random_state: int,
     progress_bar: bool,
@@ -409,11 +458,12 @@ def _train(
     when the fit does not start from the clustering) and the genes the model reads (``None``: all).
     With a public reference the model reads each cell's point in its basis and starts from the
     weights pretrained on it (:mod:`dpsc.model._dcan_reference`). ``call``: ``tl.fit``'s named
-    choices (``n_clusters``, ``likelihood``, ``layer``, …).
+    choices (``n_clusters``, ``likelihood``, ``layer``, …); ``weights``: each cell's donor weight
+    (the donor unit) for the start's and the choice's sums.
     """
     n_clusters, likelihood, layer = call["n_clusters"], call["likelihood"], call["layer"]
     basis = None if public is None else public.basis
-    start, genes = release_before_training(matrix, likelihood, plan, basis)
+    start, genes = release_before_training(matrix, likelihood, plan, basis, weights)
     if public is None:
         train_on = target if genes is None else target[:, genes].copy()
         DPDCAN.setup_anndata(train_on, layer=layer)
@@ -427,7 +477,7 @@ def _train(
         start_model_from(model, start)
 
         def after_training() -> None:
-            choice["selection"] = choose_partition(matrix, start, model, plan)
+            choice["selection"] = choose_partition(matrix, start, model, plan, weights)
 
     model.train(planned=PlannedTraining(plan, after_training), progress_bar=progress_bar, **run)
     return model, choice.get("selection"), genes
@@ -442,6 +492,8 @@ def _check_input_for(
         check_matrix(matrix, likelihood, training="genes" not in plan.releases and plan.reference is None)
         return
     check_public_counts(adata, layer, likelihood == "zinb", "dpsc.tl.fit", "likelihood='gaussian'")
+    if plan.unit.donor_key is not None:  # the regime warning speaks for the donors
+        return
     message = small_data_message(
         adata.n_obs,
         plan.sample_rate,
@@ -458,15 +510,16 @@ def _write_embedding_and_labels(
     model: DPDCAN,
     selection: _selection.Selection | None,
     genes: np.ndarray | None,
-    key_added: str,
-    cluster_key: str,
-    epsilon: float | None,
+    keys: tuple[str, str],
+    plan: FitPlan,
 ) -> tuple[np.ndarray, int]:
     """Write the embedding, the labels of the kept partition and the genes read; count clusters in use.
 
-    Returns the released label counts (exact for a non-private fit) and the clusters in use; warns
-    when fewer than half of the clusters are (released values only).
+    ``keys``: ``(key_added, cluster_key)``. Returns the released label counts (exact for a
+    non-private fit) and the clusters in use; warns when fewer than half of the clusters are
+    (released values only).
     """
+    key_added, cluster_key = keys
     label_counts, count_noise = model.released_label_counts(), model.label_count_noise_
     if selection is not None:
         if selection.kept == "clustering":
@@ -474,16 +527,15 @@ def _write_embedding_and_labels(
         label_counts, count_noise = selection.kept_counts, selection.count_noise
     n_clusters = model.n_clusters
     target.obsm[key_added], labels = model.latent_and_labels()
-    target.obs[cluster_key] = pd.Categorical(
-        labels.astype(str), categories=[str(i) for i in range(n_clusters)]
-    )
+    target.obs[cluster_key] = cluster_labels(labels, n_clusters)
     if genes is not None:
         target.var[derived_key(key_added, "gene")] = genes
     if label_counts is None:  # a non-private fit: the written labels, counted exactly
         label_counts = np.bincount(labels, minlength=n_clusters).astype(np.float64)
     in_use = clusters_above_noise(label_counts, count_noise)
     if in_use < n_clusters / 2:
-        warnings.warn(collapse_message(in_use, n_clusters, epsilon), UserWarning, stacklevel=4)
+        message = collapse_message(in_use, n_clusters, plan.epsilon, plan.unit.donor_key is not None)
+        warnings.warn(message, UserWarning, stacklevel=4)
     return label_counts, in_use
 
 
@@ -524,8 +576,16 @@ def _settings(train_kwargs: dict[str, Any], *, epoch_defaults: dict[str, int], *
     return TrainSettings(**named, **train_kwargs)
 
 
-def collapse_message(in_use: int, n_clusters: int, epsilon: float | None) -> str:
+def collapse_message(in_use: int, n_clusters: int, epsilon: float | None, per_donor: bool = False) -> str:
     """Say that the released label counts leave few clusters in use, why, and what helps."""
+    if per_donor:
+        return (
+            f"Only {in_use} of the {n_clusters} clusters hold a share above the noise of the released "
+            "label counts. Per donor these counts weigh each donor's cells 1 in total, so with few donors "
+            "per cluster they sit near their noise: this says little about the partition itself (each "
+            "cell's label is its nearest centroid). What helps: more donors (more sites), a larger "
+            "epsilon. This note reads only released values, so it costs no privacy."
+        )
     cause = (
         f"under DP (epsilon={epsilon:g}) the centroids and embedding are trained with noise, so cell "
         "types with few cells, or close to a larger one, are absorbed by their neighbours"

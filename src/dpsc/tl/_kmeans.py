@@ -23,38 +23,63 @@ import warnings
 
 import anndata as ad
 import numpy as np
-import pandas as pd
 
 from dpsc._docs import doc_params
 
 from .._api import DEFAULT_EPSILON, result_target, store_result
+from .._outputs import cluster_labels
 from .._validation import check_privacy_args, resolve_delta
 from ..methods import central_table_release, dp_kmeans_centroids, kmeans_release_steps
 from ..methods._clustering import KMEANS_PLAN
 from ..methods._kmeans import Metric, _nearest, kmeans_points
-from ..privacy import COMMON_NOT_COVERED, NoiseSource, PlannedRelease, ReleasePlan, gaussian_release_record
+from ..privacy import (
+    NoiseSource,
+    PlannedRelease,
+    PrivacyUnit,
+    ReleasePlan,
+    gaussian_release_record,
+    not_covered_for,
+    unit_and_weights,
+    with_unit,
+)
 
 #: Release plan and sketch of :func:`kmeans`: the private pipeline's (:data:`KMEANS_PLAN`).
 KMEANS_DEFAULTS = KMEANS_PLAN
 
+#: The default unit of privacy: one cell.
+PER_CELL = PrivacyUnit()
 
-def kmeans_record(sigma: float, steps: int, epsilon: float, delta: float, n_obs: int, noise: NoiseSource):
-    """Record of the k-means releases (proven (ε, δ)-DP, ``steps`` Gaussian releases at q = 1)."""
-    return gaussian_release_record(
+
+def kmeans_record(
+    sigma: float,
+    steps: int,
+    epsilon: float,
+    delta: float,
+    n_obs: int,
+    noise: NoiseSource,
+    unit: PrivacyUnit = PER_CELL,
+):
+    """Record of the k-means releases (proven (ε, δ)-DP, ``steps`` Gaussian releases at q = 1).
+
+    ``unit``: what one individual is (a cell, or a donor with all of their cells).
+    """
+    record = gaussian_release_record(
         "tl.kmeans",
         sigma=sigma,
         steps=steps,
         target_epsilon=epsilon,
         delta=delta,
-        unit=f"adding or removing one of the {n_obs} cells",
-        mechanism=f"{steps} Gaussian releases of clipped per-cluster sums and counts (DP k-means)",
+        unit=unit.relation(n_obs),
+        mechanism=f"{steps} Gaussian releases of clipped per-cluster sums and counts (DP k-means)"
+        + unit.weighting,
         covered="the centroids and anything computed from them on other data (e.g. labels of new cells)",
         not_covered="the labels written for these cells (each is computed from its own cell); the "
         "representation in obsm, unless it was itself released privately (see its own record); "
-        + COMMON_NOT_COVERED,
+        + not_covered_for(unit.name),
         noise=noise,
         scope="centroids",
     )
+    return with_unit(record, unit)
 
 
 @doc_params
@@ -70,6 +95,7 @@ def kmeans(
     key_added: str = "dp_cluster",
     random_state: int = 0,
     noise_seed: int | None = None,
+    donor_key: str | None = None,
     copy: bool = False,
 ) -> ad.AnnData | None:
     """Cluster cells by differentially private k-means on ``obsm[use_rep]``.
@@ -105,14 +131,18 @@ def kmeans(
         Seed of the post-processing k-means runs (not of the noise).
     noise_seed
         {doc_noise_seed}
+    donor_key
+        {doc_donor_key}
+        Each cell's row of every table is weighted by 1/(its donor's cells). ``use_rep`` must then be
+        itself released per donor (``dpsc.pp.pca(donor_key=...)``), or public.
     copy
         {doc_copy}
 
     Returns
     -------
     ``None``, or the new AnnData with ``copy=True``. Writes ``obs[key_added]`` (categorical: the
-    nearest released centroid of each cell, categories ``"0"`` … ``str(n_clusters - 1)``, all of
-    them whether or not a cell is nearest), and ``uns["dpsc"][key_added]`` with the record, the
+    nearest released centroid of each cell, categories among ``"0"`` … ``str(n_clusters - 1)``:
+    the centroids some cell is nearest, as scanpy's clusterings), and ``uns["dpsc"][key_added]`` with the record, the
     parameters, the released ``centroids`` (``n_clusters × d``) and ``clusters_in_use`` (the
     centroids whose released count in the last Lloyd round is above twice its noise).
 
@@ -122,6 +152,7 @@ def kmeans(
     """
     delta = resolve_delta(delta, adata.n_obs)
     check_privacy_args(epsilon, delta, adata.n_obs)
+    unit, weights = unit_and_weights(adata, donor_key, "dpsc.tl.kmeans")
     points = _points(adata, use_rep, n_clusters, clip_norm, metric)
     steps = kmeans_release_steps(
         *(KMEANS_DEFAULTS[k] for k in ("n_sketch_steps", "n_lloyd_rounds", "steps_per_round"))
@@ -129,7 +160,7 @@ def kmeans(
     plan = ReleasePlan.of(PlannedRelease("tl.kmeans", steps=steps)).calibrate(epsilon, delta)
     sigma = plan.sigma("tl.kmeans")
     noise = NoiseSource(noise_seed)
-    record = kmeans_record(sigma, steps, epsilon, delta, adata.n_obs, noise)
+    record = kmeans_record(sigma, steps, epsilon, delta, adata.n_obs, noise, unit)
     with plan.spend(adata, record, key_added, noise) as releases:
         released = []
         centroids, in_use = dp_kmeans_centroids(
@@ -140,6 +171,7 @@ def kmeans(
                 noise_multiplier=sigma,
                 draw_stream=lambda: releases.stream("tl.kmeans"),
                 on_release=lambda: released.append(1),
+                weights=weights,
             ),
             n_clusters,
             points.shape[1],
@@ -154,13 +186,13 @@ def kmeans(
         labels = _nearest(points, centroids)
         warn_if_few_clusters(in_use, n_clusters)
         target = result_target(adata, copy)
-        categories = [str(i) for i in range(n_clusters)]
-        target.obs[key_added] = pd.Categorical(labels.astype(str), categories=categories)
+        target.obs[key_added] = cluster_labels(labels, n_clusters)
         params = {
             "n_clusters": n_clusters,
             "use_rep": use_rep,
             "metric": metric,
             "clip_norm": clip_norm,
+            "donor_key": donor_key,
             **KMEANS_DEFAULTS,
         }
         released_values = {"centroids": centroids, "clusters_in_use": in_use}

@@ -234,12 +234,26 @@ def _group_codes(adata: ad.AnnData, groupby: str, groups: Sequence[str] | None) 
             f"Make it categorical (adata.obs[{groupby!r}] = adata.obs[{groupby!r}].astype('category')) or "
             "name the groups with groups=[...]."
         )
-    names = [str(c) for c in column.cat.categories] if groups is None else [str(g) for g in groups]
+    names = [str(g) for g in groups] if groups is not None else _released_groups(adata, groupby, column)
     if len(names) < 2 or len(set(names)) != len(names):
         raise ValueError(f"rank_genes_groups needs at least 2 distinct groups, got {names}.")
     lookup = {name: k for k, name in enumerate(names)}
     codes = np.array([lookup.get(str(v), -1) if pd.notna(v) else -1 for v in column], dtype=np.int64)
     return codes, names
+
+
+def _released_groups(adata: ad.AnnData, groupby: str, column: pd.Series) -> list[str]:
+    """Return the groups of ``obs[groupby]``: all of a dpsc clustering's (its record), else the categories.
+
+    A dpsc clustering's ``obs`` column leaves out clusters no cell is nearest
+    (:func:`dpsc._outputs.cluster_labels`); which those are is read from the cells, so the groups
+    of the release come from its record, a public count.
+    """
+    for key, result in adata.uns.get("dpsc", {}).items():
+        params = result.get("params", {}) if isinstance(result, dict) else {}
+        if groupby in (key, params.get("cluster_key")) and "n_clusters" in params:
+            return [str(i) for i in range(int(params["n_clusters"]))]
+    return [str(c) for c in column.cat.categories]
 
 
 @doc_params
