@@ -217,7 +217,10 @@ def test_after_tl_cluster_within_one_budget(small_adata):
     adata = small_adata.copy()
     dpsc.tl.cluster(adata, 3, epsilon=6)
     dpsc.tl.rank_genes_groups(adata, epsilon=2)  # groupby defaults to the clusters
-    assert set(adata.uns["rank_genes_groups"]["names"].dtype.names) == {"0", "1", "2"}
+    released = adata.uns["dpsc"]["rank_genes_groups"]["params"]["groups"]
+    assert released == ["0", "1", "2"]  # the clustering's record: every cluster, with cells or not
+    shown = set(adata.uns["rank_genes_groups"]["names"].dtype.names)
+    assert shown == set(adata.obs["dp_cluster"].cat.categories) and shown <= set(released)
     assert dpsc.privacy.spent(adata).epsilon <= 8.0
 
 

@@ -193,7 +193,8 @@ def fit(
     -------
     {doc_returns}
     Writes ``obsm[key_added]``, ``obs[cluster_key]`` (categorical, categories among ``"0"`` …
-    ``str(n_clusters - 1)``: the clusters that hold a cell, as scanpy's), the privacy record ``uns["dpsc"][key_added]["privacy"]``
+    ``str(n_clusters - 1)``: the clusters that hold a cell, as scanpy's), the privacy record
+    ``uns["dpsc"][key_added]["privacy"]``
     (:func:`dpsc.privacy.get_record`), the parameters (with ``partition``: ``"clustering"`` or
     ``"model"``, the partition written to ``obs[cluster_key]``, and both ``partition_scores``),
     the released cluster frequencies, the released label counts and the clusters in use (counts

@@ -142,9 +142,10 @@ def kmeans(
     -------
     ``None``, or the new AnnData with ``copy=True``. Writes ``obs[key_added]`` (categorical: the
     nearest released centroid of each cell, categories among ``"0"`` … ``str(n_clusters - 1)``:
-    the centroids some cell is nearest, as scanpy's clusterings), and ``uns["dpsc"][key_added]`` with the record, the
-    parameters, the released ``centroids`` (``n_clusters × d``) and ``clusters_in_use`` (the
-    centroids whose released count in the last Lloyd round is above twice its noise).
+    the centroids some cell is nearest, as scanpy's clusterings), and ``uns["dpsc"][key_added]``
+    with the record, the parameters, the released ``centroids`` (``n_clusters × d``) and
+    ``clusters_in_use`` (the centroids whose released count in the last Lloyd round is above twice
+    its noise).
 
     Warns
     -----
