@@ -265,23 +265,44 @@ def test_a_site_serves_only_plans_of_its_own_unit(small_adata, tmp_path):
 
 def test_pp_releases_move_by_at_most_their_sensitivity_per_donor(small_adata):
     """pp.highly_variable_genes (Δ = √3) and pp.pca (Δ = 1): removing any one donor, weighted."""
-    import functools
-
-    from dpsc._blocks import weighted_sum
     from dpsc.methods import _hvg, _pca
 
     adata = with_donors(small_adata, seed=4)
     weights = donor_weights(adata, "donor", "test")
     releases = {
-        _hvg.SENSITIVITY: functools.partial(_hvg.gene_sums, log_normalize=True, square_clip=0.5),
-        1.0: lambda m: _pca.upper(_pca.second_moment(m, True)),
+        _hvg.SENSITIVITY: lambda m, w: _hvg.gene_sums(m, True, 0.5, w),
+        1.0: lambda m, w: _pca.upper(_pca.second_moment(m, True, weights=w)),
     }
     for donor in (adata.obs["donor"].value_counts().index[0], "single", "extreme"):
         keep = (adata.obs["donor"] != donor).to_numpy()
         for delta, release in releases.items():
-            full = weighted_sum(release, adata.X, weights)
-            without = weighted_sum(release, adata[keep].X, weights[keep])
+            full = release(adata.X, weights)
+            without = release(adata[keep].X, weights[keep])
             assert np.linalg.norm(full - without) <= delta * (1 + 1e-9), (donor, delta)
+
+
+@pytest.mark.parametrize("storage", ["csr", "dense", "dask"])
+def test_every_weighted_release_is_the_sum_over_donors_of_each_donors_sum_times_its_weight(
+    small_adata, storage
+):
+    """Row-by-row weights inside each kind's sum equal the definition: Σ_d (1/m_d) · (donor d's exact sum)."""
+    adata = with_donors(small_adata, seed=2)
+    weights = donor_weights(adata, "donor", "test")
+    plan = plan_clustering(8.0, 1e-5, n_vars=adata.n_vars, n_clusters=4, n_obs=12, n_genes=150, markers=True)
+    requests = requests_of(plan, adata.X, weights)
+    X = adata.X.toarray() if storage == "dense" else adata.X
+    if storage == "dask":
+        import dask.array as da
+
+        X = da.from_array(adata.X.toarray(), chunks=(70, adata.n_vars))
+    donors = adata.obs["donor"].to_numpy()
+    for request in requests:
+        weighted = np.asarray(contribution(request, X, weights=weights))
+        definition = sum(
+            weights[donors == d][0] * np.asarray(contribution(request, adata.X[np.flatnonzero(donors == d)]))
+            for d in np.unique(donors)
+        )
+        assert np.allclose(weighted, definition, rtol=1e-9, atol=1e-9), request.kind
 
 
 def test_pp_per_donor_records_the_unit_and_one_cell_donors_equal_the_cell_level_call(small_adata):

@@ -119,27 +119,19 @@ def blockwise_sum(matrix: Any, fn, *per_cell: np.ndarray):
     return compute(parts[0])
 
 
-def weighted_sum(fn: Callable, matrix: Any, weights: np.ndarray | None, *per_cell: np.ndarray) -> Any:
-    r"""Return :math:`\sum_i w_i c_i` where ``fn(rows)`` returns :math:`\sum_{i \in rows} c_i`.
+def weighted_rows(values: Any, weights: np.ndarray | None) -> np.ndarray:
+    r"""Return :math:`\sum_i w_i v_i` over the rows :math:`v_i` of ``values`` (dense or sparse).
 
-    ``fn`` is a release's exact sum over cells of per-cell contributions (any storage); the cells
-    of each distinct weight are summed together and scaled by it, so no per-cell contribution is
-    materialised and every release kind is weighted the same way (the donor unit,
-    :mod:`dpsc.privacy._unit`: a donor's weights add up to 1, so its whole contribution keeps the
-    per-cell bound Δ). ``per_cell``: arrays of one value per cell, passed to ``fn`` with the rows
-    (e.g. each cell's group). ``weights=None``: ``fn(matrix, *per_cell)``, unweighted.
+    ``weights``: the :math:`w_i` (``None``: 1 each).
     """
     if weights is None:
-        return fn(matrix, *per_cell)
-    weights = np.asarray(weights, dtype=np.float64)
-    if weights.shape != (matrix.shape[0],):
-        raise ValueError(f"{len(weights)} weights for {matrix.shape[0]} cells.")
-    total = None
-    for weight in np.unique(weights):
-        rows = np.flatnonzero(weights == weight)
-        part = weight * fn(matrix[rows], *(np.asarray(a)[rows] for a in per_cell))
-        total = part if total is None else total + part
-    return total
+        return np.asarray(values.sum(0)).ravel()
+    return np.asarray(values.T @ weights).ravel()
+
+
+def rows_of(per_cell: np.ndarray | None, start: int, n: int) -> np.ndarray | None:
+    """Return the values of rows ``start … start + n`` of a per-cell array (``None`` stays ``None``)."""
+    return None if per_cell is None else np.asarray(per_cell, dtype=np.float64)[start : start + n]
 
 
 #: A Dask computation on the local (threaded or process) scheduler that runs longer than this many
@@ -178,8 +170,9 @@ def sum_over_cells(*per_cell: str) -> Callable:
     """Make a function that returns a sum over the cells of its ``matrix`` run blockwise on Dask.
 
     The decorated function's first parameter is ``matrix``; ``per_cell`` names its parameters
-    that hold one value per cell (each block gets its rows). On an in-memory or backed matrix the
-    function runs as written; on a Dask array it runs on every chunk (:func:`blockwise_sum`).
+    that hold one value per cell (each block gets its rows; one left ``None`` stays ``None``). On
+    an in-memory or backed matrix the function runs as written; on a Dask array it runs on every
+    chunk (:func:`blockwise_sum`).
     """
 
     def decorate(fn: Callable) -> Callable:
@@ -192,8 +185,9 @@ def sum_over_cells(*per_cell: str) -> Callable:
             bound = signature.bind(matrix, *args, **kwargs)
             bound.apply_defaults()
             arguments = dict(bound.arguments)
-            arrays = [np.asarray(arguments.pop(name)) for name in per_cell]
-            return blockwise_sum(matrix, functools.partial(_apply, fn, arguments, per_cell), *arrays)
+            given = tuple(name for name in per_cell if arguments[name] is not None)
+            arrays = [np.asarray(arguments.pop(name)) for name in given]
+            return blockwise_sum(matrix, functools.partial(_apply, fn, arguments, given), *arrays)
 
         return wrapper
 

@@ -941,8 +941,8 @@ def contribution(
     On a Dask array the same sum is computed per chunk where the chunk lives and the partial sums
     added there (:func:`dpsc._blocks.blockwise_sum`): one implementation for every storage.
     ``weights``: each cell's contribution weighted (the donor unit: :math:`1/m_d`, a donor's weights
-    add up to 1, so the release's per-cell bound Δ holds per donor): inside the k-means and the
-    type-count tables row by row, for the other kinds by :func:`dpsc._blocks.weighted_sum`.
+    add up to 1, so the release's per-cell bound Δ holds per donor), row by row inside each kind's
+    sum: one pass over the cells whatever the donors.
     """
     rows_sum = functools.partial(_rows_contribution, request, count_scale)
     if _blocks.is_dask(matrix):
@@ -961,24 +961,20 @@ def _rows_contribution(
         basis = request.basis
         points = cell_points(matrix, None, None, basis)
         return _type_gate.inside_counts(points, basis.start, basis.start_radii, weights)
-    if weights is not None:
-        return _blocks.weighted_sum(
-            functools.partial(_rows_contribution, request, count_scale), matrix, weights
-        )
     if request.kind == "genes":
-        return _hvg.gene_sums(matrix, True, _hvg.DEFAULT_SQUARE_CLIP)
+        return _hvg.gene_sums(matrix, True, _hvg.DEFAULT_SQUARE_CLIP, weights)
     if request.kind == "sum":
-        return _pca.cell_sum(matrix, True, columns=request.genes)
+        return _pca.cell_sum(matrix, True, columns=request.genes, weights=weights)
     if request.kind == "pca":
-        return _pca.upper(_pca.second_moment(matrix, True, request.genes, request.loadings))
+        return _pca.upper(_pca.second_moment(matrix, True, request.genes, request.loadings, weights))
     if request.kind == "marker_center":
-        return _markers.center_sum(matrix)
+        return _markers.center_sum(matrix, weights)
     if request.kind in ("marker_norms", "marker_focus_norms"):
-        return _markers.norm_histograms(matrix, request.frame.center, request.columns)
+        return _markers.norm_histograms(matrix, request.frame.center, request.columns, weights)
     if request.kind in ("markers", "marker_focus"):  # each cell's cluster: its nearest released centroid
         points = cell_points(matrix, request.genes, request.loadings, request.basis)
         labels = _kmeans.nearest_centroid(points, request.assignment.matrix, "euclidean")
-        return _markers.group_table(matrix, labels, request.marker_table(matrix.shape[1]))
+        return _markers.group_table(matrix, labels, request.marker_table(matrix.shape[1]), weights)
     raise ValueError(f"Unknown release {request.kind!r}; the clustering has {KINDS}.")
 
 

@@ -53,16 +53,24 @@ def per_cell_contributions(matrix: Any, log_normalize: bool, square_clip: float)
     return Z, W
 
 
-@_blocks.sum_over_cells()
-def gene_sums(matrix: Any, log_normalize: bool, square_clip: float) -> np.ndarray:
-    """:math:`(S_1, S_2, n)`: the sum of the contributions over the cells, read in row blocks."""
+@_blocks.sum_over_cells("weights")
+def gene_sums(
+    matrix: Any, log_normalize: bool, square_clip: float, weights: np.ndarray | None = None
+) -> np.ndarray:
+    """:math:`(S_1, S_2, n)`: the sum of the contributions over the cells, read in row blocks.
+
+    ``weights``: each cell's weight in every sum (the donor unit's :math:`1/m_d`; ``None``: 1).
+    """
     n_genes = matrix.shape[1]
     total = np.zeros(2 * n_genes + 1)
+    start = 0
     for block in _blocks.row_blocks(matrix):
         Z, W = per_cell_contributions(block, log_normalize, square_clip)
-        total[:n_genes] += np.asarray(Z.sum(0)).ravel()
-        total[n_genes:-1] += np.asarray(W.sum(0)).ravel()
-        total[-1] += block.shape[0]
+        w = _blocks.rows_of(weights, start, block.shape[0])
+        start += block.shape[0]
+        total[:n_genes] += _blocks.weighted_rows(Z, w)
+        total[n_genes:-1] += _blocks.weighted_rows(W, w)
+        total[-1] += block.shape[0] if w is None else w.sum()
     return total
 
 

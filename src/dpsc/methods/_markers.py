@@ -320,18 +320,22 @@ class MarkerTable:
 
 
 # -- 1. the centre ------------------------------------------------------------------------------------
-@_blocks.sum_over_cells()
-def center_sum(matrix: Any) -> np.ndarray:
-    r"""Return the exact sum over the cells of :math:`(x_i / B_2(G), 1) / \sqrt 2` (each of norm at most 1).
+@_blocks.sum_over_cells("weights")
+def center_sum(matrix: Any, weights: np.ndarray | None = None) -> np.ndarray:
+    r"""Return the exact sum over the cells of :math:`w_i (x_i / B_2(G), 1) / \sqrt 2` (norms at most 1).
 
     G + 1 values: the scaled sums of the log expression, then the scaled number of cells.
+    ``weights``: the :math:`w_i` (the donor unit's :math:`1/m_d`; ``None``: 1 each).
     """
     scale = expression_bound(matrix.shape[1]) * math.sqrt(2.0)
     total = np.zeros(matrix.shape[1] + 1)
+    start = 0
     for rows in _rows(matrix, matrix.shape[1]):
         x = _sparse_log_expression(rows) if sp.issparse(rows) else _log_expression(rows)
-        total[:-1] += np.asarray(x.sum(0)).ravel() / scale
-        total[-1] += rows.shape[0] / math.sqrt(2.0)
+        w = _blocks.rows_of(weights, start, rows.shape[0])
+        start += rows.shape[0]
+        total[:-1] += _blocks.weighted_rows(x, w) / scale
+        total[-1] += (rows.shape[0] if w is None else w.sum()) / math.sqrt(2.0)
     return total
 
 
@@ -363,29 +367,35 @@ def norm_edges(worst: float) -> np.ndarray:
     return np.geomspace(1.0, max(float(worst), 1.0 + 1e-9), NORM_BINS + 1)
 
 
-@_blocks.sum_over_cells()
-def norm_histograms(matrix: Any, center: np.ndarray, columns: np.ndarray | None = None) -> np.ndarray:
+@_blocks.sum_over_cells("weights")
+def norm_histograms(
+    matrix: Any, center: np.ndarray, columns: np.ndarray | None = None, weights: np.ndarray | None = None
+) -> np.ndarray:
     r"""Return the exact histograms of :math:`\lVert y_i\rVert_2` and :math:`\lVert q_i\rVert_2`, joined.
 
     :math:`y_i = g \odot (x_i - m)`, :math:`q_i = y_i^2` (the weights of the centre), over the genes
     ``columns`` (``None``: every gene; ``center`` has one value per gene read).
     Bin j of each counts the cells with norm in :math:`(e_j, e_{j+1}]`
     (edges :func:`norm_edges` of the frame's worst cases); the first bin also holds the norms at
-    most 1. One cell adds 1 to one bin of each.
+    most 1. One cell adds 1 to one bin of each (its weight :math:`w_i` with ``weights``, the donor
+    unit's :math:`1/m_d`).
     """
     center = np.asarray(center, dtype=np.float64)
     counts = np.zeros(2 * NORM_BINS)
     frame = MarkerFrame(center)
-    edges, weights = [norm_edges(w)[1:] for w in frame.worst], frame.weights
+    edges, gene_weights = [norm_edges(w)[1:] for w in frame.worst], frame.weights
+    start = 0
     for rows in _rows(matrix, matrix.shape[1]):
         if sp.issparse(rows):
-            parts = _sparse_norms(_restricted(_sparse_log_expression(rows), columns), center, weights)
+            parts = _sparse_norms(_restricted(_sparse_log_expression(rows), columns), center, gene_weights)
         else:
-            y = weights * (_restricted(_log_expression(rows), columns) - center)
+            y = gene_weights * (_restricted(_log_expression(rows), columns) - center)
             parts = (np.sqrt((y**2).sum(1)), np.sqrt((y**4).sum(1)))
+        w = _blocks.rows_of(weights, start, rows.shape[0])
+        start += rows.shape[0]
         for part, norms in enumerate(parts):
             bins = np.clip(np.searchsorted(edges[part], norms, side="left"), 0, NORM_BINS - 1)
-            counts[part * NORM_BINS : (part + 1) * NORM_BINS] += np.bincount(bins, minlength=NORM_BINS)
+            counts[part * NORM_BINS : (part + 1) * NORM_BINS] += np.bincount(bins, w, minlength=NORM_BINS)
     return counts
 
 
@@ -545,8 +555,10 @@ def _sparse_norms(x: sp.csr_matrix, center: np.ndarray, weights: np.ndarray) -> 
     return norms[0], norms[1]
 
 
-def _sparse_group_table(x: sp.csr_matrix, codes: np.ndarray, table: MarkerTable) -> np.ndarray:
-    r"""Return the table of :func:`cell_rows` summed per group, for sparse rows, never densified.
+def _sparse_group_table(
+    x: sp.csr_matrix, codes: np.ndarray, table: MarkerTable, cell_weights: np.ndarray
+) -> np.ndarray:
+    r"""Return the table of :func:`cell_rows` summed per group (each row times its cell's weight), sparse.
 
     Each part of a cell's row is the cell's vector times its clip factor, so a group's sums are
     :math:`g \odot \sum_i a_i (x_i - m) = g \odot (\sum_i a_i x_i - (\sum_i a_i) m)` and
@@ -563,7 +575,7 @@ def _sparse_group_table(x: sp.csr_matrix, codes: np.ndarray, table: MarkerTable)
     member = np.flatnonzero(codes >= 0)
     rows = np.arange(len(codes))[member]
     shape = (table.n_groups, len(codes))
-    weighted = lambda w: sp.csr_matrix((w[member], (codes[member], rows)), shape=shape)  # noqa: E731
+    weighted = lambda w: sp.csr_matrix(((w * cell_weights)[member], (codes[member], rows)), shape=shape)  # noqa: E731
     sums_by, squares_by = weighted(factor(norm_y, "sum")), weighted(factor(norm_y2, "squares"))
     detect_by = weighted(factor(detected, "detected"))
     a, b = np.asarray(sums_by.sum(1)), np.asarray(squares_by.sum(1))
@@ -575,7 +587,7 @@ def _sparse_group_table(x: sp.csr_matrix, codes: np.ndarray, table: MarkerTable)
     binary = x.copy()
     binary.data[:] = 1.0
     out[:, 2 * G : 3 * G] = np.asarray((detect_by @ binary).todense())
-    out[:, -1] = WEIGHTS["count"] * np.bincount(codes[member], minlength=table.n_groups)
+    out[:, -1] = WEIGHTS["count"] * np.bincount(codes[member], cell_weights[member], minlength=table.n_groups)
     return out
 
 
@@ -603,13 +615,16 @@ def cell_rows(x: np.ndarray, table: MarkerTable) -> np.ndarray:
     )
 
 
-@_blocks.sum_over_cells("groups")
-def group_table(matrix: Any, groups: np.ndarray, table: MarkerTable) -> np.ndarray:
-    r"""Return the exact table :math:`\sum_i e_{g(i)} \otimes \text{row}_i`, flattened (group-major).
+@_blocks.sum_over_cells("groups", "weights")
+def group_table(
+    matrix: Any, groups: np.ndarray, table: MarkerTable, weights: np.ndarray | None = None
+) -> np.ndarray:
+    r"""Return the exact table :math:`\sum_i w_i e_{g(i)} \otimes \text{row}_i`, flattened (group-major).
 
     ``groups``: each cell's group code in ``[0, n_groups)``, or −1 for a cell in no group (it adds
     nothing). Over the table's genes (``table.columns``). Read in row blocks, at most
-    :data:`DENSE_VALUES` values densified at once.
+    :data:`DENSE_VALUES` values densified at once. ``weights``: the :math:`w_i` (the donor unit's
+    :math:`1/m_d`; ``None``: 1 each).
     """
     groups = np.asarray(groups, dtype=np.int64)
     total = np.zeros((table.n_groups, table.width))
@@ -617,14 +632,17 @@ def group_table(matrix: Any, groups: np.ndarray, table: MarkerTable) -> np.ndarr
     columns = table.columns
     for rows in _rows(matrix, max(table.width, matrix.shape[1])):  # about 64 MB densified at once
         codes = groups[start : start + rows.shape[0]]
+        w = _blocks.rows_of(weights, start, rows.shape[0])
+        w = np.ones(rows.shape[0]) if w is None else w
         start += rows.shape[0]
         member = np.flatnonzero(codes >= 0)
         if member.size and sp.issparse(rows):
-            total += _sparse_group_table(_restricted(_sparse_log_expression(rows), columns), codes, table)
+            x = _restricted(_sparse_log_expression(rows), columns)
+            total += _sparse_group_table(x, codes, table, w)
         elif member.size:
             contribution = cell_rows(_restricted(_log_expression(rows[member]), columns), table)
             onehot = sp.csr_matrix(
-                (np.ones(member.size), (codes[member], np.arange(member.size))),
+                (w[member], (codes[member], np.arange(member.size))),
                 shape=(table.n_groups, member.size),
             )
             total += onehot @ contribution

@@ -32,7 +32,6 @@ still of norm at most 1, so sensitivity 1) gives the other loadings (:func:`resi
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import numpy as np
@@ -80,12 +79,13 @@ def unit_row_blocks(matrix: Any, log_normalize: bool = True, columns: np.ndarray
         yield unit_rows(block if columns is None else block[:, columns], log_normalize)
 
 
-@_blocks.sum_over_cells()
+@_blocks.sum_over_cells("weights")
 def second_moment(
     matrix: Any,
     log_normalize: bool = True,
     columns: np.ndarray | None = None,
     released: np.ndarray | None = None,
+    weights: np.ndarray | None = None,
 ) -> np.ndarray:
     r""":math:`S = \sum_i z_i z_i^\top` over the unit-norm cells :math:`z_i` (:func:`unit_rows`).
 
@@ -95,16 +95,20 @@ def second_moment(
     output is nearly dense). Genes × genes, float64. ``columns``: only these genes (each cell is
     then normalised over them, as in an AnnData subset to them). ``released``: orthonormal columns
     (genes × m) released before; each :math:`z_i` is then replaced by its unit residual
-    (:func:`residual_rows`), still of norm at most 1.
+    (:func:`residual_rows`), still of norm at most 1. ``weights``: each cell's weight
+    :math:`w_i` in :math:`\sum_i w_i z_i z_i^\top` (the donor unit's :math:`1/m_d`; ``None``: 1).
     """
     d = matrix.shape[1] if columns is None else len(columns)
     S = np.zeros((d, d))
+    start = 0
     for block in unit_row_blocks(matrix, log_normalize, columns):
         for rows in _blocks.row_blocks(block, _blocks.DENSE_ROWS):
             Z = rows.toarray() if sp.issparse(rows) else rows
             if released is not None:
                 Z = residual_rows(Z, released)
-            S += Z.T @ Z
+            w = _blocks.rows_of(weights, start, Z.shape[0])
+            start += Z.shape[0]
+            S += Z.T @ (Z if w is None else Z * w[:, None])
     return S
 
 
@@ -123,13 +127,23 @@ def residual_rows(Z: np.ndarray, released: np.ndarray) -> np.ndarray:
     return np.where(keep[:, None], R, 0.0) * scale[:, None]
 
 
-@_blocks.sum_over_cells()
-def cell_sum(matrix: Any, log_normalize: bool = True, columns: np.ndarray | None = None) -> np.ndarray:
-    r""":math:`s = \sum_i z_i` over the unit-norm cells (:func:`unit_rows`; sensitivity 1), in row blocks."""
+@_blocks.sum_over_cells("weights")
+def cell_sum(
+    matrix: Any,
+    log_normalize: bool = True,
+    columns: np.ndarray | None = None,
+    weights: np.ndarray | None = None,
+) -> np.ndarray:
+    r""":math:`s = \sum_i w_i z_i` over the unit-norm cells (:func:`unit_rows`; sensitivity 1), in row blocks.
+
+    ``weights``: each cell's :math:`w_i` (the donor unit's :math:`1/m_d`; ``None``: 1).
+    """
     d = matrix.shape[1] if columns is None else len(columns)
     total = np.zeros(d)
+    start = 0
     for block in unit_row_blocks(matrix, log_normalize, columns):
-        total += np.asarray(block.sum(0)).ravel()
+        total += _blocks.weighted_rows(block, _blocks.rows_of(weights, start, block.shape[0]))
+        start += block.shape[0]
     return total
 
 
@@ -232,15 +246,14 @@ def released_loadings(
         Whether the rows are counts (log1p(CP10k) before the unit norm) or values as given.
     weights
         Each cell's weight in the sum (the donor unit: 1/its donor's cells, so a donor's
-        contribution keeps the sensitivity 1; :func:`dpsc._blocks.weighted_sum`).
+        contribution keeps the sensitivity 1; :func:`second_moment`).
 
     Returns
     -------
     What :func:`loadings` returns: ``(loadings, kept gene indices, eigenvalues)``.
     """
     d = matrix.shape[1]
-    moment = functools.partial(second_moment, log_normalize=log_normalize)
-    S = moment(matrix) if weights is None else _blocks.weighted_sum(moment, matrix, weights)
+    S = second_moment(matrix, log_normalize, weights=weights)
     noisy = second_moment_release(d, noise_multiplier).release(upper(S), stream)
     return loadings(from_upper(noisy, d), n_comps, n_genes, drop_mean_component)
 

@@ -9,15 +9,13 @@ variance 13: the variance is a difference of two noisy terms and the weakest sta
 
 from __future__ import annotations
 
-import functools
-
 import anndata as ad
 import numpy as np
 
 from dpsc._docs import doc_params
 
 from .._api import DEFAULT_EPSILON, result_target, store_result
-from .._blocks import is_dask, weighted_sum
+from .._blocks import is_dask
 from .._outputs import derived_key
 from .._validation import check_cells, check_privacy_args, check_public_counts, get_matrix, resolve_delta
 from ..methods import _hvg as mechanism
@@ -174,8 +172,7 @@ def highly_variable_genes(
     record = with_storage_note(hvg_record(sigma, epsilon, delta, adata.n_obs, noise, unit), is_dask(matrix))
     with plan.spend(adata, record, key_added, noise) as releases:
         release = mechanism.gene_statistics_release(adata.n_vars, sigma)
-        sums = functools.partial(mechanism.gene_sums, log_normalize=log_normalize, square_clip=square_clip)
-        exact = sums(matrix) if weights is None else weighted_sum(sums, matrix, weights)
+        exact = mechanism.gene_sums(matrix, log_normalize, square_clip, weights)
         released = release.release(exact, releases.stream("pp.highly_variable_genes"))
         means, variances, eligible, order = mechanism.rank_genes(
             released, release, square_clip, min_mean_sd, flavor

@@ -9,7 +9,6 @@ The mechanism (per-cell rows, their bounds, the per-group table and scanpy's t-t
 
 from __future__ import annotations
 
-import functools
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -22,7 +21,7 @@ import pandas as pd
 from dpsc._docs import doc_params
 
 from .._api import DEFAULT_EPSILON, result_target, store_result
-from .._blocks import is_dask, weighted_sum
+from .._blocks import is_dask
 from .._outputs import write_marker_result
 from .._validation import check_cells, check_privacy_args, check_public_counts, get_matrix, resolve_delta
 from ..methods import _markers as mechanism
@@ -164,20 +163,18 @@ def frame_releases(
     """Return the two releases of the first table's frame over these cells (``mechanism.release_frame``).
 
     Without ε (``private`` false) the centre's sums are exact and no histogram is released.
-    ``weights``: each cell's weight in every sum (the donor unit, :func:`dpsc._blocks.weighted_sum`).
+    ``weights``: each cell's weight in every sum (the donor unit's 1/m_d, row by row).
     """
 
     def release_center() -> np.ndarray:
-        exact = weighted_sum(mechanism.center_sum, matrix, weights)
+        exact = mechanism.center_sum(matrix, weights)
         if not private:
             return exact
         release = mechanism.center_release(matrix.shape[1], sigmas["center"])
         return release.release(exact, releases.stream(CENTER))
 
     def release_norms(frame: mechanism.MarkerFrame) -> np.ndarray:
-        exact = weighted_sum(
-            functools.partial(mechanism.norm_histograms, center=frame.center), matrix, weights
-        )
+        exact = mechanism.norm_histograms(matrix, frame.center, weights=weights)
         return mechanism.norm_release(sigmas["norms"]).release(exact, releases.stream(NORMS))
 
     return release_center, release_norms if private else None
@@ -209,15 +206,14 @@ def focused_markers(
     else:
         genes = np.asarray(genes)
     center = np.asarray(frame.center)[genes]
-    norms = functools.partial(mechanism.norm_histograms, center=center, columns=genes)
-    histograms = weighted_sum(norms, matrix, weights)
+    histograms = mechanism.norm_histograms(matrix, center, genes, weights)
     norms_release = mechanism.norm_release(sigmas["focus_norms"])
     released_norms = norms_release.release(histograms, releases.stream(FOCUS_NORMS))
     table = mechanism.MarkerTable(
         n_groups, len(genes), mechanism.focused_frame(released_norms, frame, genes), columns=genes
     )
     release = mechanism.marker_release(table, sigmas["focus_table"])
-    exact = weighted_sum(functools.partial(mechanism.group_table, table=table), matrix, weights, codes)
+    exact = mechanism.group_table(matrix, codes, table, weights)
     released = release.release(exact, releases.stream(FOCUS_TABLE))
     focused = mechanism.rank_markers(mechanism.group_statistics(released, table, release))
     return mechanism.focused_result(first, focused, genes), genes, table
@@ -361,7 +357,7 @@ def rank_genes_groups(
         frame = marker_frame(matrix, sigmas, releases, epsilon is not None, public, weights)
         table = mechanism.MarkerTable(len(names), adata.n_vars, frame)
         release = mechanism.marker_release(table, sigmas["table"])
-        exact = weighted_sum(functools.partial(mechanism.group_table, table=table), matrix, weights, codes)
+        exact = mechanism.group_table(matrix, codes, table, weights)
         released = exact if epsilon is None else release.release(exact, releases.stream(TABLE))
         result = mechanism.rank_markers(mechanism.group_statistics(released, table, release))
         focus = {}
