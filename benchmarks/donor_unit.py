@@ -15,11 +15,20 @@ Cohorts:
   and Baron mouse pancreas (mouse 1 as the reference, mouse 2 private), the private cells split
   into D donors of uneven sizes (log-normal, σ = 1), every donor at least one cell.
 
-Command (2 cores)::
+``tl.fit(donor_key=...)`` is measured the same way with the reference (the model per donor beside
+per cell). ``--start-priors`` instead sweeps the weight of the public start in the k-means' Lloyd
+round (:data:`dpsc.methods._kmeans.START_PRIOR`, in count-noise sds) over the cohorts with a
+reference, per cell and per donor; the report chooses it by leave one cohort out (the value with
+the best mean donor / cell ratio on the other cohorts, reported on the one left out).
+
+Commands (2 cores)::
 
     OMP_NUM_THREADS=2 python benchmarks/donor_unit.py --data ../shared/data --runs 3 \\
         --out benchmarks/results/donor_unit.jsonl
-    python benchmarks/donor_unit.py --report benchmarks/results/donor_unit.jsonl
+    OMP_NUM_THREADS=2 python benchmarks/donor_unit.py --data ../shared/data --runs 3 \\
+        --start-priors 0 1 2 3 --out benchmarks/results/donor_unit_prior.jsonl
+    python benchmarks/donor_unit.py --report benchmarks/results/donor_unit.jsonl \\
+        --prior-report benchmarks/results/donor_unit_prior.jsonl
 """
 
 from __future__ import annotations
@@ -120,6 +129,115 @@ def run(args: argparse.Namespace) -> None:
                         handle.write(json.dumps(row) + "\n")
                     print(row, flush=True)
         markers(name, cells, args, out)
+        fits(name, reference, cells, k, args, out)
+
+
+def fits(name: str, reference: ad.AnnData, cells: ad.AnnData, k: int, args, out: Path) -> None:
+    """ARI of ``tl.fit(reference=...)`` per cell and per donor (the default model, its record's ε)."""
+    truth = cells.obs["label"].to_numpy()
+    for unit in ("cell", "donor"):
+        for run_index in range(args.runs):
+            adata = cells.copy()
+            start = time.perf_counter()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                dpsc.tl.fit(
+                    adata,
+                    k,
+                    epsilon=args.epsilon,
+                    reference=reference,
+                    reference_key="label",
+                    donor_key="donor" if unit == "donor" else None,
+                    progress_bar=False,
+                )
+            params = adata.uns["dpsc"]["X_dpdcan"]["params"]
+            row = {
+                "kind": "fit",
+                "cohort": name,
+                "unit": unit,
+                "run": run_index,
+                "epsilon": args.epsilon,
+                "n_donors": int(cells.obs["donor"].nunique()),
+                "ari": float(adjusted_rand_score(truth, adata.obs["dp_cluster"])),
+                "partition": params.get("partition"),
+                "seconds": time.perf_counter() - start,
+            }
+            with out.open("a") as handle:
+                handle.write(json.dumps(row) + "\n")
+            print(row, flush=True)
+
+
+def sweep_priors(args: argparse.Namespace) -> None:
+    """ARI of ``tl.cluster(reference=...)`` per cell and per donor at each weight of the public start."""
+    from dpsc.methods import _kmeans
+
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for name, reference, cells, k in cohorts(Path(args.data), args.donors):
+        truth = cells.obs["label"].to_numpy()
+        for prior in args.start_priors:
+            _kmeans.START_PRIOR = prior
+            for unit in ("cell", "donor"):
+                for run_index in range(args.runs):
+                    adata = cells.copy()
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore")
+                        dpsc.tl.cluster(
+                            adata,
+                            k,
+                            epsilon=args.epsilon,
+                            donor_key="donor" if unit == "donor" else None,
+                            reference=reference,
+                            reference_key="label",
+                        )
+                    row = {
+                        "kind": "prior",
+                        "cohort": name,
+                        "prior": prior,
+                        "unit": unit,
+                        "run": run_index,
+                        "ari": float(adjusted_rand_score(truth, adata.obs["dp_cluster"])),
+                    }
+                    with out.open("a") as handle:
+                        handle.write(json.dumps(row) + "\n")
+                    print(row, flush=True)
+
+
+def prior_report(path: Path) -> str:
+    """The leave-one-cohort-out choice of the public start's weight, as a Markdown table."""
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    cohorts_seen = list(dict.fromkeys(r["cohort"] for r in rows))
+    priors = sorted({r["prior"] for r in rows})
+
+    def mean_ari(cohort: str, prior: float, unit: str) -> float:
+        return float(
+            np.mean([r["ari"] for r in rows if (r["cohort"], r["prior"], r["unit"]) == (cohort, prior, unit)])
+        )
+
+    def kept(cohort: str, prior: float) -> float:
+        return mean_ari(cohort, prior, "donor") / max(mean_ari(cohort, prior, "cell"), 1e-9)
+
+    lines = [
+        "### The public start's weight, by leave one cohort out",
+        "",
+        f"Weight of the reference types' means in the k-means' Lloyd round, in count-noise sds (candidates "
+        f"{', '.join(f'{p:g}' for p in priors)}): for each cohort left out, the weight with the best mean "
+        "*kept* (donor-level ARI / cell-level ARI at that weight) on the other cohorts, and what it keeps "
+        "on the one left out; ε = 8, with the reference, mean of "
+        f"{max(r['run'] for r in rows) + 1} noise draws. Command in `benchmarks/donor_unit.py`.",
+        "",
+        "| cohort left out | chosen on the others | kept (chosen) | kept (0: no weight) "
+        "| cell-level ARI (chosen / 0) |",
+        "|---|---|---|---|---|",
+    ]
+    for held in cohorts_seen:
+        others = [c for c in cohorts_seen if c != held]
+        chosen = max(priors, key=lambda p: (np.mean([kept(c, p) for c in others]), -p))
+        lines.append(
+            f"| {held} | {chosen:g} | {kept(held, chosen):.2f} | {kept(held, 0.0):.2f} | "
+            f"{mean_ari(held, chosen, 'cell'):.3f} / {mean_ari(held, 0.0, 'cell'):.3f} |"
+        )
+    return "\n".join(lines) + "\n"
 
 
 def scanpy_markers(cells: ad.AnnData) -> dict[str, list[str]]:
@@ -196,6 +314,29 @@ def report(path: Path) -> str:
                 f"| {cohort} | {pick[0]['n_donors']} | {'yes' if with_reference else 'no'} | {a_cell:.3f} | "
                 f"{a_donor:.3f} | {kept} | {warned} | {timing:.2f} |"
             )
+    fit_rows = [r for r in every if r.get("kind") == "fit"]
+    if fit_rows:
+        lines += [
+            "",
+            "The deep model: `tl.fit(reference=..., reference_key=...)` per cell and per donor (DP-SGD draws "
+            "donors, one random cell each), ARI, same runs and ε; *model kept*: runs whose labels are the "
+            "model's partition rather than its starting clustering's.",
+            "",
+            "| cohort | donors | cell level | donor level | kept | model kept (donor) | time donor / cell |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for cohort in dict.fromkeys(r["cohort"] for r in fit_rows):
+            pick = [r for r in fit_rows if r["cohort"] == cohort]
+            cell = [r for r in pick if r["unit"] == "cell"]
+            donor = [r for r in pick if r["unit"] == "donor"]
+            a_cell, a_donor = np.mean([r["ari"] for r in cell]), np.mean([r["ari"] for r in donor])
+            kept = f"{a_donor / a_cell:.2f}" if a_cell > 0.05 else "–"
+            model = sum(r["partition"] == "model" for r in donor)
+            timing = np.mean([r["seconds"] for r in donor]) / np.mean([r["seconds"] for r in cell])
+            lines.append(
+                f"| {cohort} | {pick[0]['n_donors']} | {a_cell:.3f} | {a_donor:.3f} | {kept} | "
+                f"{model} of {len(donor)} | {timing:.2f} |"
+            )
     marker_rows = [r for r in every if r.get("kind") == "markers"]
     if marker_rows:
         lines += [
@@ -226,11 +367,19 @@ def main() -> None:
     parser.add_argument("--donors", type=int, nargs="+", default=[20, 100, 1000])
     parser.add_argument("--out", default="benchmarks/results/donor_unit.jsonl")
     parser.add_argument("--report", default=None, help="Write the Markdown table of this jsonl and stop.")
+    parser.add_argument("--prior-report", default=None, help="With --report: add the weight's choice.")
+    parser.add_argument("--start-priors", type=float, nargs="+", default=None)
     args = parser.parse_args()
     if args.report:
         path = Path(args.report)
-        path.with_suffix(".md").write_text(report(path))
-        print(report(path))
+        text = report(path)
+        if args.prior_report:
+            text += "\n" + prior_report(Path(args.prior_report))
+        path.with_suffix(".md").write_text(text)
+        print(text)
+        return
+    if args.start_priors:
+        sweep_priors(args)
         return
     run(args)
 

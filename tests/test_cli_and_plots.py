@@ -286,3 +286,29 @@ def test_privacy_utility_plot(tmp_path):
     assert (tmp_path / "pu.png").exists()
     with pytest.raises(KeyError, match="lacks column"):
         dpsc.pl.privacy_utility(df, y="nmi")
+
+
+def test_a_site_that_refuses_says_so_in_its_own_log_with_its_name_and_exits_2(
+    small_adata, tmp_path, capsys, monkeypatch
+):
+    """``dpsc federate site``: a refusal goes to stdout (the site's log) naming the site; --ledger kept."""
+    from pathlib import Path
+
+    import dpsc.federated
+
+    data = tmp_path / "site_a.h5ad"
+    small_adata.write_h5ad(data)
+    seen = {}
+
+    def refuse(settings_file, **kwargs):
+        seen["settings"] = Path(settings_file).read_text()
+        raise ValueError("This site refused the run: its budget is spent.")
+
+    monkeypatch.setattr(dpsc.federated, "run_site", refuse)
+    argv = ["federate", "site", "--data", str(data), "--superlink", "127.0.0.1:9", "--ledger", "trial2.json"]
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    assert "Site " in out and "site_a.h5ad" in out and "budget is spent" in out
+    assert "budget is spent" in err
+    assert f'ledger = "{tmp_path / "trial2.json"}"' in seen["settings"]

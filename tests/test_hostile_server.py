@@ -302,7 +302,10 @@ def test_the_default_budget_is_one_run_and_a_stored_budget_is_never_raised_silen
     assert site.budget == 8.0  # no budget: one run's ε
     assert serve(site, honest_steps(plan, requests), {}) == [True] * plan.n_releases
     restarted = Site(SiteSettings(**settings))
-    with pytest.raises(SiteRefusal, match=r"one run's epsilon.*--budget on the command line"):
+    with pytest.raises(
+        SiteRefusal,
+        match=r"one run's epsilon.*--budget with --raise-budget on the command line.*new ledger file",
+    ):
         restarted.check_run(plan, *HONEST)
     with pytest.raises(BudgetSettingError, match="raise_budget"):  # the first run stored its cap, 8
         Site(SiteSettings(**settings, budget=10.0))
@@ -342,6 +345,19 @@ def test_a_secure_run_records_and_caps_the_fallback_epsilon(neighbours, tmp_path
     record = site_record(plan, "secure", 5, 5, 60, NoiseSource())
     assert record.details["fallback_epsilon"] == pytest.approx(fallbacks[2])
     assert "semi-honest" in record.statement and "fallback" in record.statement
+
+
+def test_a_second_secure_run_on_a_spent_budget_is_refused_for_the_budget_with_the_fresh_start(
+    neighbours, tmp_path
+):
+    """The simplest true reason first: a spent budget, not the fallback ε it also exceeds."""
+    plan = plan_for()
+    requests = honest_requests(plan, neighbours[0])
+    site = make_site(neighbours[0], tmp_path, "spent")  # its budget: one run's ε
+    assert serve(site, [(plan, r, "secure", 2, 2) for r in requests], {}) == [True] * plan.n_releases
+    with pytest.raises(SiteRefusal, match=r"budget refuses the run.*epsilon left: 0.*--ledger") as refused:
+        site.check_run(plan, "secure", 2, 2)
+    assert "fallback" not in str(refused.value)
 
 
 def test_the_fallback_epsilon_composes_over_runs_and_is_capped_as_a_total(neighbours, tmp_path):

@@ -454,3 +454,4 @@ def test_scanpy_plots_read_a_clustering_with_empty_clusters_and_the_release_keep
     assert list(cells.uns["rank_genes_groups"]["names"].dtype.names) == list(labels.cat.categories)
     sc.pl.rank_genes_groups_dotplot(cells, n_genes=2, show=False)
     sc.pl.dotplot(cells, list(cells.var_names[:3]), groupby="dp_cluster", show=False)
+    sc.pl.embedding(cells, basis="X_dp_cluster", color="dp_cluster", show=False)  # as sc.pl.umap draws

@@ -276,6 +276,12 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     site.add_argument("--layer", default=None, help="Layer with the raw counts (default: X).")
     site.add_argument("--output", default=None, help="Where to write the labelled cells (.h5ad).")
     site.add_argument(
+        "--ledger",
+        default=None,
+        help="This site's ledger file (default: <data>.dpsc-ledger.json). A new file starts a new study "
+        "or trial; the old one keeps what was spent.",
+    )
+    site.add_argument(
         "--reference",
         default=None,
         help="This site's own copy of a public reference (.h5ad of raw counts): it serves runs on that "
@@ -663,6 +669,7 @@ def _federate(args: argparse.Namespace) -> int:
             max_rounds=args.max_rounds,
             layer=args.layer,
             output=args.output,
+            ledger=None if args.ledger is None else str(Path(args.ledger).resolve()),
             reference=None if args.reference is None else str(Path(args.reference).resolve()),
             reference_key=args.reference_key,
             donor_key=args.donor_key,
@@ -672,13 +679,17 @@ def _federate(args: argparse.Namespace) -> int:
         raise ValueError(
             "Give the site's settings file (--settings site.toml) or its data (--data site.h5ad)."
         )
-    output = run_site(
-        settings_file,
-        superlink=args.superlink,
-        port=args.port,
-        timeout=args.timeout,
-        root_certificates=args.root_certificates,
-    )
+    try:
+        output = run_site(
+            settings_file,
+            superlink=args.superlink,
+            port=args.port,
+            timeout=args.timeout,
+            root_certificates=args.root_certificates,
+        )
+    except ValueError as refusal:  # said in the site's own log too (stdout), naming the site
+        print(_wrap(f"Site {args.data or args.settings}: {refusal}"), flush=True)
+        raise
     print(f"This site's cells, labelled by the federation's released centroids, are in {output}")
     return 0
 

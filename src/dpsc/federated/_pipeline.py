@@ -568,7 +568,10 @@ def release_failure(request: Request, round_: RoundResult, needed: int, mode: st
     if silent and round_.aggregated:
         parts.append(f"{silent} site(s) did not answer in time (stopped, disconnected or too slow).")
     elif not reasons:
-        parts.append("No site reported an error: a site stopped, disconnected or timed out (see its log).")
+        parts.append(
+            "No site's reason reached the server (in secure mode a refusing site answers nothing): each "
+            "site's own log says whether it refused, stopped, disconnected or timed out."
+        )
     return " ".join(parts)
 
 

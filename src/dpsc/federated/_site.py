@@ -384,15 +384,15 @@ class Site:
         if s.epsilon is None:
             raise SiteRefusal("This site is configured for non-private runs only (epsilon = 'none').")
         self._check_calibration(plan, reference)
-        if mode == "secure":
-            self._check_trust(plan, threshold, n_sites)
         planned = site_record(plan, mode, threshold, n_sites, self.n_obs, self.noise)
-        try:
+        try:  # the budget first: a spent budget is the simplest true reason to refuse
             check_within_budget(
                 self.ledger.entries(), ledger_entry(planned, "run", "planned"), self._budget()
             )
         except BudgetExceededError:
             raise SiteRefusal(self._budget_message(planned.epsilon, "run")) from None
+        if mode == "secure":
+            self._check_trust(plan, threshold, n_sites)
 
     def _check_calibration(self, plan: ClusterPlan, reference: str = "") -> None:
         """Refuse a plan whose releases carry less noise than this site's own calibration of them."""
@@ -500,7 +500,9 @@ class Site:
             f"epsilon {before:.3g}, the {what} asks for {asked:.3g}, and the cap is {self.budget:.3g} "
             f"({budget_source(self.settings, self.ledger)}); epsilon left: {left:.3g}. "
             "Nothing was sent. Ask the server for a smaller epsilon, or raise the site's budget (budget in "
-            "its settings file, --budget on the command line) if its data owner agrees."
+            "its settings file, --budget with --raise-budget on the command line) if its data owner agrees. "
+            "A new study or a trial run starts from a new ledger file (ledger in the settings file, --ledger "
+            "on the command line); the old one keeps what was spent."
         )
 
     # -- a release ---------------------------------------------------------------------------------
