@@ -139,3 +139,38 @@ def test_kmeans_per_donor_moves_each_table_by_at_most_its_sensitivity_and_record
     assert dpsc.privacy.spent(cells).unit == "donor"
     with pytest.raises(ValueError, match="ledger is per donor"):
         dpsc.tl.kmeans(cells, 4, key_added="per_cell", noise_seed=1)
+
+
+def test_canary_donors_come_from_distinct_real_donors_and_the_audit_is_per_donor(small_adata):
+    from dpsc.audit import CANARY_DONOR_CELLS, make_canary_donors
+    from dpsc.privacy import donor_codes
+
+    cells = with_donors(small_adata)
+    codes = donor_codes(cells, "donor", "test")
+    canaries, owner = make_canary_donors(cells.X, codes, 10, np.random.default_rng(0))
+    assert canaries.shape[0] == len(owner) and set(owner) == set(range(10))
+    assert np.bincount(owner).max() <= CANARY_DONOR_CELLS
+    with pytest.raises(ValueError, match="need as many real donors"):
+        make_canary_donors(cells.X, codes, codes.max() + 2, np.random.default_rng(0))
+    with pytest.raises(ValueError, match="canaries='input'"):
+        dpsc.tl.audit(cells, donor_key="donor")
+    assert "dpsc" not in cells.uns
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        table = dpsc.tl.audit(
+            cells,
+            method="one_run",
+            canaries="input",
+            n_canaries=10,
+            guess_fraction=0.2,
+            donor_key="donor",
+            n_clusters=3,
+            noise_seed=0,
+            **FAST,
+        )
+    claimed = table["epsilon_claimed"].iloc[0]
+    assert 0 < claimed <= 8 + 1e-6 and (table["epsilon_lower"] <= claimed).all()
+    record = dpsc.privacy.get_record(cells, "audit")
+    assert record["individual"] == "donor" and "a donor and its canary donor" in record["statement"]
+    assert "canary donors" in cells.uns["dpsc"]["audit"]["statement"]
+    assert dpsc.privacy.spent(cells).unit == "donor"

@@ -19,6 +19,12 @@ Each score gives one bound with :func:`dpsc.audit.one_run_bound` (top and bottom
 ``guess_fraction`` guessed), at confidence :math:`1 - \alpha/2` so that the two bounds hold
 together at the stated :math:`1 - \alpha` (Bonferroni). A canary is one cell, so the fit's
 (ε, δ) with respect to one cell is the claim the bound is tested against.
+
+**At the donor level** (``donor_key``) each canary is a donor: up to :data:`CANARY_DONOR_CELLS`
+cells of one real donor, each permuted across genes, under a donor ID of its own, included with
+probability ½ as a whole; the fit runs with ``donor_key`` and a canary donor's score is the mean of
+its cells'. Each real donor is the source of at most one canary donor, so the fit's guarantee per
+donor covers it at group size 2, as per cell.
 """
 
 from __future__ import annotations
@@ -36,6 +42,10 @@ from ._features import encoder_features, reconstruction_loss
 from ._one_run import one_run_bound
 
 SCORES = ("view agreement", "reconstruction")
+#: Cells of each canary donor in a donor-level audit (public; the bound holds whatever the size).
+CANARY_DONOR_CELLS = 5
+#: The donor ID of canary donor j is this prefix followed by j.
+CANARY_PREFIX = "dpsc-canary-"
 
 
 def make_input_canaries(matrix, n_canaries: int, rng: np.random.Generator) -> sp.csr_matrix:
@@ -57,6 +67,31 @@ def make_input_canaries(matrix, n_canaries: int, rng: np.random.Generator) -> sp
     return sp.csr_matrix(np.vstack(rows).astype(np.float32))
 
 
+def make_canary_donors(
+    matrix, codes: np.ndarray, n_canaries: int, rng: np.random.Generator
+) -> tuple[sp.csr_matrix, np.ndarray]:
+    """``n_canaries`` canary donors, each from one distinct real donor (module docstring).
+
+    Returns the canary cells and each one's canary donor (``0 … n_canaries-1``). ``codes``: each
+    real cell's donor code (:func:`dpsc.privacy.donor_codes`).
+    """
+    n_donors = int(np.max(codes)) + 1
+    if n_canaries > n_donors:
+        raise ValueError(
+            f"n_canaries={n_canaries} canary donors need as many real donors to make them from; these cells "
+            f"have {n_donors}. Ask for at most that many."
+        )
+    X = sp.csr_matrix(matrix)
+    rows, owner = [], []
+    for j, donor in enumerate(rng.choice(n_donors, n_canaries, replace=False)):
+        cells = np.flatnonzero(codes == donor)
+        for cell in rng.choice(cells, min(CANARY_DONOR_CELLS, cells.size), replace=False):
+            dense = X[cell].toarray().ravel()
+            rows.append(dense[rng.permutation(dense.size)])
+            owner.append(j)
+    return sp.csr_matrix(np.vstack(rows).astype(np.float32)), np.asarray(owner)
+
+
 @renamed_arguments("dpsc.audit.input_canary_run", seed="random_state")
 def input_canary_run(
     adata: ad.AnnData,
@@ -70,6 +105,7 @@ def input_canary_run(
     random_state: int = 0,
     noise_seed: int | None = None,
     layer: str | None = None,
+    donor_key: str | None = None,
     **fit_kwargs: Any,
 ) -> dict[str, Any]:
     """Train one DP-DCAN fit with input canaries and bound its ε from the released model.
@@ -77,24 +113,40 @@ def input_canary_run(
     ``fit`` is :func:`dpsc.tl.fit` (passed in, so that this module does not import ``dpsc.tl``).
     Returns ``rows`` (one per score: ``score``, ``epsilon_lower``, ``ceiling``, ``n_guesses``,
     ``n_correct``, ``n_canaries``, ``confidence``), ``epsilon_claimed``, ``guarantee`` and the fit's
-    privacy ``record``. ``random_state`` seeds the canaries and the fit.
+    privacy ``record``. ``random_state`` seeds the canaries and the fit. ``donor_key``: canary
+    donors and a donor-level fit (module docstring).
     """
     from ..model import SharedEncoder
-    from ..privacy import get_record
+    from ..privacy import donor_codes, get_record
 
     rng = np.random.default_rng(random_state)
     cells = sp.csr_matrix(adata.layers[layer] if layer else adata.X, dtype=np.float32)
-    canaries = make_input_canaries(cells, n_canaries, rng)
+    if donor_key is None:
+        canaries, owner = make_input_canaries(cells, n_canaries, rng), np.arange(n_canaries)
+    else:
+        codes = donor_codes(adata, donor_key, "dpsc.tl.audit")
+        canaries, owner = make_canary_donors(cells, codes, n_canaries, rng)
     included = rng.random(n_canaries) < 0.5
-    train = ad.AnnData(sp.vstack([cells, canaries[included]]).tocsr())
+    train = ad.AnnData(sp.vstack([cells, canaries[included[owner]]]).tocsr())
     train.var_names = adata.var_names.copy()
     options = {"progress_bar": False, "random_state": random_state, "noise_seed": noise_seed, **fit_kwargs}
+    if donor_key is not None:
+        donors = adata.obs[donor_key].astype(str).to_numpy()
+        if any(d.startswith(CANARY_PREFIX) for d in donors):
+            raise ValueError(
+                f"obs[{donor_key!r}] has IDs starting {CANARY_PREFIX!r}, the audit's canaries' own."
+            )
+        added = [f"{CANARY_PREFIX}{j}" for j in owner[included[owner]]]
+        train.obs[donor_key] = np.concatenate([donors, np.asarray(added, dtype=object)])
+        options["donor_key"] = donor_key
     model = fit(train, epsilon=epsilon, delta=delta, return_model=True, **options)
     record = get_record(train, "X_dpdcan")
     with tempfile.TemporaryDirectory() as tmp:
         shared = SharedEncoder.load(model.export_shared(tmp))
     _, agreement = encoder_features(shared.module, canaries, random_state=random_state)
-    scores = {"view agreement": agreement, "reconstruction": -reconstruction_loss(model.module, canaries)}
+    per_cell = {"view agreement": agreement, "reconstruction": -reconstruction_loss(model.module, canaries)}
+    sizes = np.bincount(owner, minlength=n_canaries)
+    scores = {name: np.bincount(owner, np.asarray(v), n_canaries) / sizes for name, v in per_cell.items()}
     k = int(guess_fraction * n_canaries)
     per_test = 1 - (1 - confidence) / len(scores)
     guesses = {"k_plus": k, "k_minus": k, "delta": delta, "confidence": per_test}

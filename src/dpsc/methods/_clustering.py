@@ -117,7 +117,8 @@ REFINE_ROUNDS = 1
 #: Lloyd releases of a DP k-means that starts from public centroids (a reference's type means,
 #: :func:`dpsc._public_reference.type_start`): no sketch and no oversampled rounds, only this many
 #: rounds of the k centroids, so each release gets the whole k-means budget. From a start at the
-#: public types' means one round moves each centroid to the noisy mean of the cells nearest to it;
+#: public types' means one round moves each centroid to the noisy mean of the cells nearest to it
+#: (weighed with its start, :data:`~._kmeans.START_PRIOR`);
 #: each further round splits the same ε. Chosen by leave one reference / private pair out among 1
 #: and 2 (docs, Benchmarks: "``tl.cluster(reference=...)`` on reference / private pairs").
 PUBLIC_START_ROUNDS = 1

@@ -30,6 +30,7 @@ def audit(
     guess_fraction: float = 0.1,
     confidence: float = 0.95,
     noise_seed: int | None = None,
+    donor_key: str | None = None,
     key_added: str = "audit",
     **fit_kwargs: Any,
 ) -> pd.DataFrame:
@@ -99,6 +100,11 @@ def audit(
         releasing the decoder would leak.
     random_state
         Seed of the split, the fits and the attack.
+    donor_key
+        Audit the donor-level guarantee (``method="one_run"``, ``canaries="input"`` only): each
+        canary is a donor of up to :data:`dpsc.audit.CANARY_DONOR_CELLS` permuted cells of one real
+        donor, and the audited fit is ``dpsc.tl.fit(donor_key=...)``; the bound is then per donor
+        (:func:`dpsc.audit.input_canary_run`).
     key_added
         Where the report and its record go: ``uns["dpsc"][key_added]`` (two audits under two keys
         keep both reports). The audit is an evaluation, not an annotation of the cells: it returns
@@ -113,6 +119,13 @@ def audit(
     ROC curves.
     """
     delta = resolve_delta(delta, adata.n_obs)
+    if donor_key is not None and (method, canaries) != ("one_run", "input"):
+        raise ValueError(
+            "dpsc.tl.audit: donor_key audits the donor-level guarantee with canary donors: pass "
+            "method='one_run', canaries='input' (gradient canaries and the membership split are per cell)."
+        )
+    if donor_key is not None:
+        fit_kwargs["donor_key"] = donor_key
     if method == "one_run":
         return one_run_audit(
             adata,

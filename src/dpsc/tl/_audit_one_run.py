@@ -10,14 +10,16 @@ import anndata as ad
 import pandas as pd
 
 from .._validation import check_privacy_args, get_matrix
-from ..audit import audit_schedule, gradient_canary_run, input_canary_run
+from ..audit import CANARY_DONOR_CELLS, audit_schedule, gradient_canary_run, input_canary_run
 from ..privacy import (
     NoiseSource,
     PlannedRelease,
     PrivacyRecord,
+    PrivacyUnit,
     ReleasePlan,
     gaussian_release_record,
     no_guarantee_record,
+    with_unit,
     write_record,
 )
 
@@ -73,12 +75,15 @@ def group_of_two_budget(epsilon: float, delta: float) -> tuple[float, float]:
 
 
 def group_of_two(record: PrivacyRecord, n_obs: int) -> PrivacyRecord:
-    """Return the input-canary fit's record for a cell that is also the source of a canary (group size 2)."""
+    """Return the input-canary fit's record for a cell (or donor) that is also a canary's source (group 2)."""
     if record.epsilon is None:
         return record
     epsilon, delta = group_of_two_budget(record.epsilon, record.delta)
-    statement = f"The audited fit's guarantee at group size 2 (a cell and its canary), over {n_obs} cells: "
+    pair = "a donor and its canary donor" if record.individual == "donor" else "a cell and its canary"
+    statement = f"The audited fit's guarantee at group size 2 ({pair}), over {n_obs} cells: "
     return PrivacyRecord(
+        individual=record.individual,
+        details={k: v for k, v in record.details.items() if k == "donor_key"},
         tool="audit",
         epsilon=epsilon,
         delta=delta,
@@ -177,7 +182,19 @@ def _input_audit(
         )
     else:  # the audited fit at group size 2 (a cell and its canary), reserved before it runs
         plan = ReleasePlan.stated("audited fit", *group_of_two_budget(epsilon, delta))
-        planned = plan.reservation("audit")
+        planned = with_unit(plan.reservation("audit"), PrivacyUnit(fit_kwargs.get("donor_key")))
+    per_donor = fit_kwargs.get("donor_key") is not None
+    unit = "donor with all of their cells" if per_donor else "cell"
+    canary = (
+        f"canary donors (each up to {CANARY_DONOR_CELLS} permuted cells of one real donor)"
+        if per_donor
+        else "canary cells"
+    )
+    made = (
+        "made from the cells of one real donor, each real donor the source of at most one"
+        if per_donor
+        else "a real cell with its counts permuted"
+    )
     with plan.spend(adata, planned, key_added) as spent:
         booking = spent.booking
         run = input_canary_run(adata, fit=fit, layer=layer, **request, **fit_kwargs)
@@ -193,14 +210,13 @@ def _input_audit(
             "table": {c: table[c].tolist() for c in table.columns},
             "statement": (
                 f"epsilon_lower is a lower bound on the ε of the whole DP-DCAN fit (scope={run['scope']!r}) "
-                f"with respect to one cell, from {request['n_canaries']} inserted canary cells scored "
+                f"with respect to one {unit}, from {request['n_canaries']} inserted {canary} scored "
                 "from the released model after one run (Steinke, Nasr & Jagielski 2023); the two scores' "
                 f"bounds hold together at confidence {request['confidence']:g}. Above epsilon_claimed it "
                 "proves a leak; at or below it, it proves nothing about the true ε, and ceiling is the most "
                 "these canaries could ever show. The 'reconstruction' score uses the decoder (fixed at its "
-                "initialisation under scope='encoder'; never shared under scope='paper'). Each canary is a "
-                "real cell with its counts permuted, so the "
-                "ledger books the fit at group size 2."
+                "initialisation under scope='encoder'; never shared under scope='paper'). Each canary is "
+                f"{made}, so the ledger books the fit at group size 2."
             ),
         }
         record = group_of_two(run["record"], adata.n_obs)
