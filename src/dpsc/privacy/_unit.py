@@ -90,8 +90,9 @@ def check_unit(entries: list[dict[str, Any]], unit: str, tool: str) -> None:
         other = booked.pop()
         fix = (
             "pass donor_key= as the earlier calls did (tl.cluster, tl.fit, tl.kmeans, tl.audit, "
-            "tl.cluster_federated, tl.rank_genes_groups and pp.* take it); a call that protects one cell only would leave each "
-            "donor's total ε unbounded (a donor's many cells compose only at group level)"
+            "tl.cluster_federated, tl.rank_genes_groups and pp.* take it); a call that protects one cell "
+            "only would leave each donor's total ε unbounded (a donor's many cells compose only at group "
+            "level)"
             if other == "donor"
             else "call without donor_key, as the earlier calls did, or start from a fresh copy of the counts"
         )
