@@ -292,9 +292,10 @@ def report(path: Path) -> str:
         "",
         f"ARI against the known types, mean of {max(r['run'] for r in rows) + 1} noise draws at ε = "
         f"{rows[0]['epsilon']:g}; *kept*: donor level / cell level on the same cells; *warned*: the "
-        "call said before spending that its k-means would be dominated by noise. Command: "
-        "`OMP_NUM_THREADS=1 python benchmarks/donor_unit.py --data ../shared/data --runs 3`, then "
-        "`--report benchmarks/results/donor_unit.jsonl`; cohorts and pseudo-donors in its docstring.",
+        "call said before spending that its k-means would be dominated by noise; times on 2 cores, one "
+        "process. Command: `OMP_NUM_THREADS=2 python benchmarks/donor_unit.py --data ../shared/data "
+        "--runs 3`, then `--report benchmarks/results/donor_unit.jsonl --prior-report "
+        "benchmarks/results/donor_unit_prior.jsonl`; cohorts and pseudo-donors in its docstring.",
         "",
         "| cohort | donors | reference | cell level | donor level | kept | warned | time donor / cell |",
         "|---|---|---|---|---|---|---|---|",
