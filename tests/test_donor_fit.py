@@ -174,3 +174,34 @@ def test_canary_donors_come_from_distinct_real_donors_and_the_audit_is_per_donor
     assert record["individual"] == "donor" and "a donor and its canary donor" in record["statement"]
     assert "canary donors" in cells.uns["dpsc"]["audit"]["statement"]
     assert dpsc.privacy.spent(cells).unit == "donor"
+
+
+def test_annotate_per_donor_draws_donors_releases_their_number_and_records_the_unit(pbmc_full, monkeypatch):
+    from dpsc.privacy import _engine
+
+    rng = np.random.default_rng(0)
+    cells = pbmc_full[np.sort(rng.choice(pbmc_full.n_obs, 500, replace=False)), :300].copy()
+    ref, query = cells[:350].copy(), cells[350:].copy()
+    ref.obs["donor"] = rng.integers(0, 40, ref.n_obs).astype(str)
+    codes = ref.obs["donor"].astype("category").cat.codes.to_numpy()
+    seen: list[list[int]] = []
+    draw = _engine.poisson_rows
+
+    def watched(rng, n, sample_rate, donors=None):
+        rows = draw(rng, n, sample_rate, donors)
+        seen.append(rows)
+        return rows
+
+    monkeypatch.setattr(_engine, "poisson_rows", watched)
+    with pytest.raises(ValueError, match="method='dpsgd' with an epsilon"):
+        dpsc.tl.annotate(query, ref, "cell_type", method="pcdbn", donor_key="donor")
+    assert "dpsc" not in ref.uns
+    options = {"epochs": 3, "noise_seed": 1, "accountant": "rdp"}  # the accountant dp-accounting checks
+    dpsc.tl.annotate(query, ref, "cell_type", epsilon=4.0, donor_key="donor", **options)
+    assert seen and all(len(set(codes[rows])) == len(rows) for rows in seen)
+    record = dpsc.privacy.get_record(ref, "dp_label")
+    assert record["individual"] == "donor" and "one reference donor (obs['donor'])" in record["statement"]
+    assert [1.0, 1] == [record["history"][0][1], record["history"][0][2]]  # the released number of donors
+    assert record["epsilon"] <= 4.0 + 1e-6
+    assert google_epsilon(record["history"], record["delta"]) == pytest.approx(record["epsilon"], rel=0.05)
+    assert dpsc.privacy.spent(ref).unit == "donor"

@@ -9,8 +9,10 @@ import torch
 from torch import nn
 
 from ..privacy import (
+    DonorRows,
     DPSGDEngine,
     DPSGDSettings,
+    GaussianSum,
     NoiseSource,
     PlannedRelease,
     ReleasePlan,
@@ -18,6 +20,11 @@ from ..privacy import (
     history_epsilon,
     poisson_steps,
 )
+
+#: Share of ε a donor-level fit spends on the released number of donors (the denominator of its
+#: noisy mean gradient): a fixed, data-independent split, small because one count of sensitivity 1
+#: needs little.
+DONOR_COUNT_SHARE = 0.02
 
 
 class DPSGDClassifier:
@@ -33,6 +40,12 @@ class DPSGDClassifier:
     spent ε would exceed ``max_epsilon`` (a decision on public quantities only). Unlike the
     functional mechanism, the spent ε grows with every epoch. ``epsilon=None`` and
     ``noise_multiplier=None`` train the same network without privacy.
+
+    ``fit(..., donors=codes)`` makes the guarantee per donor: each step includes every donor with
+    rate q and, for a donor included, one of its rows at random (:class:`~dpsc.privacy.DonorRows`),
+    so a donor adds at most one clipped gradient; :data:`DONOR_COUNT_SHARE` of ε releases the
+    number of donors (one Gaussian count, sensitivity 1), and q times that released count divides
+    the summed gradient (post-processing), never the true number.
     """
 
     def __init__(
@@ -69,8 +82,13 @@ class DPSGDClassifier:
         """Whether the fit uses DP-SGD."""
         return self.epsilon is not None or self.noise_multiplier is not None
 
-    def fit(self, X: np.ndarray, y: np.ndarray) -> DPSGDClassifier:
-        """Train on features ``X`` ``(n, d)`` and labels ``y``."""
+    def fit(self, X: np.ndarray, y: np.ndarray, donors: np.ndarray | None = None) -> DPSGDClassifier:
+        """Train on features ``X`` ``(n, d)`` and labels ``y``; ``donors``: each row's donor (per donor)."""
+        if donors is not None and (self.epsilon is None or self.noise_multiplier is not None):
+            raise ValueError(
+                "A donor-level DPSGDClassifier needs an epsilon (and no fixed noise_multiplier)."
+            )
+        self.donors_ = None if donors is None else DonorRows.of(np.asarray(donors))
         torch.manual_seed(self.random_state)  # initialisation and the non-private shuffling only
         self.classes_, codes = np.unique(np.asarray(y), return_inverse=True)
         X_t = torch.as_tensor(np.asarray(X), dtype=torch.float32)
@@ -91,17 +109,28 @@ class DPSGDClassifier:
     def _settings(self, n: int) -> tuple[DPSGDSettings, int]:
         q = min(1.0, self.batch_size / n)
         steps_per_epoch = max(1, round(1.0 / q))
-        plan = ReleasePlan.of(
-            PlannedRelease("dpsgd", sample_rate=q, steps=self.epochs * steps_per_epoch),
-            accountant=self.accountant,
-        )
+        training = PlannedRelease("dpsgd", sample_rate=q, steps=self.epochs * steps_per_epoch)
+        if self.donors_ is not None:
+            counted = PlannedRelease("donors", share=DONOR_COUNT_SHARE)
+            training = PlannedRelease(
+                "dpsgd", share=1 - DONOR_COUNT_SHARE, sample_rate=q, steps=training.steps
+            )
+            plan = ReleasePlan.of(counted, training, accountant=self.accountant)
+        else:
+            plan = ReleasePlan.of(training, accountant=self.accountant)
         if self.noise_multiplier is None:
             plan = plan.calibrate(self.epsilon, self.delta)
         else:  # a stated σ (the ε argument is then ignored)
             plan = plan.with_sigmas(self.delta, dpsgd=self.noise_multiplier)
-        settings = plan.dpsgd_settings(
-            "dpsgd", n_obs=n, max_grad_norm=self.max_grad_norm, noise=NoiseSource(self.noise_seed)
-        )
+        noise = NoiseSource(self.noise_seed)
+        settings = plan.dpsgd_settings("dpsgd", n_obs=n, max_grad_norm=self.max_grad_norm, noise=noise)
+        if self.donors_ is not None:
+            settings.donors = self.donors_
+            sigma = plan.sigma("donors")
+            count = GaussianSum("number of donors", 1, 1.0, sigma)
+            released = float(count.release(np.array([self.donors_.n_donors]), noise.stream("donors"))[0])
+            settings.record_full_release(sigma)
+            settings.expected_batch_size = max(1, round(q * released))
         return settings, steps_per_epoch
 
     def _train_private(self, X: torch.Tensor, y: torch.Tensor, optimizer: torch.optim.Optimizer) -> None:
@@ -176,7 +205,13 @@ class DPSGDClassifier:
             epsilon=self.spent_epsilon_,
             delta=self.delta,
             n_rows=self.n_train_,
-            mechanism=f"DP-SGD with Poisson sampling and Opacus {self.accountant.upper()} accounting",
+            mechanism=f"DP-SGD with Poisson sampling and Opacus {self.accountant.upper()} accounting"
+            + (
+                ""
+                if getattr(self, "donors_", None) is None
+                else "; per donor: each donor drawn with rate q brings one random row, and one Gaussian "
+                "release of the number of donors sets the mean gradient's denominator"
+            ),
             covered="the network weights",
             neighbours="adding or removing",
             noise_seed=self.noise_seed,

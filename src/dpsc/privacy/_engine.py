@@ -152,6 +152,9 @@ class DPSGDSettings:
         Opacus accountant every noisy step is reported to.
     noise
         Where the noise and the Poisson samples come from.
+    donors
+        Per donor, each donor's rows: q is then each donor's rate and an included donor brings one
+        random row (:class:`~dpsc.privacy.DonorRows`); ``None``: per cell.
     """
 
     noise_multiplier: float
@@ -160,6 +163,8 @@ class DPSGDSettings:
     expected_batch_size: int
     accountant: IAccountant
     noise: NoiseSource
+    #: Per donor: each donor's rows, drawn one random row per donor included (local, never released).
+    donors: DonorRows | None = None
 
     @classmethod
     def from_sigma(
@@ -194,7 +199,7 @@ class DPSGDSettings:
     @property
     def sampling(self) -> PoissonSampling:
         """The Poisson sampler at these settings' q, drawing from their noise source's streams."""
-        return PoissonSampling(self.sample_rate, self.noise)
+        return PoissonSampling(self.sample_rate, self.noise, self.donors)
 
     def record_release(self) -> None:
         """Tell the accountant about one non-SGD release with the same (σ, q) (k-means, frequencies)."""

@@ -89,7 +89,7 @@ def check_unit(entries: list[dict[str, Any]], unit: str, tool: str) -> None:
     if booked and unit not in booked:
         other = booked.pop()
         fix = (
-            "pass donor_key= as the earlier calls did (tl.cluster, tl.fit, tl.kmeans, tl.audit, "
+            "pass donor_key= as the earlier calls did (tl.cluster, tl.fit, tl.kmeans, tl.annotate, tl.audit, "
             "tl.cluster_federated, tl.rank_genes_groups and pp.* take it); a call that protects one cell "
             "only would leave each donor's total ε unbounded (a donor's many cells compose only at group "
             "level)"

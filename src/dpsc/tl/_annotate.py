@@ -19,31 +19,62 @@ from ..privacy import (
     REPLACE_ONE,
     PlannedRelease,
     PrivacyRecord,
+    PrivacyUnit,
     ReleasePlan,
+    donor_codes,
     no_guarantee_record,
+    with_unit,
     write_record,
 )
 
 METHODS = ("dpsgd", "pcdbn", "mlp")
+#: The default unit of privacy: one cell.
+PER_CELL = PrivacyUnit()
 
 
 Classifier = fm.DPSGDClassifier | fm.PrivateDBN
 """What ``tl.annotate(..., return_model=True)`` returns: the trained private classifier."""
 
 
-def annotation_record(model_record: dict[str, Any], method: str, n_reference: int) -> PrivacyRecord:
-    """Return the classifier's record, with what :func:`annotate` covers and does not (reference cells)."""
+def annotation_record(
+    model_record: dict[str, Any], method: str, n_reference: int, individual: PrivacyUnit = PER_CELL
+) -> PrivacyRecord:
+    """Return the classifier's record, with what :func:`annotate` covers and does not (reference cells).
+
+    ``individual``: the unit of privacy (per donor: a reference donor with all of their cells).
+    """
     record = PrivacyRecord.from_dict(model_record)
     # the Laplace (functional) mechanism is proven for replacement; DP-SGD for adding or removing
     neighbours = "replacing" if method == "pcdbn" else "adding or removing"
     unit = f"{neighbours} one of the {n_reference} reference cells (its expression profile and its label)"
+    if individual.donor_key is not None:
+        unit = (
+            f"adding or removing one reference donor (obs[{individual.donor_key!r}]) with all of their "
+            f"cells and labels, of these {n_reference} reference cells"
+        )
     covered = "the classifier and the labels and confidences it predicts for the query cells"
     not_covered = (
         "the query cells themselves (the feature map, a PCA, is fitted on them, and they are assumed to "
         "be yours); the number of reference cells and the set of label names (treated as public); the "
         "gene list"
     )
-    return record.restate("annotate", unit=unit, covered=covered, not_covered=not_covered)
+    restated = record.restate("annotate", unit=unit, covered=covered, not_covered=not_covered)
+    return with_unit(restated, individual)
+
+
+def _check_donor_annotation(
+    adata_ref: ad.AnnData, donor_key: str | None, method: str, epsilon: float | None, fixed_noise: bool
+) -> PrivacyUnit:
+    """Return the reference's unit of privacy; refuse a donor level the method cannot give (reads obs)."""
+    if donor_key is None:
+        return PER_CELL
+    if method != "dpsgd" or epsilon is None or fixed_noise:
+        raise ValueError(
+            "dpsc.tl.annotate: donor_key needs method='dpsgd' with an epsilon (DP-SGD drawing donors); "
+            f"method={method!r}, epsilon={epsilon!r} cannot protect a donor. Nothing was spent."
+        )
+    donor_codes(adata_ref, donor_key, "dpsc.tl.annotate")  # the column checked before any work
+    return PrivacyUnit(donor_key)
 
 
 def query_record(n_query: int) -> PrivacyRecord:
@@ -189,6 +220,7 @@ def annotate(
     log_normalize: bool = True,
     key_added: str = "dp_label",
     random_state: int = 0,
+    donor_key: str | None = None,
     copy: bool = False,
     return_model: bool = False,
     **method_kwargs: Any,
@@ -232,6 +264,11 @@ def annotate(
     random_state
         Seed of the query PCA and of the classifier's initialisation; never of the noise, which
         is secret unless ``noise_seed=`` is passed in ``method_kwargs`` (tests and benchmarks only).
+    donor_key
+        A column of ``adata_ref.obs`` naming each reference cell's donor: the reference's guarantee
+        is then per donor, with all of their cells (``method="dpsgd"`` with ``epsilon``): each
+        DP-SGD step draws donors and one random cell of each donor drawn, and 2 % of ε releases the
+        number of donors (:class:`dpsc.fm.DPSGDClassifier`).
     copy
         Leave ``adata`` untouched and return an annotated copy (the reference's privacy
         ledger records the training either way).
@@ -254,12 +291,14 @@ def annotate(
     _check_order(adata, adata_ref, label_key)
     fixed_noise = method == "dpsgd" and method_kwargs.get("noise_multiplier") is not None and epsilon is None
     labels = _check_inputs(adata_ref, adata, label_key, 1.0 if fixed_noise else epsilon, method)
+    unit = _check_donor_annotation(adata_ref, donor_key, method, epsilon, fixed_noise)
     genes = list(adata_ref.var_names)
     if not 1 <= n_comps <= min(len(genes), adata.n_obs):
         limit = min(len(genes), adata.n_obs)
         raise ValueError(f"n_comps must be in [1, {limit}], got {n_comps}.")
     delta = resolve_delta(delta, adata_ref.n_obs)
     plan, planned = _reference_plan(method, epsilon, delta, adata_ref.n_obs, method_kwargs)
+    planned = with_unit(planned, unit)
     query = query_record(adata.n_obs)
     with (
         plan.spend(adata_ref, planned, key_added) as reference_spent,
@@ -279,9 +318,10 @@ def annotate(
                 random_state=random_state,
                 **method_kwargs,
             )
-        model.fit(Z_ref, labels)
+        codes = None if unit.donor_key is None else donor_codes(adata_ref, donor_key, "dpsc.tl.annotate")
+        model.fit(Z_ref, labels, **({} if codes is None else {"donors": codes}))
         proba = model.predict_proba(Z_query)
-        record = annotation_record(model.privacy_record(), method, adata_ref.n_obs)
+        record = annotation_record(model.privacy_record(), method, adata_ref.n_obs, unit)
         extra = {
             "method": method,
             "label_key": label_key,
