@@ -532,3 +532,27 @@ def test_a_basis_travels_whole_and_same_basis_tells_another_apart(pair):
         "not a basis",
     ):
         assert not same_basis(changed, basis)
+
+
+def test_an_atlas_format_reference_is_read_from_raw_and_matched_by_its_symbol_column(pair):
+    """CELLxGENE's shape: Ensembl IDs in var_names, symbols in var['feature_name'], counts in raw."""
+    import warnings
+
+    import scanpy as sc
+
+    reference, private = pair
+    atlas = reference.copy()
+    atlas.var["feature_name"] = atlas.var_names.astype(str)
+    atlas.var_names = [f"ENSG{i:011d}" for i in range(atlas.n_vars)]
+    atlas.raw = atlas.copy()
+    sc.pp.normalize_total(atlas, target_sum=1e4)
+    sc.pp.log1p(atlas)
+    plain, from_atlas = private.copy(), private.copy()
+    dpsc.tl.cluster(plain, 8, reference=reference, reference_key="cell_type", noise_seed=3)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        dpsc.tl.cluster(from_atlas, 8, reference=atlas, reference_key="cell_type", noise_seed=3)
+    said = " ".join(str(w.message) for w in caught)
+    assert "reference.raw.X" in said and "var['feature_name']" in said
+    assert (plain.obs["dp_cluster"] == from_atlas.obs["dp_cluster"]).all()  # the same counts and genes
+    assert list(plain.obs["dp_cluster_names"]) == list(from_atlas.obs["dp_cluster_names"])

@@ -121,16 +121,16 @@ def read_reference(
         )
     if name is None:  # an AnnData in memory: named by its shape (its fingerprint identifies it)
         name = f"an in-memory AnnData of {reference.n_obs} cells × {reference.n_vars} genes"
-    counts = reference.X
+    counts, var = _reference_counts(reference, tool)
     _check_reference_counts(reference, counts, tool)
-    reference_genes, private_genes = _shared_genes(reference.var_names, adata.var_names, tool)
+    reference_genes, private_genes = _matched_genes(var, adata.var, tool)
     labels = None
     if reference_key is not None:
         labels = _reference_labels(reference, reference_key, tool)
     return PublicReference(
         counts,
         name,
-        fingerprint(counts, reference.var_names),
+        fingerprint(counts, var.index),
         reference_genes,
         private_genes,
         labels,
@@ -148,12 +148,39 @@ def fingerprint(counts: Any, genes: pd.Index) -> str:
     return digest.hexdigest()
 
 
-def _check_reference_counts(reference: ad.AnnData, counts: Any, tool: str) -> None:
+#: ``var`` columns that hold gene identifiers in public atlases (CELLxGENE's ``feature_name`` holds
+#: symbols beside Ensembl IDs in ``var_names``), tried when the gene names do not match as they are.
+GENE_ID_COLUMNS = ("feature_name", "gene_symbols", "gene_symbol", "gene_name", "gene_ids", "gene_id")
+
+
+def _are_counts(counts: Any) -> bool:
+    """Whether a matrix holds raw counts: finite, non-negative integers (reads the public reference)."""
     values = counts.data if sp.issparse(counts) else np.asarray(counts)
-    raw = values.size == 0 or (
+    return values.size == 0 or bool(
         np.isfinite(values).all() and values.min() >= 0 and np.array_equal(values, np.round(values))
     )
-    if "log1p" in reference.uns or not raw:
+
+
+def _reference_counts(reference: ad.AnnData, tool: str) -> tuple[Any, pd.DataFrame]:
+    """Return the reference's counts and their ``var``: ``X``, or ``raw.X`` where an atlas keeps them.
+
+    Public atlases (the CELLxGENE schema) store normalised values in ``X`` and the counts in
+    ``raw.X``; dpsc reads them there and says so.
+    """
+    if _are_counts(reference.X) or reference.raw is None or not _are_counts(reference.raw.X):
+        return reference.X, reference.var
+    warnings.warn(
+        f"{tool}: the reference's X is not raw counts; reading its counts from reference.raw.X "
+        f"({reference.raw.n_vars} genes), where atlases in the CELLxGENE schema keep them.",
+        UserWarning,
+        stacklevel=4,
+    )
+    return reference.raw.X, reference.raw.var
+
+
+def _check_reference_counts(reference: ad.AnnData, counts: Any, tool: str) -> None:
+    raw = _are_counts(counts)
+    if ("log1p" in reference.uns and counts is reference.X) or not raw:
         hint = "reference.layers['counts']" if "counts" in reference.layers else "the raw counts"
         raise ValueError(
             f"{tool}: the reference's X is not raw counts (log-transformed, scaled or not integer); pass "
@@ -165,9 +192,55 @@ def _check_reference_counts(reference: ad.AnnData, counts: Any, tool: str) -> No
         )
 
 
-def _shared_genes(reference: pd.Index, private: pd.Index, tool: str) -> tuple[np.ndarray, np.ndarray]:
-    position = pd.Index(reference).get_indexer(pd.Index(private))
+def _identifiers(var: pd.DataFrame) -> dict[str, pd.Index]:
+    """Each gene-identifier column of a ``var`` (``var_names`` first) as an index of strings."""
+    found = {"var_names": pd.Index(var.index.astype(str))}
+    for column in GENE_ID_COLUMNS:
+        if column in var.columns:
+            found[f"var[{column!r}]"] = pd.Index(var[column].astype(str))
+    return found
+
+
+def _positions(reference: pd.Index, private: pd.Index) -> np.ndarray:
+    """Each private gene's position among the reference's (-1: absent; a repeated name: its first)."""
+    first = ~reference.duplicated()
+    lookup = pd.Series(np.flatnonzero(first), index=reference[first])
+    return lookup.reindex(private).fillna(-1).to_numpy(dtype=np.int64)
+
+
+def _matched_genes(
+    reference: pd.DataFrame, private: pd.DataFrame, tool: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """Match genes by ``var_names``, else by the identifier columns sharing the most (said in a warning)."""
+    names = _shared_genes(reference.index, private.index, tool, strict=False)
+    if names is not None:
+        return names
+    pairs = [
+        (int((_positions(ref, own) >= 0).sum()), ref_name, own_name, ref, own)
+        for ref_name, ref in _identifiers(reference).items()
+        for own_name, own in _identifiers(private).items()
+    ]
+    shared, ref_name, own_name, ref, own = max(pairs, key=lambda pair: pair[0])
+    if shared < MIN_SHARED_GENES:
+        return _shared_genes(reference.index, private.index, tool)  # raises, with the hint
+    warnings.warn(
+        f"{tool}: matching genes by reference.{ref_name} and adata.{own_name} ({shared} shared): the gene "
+        "names of the two differ.",
+        UserWarning,
+        stacklevel=4,
+    )
+    position = _positions(ref, own)
     private_genes = np.flatnonzero(position >= 0)
+    return position[private_genes].astype(np.int64), private_genes.astype(np.int64)
+
+
+def _shared_genes(
+    reference: pd.Index, private: pd.Index, tool: str, strict: bool = True
+) -> tuple[np.ndarray, np.ndarray] | None:
+    position = _positions(pd.Index(reference.astype(str)), pd.Index(private.astype(str)))
+    private_genes = np.flatnonzero(position >= 0)
+    if len(private_genes) < MIN_SHARED_GENES and not strict:
+        return None
     if len(private_genes) < MIN_SHARED_GENES:
         lower = pd.Index(reference.str.upper()).get_indexer(pd.Index(private.str.upper()))
         case = int((lower >= 0).sum())
