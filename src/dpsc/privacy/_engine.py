@@ -163,7 +163,6 @@ class DPSGDSettings:
     expected_batch_size: int
     accountant: IAccountant
     noise: NoiseSource
-    #: Per donor: each donor's rows, drawn one random row per donor included (local, never released).
     donors: DonorRows | None = None
 
     @classmethod
