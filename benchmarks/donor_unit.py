@@ -283,6 +283,15 @@ def markers(name: str, cells: ad.AnnData, args: argparse.Namespace, out: Path) -
             print(row, flush=True)
 
 
+def _by_unit(rows: list[dict], cohort: str) -> tuple[list[dict], list[dict], list[dict], float]:
+    """One cohort's rows, its cell- and donor-level rows, and the donor / cell ratio of mean times."""
+    pick = [r for r in rows if r["cohort"] == cohort]
+    cell = [r for r in pick if r["unit"] == "cell"]
+    donor = [r for r in pick if r["unit"] == "donor"]
+    timing = np.mean([r["seconds"] for r in donor]) / np.mean([r["seconds"] for r in cell])
+    return pick, cell, donor, float(timing)
+
+
 def report(path: Path) -> str:
     every = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     rows = [r for r in every if r.get("kind", "cluster") == "cluster"]
@@ -327,13 +336,10 @@ def report(path: Path) -> str:
             "|---|---|---|---|---|---|---|",
         ]
         for cohort in dict.fromkeys(r["cohort"] for r in fit_rows):
-            pick = [r for r in fit_rows if r["cohort"] == cohort]
-            cell = [r for r in pick if r["unit"] == "cell"]
-            donor = [r for r in pick if r["unit"] == "donor"]
+            pick, cell, donor, timing = _by_unit(fit_rows, cohort)
             a_cell, a_donor = np.mean([r["ari"] for r in cell]), np.mean([r["ari"] for r in donor])
             kept = f"{a_donor / a_cell:.2f}" if a_cell > 0.05 else "–"
             model = sum(r["partition"] == "model" for r in donor)
-            timing = np.mean([r["seconds"] for r in donor]) / np.mean([r["seconds"] for r in cell])
             lines.append(
                 f"| {cohort} | {pick[0]['n_donors']} | {a_cell:.3f} | {a_donor:.3f} | {kept} | "
                 f"{model} of {len(donor)} | {timing:.2f} |"
@@ -349,10 +355,7 @@ def report(path: Path) -> str:
             "|---|---|---|---|---|",
         ]
         for cohort in dict.fromkeys(r["cohort"] for r in marker_rows):
-            pick = [r for r in marker_rows if r["cohort"] == cohort]
-            cell = [r for r in pick if r["unit"] == "cell"]
-            donor = [r for r in pick if r["unit"] == "donor"]
-            timing = np.mean([r["seconds"] for r in donor]) / np.mean([r["seconds"] for r in cell])
+            pick, cell, donor, timing = _by_unit(marker_rows, cohort)
             lines.append(
                 f"| {cohort} | {pick[0]['n_donors']} | {np.mean([r['top10'] for r in cell]):.2f} | "
                 f"{np.mean([r['top10'] for r in donor]):.2f} | {timing:.2f} |"

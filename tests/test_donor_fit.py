@@ -76,11 +76,11 @@ def test_fit_per_donor_is_proven_recorded_and_recomputable(small_adata):
     assert cells.obsm["X_dpdcan"].shape[0] == cells.n_obs
 
 
-def test_every_sampled_batch_of_a_donor_level_fit_holds_one_cell_per_donor(small_adata, monkeypatch):
+@pytest.fixture
+def drawn(monkeypatch) -> list[list[int]]:
+    """Every Poisson draw made while the test runs (the one sampler watched)."""
     from dpsc.privacy import _engine
 
-    cells = with_donors(small_adata)
-    codes = cells.obs["donor"].astype("category").cat.codes.to_numpy()
     seen: list[list[int]] = []
     draw = _engine.poisson_rows
 
@@ -90,11 +90,17 @@ def test_every_sampled_batch_of_a_donor_level_fit_holds_one_cell_per_donor(small
         return rows
 
     monkeypatch.setattr(_engine, "poisson_rows", watched)
+    return seen
+
+
+def test_every_sampled_batch_of_a_donor_level_fit_holds_one_cell_per_donor(small_adata, drawn):
+    cells = with_donors(small_adata)
+    codes = cells.obs["donor"].astype("category").cat.codes.to_numpy()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         dpsc.tl.fit(cells, 4, epsilon=8, donor_key="donor", noise_seed=2, progress_bar=False, **FAST)
-    assert len(seen) > 5 and any(seen)
-    for rows in seen:
+    assert len(drawn) > 5 and any(drawn)
+    for rows in drawn:
         assert len(set(codes[rows])) == len(rows)
 
 
@@ -176,29 +182,18 @@ def test_canary_donors_come_from_distinct_real_donors_and_the_audit_is_per_donor
     assert dpsc.privacy.spent(cells).unit == "donor"
 
 
-def test_annotate_per_donor_draws_donors_releases_their_number_and_records_the_unit(pbmc_full, monkeypatch):
-    from dpsc.privacy import _engine
-
+def test_annotate_per_donor_draws_donors_releases_their_number_and_records_the_unit(pbmc_full, drawn):
     rng = np.random.default_rng(0)
     cells = pbmc_full[np.sort(rng.choice(pbmc_full.n_obs, 500, replace=False)), :300].copy()
     ref, query = cells[:350].copy(), cells[350:].copy()
     ref.obs["donor"] = rng.integers(0, 40, ref.n_obs).astype(str)
     codes = ref.obs["donor"].astype("category").cat.codes.to_numpy()
-    seen: list[list[int]] = []
-    draw = _engine.poisson_rows
-
-    def watched(rng, n, sample_rate, donors=None):
-        rows = draw(rng, n, sample_rate, donors)
-        seen.append(rows)
-        return rows
-
-    monkeypatch.setattr(_engine, "poisson_rows", watched)
     with pytest.raises(ValueError, match="method='dpsgd' with an epsilon"):
         dpsc.tl.annotate(query, ref, "cell_type", method="pcdbn", donor_key="donor")
     assert "dpsc" not in ref.uns
     options = {"epochs": 3, "noise_seed": 1, "accountant": "rdp"}  # the accountant dp-accounting checks
     dpsc.tl.annotate(query, ref, "cell_type", epsilon=4.0, donor_key="donor", **options)
-    assert seen and all(len(set(codes[rows])) == len(rows) for rows in seen)
+    assert drawn and all(len(set(codes[rows])) == len(rows) for rows in drawn)
     record = dpsc.privacy.get_record(ref, "dp_label")
     assert record["individual"] == "donor" and "one reference donor (obs['donor'])" in record["statement"]
     assert [1.0, 1] == [record["history"][0][1], record["history"][0][2]]  # the released number of donors

@@ -200,8 +200,7 @@ ReleaseTable = Callable[[Assignment], tuple]  # (sums, counts) as torch tensors
 #: posterior mean when the start counts as :math:`\lambda` cells (post-processing of the release).
 #: A cluster whose noisy count is far above its noise moves to its noisy mean; one near the update
 #: threshold (:math:`2s`) moves a third of the way. Chosen by leave one cohort out among 0, 1, 2, 3, 4
-#: and 6 (the held-out cohort kept at least 0.96 of the cell-level ARI per donor in every fold; per
-#: cell nothing moved); 4 on every cohort (docs, Benchmarks: "The donor unit").
+#: and 6, then 4 on every cohort (docs, Benchmarks: "The donor unit", the start's weight).
 START_PRIOR = 4.0
 
 
