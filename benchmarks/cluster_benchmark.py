@@ -171,7 +171,7 @@ MAX_BASELINE_GENES = 5000
 
 def analyze_gauss(adata, sigma: float) -> np.ndarray:
     """Projections of the unit-norm cells on the top eigenvectors of one Gaussian release (all genes)."""
-    from dpsc.methods import _pca
+    from dpsc.methods import pca as _pca
     from dpsc.privacy import NoiseSource
 
     loadings, _, _ = _pca.released_loadings(
@@ -184,7 +184,7 @@ def quick_baseline(adata, k: int, epsilon: float, seed: int) -> np.ndarray:
     """Analyze Gauss + the package's DP k-means at ``shared/tools/dp_baseline.py``'s plan."""
     import torch
 
-    from dpsc.methods._kmeans import central_table_release, dp_kmeans_centroids, kmeans_release_steps
+    from dpsc.methods.kmeans import central_table_release, dp_kmeans_centroids, kmeans_release_steps
     from dpsc.privacy import NoiseSource, history_epsilon
 
     plan = QUICK_KMEANS

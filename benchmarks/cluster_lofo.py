@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 from cluster_benchmark import FILES, load, per_file_parser, score, write_per_file
 
-from dpsc.methods._clustering import KMEANS_PLAN
+from dpsc.methods.cluster_design import KMEANS_PLAN
 
 FILES["cite_cbmc"] = "cite_cbmc_top2000.h5"  # the six labelled count files
 CANDIDATES = {
@@ -64,23 +64,23 @@ CANDIDATES = {
         "GENE_RANKING": "variance",
     },
 }
-SHIPPED = "refine"  # the candidate whose constants dpsc.methods._clustering holds
+SHIPPED = "refine"  # the candidate whose constants dpsc.methods.cluster_design holds
 ONLY: list[str] = []  # --candidates: the candidates this run makes rows for (empty: all)
 
 
 def use_constants(constants: dict) -> None:
-    """Set the design's constants (module attributes of ``dpsc.methods._clustering``) to these values."""
-    from dpsc.methods import _clustering
+    """Set the design's constants (module attributes of ``dpsc.methods.cluster_design``) to these values."""
+    from dpsc.methods import cluster_design
 
     for attribute, value in constants.items():
-        setattr(_clustering, attribute, value)
+        setattr(cluster_design, attribute, value)
 
 
 def shipped_constants() -> dict:
     """The shipped values of every constant a candidate sets."""
-    from dpsc.methods import _clustering
+    from dpsc.methods import cluster_design
 
-    return {name: getattr(_clustering, name) for constants in CANDIDATES.values() for name in constants}
+    return {name: getattr(cluster_design, name) for constants in CANDIDATES.values() for name in constants}
 
 
 def scanpy_reference(adata, k: int, seed: int = 0) -> np.ndarray:

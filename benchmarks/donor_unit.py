@@ -17,7 +17,7 @@ Cohorts:
 
 ``tl.fit(donor_key=...)`` is measured the same way with the reference (the model per donor beside
 per cell). ``--start-priors`` instead sweeps the weight of the public start in the k-means' Lloyd
-round (:data:`dpsc.methods._kmeans.START_PRIOR`, in count-noise sds) over the cohorts with a
+round (:data:`dpsc.methods.kmeans.START_PRIOR`, in count-noise sds) over the cohorts with a
 reference, per cell and per donor; the report chooses it by leave one cohort out (the value with
 the best mean donor / cell ratio on the other cohorts, reported on the one left out).
 
@@ -169,7 +169,7 @@ def fits(name: str, reference: ad.AnnData, cells: ad.AnnData, k: int, args, out:
 
 def sweep_priors(args: argparse.Namespace) -> None:
     """ARI of ``tl.cluster(reference=...)`` per cell and per donor at each weight of the public start."""
-    from dpsc.methods import _kmeans
+    from dpsc.methods import kmeans as _kmeans
 
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -97,8 +97,8 @@ def release_ari(adata, eps: float, seed: int, hvg: bool = False) -> tuple[float,
     Returns the ARI on the held-out 30 % and that fit's ARI on its own 70 %: the gap between the
     two is what sharing costs, apart from the smaller training set.
     """
-    from dpsc.methods._kmeans import nearest_centroid
-    from dpsc.methods._pca import project
+    from dpsc.methods.kmeans import nearest_centroid
+    from dpsc.methods.pca import project
 
     order = np.random.default_rng(seed).permutation(adata.n_obs)
     cut = int(0.7 * adata.n_obs)

@@ -3,7 +3,7 @@
 ``dpsc.tl.rank_genes_groups`` first releases the cells' mean expression with ``CENTER_SHARE`` of
 its ε, then histograms of the cells' norms from it with ``NORM_SHARE``, and bounds each cell's
 expression and squares at the bins where the noisy cumulative counts reach ``NORM_QUANTILE``
-(``dpsc.methods._markers``); each gene's part of the table is weighted by ``(m + 0.05)^a`` of its
+(``dpsc.methods.markers``); each gene's part of the table is weighted by ``(m + 0.05)^a`` of its
 released mean m, ``a = GENE_WEIGHT_POWER`` (0: the same noise on every gene). Here each candidate
 (``CANDIDATES``) runs the markers benchmark (``markers_benchmark.run``: groups = the labels and
 ``tl.cluster``'s clusters, every ε, ``--runs`` runs with secret noise) on each of the six labelled
@@ -156,14 +156,14 @@ ONLY: list[str] = []  # --candidates: the candidates this run makes rows for (em
 
 
 def set_candidate(constants: dict) -> None:
-    from dpsc.methods import _markers
+    from dpsc.methods import markers as _markers
 
     for name, value in constants.items():
         setattr(_markers, name, value)
 
 
 def run(data: Path, name: str, epsilons: list[float], runs: int, commit: str) -> list[dict]:
-    from dpsc.methods import _markers
+    from dpsc.methods import markers as _markers
 
     shipped = {constant: getattr(_markers, constant) for constant in CANDIDATES[SHIPPED]}
     rows = []
@@ -200,9 +200,9 @@ def report(path: Path) -> str:
         "The gene-weight and part-weight candidates were run later into the same file (`--candidates",
         'NAME --append`); the first three use even weights (`GENE_WEIGHT_POWER` 0). The three "variances',
         "shrunk\" candidates ran after each group's noisy variances were shrunk toward their trend",
-        "(post-processing, `dpsc.methods._markers.shrunk_variances`); the others ran without it.",
+        "(post-processing, `dpsc.methods.markers.shrunk_variances`); the others ran without it.",
         '"Sums projected" ran last, after the released sums were kept where they stand above the noise',
-        "(post-processing, `dpsc.methods._markers.projected_sums`, `NOISE_EDGE` 1); every candidate before",
+        "(post-processing, `dpsc.methods.markers.projected_sums`, `NOISE_EDGE` 1); every candidate before",
         "ran with the sums as released (`NOISE_EDGE` 0).",
         "",
         *held_out_header(epsilons),

@@ -57,7 +57,7 @@ HISTORICAL = (
     "ball, 0.9 radius, reference k-means start, 2 rounds of k",
 )
 SHIPPED = "ball, 0.9 radius, type means start when most cells lie in a type, 1 round of k"
-#: "gated" (shipped): one count release first (``dpsc.methods._type_gate``), then the type means
+#: "gated" (shipped): one count release first (``dpsc.methods.type_gate``), then the type means
 #: start unless the released share of cells within a reference type's spread is clearly below half
 #: pairs whose reference has the private cells' types (names are scored there)
 SAME_TYPES = ("baron", "cellbench", "halves")
@@ -101,11 +101,11 @@ def _candidate(n_comps: int, quantile: float | None, start: str, rounds: int = 1
     """Set the shipped code's switches to one candidate (module constants; restored by the shipped one)."""
     import dpsc._public_reference as public_reference
     import dpsc.tl._reference as reference_module
-    from dpsc.methods import _clustering
-    from dpsc.methods import _public_basis as public_basis
+    from dpsc.methods import cluster_design
+    from dpsc.methods import public_basis as public_basis
 
     public_reference.N_COMPS, public_basis.RADIUS_QUANTILE = n_comps, quantile
-    _clustering.PUBLIC_START_ROUNDS = rounds
+    cluster_design.PUBLIC_START_ROUNDS = rounds
     starts = {"type means": public_reference.type_start, "sketch": lambda *_: None}
     reference_module.type_start = starts.get(start, public_reference.type_start)
     # "gated" (shipped): the count chooses the start; "type means": the type start without the count
@@ -300,7 +300,7 @@ def report(path: Path) -> str:
         "of the reference's points, k-means or the types' means, and no sketch release; `rounds of k`: "
         "only that many Lloyd releases of the k starting centroids; `when most cells lie in a type`: a "
         "released count of the cells within the types' spreads chooses between that start and the "
-        "sketch, `dpsc.methods._type_gate`) and the 8 and 12 component ones "
+        "sketch, `dpsc.methods.type_gate`) and the 8 and 12 component ones "
         "(fewer coordinates for the same noise) ran later, with `--no-baselines --candidates …`; "
         + "; ".join(f"`{name}`" for name in HISTORICAL)
         + " ran on code this commit no longer has (module docstring). Every "

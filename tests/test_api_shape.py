@@ -193,7 +193,7 @@ def test_the_clustering_tools_share_one_cluster_column_and_a_later_one_says_it_r
 
 
 def test_old_argument_names_fail_fast_with_the_new_name_and_leave_the_data_alone(small_adata):
-    """dpsc 0.2's names were renamed in 0.3: a call with one names the fix and reads nothing."""
+    """Names dpsc 0.2 took were renamed since: a call with one names the fix and reads nothing."""
     with pytest.raises(TypeError, match=r"n_clients= was renamed n_sites= after dpsc 0\.2; pass n_sites=3"):
         dpsc.pp.partition(small_adata, n_clients=3)
     with pytest.raises(TypeError, match=r"types_per_client= was renamed types_per_site="):
@@ -208,6 +208,11 @@ def test_old_argument_names_fail_fast_with_the_new_name_and_leave_the_data_alone
     with pytest.raises(ValueError, match=r"pass site_key='client'"):
         dpsc.tl.cluster_federated(legacy, n_clusters=3)
     assert "dpsc" not in legacy.uns and dpsc.privacy.ledger_frame(legacy).empty
+    model_data = small_adata.copy()
+    dpsc.model.DPDCAN.setup_anndata(model_data)
+    with pytest.raises(TypeError, match=r"private_optimizer= was renamed optimizer=.*pass optimizer='adam'"):
+        dpsc.model.DPDCAN(model_data, n_clusters=3).train(epsilon=8, private_optimizer="adam")
+    assert dpsc.privacy.ledger_frame(model_data).empty
 
 
 def test_annotate_takes_the_cells_to_label_first_and_refuses_the_old_order(small_adata):

@@ -131,7 +131,7 @@ def test_collapse_note_reads_the_released_label_counts(small_adata, tiny_fit, mo
 
 def test_collapse_note_of_a_fit_from_the_clustering_reads_the_kept_counts(small_adata, tiny_fit, monkeypatch):
     """The default fit's counts are those the partition choice released for the kept partition."""
-    from dpsc.methods import _selection
+    from dpsc.methods import selection as _selection
 
     counts = (np.array([40.0, 0.0, 0.0]), np.array([0.0, 0.0, 40.0]))
     monkeypatch.setattr(

@@ -14,7 +14,7 @@ import pytest
 from dp_accounting import dp_event, rdp
 
 import dpsc
-from dpsc.methods._selection import partition_tables
+from dpsc.methods.selection import partition_tables
 from dpsc.privacy import DonorRows, NoiseSource, PoissonSampling, donor_weights
 from test_donor_unit import with_donors
 
@@ -123,7 +123,7 @@ def test_a_donor_level_fit_the_model_cannot_make_is_refused_before_booking(small
 
 
 def test_kmeans_per_donor_moves_each_table_by_at_most_its_sensitivity_and_records_the_unit(small_adata):
-    from dpsc.methods._kmeans import Assignment, kmeans_table, table_sensitivity
+    from dpsc.methods.kmeans import Assignment, kmeans_table, table_sensitivity
 
     cells = with_donors(small_adata)
     weights = donor_weights(cells, "donor", "test")

@@ -17,7 +17,9 @@ import pytest
 import scipy.sparse as sp
 
 import dpsc
-from dpsc.methods._clustering import Request, contribution, plan_clustering, run_clustering
+from dpsc.methods.cluster_plan import plan_clustering
+from dpsc.methods.cluster_requests import Request
+from dpsc.methods.clustering import contribution, run_clustering
 from dpsc.privacy import donor_weights
 from dpsc.tl._reference import reference_basis
 from test_reference import reference_pair
@@ -45,7 +47,7 @@ def requests_of(plan, matrix, weights, basis=None) -> list[Request]:
     from dpsc.privacy import NoiseSource
 
     seen: list[Request] = []
-    central = dpsc.methods._clustering.central_release_sum(matrix, NoiseSource(3), weights=weights)
+    central = dpsc.methods.clustering.central_release_sum(matrix, NoiseSource(3), weights=weights)
 
     def record(request: Request) -> np.ndarray:
         seen.append(request)
@@ -265,7 +267,8 @@ def test_a_site_serves_only_plans_of_its_own_unit(small_adata, tmp_path):
 
 def test_pp_releases_move_by_at_most_their_sensitivity_per_donor(small_adata):
     """pp.highly_variable_genes (Δ = √3) and pp.pca (Δ = 1): removing any one donor, weighted."""
-    from dpsc.methods import _hvg, _pca
+    from dpsc.methods import hvg as _hvg
+    from dpsc.methods import pca as _pca
 
     adata = with_donors(small_adata, seed=4)
     weights = donor_weights(adata, "donor", "test")

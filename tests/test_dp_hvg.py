@@ -6,7 +6,7 @@ import pytest
 import scipy.sparse as sp
 
 import dpsc
-from dpsc.methods._hvg import SENSITIVITY, per_cell_contributions
+from dpsc.methods.hvg import SENSITIVITY, per_cell_contributions
 from dpsc.privacy import get_record, spent
 
 
@@ -102,7 +102,7 @@ def test_bad_input_fails_before_touching_adata(kwargs, message):
 
 
 def test_dispersion_ranks_within_bins_of_the_mean():
-    from dpsc.methods._hvg import dispersion_scores
+    from dpsc.methods.hvg import dispersion_scores
 
     rng = np.random.default_rng(0)
     means = np.exp(rng.uniform(-6, 0, 2000))

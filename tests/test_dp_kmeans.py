@@ -15,7 +15,7 @@ from dpsc.methods import (
     split_table,
     table_release,
 )
-from dpsc.methods._kmeans import table_sensitivity
+from dpsc.methods.kmeans import table_sensitivity
 from dpsc.privacy import NoiseSource
 
 RADIUS = 3.0
@@ -197,17 +197,17 @@ def test_a_clustering_plan_schedules_its_refine_round_and_runs_it(small_adata, m
     """The clustering's k-means ends with ``REFINE_ROUNDS`` Lloyd releases of the k centroids: the last
     release has k rows in the schedule (what a federated site serves), the plan is calibrated for
     every release, and the run follows it; without refine rounds the schedule loses that release."""
-    from dpsc.methods import _clustering
+    from dpsc.methods import cluster_design, cluster_plan, clustering
 
-    plan = _clustering.plan_clustering(
+    plan = cluster_plan.plan_clustering(
         8.0, 1e-5, n_vars=small_adata.n_vars, n_clusters=3, n_obs=small_adata.n_obs
     )
     tables = [entry for entry in plan.schedule() if entry.kind == "kmeans"]
     assert [entry.rows for entry in tables[1:]] == [12, 12, 3] and plan.kmeans_steps == 4
-    result = _clustering.run_clustering(plan, _clustering.central_release_sum(small_adata.X, NoiseSource(1)))
+    result = clustering.run_clustering(plan, clustering.central_release_sum(small_adata.X, NoiseSource(1)))
     assert result.centroids.shape == (3, plan.n_comps) and result.releases == plan.n_releases
-    monkeypatch.setattr(_clustering, "REFINE_ROUNDS", 0)
-    plain = _clustering.plan_clustering(
+    monkeypatch.setattr(cluster_design, "REFINE_ROUNDS", 0)
+    plain = cluster_plan.plan_clustering(
         8.0, 1e-5, n_vars=small_adata.n_vars, n_clusters=3, n_obs=small_adata.n_obs
     )
     tables = [entry for entry in plain.schedule() if entry.kind == "kmeans"]

@@ -11,7 +11,7 @@ from sklearn.metrics import adjusted_rand_score
 import dpsc
 from dpsc import _blocks
 from dpsc.methods import kmeans_release_steps, nearest_centroid
-from dpsc.methods._pca import residual_rows, second_moment, unit_rows
+from dpsc.methods.pca import residual_rows, second_moment, unit_rows
 from dpsc.privacy import BudgetExceededError, ledger_frame, set_budget, spent
 from dpsc.tl._kmeans import KMEANS_DEFAULTS
 
@@ -184,7 +184,8 @@ def test_the_one_call_loads_the_mean_direction_then_the_residual_components():
 
 def test_the_plan_reads_fewer_genes_when_the_noise_would_drown_them():
     """G = clip((0.02 n / σ)², 250, 2000) from n, ε and δ only; the composed ε stays the asked one."""
-    from dpsc.methods._clustering import MAX_GENES, MIN_GENES, genes_for, plan_clustering
+    from dpsc.methods.cluster_design import MAX_GENES, MIN_GENES, genes_for
+    from dpsc.methods.cluster_plan import plan_clustering
 
     plans = {eps: plan_clustering(eps, 1e-5, n_vars=3000, n_clusters=8, n_obs=8000) for eps in (1, 4, 8)}
     counts = [plans[eps].n_genes for eps in (1, 4, 8)]

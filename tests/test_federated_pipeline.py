@@ -20,7 +20,9 @@ import scipy.sparse as sp
 import dpsc
 from dpsc.federated._secagg import LIMBS, from_digit_means, secure_mask, sum_digits, to_digits
 from dpsc.federated._site import Site, SiteRefusal, SiteSettings
-from dpsc.methods._clustering import ClusterPlan, Request, contribution, plan_clustering
+from dpsc.methods.cluster_plan import ClusterPlan, plan_clustering
+from dpsc.methods.cluster_requests import Request
+from dpsc.methods.clustering import contribution
 from dpsc.privacy import GaussianSum, NoiseSource, distributed_slack
 
 

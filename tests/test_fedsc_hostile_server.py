@@ -17,7 +17,7 @@ from dpsc.federated._fedsc_site import KMEANS_STEPS, FedSCGuard, fedsc_plan, kme
 from dpsc.federated._settings import SiteSettings
 from dpsc.federated._site import SiteRefusal
 from dpsc.federated._ssl import dp_schedule
-from dpsc.methods._kmeans import Assignment
+from dpsc.methods.kmeans import Assignment
 from dpsc.privacy import compose, history_epsilon
 
 N_CELLS, BATCH, ROUNDS, D, K = 200, 64, 3, 8, 4

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 import dpsc
-from dpsc.methods import _selection
-from dpsc.methods._clustering import cell_points
+from dpsc.methods import selection as _selection
+from dpsc.methods.clustering import cell_points
 from dpsc.model._dcan_privacy import CHOICE, START
 
 

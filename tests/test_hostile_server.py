@@ -26,18 +26,12 @@ import scipy.sparse as sp
 
 from dpsc.federated._site import Site, SiteRefusal, SiteSettings, run_fallback_epsilon
 from dpsc.federated._trust import BudgetSettingError
-from dpsc.methods import _markers as markers_mechanism
-from dpsc.methods._clustering import (
-    KINDS,
-    ClusterPlan,
-    Request,
-    ScheduleError,
-    central_release_sum,
-    contribution,
-    plan_clustering,
-    run_clustering,
-)
-from dpsc.methods._kmeans import Assignment
+from dpsc.methods import markers as markers_mechanism
+from dpsc.methods.cluster_design import KINDS
+from dpsc.methods.cluster_plan import ClusterPlan, plan_clustering
+from dpsc.methods.cluster_requests import Request, ScheduleError
+from dpsc.methods.clustering import central_release_sum, contribution, run_clustering
+from dpsc.methods.kmeans import Assignment
 from dpsc.privacy import NoiseSource, compose
 
 N_VARS = 40

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import dpsc
-from dpsc.methods._pca import unit_rows
+from dpsc.methods.pca import unit_rows
 from dpsc.model import DPDCAN, SharedEncoder
 from dpsc.model._dcan_privacy import LOADINGS
 from dpsc.privacy import make_accountant, split_budget

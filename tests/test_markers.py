@@ -12,7 +12,7 @@ import scanpy as sc
 import scipy.sparse as sp
 
 import dpsc
-from dpsc.methods import _markers as mechanism
+from dpsc.methods import markers as mechanism
 
 
 @pytest.fixture
@@ -234,7 +234,7 @@ def test_tl_cluster_releases_the_clusters_markers_inside_its_epsilon(small_adata
     assert "marker" in record["statement"] and record["guarantee"] == "proven"
     without = small_adata.copy()
     dpsc.tl.cluster(without, 3, epsilon=8, noise_seed=1)
-    plan = dpsc.methods._clustering.plan_clustering(
+    plan = dpsc.methods.cluster_plan.plan_clustering(
         8.0, 1e-5, n_vars=200, n_clusters=3, n_obs=300, markers=True
     )
     # the k-means' releases are one history entry of kmeans_steps steps
@@ -242,14 +242,14 @@ def test_tl_cluster_releases_the_clusters_markers_inside_its_epsilon(small_adata
     assert kinds == ["marker_center", "marker_norms", "markers", "marker_focus_norms", "marker_focus"]
     assert plan.n_releases == len(plan.history()) + plan.kmeans_steps - 1
     written = adata.uns["dpsc"]["dp_cluster"]["markers"]
-    assert 0 < written["focus_genes"] <= 3 * dpsc.methods._markers.FOCUS_GENES
+    assert 0 < written["focus_genes"] <= 3 * dpsc.methods.markers.FOCUS_GENES
     assert "dp_cluster_markers" not in without.uns
 
 
 def test_a_clustering_without_epsilon_gives_its_clusters_exact_markers(small_adata):
     adata = small_adata.copy()
     dpsc.tl.cluster(adata, 3, epsilon=None, markers=True)  # refused its own marker request before
-    plan = dpsc.methods._clustering.plan_clustering(None, 1e-5, n_vars=200, n_clusters=3, markers=True)
+    plan = dpsc.methods.cluster_plan.plan_clustering(None, 1e-5, n_vars=200, n_clusters=3, markers=True)
     assert [r.kind for r in plan.schedule()][-2:] == ["marker_center", "markers"]  # no histogram to release
     exact = adata.copy()
     dpsc.tl.rank_genes_groups(exact, "dp_cluster", epsilon=None, n_genes=20)

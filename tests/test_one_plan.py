@@ -246,7 +246,7 @@ def test_the_clustering_at_2000_genes_searches_each_sigma_once(calibrations, n_o
     """2,000 genes: the plan is calibrated with its gene release (one σ search each for genes, cell
     sum, PCA, k-means); when the rule keeps every gene, that release is dropped by a common scale,
     not a second split. A site told the plan's gene count rebuilds the same σ."""
-    from dpsc.methods._clustering import plan_clustering
+    from dpsc.methods.cluster_plan import plan_clustering
 
     plan = plan_clustering(8.0, 1e-5, n_vars=2000, n_clusters=8, n_obs=n_obs)
     assert len(calibrations) == 4
@@ -322,7 +322,7 @@ def test_every_sigma_of_a_clustering_or_a_fit_lives_in_its_release_plan():
     and received unchanged); a fit's plan holds the clustering it starts from as its first part."""
     import dataclasses
 
-    from dpsc.methods._clustering import ClusterPlan, plan_clustering
+    from dpsc.methods.cluster_plan import ClusterPlan, plan_clustering
     from dpsc.model._dcan_privacy import TrainSettings, plan_fit
 
     plan = plan_clustering(8.0, 1e-5, n_vars=300, n_clusters=5, n_genes=100)
@@ -366,7 +366,7 @@ def test_a_clusterings_schedule_is_its_planned_releases_step_by_step(markers):
     import dataclasses
     from collections import Counter
 
-    from dpsc.methods._clustering import plan_clustering
+    from dpsc.methods.cluster_plan import plan_clustering
 
     plan = plan_clustering(8.0, 1e-5, n_vars=3000, n_clusters=6, n_obs=3000, markers=markers)
     schedule = plan.schedule()

@@ -96,7 +96,7 @@ def test_fit_with_sign_optimizer(small_adata, scope, fast_train):
     dpsc.tl.fit(adata, epsilon=4.0, delta=1e-3, scope=scope, optimizer="dpsignadam", **fast_train)
     record = adata.uns["dpsc"]["X_dpdcan"]["privacy"]
     assert record["epsilon"] <= 4.0 + 1e-9
-    assert adata.uns["dpsc"]["X_dpdcan"]["params"]["private_optimizer"] == "dpsignadam"
+    assert adata.uns["dpsc"]["X_dpdcan"]["params"]["optimizer"] == "dpsignadam"
     assert np.isfinite(adata.obsm["X_dpdcan"]).all()
 
 

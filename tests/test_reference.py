@@ -10,9 +10,11 @@ import pytest
 from sklearn.metrics import adjusted_rand_score
 
 import dpsc
-from dpsc.methods._clustering import Request, ScheduleError, kmeans_steps, plan_clustering
-from dpsc.methods._kmeans import Assignment
-from dpsc.methods._public_basis import PublicBasis
+from dpsc.methods.cluster_design import kmeans_steps
+from dpsc.methods.cluster_plan import plan_clustering
+from dpsc.methods.cluster_requests import Request, ScheduleError
+from dpsc.methods.kmeans import Assignment
+from dpsc.methods.public_basis import PublicBasis
 from dpsc.tl._reference import UNMATCHED, fingerprint
 
 
@@ -44,7 +46,7 @@ def test_a_reference_lifts_a_small_cohort_and_spends_only_on_the_kmeans(pair):
     assert record["epsilon"] == pytest.approx(8.0, rel=1e-3)
     assert dpsc.privacy.spent(guided)[0] == pytest.approx(8.0, rel=1e-3)
     assert record["mechanisms"] == ["kmeans: sigma=" + record["mechanisms"][0].split("=")[1]]
-    assert record["history"][0][2] == kmeans_steps(dict(dpsc.methods._clustering.kmeans_plan()))
+    assert record["history"][0][2] == kmeans_steps(dict(dpsc.methods.cluster_design.kmeans_plan()))
     stated = record["reference"]
     assert stated["fingerprint"] == fingerprint(reference.X, reference.var_names)
     assert stated["n_obs"] == reference.n_obs
@@ -58,7 +60,7 @@ def test_with_types_the_kmeans_starts_from_their_means_in_one_release_and_does_b
     reference's types it chooses the type means: PUBLIC_START_ROUNDS Lloyd releases of them, no
     sketch, and the clustering of the same cells at the same seed is closer to their types than
     the one that starts from its own sketch."""
-    from dpsc.methods._clustering import PUBLIC_START_ROUNDS, kmeans_plan
+    from dpsc.methods.cluster_design import PUBLIC_START_ROUNDS, kmeans_plan
 
     reference, private = pair
     truth = private.obs["cell_type"].to_numpy()
@@ -264,8 +266,8 @@ def test_the_command_line_takes_a_reference_and_prints_the_names(pair, tmp_path,
 def test_markers_on_a_reference_spend_inside_the_same_epsilon(pair, monkeypatch):
     """The markers of a clustering on a reference are measured from the reference's centre: the
     k-means and the marker bounds and tables spend the ε, no centre is released."""
-    from dpsc.methods import _markers
-    from dpsc.methods._public_markers import reference_center
+    from dpsc.methods import markers as _markers
+    from dpsc.methods.public_markers import reference_center
     from dpsc.tl._reference import optional_reference
 
     centres, frame_from_center = [], _markers.frame_from_center
@@ -292,8 +294,8 @@ def test_private_markers_measured_from_a_reference_spend_nothing_on_the_centre(p
     top genes agree better with scanpy's non-private t-test on the same cells than without."""
     import scanpy as sc
 
-    from dpsc.methods import _markers
-    from dpsc.methods._public_markers import reference_focus_genes
+    from dpsc.methods import markers as _markers
+    from dpsc.methods.public_markers import reference_focus_genes
 
     reference, private = pair
     private.obs["cell_type"] = private.obs["cell_type"].astype("category")
@@ -348,7 +350,7 @@ def _site_files(private, reference, tmp_path, n_sites=2):
 
 
 def _basis_request(plan, basis, index=0):
-    from dpsc.methods._kmeans import Assignment as KMeansAssignment
+    from dpsc.methods.kmeans import Assignment as KMeansAssignment
 
     rows = plan.kmeans["oversampling"] * plan.n_clusters
     n_bits = max(int(plan.kmeans["n_bits"]), int(np.ceil(np.log2(2 * rows))))
@@ -513,7 +515,7 @@ def test_a_basis_travels_whole_and_same_basis_tells_another_apart(pair):
     from dataclasses import replace
 
     from dpsc.federated._pipeline import basis_arrays, basis_from_arrays
-    from dpsc.methods._public_basis import same_basis
+    from dpsc.methods.public_basis import same_basis
     from dpsc.tl._reference import reference_basis
 
     reference, private = pair

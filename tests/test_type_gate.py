@@ -1,4 +1,4 @@
-"""The count that chooses the k-means start on a reference with types (dpsc.methods._type_gate)."""
+"""The count that chooses the k-means start on a reference with types (dpsc.methods.type_gate)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,10 @@ import numpy as np
 import pytest
 
 import dpsc
-from dpsc.methods import _type_gate
-from dpsc.methods._clustering import BRANCHES, Request, kmeans_plan, kmeans_steps, plan_clustering
+from dpsc.methods import type_gate as _type_gate
+from dpsc.methods.cluster_design import BRANCHES, kmeans_plan, kmeans_steps
+from dpsc.methods.cluster_plan import plan_clustering
+from dpsc.methods.cluster_requests import Request
 from dpsc.tl._reference import reference_basis
 from test_reference import reference_pair
 
@@ -98,7 +100,7 @@ def test_a_site_counts_in_its_own_copy_and_follows_one_start(pair, tmp_path):
     """A site serves the count from its own copy's types (whatever basis the server sent), then holds
     the run to the start the server named first; a request of the other start is refused unbooked."""
     from dpsc.federated._site import Site, SiteRefusal
-    from dpsc.methods._kmeans import Assignment
+    from dpsc.methods.kmeans import Assignment
     from dpsc.tl._reference import fingerprint
     from test_reference import _basis_request, _site_files
 
@@ -141,7 +143,7 @@ def test_a_site_counts_in_its_own_copy_and_follows_one_start(pair, tmp_path):
     with pytest.raises(SiteRefusal, match="unnamed"):
         third.contribute(plan, replace(lloyd, branch=""), "plain", 1, 2, unnamed, key)
     assert len(dpsc.privacy.FileLedger(tmp_path / "third.json").entries()) == 1  # the refusal booked nothing
-    from dpsc.methods._clustering import ClusterResult
+    from dpsc.methods.clustering import ClusterResult
 
     result = ClusterResult(own.genes, own.loadings, np.zeros(0), start)
     with pytest.raises(SiteRefusal, match="after 1 of the run's 2 releases"):  # no branch served: no results
@@ -198,7 +200,7 @@ def _gate_sites(pair, tmp_path, budget=100.0):
 
 
 def _gate_requests(plan, own, start, branch="types"):
-    from dpsc.methods._kmeans import Assignment
+    from dpsc.methods.kmeans import Assignment
 
     count = Request("type_count", 0, plan.sigmas["type_count"], basis=own)
     sigma = plan.branch(branch).sigmas["kmeans"]
@@ -212,7 +214,7 @@ def test_the_gate_attack_is_refused_at_the_plan_check_on_both_neighbours(pair, t
     """A crafted gated plan (the sketch's k-means as its own, then the type start at a small σ) is
     refused before any release on D and on D − 1 alike; an honest gated run is still served."""
     from dpsc.federated._site import SiteRefusal
-    from dpsc.methods._clustering import ClusterPlan
+    from dpsc.methods.cluster_plan import ClusterPlan
 
     sites, key = _gate_sites(pair, tmp_path)
     own, _, start, radii = sites[0].basis_and_start(key, 6)
@@ -252,7 +254,7 @@ def test_a_run_never_books_past_the_sites_per_run_epsilon_even_through_a_hole_in
     """The second line: with the plan check disabled (a hole), the crafted type start is refused at its
     first booking over the run's own ε (plain) or fallback cap (secure), though the total budget is 100."""
     from dpsc.federated._site import Site, SiteRefusal
-    from dpsc.methods._clustering import ClusterPlan
+    from dpsc.methods.cluster_plan import ClusterPlan
     from dpsc.privacy import compose
 
     sites, key = _gate_sites(pair, tmp_path)

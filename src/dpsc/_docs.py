@@ -28,7 +28,7 @@ the noise comes from the operating system's secure source and cannot be replayed
 ``obs`` column naming each cell's donor (patient, mouse): the guarantee is then per donor, with
 respect to adding or removing one donor with all of their cells. Each cell's contribution to the
 release is weighted by 1/(its donor's number of cells), so a donor's whole contribution keeps the
-release's per-cell bound and the same σ gives the same ε per donor (:mod:`dpsc.privacy._unit`).
+release's per-cell bound and the same σ gives the same ε per donor (:class:`dpsc.privacy.PrivacyUnit`).
 ``None``: per cell (a note says once when ``obs`` has a column that looks like a donor's).""",
     "doc_progress_bar": """\
 Show one progress bar for the whole training, with the ε spent so far.""",

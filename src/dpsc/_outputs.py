@@ -20,8 +20,9 @@ import anndata as ad
 import numpy as np
 import pandas as pd
 
-from .methods import _markers as mechanism
-from .methods._clustering import ClusterPlan, ClusterResult, first_marker_ranking, scheduled
+from .methods import markers as mechanism
+from .methods.cluster_plan import ClusterPlan
+from .methods.clustering import ClusterResult, first_marker_ranking, scheduled
 
 
 def stem(key_added: str) -> str:

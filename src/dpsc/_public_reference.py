@@ -3,7 +3,7 @@ r"""A public reference read, checked and fingerprinted, aligned to the private c
 The reference is an input the caller (or a site's data manager) declares public: cells of another
 donor, study or condition that must not contain the private cells. Every check here reads the
 reference and the private cells' gene names only; :meth:`PublicReference.basis` computes the
-public basis (:mod:`dpsc.methods._public_basis`) from the reference alone.
+public basis (:mod:`dpsc.methods.public_basis`) from the reference alone.
 
 **Names for private clusters** (:func:`name_clusters`): each released centroid is named after the
 public reference type it lies in, in the points of the public basis, or :data:`UNMATCHED` where
@@ -25,10 +25,10 @@ import numpy as np
 import pandas as pd
 import scipy.sparse as sp
 
-from .methods import _public_basis
-from .methods._clustering import MAX_GENES, N_COMPS
-from .methods._public_basis import PublicBasis, basis_from_reference
-from .methods._public_markers import reference_center
+from .methods import public_basis as _public_basis
+from .methods.cluster_design import MAX_GENES, N_COMPS
+from .methods.public_basis import PublicBasis, basis_from_reference
+from .methods.public_markers import reference_center
 
 MIN_SHARED_GENES = 200  # fewer shared genes than this: another gene naming, or another species
 MIN_TYPE_CELLS = 50  # a reference type with fewer cells has a noisy mean point: warn
@@ -64,7 +64,7 @@ class PublicReference:
         }
 
     def basis(self, *, markers: bool = True) -> PublicBasis:
-        """Return the public basis (:mod:`dpsc.methods._public_basis`) in the private columns.
+        """Return the public basis (:mod:`dpsc.methods.public_basis`) in the private columns.
 
         ``markers``: also hold the reference's marker centre (:meth:`marker_center`), which a
         clustering with markers measures its statistics from (one more pass over the reference).
@@ -84,7 +84,7 @@ class PublicReference:
         """Return the reference cells' points in ``basis`` (public), computed once per map.
 
         The k-means start and the cluster names of one call read them both; a basis that differs
-        only in its start (:meth:`~dpsc.methods._public_basis.PublicBasis.with_start`) is the same map.
+        only in its start (:meth:`~dpsc.methods.public_basis.PublicBasis.with_start`) is the same map.
         """
         key = (id(basis.loadings), id(basis.genes), basis.radius)
         cached = self._points.get(key)

@@ -2,7 +2,7 @@
 
 Both tasks share one frame: the Message API with rounds through :mod:`._rounds`, each site's own
 :class:`~dpsc.federated.SiteSettings` (its privacy and cells; never the run configuration's), and
-the sites' cells in memory in a simulation (:mod:`._simulation`). The module-level apps of a
+the sites' cells in memory in a simulation (the simulation). The module-level apps of a
 deployment are built here too: :mod:`dpsc.federated.pipeline_app` (``task="pipeline"``, what
 ``dpsc federate`` submits and what a site runs from its own installation) and
 :mod:`dpsc.federated.app` (``task="fedsc"``).
@@ -27,12 +27,12 @@ def make_apps(
     Parameters
     ----------
     task
-        ``"pipeline"``: the private clustering over sites (:func:`dpsc.tl.cluster_federated`,
+        ``"pipeline"``: the private clustering over sites (``cluster_federated``,
         ``dpsc federate``); ``"fedsc"``: FedSC and its self-supervised peers
-        (:func:`dpsc.tl.fit_federated`).
+        (``fit_federated``).
     settings
         The server's defaults, overridden by Flower's ``run_config``: keys of the task's table in
-        :data:`~dpsc.federated._run_config.RUN_CONFIG` (another key stops the run).
+        ``RUN_CONFIG`` (another key stops the run).
     site_settings
         Each partition id's :class:`~dpsc.federated.SiteSettings` (a simulation); ``None``: each
         SuperNode's ``node_config`` names its settings file (a deployment).

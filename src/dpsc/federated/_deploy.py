@@ -4,7 +4,7 @@
 components are :mod:`dpsc.federated.pipeline_app`'s apps, submits it with ``flwr run`` and stops the
 SuperLink when the run ends. ``dpsc federate site`` (:func:`run_site`) starts one SuperNode whose
 ``node_config`` names the site's own settings file, and answers its tasks with the ClientApp of its
-own installation, never with code from the server's bundle (:mod:`._own_app`); it stops when the
+own installation, never with code from the server's bundle (:func:`~dpsc.federated.run_site`); it stops when the
 site has written its results (or refused), or at the timeout. Every process is bounded in time and stopped
 on exit. Without TLS certificates the processes run with Flower's ``--insecure`` (no encryption of
 the messages: loopback or a trusted network only); certificate files are passed through.
@@ -110,7 +110,7 @@ def run_server(
 ) -> dict[str, Any]:
     """Start a SuperLink, run the federated clustering over ``n_sites`` SuperNodes, stop; return the summary.
 
-    ``config`` takes the server's run configuration (:data:`~dpsc.federated._run_config.PIPELINE`,
+    ``config`` takes the server's run configuration (``PIPELINE``,
     underscores for dashes: ``mode``, ``threshold``, ``epsilon``, ``delta``, ``n_clusters``, …).
     """
     require_flwr()
@@ -233,7 +233,7 @@ def run_site(
     The SuperNode runs no code of the server's: it is started with ``--isolation process`` and no
     dependency installation, and this process answers its tasks with the ClientApp of its own
     installation, after checking that the server's app bundle is this site's own
-    (:mod:`._own_app`). It also stops, within seconds, when the server stops (its SuperLink no
+    (:func:`~dpsc.federated.run_site`). It also stops, within seconds, when the server stops (its SuperLink no
     longer answers) or at the timeout. A refusal raises ``ValueError`` with the site's reason (its
     own message); the SuperNode's log is a temporary file, removed after a completed or refused run
     and named in the error of a failed or timed-out one.

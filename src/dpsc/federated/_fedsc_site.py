@@ -15,7 +15,7 @@ k-means release, are booked in its ledger file before the reply leaves, checked 
 own ε as well as the ledger's budget (:func:`~._trust.run_cap_refusal`).
 
 **The final clustering is federated.** After training, the server runs DP k-means
-(:func:`~dpsc.methods.dp_kmeans_centroids`, the plan of :mod:`dpsc.methods._clustering`) on the
+(:func:`~dpsc.methods.dp_kmeans_centroids`, the plan of :mod:`dpsc.methods.clustering`) on the
 global encoder's embeddings: each site adds the k-means table of its own embedded cells with its
 full noise (plain aggregation), the server sums the tables and post-processes, and each site labels
 its own cells with the released centroids. No central k-means sees anyone's embeddings.
@@ -30,8 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from ..methods._clustering import CLIP_NORM, KMEANS_PLAN, MAX_PUBLIC_VALUE
-from ..methods._kmeans import Assignment, kmeans_points, kmeans_release_steps, kmeans_table, table_release
+from ..methods.cluster_design import CLIP_NORM, KMEANS_PLAN, MAX_PUBLIC_VALUE
+from ..methods.kmeans import Assignment, kmeans_points, kmeans_release_steps, kmeans_table, table_release
 from ..privacy import (
     BudgetExceededError,
     MemoryLedger,
@@ -71,7 +71,7 @@ def fedsc_plan(
 def kmeans_schedule(n_clusters: int, d: int) -> list[tuple[str, tuple[int, int]]]:
     """Return the kind and largest matrix shape of each k-means release of a FedSC run, in order.
 
-    :data:`~dpsc.methods._clustering.KMEANS_PLAN`'s sketch steps (a ``d × b`` projection, b bits),
+    :data:`~dpsc.methods.cluster_design.KMEANS_PLAN`'s sketch steps (a ``d × b`` projection, b bits),
     then its Lloyd steps (at most ``m × d`` centroids, m = oversampling × k). Reads no cell.
     """
     plan = KMEANS_PLAN

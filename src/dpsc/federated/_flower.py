@@ -18,8 +18,8 @@ import torch
 
 from .._api import renamed_arguments
 from ..methods import dp_kmeans_centroids, split_table
-from ..methods._clustering import CLIP_NORM, KMEANS_PLAN
-from ..methods._kmeans import Assignment, nearest_centroid, table_release
+from ..methods.cluster_design import CLIP_NORM, KMEANS_PLAN
+from ..methods.kmeans import Assignment, nearest_centroid, table_release
 from ._ema import calibrate_lambda, divergence, divergence_aware_update, ema_weight
 from ._fedsc_site import KMEANS_STEPS, FedSCGuard
 from ._pipeline import site_settings_from
@@ -402,7 +402,7 @@ def simulate_federation(
     """Run the apps in Flower's simulation engine and return the server's results, in memory.
 
     A site whose settings hold its cells gets them through Ray's object store
-    (:func:`~._simulation.shared`); the server hands its results back to this process:
+    (``shared``); the server hands its results back to this process:
     ``"state"`` (the global model), ``"history"`` (round → aggregated site metrics),
     ``"centroids"``, ``"kmeans"`` (the releases) and, with ``scale-genes``, ``"scaling"`` (the
     pooled gene mean and std). With an ``out-dir`` in ``settings`` the server also writes them there.

@@ -13,7 +13,7 @@ this site's processes hold) and, for each:
    :func:`code_fingerprint`); a bundle that differs (another app, another dpsc version or code,
    one added file) is refused before any of it is read as code, with both fingerprints in the
    message;
-2. answers the message with :data:`dpsc.federated.pipeline_app.client_app` **as imported from this
+2. answers the message with ``client_app`` **as imported from this
    site's own installation**: the bundle is never unpacked to disk, installed or imported, so even
    a bundle that passed step 1 runs no code of its own.
 
@@ -21,7 +21,7 @@ What a site trusts, then: its own installation of dpsc and of Flower (the SecAgg
 settings and ledger file, and, in secure mode, that at least ``threshold`` of the summed sites add
 their noise share and do not collude with the server. It trusts nothing the server sends: the run
 configuration and every request are checked against the site's own plan and settings
-(:mod:`._site`). Flower's own FAB verification (``--trusted-entities``) accepts only bundles that
+(:class:`~dpsc.federated.Site`). Flower's own FAB verification (``--trusted-entities``) accepts only bundles that
 Flower's hub signed, so it cannot serve a bundle built by a federation's own server; a dpsc site
 does not use it and refuses every other mode of running server code.
 """
@@ -121,7 +121,7 @@ def app_fingerprint() -> str:
     It covers the app's files and :func:`code_fingerprint` (every file of the installed dpsc), so
     equal fingerprints mean both ends run the same dpsc code. It is a check between honest parties:
     a hostile server can print any value, and a site's safety never rests on it (a site runs only
-    its own code and checks every request, :mod:`._site`).
+    its own code and checks every request, :class:`~dpsc.federated.Site`).
     """
     from ._run_config import PIPELINE
 

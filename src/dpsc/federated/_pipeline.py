@@ -1,13 +1,13 @@
 """Flower apps of the federated private clustering: the private pipeline, run over sites.
 
-The server runs :func:`dpsc.methods._clustering.run_clustering` (post-processing only) and answers
+The server runs ``run_clustering`` (post-processing only) and answers
 each of its ``release_sum`` calls with one Flower round: every site computes the requested sum over
-its own cells and adds its noise share (:class:`~dpsc.federated._site.Site`); the server obtains
+its own cells and adds its noise share (``Site``); the server obtains
 the total through SecAgg+ (``mode="secure"``, :mod:`dpsc.federated._secagg`) or as the sum of the
 sites' fully noised vectors (``mode="plain"``). A last round sends the released genes, loadings and
 centroids to the sites, which label their own cells and write them into their own ``.h5ad``.
 
-The same apps run in Flower's simulation engine (:func:`dpsc.tl.cluster_federated`) and in a real
+The same apps run in Flower's simulation engine (``cluster_federated``) and in a real
 deployment (``dpsc federate server`` / ``dpsc federate site``, one SuperNode per site).
 """
 
@@ -23,17 +23,13 @@ from typing import Any
 
 import numpy as np
 
-from ..methods._clustering import (
-    BRANCHES,
-    ClusterPlan,
-    ClusterResult,
-    Request,
-    plan_clustering,
-    run_clustering,
-)
-from ..methods._kmeans import Assignment
-from ..methods._markers import MarkerFrame
-from ..methods._public_basis import PublicBasis, same_basis
+from ..methods.cluster_design import BRANCHES
+from ..methods.cluster_plan import ClusterPlan, plan_clustering
+from ..methods.cluster_requests import Request
+from ..methods.clustering import ClusterResult, run_clustering
+from ..methods.kmeans import Assignment
+from ..methods.markers import MarkerFrame
+from ..methods.public_basis import PublicBasis, same_basis
 from ._requires import require_flwr
 from ._rounds import RoundResult, plain_round, read_request, reply_content, secure_round
 from ._run_config import run_settings
@@ -140,8 +136,8 @@ def describe_basis(
 
     The basis, its genes in the reference, the reference's marker centre on the shared genes
     (what the markers' statistics are measured from), the DP k-means' public start (the means of
-    the reference's types, :func:`dpsc._public_reference.type_start`; no rows when the site's copy
-    has no types) and those types' radii (:func:`dpsc._public_reference.type_radii`).
+    the reference's types, ``type_start``; no rows when the site's copy
+    has no types) and those types' radii (``type_radii``).
     """
     start = np.zeros((0, own.n_comps)) if start is None else np.asarray(start, dtype=np.float64)
     radii = np.zeros(len(start)) if radii is None else np.asarray(radii, dtype=np.float64)
@@ -191,7 +187,7 @@ def marker_arrays(result: ClusterResult) -> list[np.ndarray]:
 def centroid_noise(result: ClusterResult) -> np.ndarray:
     """Each centroid's noise sd per coordinate (public: released counts and σ), 0 where not known.
 
-    Sites name their clusters with it (:func:`dpsc._public_reference.name_centroids`), as the
+    Sites name their clusters with it (``name_centroids``), as the
     central clustering does; it moves names only, never what a site releases.
     """
     noise = result.centroid_noise
@@ -378,7 +374,7 @@ def make_client_app(site_settings: dict[int, SiteSettings] | None = None):
 
 
 class Rounds:
-    """The run's rounds, one per message to the sites (:func:`~._rounds.secure_round` when ``secure``).
+    """The run's rounds, one per message to the sites (``secure_round`` when ``secure``).
 
     The first round waits up to the run's timeout for all ``n_sites`` to connect; later rounds
     wait only until ``needed`` sites are connected (a secure release's threshold; one site for a
@@ -428,7 +424,7 @@ def make_server_app(settings: dict[str, Any] | None = None, sink: dict[str, Any]
     """Return the server's ServerApp: plans the clustering, runs its releases over the sites, sends it.
 
     The released result and the run's summary go to ``sink`` (``"result"``: a
-    :class:`~dpsc.methods._clustering.ClusterResult`, ``"summary"``: a dict) when one is given,
+    :class:`~dpsc.methods.clustering.ClusterResult`, ``"summary"``: a dict) when one is given,
     as in a simulation in this process, and to ``result.npz`` and ``summary.json`` in the run
     configuration's ``out-dir`` when it names one.
     """
@@ -664,7 +660,7 @@ def run_pipeline_simulation(
     """Run the apps in Flower's simulation engine, one SuperNode per site; return the result and summary.
 
     Everything stays in memory: a site whose cells are an AnnData gets them through Ray's object
-    store (:func:`~._simulation.shared`), and the server hands its result back to this process
+    store (``shared``), and the server hands its result back to this process
     (it also writes it to ``out-dir`` when ``server_settings`` names one).
     """
     require_flwr()

@@ -16,8 +16,8 @@ class SiteSettings:
     ----------
     data
         Path of the site's ``.h5ad`` (raw counts); in a simulation inside one process
-        (:func:`dpsc.tl.cluster_federated`), the site's cells themselves: an AnnData, or a Ray
-        reference to one (:func:`~._simulation.shared`). Such a site keeps its ledger in memory
+        (``cluster_federated``), the site's cells themselves: an AnnData, or a Ray
+        reference to one (``shared``). Such a site keeps its ledger in memory
         (:class:`~dpsc.privacy.MemoryLedger`) and writes no file.
     epsilon
         The largest ε the site spends on one run; ``None`` (``epsilon = "none"`` in a file): the
@@ -26,13 +26,13 @@ class SiteSettings:
         The site's δ (default: 10⁻⁵, or 1/(10 n) above 10⁴ cells).
     budget
         The largest total ε its ledger may reach over all runs (``None``: one run's ``epsilon``, or
-        the budget stored in the ledger file when smaller; :mod:`._trust`).
+        the budget stored in the ledger file when smaller; the site's trust rules).
     raise_budget
         Allow ``budget`` to raise the budget stored in the ledger file (an explicit act).
     max_fallback_epsilon
         The largest ε the site accepts, over every run of its ledger composed, should the other
         sites of a secure sum collude with the server (``None``: twice ``epsilon`` for one run and
-        twice its budget in total; :func:`~._trust.ledger_fallback_epsilon`).
+        twice its budget in total; ``ledger_fallback_epsilon``).
     max_rounds
         The largest number of releases (or training rounds) it serves in one run.
     honest_sites
@@ -55,13 +55,13 @@ class SiteSettings:
         ``obs`` column of the cell types in the site's copy of the reference: the site tells the
         server its types' mean points and spreads (public), from which the k-means starts when every
         site told the same and the released count of cells within them chooses that start
-        (:mod:`dpsc.methods._type_gate`), and names each released cluster after the reference type
+        (:mod:`dpsc.methods.type_gate`), and names each released cluster after the reference type
         whose spread holds its centroid (post-processing, no ε) in ``obs["dp_cluster_names"]`` of
         its output. ``None``: no names, and the k-means starts from its sketch.
     donor_key
         ``obs`` column of the site's data naming each cell's donor: the site then serves only
         donor-level plans, weighting each cell 1/(its donor's cells at this site), and its ε is
-        per donor with all of their cells (:mod:`dpsc.privacy._unit`). ``None``: per cell. A donor
+        per donor with all of their cells (:class:`dpsc.privacy.PrivacyUnit`). ``None``: per cell. A donor
         whose cells are at two sites is protected as two donors.
     ledger
         The ledger file (default ``<data>.dpsc-ledger.json``).

@@ -3,7 +3,7 @@ r"""A federated site that enforces its own privacy.
 A hospital's privacy is the hospital's: its ε, δ, budget, noise and the number of releases it will
 serve come from its own :class:`SiteSettings` (a TOML file beside its data, or Flower's
 ``node_config``), never from the server. The server proposes a run (a public
-:class:`~dpsc.methods._clustering.ClusterPlan`, the aggregation mode and the threshold); the site
+``ClusterPlan``, the aggregation mode and the threshold); the site
 checks it against its settings and its ledger (:meth:`Site.check_run`) and answers each release
 request with the integer lattice vector of its own sum plus its share of the noise
 (:meth:`Site.contribute`). It refuses, with a message that names the reason and sends nothing:
@@ -12,7 +12,7 @@ request with the integer lattice vector of its own sum plus its share of the noi
   with a noise multiplier of 0 or below what the site's own (ε, δ) calls for (the site calibrates
   the same public plan with its own numbers; a gated plan must be the shape its own planner makes,
   and every release of **each** branch the count may choose is checked before the first release);
-* anything but the plan's schedule (:meth:`~dpsc.methods._clustering.ClusterPlan.schedule`): each
+* anything but the plan's schedule (``schedule``): each
   release is served once, in order, with the kind, σ and sizes the schedule fixes; a release
   served before, a skipped or reordered one, one past the schedule, or a change of the plan or of
   the trust settings (mode, threshold, number of sites) in the middle of a run;
@@ -22,14 +22,14 @@ request with the integer lattice vector of its own sum plus its share of the noi
 * a noise seed from the server (the site draws its noise from its own secret keystreams; a seed,
   for tests, can only come from the site's own settings);
 * a secure-aggregation run whose threshold is above the number of honest sites the site assumes,
-  or whose fallback ε (:mod:`._trust`: the site's ε if the other summed sites collude with the
+  or whose fallback ε (the site's trust rules: the site's ε if the other summed sites collude with the
   server) is above the site's ``max_fallback_epsilon``, or a secure-mode request that did not arrive
   through SecAgg+ (the share it would send is not enough noise on its own);
-* a run, or a release, that would take its ledger past its budget (:func:`~._trust.resolve_budget`:
+* a run, or a release, that would take its ledger past its budget (``resolve_budget``:
   one run's ε unless a budget is set), or past ``max_rounds``; and, whatever the plan said, a
   release that would take the run's own bookings past the site's ε for one run (or, in secure mode,
   its fallback cap for one run): a second line that holds even if a plan check had a hole
-  (:func:`~._trust.run_cap_refusal`);
+  (``run_cap_refusal``);
 * a run on a public reference whose fingerprint is not that of the site's own copy (or when the
   site has none), and a request whose public basis is not the one the site computes from its own
   copy (:meth:`Site.public_basis`);
@@ -44,7 +44,7 @@ bound :math:`n\Delta` before noise is added.
 second run composes with the first, writes are atomic. Each contribution is booked, checked
 against the budget, just before it is sent (so the ledger never shows less than what left the
 site; a crash between booking and sending leaves one booked release that was not sent). A site
-that :func:`dpsc.tl.cluster_federated` simulates holds its cells and its ledger in memory
+that ``cluster_federated`` simulates holds its cells and its ledger in memory
 (:class:`~dpsc.privacy.MemoryLedger`) for the one run, whose record the user's own AnnData
 ledger holds: the same checks, and no file. The run's bookings also travel with the run's state
 that Flower keeps for the site, so whichever worker process answers a message checks it against
@@ -72,17 +72,11 @@ import numpy as np
 
 from .._public_reference import name_clusters, read_reference, type_radii, type_start, write_names
 from .._validation import get_matrix, resolve_delta
-from ..methods._clustering import (
-    BRANCHES,
-    MEAN_WEIGHT,
-    TYPE_COUNT,
-    ClusterPlan,
-    Request,
-    ScheduleError,
-    contribution,
-    plan_clustering,
-)
-from ..methods._public_basis import PublicBasis, same_basis
+from ..methods.cluster_design import BRANCHES, MEAN_WEIGHT, TYPE_COUNT
+from ..methods.cluster_plan import ClusterPlan, plan_clustering
+from ..methods.cluster_requests import Request, ScheduleError
+from ..methods.clustering import contribution
+from ..methods.public_basis import PublicBasis, same_basis
 from ..privacy import (
     BudgetExceededError,
     FileLedger,
@@ -156,7 +150,7 @@ def ledger_for(settings: SiteSettings) -> FileLedger:
 
 
 def run_fallback_epsilon(plan: ClusterPlan, mode: str, threshold: int) -> float | None:
-    """Return a site's ε for the run should the other sites of the threshold collude (:mod:`._trust`)."""
+    """Return a site's ε for the run should the other sites of the threshold collude (the site's trust rules)."""
     if plan.epsilon is None:
         return None
     return fallback_epsilon(plan.history(), plan.delta, threshold if mode == "secure" else 1)
@@ -175,7 +169,7 @@ def site_record(
     """Return the site's record of a federated clustering run (what its ε covers, under which assumption).
 
     ``simulated=True`` words it for one AnnData holding every simulated site's cells
-    (:func:`dpsc.tl.cluster_federated`): each site's ε covers its own cells, and so every cell here.
+    (``cluster_federated``): each site's ε covers its own cells, and so every cell here.
     ``reference``: the public reference's summary of a run on one (``details["reference"]``).
     """
     one = "one donor with all of their cells" if plan.unit == "donor" else "one cell"
@@ -321,7 +315,7 @@ class Site:
         """Return :meth:`public_basis`, the DP k-means' public start this site describes and its radii.
 
         The start is the means of its copy's types (``reference_key`` in its settings; ``None``
-        without), the radii those types' spreads (:func:`~dpsc._public_reference.type_radii`),
+        without), the radii those types' spreads (``type_radii``),
         computed from that copy alone; no cell of the site is read.
         """
         own, in_reference = self.public_basis(fingerprint)
@@ -626,7 +620,7 @@ class Site:
 
         Two lines of defence: the run's lines so far (``run_lines``) with this one must stay within
         the site's ε for one run (and, in secure mode, its fallback cap for one run), whatever the
-        plan said (:func:`~._trust.run_cap_refusal`); and the ledger within its total budget.
+        plan said (``run_cap_refusal``); and the ledger within its total budget.
         Returns the ledger line booked (``None`` for a run without noise, which books nothing).
         """
         if plan.epsilon is None:
@@ -717,7 +711,7 @@ class Site:
         """Label this site's cells with the released centroids; write them, the record and the ledger.
 
         ``names``: each cluster's name from the site's own copy of the reference
-        (:func:`dpsc._public_reference.name_clusters`), written to ``obs["dp_cluster_names"]``. A site
+        (``name_clusters``), written to ``obs["dp_cluster_names"]``. A site
         simulated in memory writes nothing (``None``): the simulation labels every cell from the
         same released centroids in the user's own AnnData.
         """

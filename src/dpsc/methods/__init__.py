@@ -1,14 +1,17 @@
 """The private analyses built on :mod:`dpsc.privacy`'s releases, free of AnnData.
 
-Each method states its per-cell contribution and its post-processing, and spends only through the
-plan of :mod:`dpsc.privacy`: DP gene statistics (:mod:`._hvg`), DP PCA (:mod:`._pca`), DP k-means
-(:mod:`._kmeans`), the one-call clustering's plan and pipeline (:mod:`._clustering`), private
-marker tables (:mod:`._markers`), the private choice of a partition (:mod:`._selection`) and the
-basis of a public reference (:mod:`._public_basis`). :mod:`dpsc.pp` and :mod:`dpsc.tl` read and
-write the AnnData around them.
+Each method is a public module of this package that states its per-cell contribution and its
+post-processing, and spends only through the plan of :mod:`dpsc.privacy`: DP gene statistics
+(:mod:`.hvg`), DP PCA (:mod:`.pca`), DP k-means (:mod:`.kmeans`), private marker tables
+(:mod:`.markers`), the private choice of a partition (:mod:`.selection`), the basis of a public
+reference (:mod:`.public_basis`, :mod:`.public_markers`) and the count that chooses its start
+(:mod:`.type_gate`). The one-call clustering is four modules: its public design
+(:mod:`.cluster_design`), its request protocol (:mod:`.cluster_requests`), its plan
+(:mod:`.cluster_plan`) and its run (:mod:`.clustering`). :mod:`dpsc.pp`, :mod:`dpsc.tl`,
+:mod:`dpsc.model` and :mod:`dpsc.federated` read and write the AnnData around them.
 """
 
-from ._kmeans import (
+from .kmeans import (
     Assignment,
     dp_kmeans_centroids,
     kmeans_release_steps,
@@ -19,7 +22,7 @@ from ._kmeans import (
 )
 
 # dpsc's own interface (not in __all__)
-from ._kmeans import central_table_release as central_table_release
+from .kmeans import central_table_release as central_table_release
 
 __all__ = [
     "Assignment",

@@ -27,19 +27,20 @@ from .._validation import (
     check_target_frequency,
     resolve_delta,
 )
-from ..methods import _type_gate, kmeans_release_steps
-from ..methods._clustering import (
+from ..methods import kmeans_release_steps
+from ..methods import type_gate as _type_gate
+from ..methods.cluster_design import (
     BRANCHES,
     KINDS,
     MIN_GENES,
     SHARES,
     TYPE_COUNT,
-    ClusterPlan,
     genes_for,
     kmeans_plan,
     kmeans_steps,
 )
-from ..methods._public_basis import PublicBasis
+from ..methods.cluster_plan import ClusterPlan
+from ..methods.public_basis import PublicBasis
 from ..optim import DEFAULT_PRIVATE_LRS, check_optimizer
 from ..privacy import (
     DonorRows,
@@ -75,7 +76,7 @@ CHOICE = "choice between its partition and the model's"
 LOADINGS_SHARE = 0.6
 
 #: DP gene selection inside a fit: a matrix with more genes than :data:`MODEL_GENES` is first
-#: reduced to that many by one release of gene statistics (:mod:`dpsc.methods._hvg`), which takes
+#: reduced to that many by one release of gene statistics (:mod:`dpsc.methods.hvg`), which takes
 #: :data:`GENE_SELECTION_SHARE` of the fit's ε. 2000 is the gene count DCAN's architecture and its
 #: reference preprocessing are built for; the rule reads only the number of genes.
 MODEL_GENES = 2000
@@ -158,7 +159,7 @@ class TrainSettings:
     batch_size: int | None = None
     max_grad_norm: float = 0.1
     accountant: str = "rdp"
-    private_optimizer: str = "sgd"
+    optimizer: str = "sgd"
     plan_kwargs: dict | None = None
     kmeans_kwargs: dict | None = None
     random_state: int = 0
@@ -196,13 +197,13 @@ def merged_options(given: dict | None, defaults: dict, name: str) -> dict:
 
 
 def check_options(
-    plan_kwargs: dict | None, kmeans_kwargs: dict | None, private_optimizer: str = "sgd"
+    plan_kwargs: dict | None, kmeans_kwargs: dict | None, optimizer: str = "sgd"
 ) -> tuple[dict, dict]:
     """Return the full plan and k-means options (defaults filled); refuse unknown or bad ones."""
-    check_optimizer(private_optimizer)
+    check_optimizer(optimizer)
     plan = merged_options(plan_kwargs, DEFAULT_PLAN_OPTIONS, "plan_kwargs")
     kmeans = merged_options(kmeans_kwargs, DEFAULT_KMEANS_OPTIONS, "kmeans_kwargs")
-    lrs = DEFAULT_PRIVATE_LRS[private_optimizer]
+    lrs = DEFAULT_PRIVATE_LRS[optimizer]
     if plan["private_lr"] is None:
         plan["private_lr"] = lrs["dpdcan_instance"]
     if plan["cluster_private_lr"] is None:
@@ -280,7 +281,7 @@ class FitPlan(PlanSettings):
     instance_epochs: int
     cluster_epochs: int
     batch_size: int
-    private_optimizer: str
+    optimizer: str
     options: dict
     kmeans: dict
     random_state: int
@@ -331,7 +332,7 @@ class FitPlan(PlanSettings):
             "instance_epochs": self.instance_epochs,
             "cluster_epochs": self.cluster_epochs,
             "batch_size": self.batch_size,
-            "private_optimizer": self.private_optimizer,
+            "optimizer": self.optimizer,
             "random_state": self.random_state,
             "noise_seed": self.noise.noise_seed,
             **self.options,
@@ -378,7 +379,7 @@ def plan_fit(
     :data:`GENE_SELECTION_SHARE` of ε. ``start_n_vars``: the fit starts from the private
     clustering of a matrix with that many genes (:func:`start_parts`; ``select_genes`` and the
     loadings release are then the clustering's). ``start_basis``: that clustering reads each cell's
-    point in a public reference's basis (:mod:`dpsc.methods._public_basis`): it releases only its
+    point in a public reference's basis (:mod:`dpsc.methods.public_basis`): it releases only its
     k-means, with :data:`START_SHARE` of ε (:func:`start_parts_on_basis`); ``reference`` is that
     reference's summary, for the record. ``unit`` and ``donors``: the donor unit (q is then each
     donor's rate, :class:`~dpsc.privacy.DonorRows`); it needs a fit that starts from the clustering.
@@ -395,7 +396,7 @@ def plan_fit(
     delta = resolve_delta(settings.delta, n_obs)
     check_privacy_args(settings.epsilon, delta, n_obs)
     make_accountant(settings.accountant)  # refuses unknown names
-    options, kmeans = check_options(settings.plan_kwargs, settings.kmeans_kwargs, settings.private_optimizer)
+    options, kmeans = check_options(settings.plan_kwargs, settings.kmeans_kwargs, settings.optimizer)
     if kmeans["clip_norm"] is None:
         if latent_scale is None:
             raise ValueError(
@@ -437,7 +438,7 @@ def plan_fit(
         instance_epochs=instance_epochs,
         cluster_epochs=cluster_epochs,
         batch_size=batch_size,
-        private_optimizer=settings.private_optimizer,
+        optimizer=settings.optimizer,
         options=options,
         kmeans=kmeans,
         random_state=settings.random_state,
@@ -486,11 +487,11 @@ def start_parts(
     r"""Return the clustering a fit starts from and the fit's whole calibrated plan.
 
     One calibration (:meth:`~dpsc.privacy.ReleasePlan.calibrate`) over every release of the fit:
-    the clustering's releases (their shares :data:`~dpsc.methods._clustering.SHARES` scaled to
+    the clustering's releases (their shares :data:`~dpsc.methods.cluster_design.SHARES` scaled to
     :data:`START_SHARE`), the training's sampled steps (``training`` = (q, T)) with
     :data:`TRAINING_SHARE` and the choice between the two partitions
-    (:mod:`dpsc.methods._selection`) with the rest. The genes the clustering reads follow its own
-    rule (:func:`~dpsc.methods._clustering.genes_for`) at the PCA's σ of this split; when the rule
+    (:mod:`dpsc.methods.selection`) with the rest. The genes the clustering reads follow its own
+    rule (:func:`~dpsc.methods.cluster_design.genes_for`) at the PCA's σ of this split; when the rule
     keeps every gene, the gene release leaves the plan and its share goes to the others
     (:meth:`~dpsc.privacy.ReleasePlan.without`: one common scale, no second σ search). The
     clustering's plan is the first part of the fit's, with the same σ. Reads no cell. Without ε
@@ -539,7 +540,7 @@ def start_parts_on_basis(
     releases only its k-means tables, with :data:`START_SHARE` of ε; the training's sampled steps
     (``training`` = (q, T)) take :data:`TRAINING_SHARE` and the choice the rest. With the types'
     start and radii the clustering opens with the count that chooses its start
-    (:mod:`dpsc.methods._type_gate`, its share of the k-means' as in ``tl.cluster``): the fit is
+    (:mod:`dpsc.methods.type_gate`, its share of the k-means' as in ``tl.cluster``): the fit is
     calibrated once per branch and every release but the k-means gets the larger σ of the two, so
     either branch spends at most (ε, δ). Reads no cell.
     """

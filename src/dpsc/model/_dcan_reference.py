@@ -1,6 +1,6 @@
 r"""DP-DCAN on a public reference: pretrained on the reference's cells, fine-tuned privately.
 
-With a public reference (:mod:`dpsc.methods._public_basis`), a cell is read as its point
+With a public reference (:mod:`dpsc.methods.public_basis`), a cell is read as its point
 :math:`p_i = V^\top y_i / \max(R, \lVert V^\top y_i \rVert)` in the reference's basis, a map of
 the cell and public values (norm at most 1). The model is DCAN on these points (a Gaussian
 decoder of the point, :data:`REFERENCE_MODEL`):
@@ -30,7 +30,7 @@ import anndata as ad
 import numpy as np
 import torch
 
-from ..methods._public_basis import PublicBasis
+from ..methods.public_basis import PublicBasis
 
 #: The network on a reference's points: the points' components → 64 hidden units → 16 latent
 #: dimensions, the decoder reconstructing the point (the default fit's :data:`dpsc.tl._fit.PC_MODEL`

@@ -1,16 +1,16 @@
 r"""The releases a default DP-DCAN fit makes outside DP-SGD: before training, and the choice after it.
 
-A fit reads the cells through DP-SGD (:mod:`dpsc.privacy._engine`) and through these releases,
+A fit reads the cells through DP-SGD (:class:`dpsc.privacy.DPSGDEngine`) and through these releases,
 each planned and calibrated in its :class:`~dpsc.model._dcan_privacy.FitPlan` and told to the
 fit's accountant as it is made:
 
 - **before training**, either the private clustering the fit starts from (:func:`release_start`:
   the releases of :func:`dpsc.tl.cluster` at the σ of the fit's split, its genes, loadings and
   centroids), or, for a model that reads genes, the DP gene selection (:func:`select_genes`: one
-  release of gene statistics, :mod:`dpsc.methods._hvg`);
+  release of gene statistics, :mod:`dpsc.methods.hvg`);
 - **after training**, the choice between the clustering's partition and the trained model's
   (:func:`choose_partition`: one release of both partitions' tables, sensitivity 2,
-  :mod:`dpsc.methods._selection`).
+  :mod:`dpsc.methods.selection`).
 
 Everything else here is post-processing of released values. Matrices in, arrays out: nothing
 here reads or writes an AnnData.
@@ -23,9 +23,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from ..methods import _hvg, _selection
-from ..methods._clustering import MEAN_WEIGHT, ClusterResult, cell_points, central_release_sum, run_clustering
-from ..methods._public_basis import PublicBasis
+from ..methods import hvg as _hvg
+from ..methods import selection as _selection
+from ..methods.cluster_design import MEAN_WEIGHT
+from ..methods.clustering import ClusterResult, cell_points, central_release_sum, run_clustering
+from ..methods.public_basis import PublicBasis
 from ._dcan_privacy import MODEL_GENES, FitPlan
 
 if TYPE_CHECKING:
@@ -114,7 +116,7 @@ def choose_partition(
 ) -> _selection.Selection:
     """Release both partitions' tables in the clustering's points and keep the better one.
 
-    :mod:`dpsc.methods._selection` states the release (sensitivity 2, per donor with ``weights``)
+    :mod:`dpsc.methods.selection` states the release (sensitivity 2, per donor with ``weights``)
     and the score.
     """
     points = cell_points(matrix, start.genes, start.loadings, start.basis)

@@ -17,17 +17,17 @@ from scvi.model.base import BaseModelClass, UnsupervisedTrainingMixin
 from scvi.train import TrainRunner
 from sklearn.cluster import KMeans
 
-from .._api import DEFAULT_EPSILON
+from .._api import DEFAULT_EPSILON, renamed_arguments
 from .._validation import check_input_pcs, check_matrix, get_matrix
 from ..methods import (
     Assignment,
-    _pca,
     dp_kmeans_centroids,
     kmeans_table,
     nearest_centroid,
     split_table,
     table_release,
 )
+from ..methods import pca as _pca
 from ..module import DEFAULT_LATENT_SCALE, DCANModule, clean_input
 from ..privacy import PrivacyRecord, broadcast_from_rank_zero, dp_cluster_frequency
 from ..train import DCANTrainingPlan, FitProgress, PoissonDataSplitter, as_tensor, quiet_training_logs
@@ -152,6 +152,7 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
         cls.register_manager(manager)
 
     # -- training --------------------------------------------------------------------------
+    @renamed_arguments("dpsc.model.DPDCAN.train", private_optimizer="optimizer")
     def train(
         self,
         epsilon: float | None = DEFAULT_EPSILON,
@@ -164,7 +165,7 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
         batch_size: int | None = None,
         max_grad_norm: float = 0.1,
         accountant: str = "rdp",
-        private_optimizer: str = "sgd",
+        optimizer: str = "sgd",
         plan_kwargs: dict | None = None,
         kmeans_kwargs: dict | None = None,
         random_state: int = 0,
@@ -183,7 +184,7 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
         releases (plus ``cluster_epochs`` frequency releases with
         ``target_frequency="released"``) plus one release of the trained model's label counts
         (:meth:`released_label_counts`), all with Poisson rate ``q = batch_size / n_obs``
-        (:func:`~dpsc.model._dcan_privacy.plan_fit`). The ε recorded is the accountant's value
+        (``plan_fit``). The ε recorded is the accountant's value
         after the steps that actually ran. No epoch, learning rate or checkpoint is chosen from the
         data: the final model is the result. The spend is booked in the AnnData's ledger
         (:meth:`dpsc.privacy.ReleasePlan.spend`): a budget refuses the fit before any work.
@@ -208,12 +209,12 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
             Per-cell clipping norm C.
         accountant
             ``"rdp"`` or ``"prv"`` (Opacus).
-        private_optimizer
+        optimizer
             Update rule of the DP parameters in both stages, applied to Opacus's clipped and
             noised gradient: ``"sgd"`` (momentum 0.9), ``"adam"``, ``"adadelta"``, ``"dpsignsgd"``
             or ``"dpsignadam"`` (:mod:`dpsc.optim`).
         plan_kwargs
-            Training-plan options, updating :data:`dpsc.model.DEFAULT_PLAN_OPTIONS`:
+            Training-plan options, updating ``DEFAULT_PLAN_OPTIONS``:
             ``instance_lr``/``cluster_lr`` (Adam in the instance stage, Adadelta in the cluster
             stage, for the non-private parameters and for a non-private fit),
             ``private_lr``/``cluster_private_lr`` (the DP parameters' rates per stage),
@@ -226,10 +227,10 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
             (``False`` keeps the instance-stage encoder and trains only the centroids and decoder
             in the cluster stage).
         kmeans_kwargs
-            Options of the DP k-means start, updating :data:`dpsc.model.DEFAULT_KMEANS_OPTIONS`:
+            Options of the DP k-means start, updating ``DEFAULT_KMEANS_OPTIONS``:
             ``clip_norm``, the release counts ``n_sketch_steps``, ``n_lloyd_rounds`` and
             ``steps_per_round`` (they set the planned steps), and ``n_bits``, ``oversampling``,
-            ``count_scale`` (:func:`~dpsc.methods.dp_kmeans_centroids`).
+            ``count_scale`` (``dp_kmeans_centroids``).
         random_state
             Seed of initialisation, masking, projections and post-processing k-means. Never of the
             DP noise or the Poisson samples.
@@ -245,15 +246,15 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
             over four processes (GPUs, or CPU processes over gloo): each samples its shard of
             the cells at the same rate q, the clipped sums are added across processes and the
             noise is added once per step, so σ, q, the steps and ε are those of one process
-            (:mod:`dpsc.privacy._distributed`). Launch as any Lightning DDP script: every
+            (``sum_over_ranks``). Launch as any Lightning DDP script: every
             process runs the script and holds the AnnData.
         progress_bar
             Show one progress bar over both stages (epochs, stage, ε spent so far).
         planned
             A fit planned and booked by its caller (``dpsc.tl.fit`` plans with
-            :func:`~dpsc.model._dcan_privacy.plan_fit` to check the budget before touching the
+            ``plan_fit`` to check the budget before touching the
             AnnData, and books it in its own ledger entry):
-            :class:`~dpsc.model._dcan_privacy.PlannedTraining`. Its plan replaces the privacy and
+            ``PlannedTraining``. Its plan replaces the privacy and
             schedule arguments above; ``None`` plans from them and books the fit in this model's
             AnnData.
         """
@@ -275,7 +276,7 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
                 batch_size=batch_size,
                 max_grad_norm=max_grad_norm,
                 accountant=accountant,
-                private_optimizer=private_optimizer,
+                optimizer=optimizer,
                 plan_kwargs=plan_kwargs,
                 kmeans_kwargs=kmeans_kwargs,
                 random_state=random_state,
@@ -299,7 +300,7 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
             own.booking.settle(self._record)
 
     def plan_training(self, settings: TrainSettings) -> FitPlan:
-        """Return the :class:`~dpsc.model._dcan_privacy.FitPlan` of ``settings`` for this model."""
+        """Return the ``FitPlan`` of ``settings`` for this model."""
         plan = plan_fit(
             settings,
             self.adata.n_obs,
@@ -322,7 +323,7 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
 
         Under DP, refusing because of what a cell contains would itself be an output about the cells
         (a data set fits, the same minus one cell is refused): the model reads each row through
-        :func:`~dpsc.module._dcan.clean_input` instead, and only scanpy's ``uns["log1p"]`` is checked.
+        ``clean_input`` instead, and only scanpy's ``uns["log1p"]`` is checked.
         """
         matrix = self.adata_manager.get_from_registry(REGISTRY_KEYS.X_KEY)
         if plan.settings is None:
@@ -345,7 +346,7 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
         stage_common = {
             "dp": dp,
             "scope": plan.scope,
-            "private_optimizer": plan.private_optimizer,
+            "private_optimizer": plan.optimizer,
             **{k: opts[k] for k in ("rho", "mask_rate", "betas", "target_power")},
         }
         progress = FitProgress(
@@ -457,10 +458,10 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
     def _loadings_release(self, plan: FitPlan):
         r"""Callable that releases the frozen input loadings (once) and loads them into the module.
 
-        The release of :mod:`dpsc.methods._pca` (the one :func:`dpsc.pp.pca` makes): the sum of
+        The release of :mod:`dpsc.methods.pca` (the one :func:`dpsc.pp.pca` makes): the sum of
         :math:`u_i u_i^\top` over every training cell, :math:`u_i` the cell's log1p(CP10k) row
         scaled to norm 1 (sensitivity 1), one lattice-encoded Gaussian release at :math:`\sigma_V`
-        (exact in a non-private fit), the gene block :data:`dpsc.methods._pca.DEFAULT_GENE_BLOCK`
+        (exact in a non-private fit), the gene block ``DEFAULT_GENE_BLOCK``
         and the dropped mean component; the accountant is told :math:`(\sigma_V, q = 1)`. Under
         data parallelism every process holds all cells and receives rank 0's release.
         """
@@ -503,7 +504,7 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
         itself, or the one-hot row of its hard label). Adding or removing a cell changes the sum by
         one such row, so the L2 sensitivity is 1 and, at the fit's σ and q, this is one more step of
         the plan's sampled Gaussian mechanism: released by
-        :func:`~dpsc.privacy.dp_cluster_frequency` on the secure stream ``stream``, told to the
+        ``dp_cluster_frequency`` on the secure stream ``stream``, told to the
         accountant (``dp.record_release()``), and sent from rank 0 to every process.
         """
         soft = self.module.soft_assignment(self._encode_poisson_batch(splitter)).cpu()
@@ -521,7 +522,7 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
     def _frequency_source(self, splitter, plan: FitPlan):
         """Callable releasing DEC's cluster frequencies (noisy under DP, exact otherwise).
 
-        Under DP each call is one :meth:`_release_cluster_sum` of the soft assignments (floor 1).
+        Under DP each call is one ``_release_cluster_sum`` of the soft assignments (floor 1).
         """
         device = next(self.module.parameters()).device
         dp = plan.settings
@@ -546,9 +547,9 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
     def _release_label_counts(self, splitter, plan: FitPlan) -> None:
         """Under DP, release how many cells the trained model labels with each cluster (one step).
 
-        One :meth:`_release_cluster_sum` of the one-hot rows of the hard labels (the centroid with
+        One ``_release_cluster_sum`` of the one-hot rows of the hard labels (the centroid with
         the largest soft assignment), floor 0, counted in the plan by
-        :func:`~dpsc.model._dcan_privacy.planned_step_counts`. A non-private fit releases nothing:
+        ``planned_step_counts``. A non-private fit releases nothing:
         its exact counts are those of :meth:`predict`.
         """
         dp = plan.settings
@@ -568,7 +569,7 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
 
         ``centroids`` are clusters × the encoder's input width (``input_pcs``, or the genes of a
         model that reads a public reference's points); the latent centroids start at their images
-        under the encoder (:meth:`_partition_centroids`), so each cell's start cluster is, up to
+        under the encoder (``_partition_centroids``), so each cell's start cluster is, up to
         the encoder's distortion, the nearest of ``centroids`` to its input point
         (:meth:`~dpsc.module.DCANModule.represent`). ``dpsc.tl.fit`` passes the private
         clustering's released centroids, so training refines that clustering.
@@ -601,7 +602,7 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
     def _init_centroids(self, splitter, plan: FitPlan) -> None:
         """Start the latent centroids.
 
-        From a start partition's released centroids (no release: :meth:`_partition_centroids`);
+        From a start partition's released centroids (no release: ``_partition_centroids``);
         else by DP k-means of Poisson-sampled tables under DP, plain k-means otherwise.
         """
         self.module.eval()

@@ -1,6 +1,6 @@
 """``dpsc.pp.highly_variable_genes``: gene selection from one Gaussian release of gene statistics.
 
-The mechanism (per-cell contribution, sum, noise, ranking) is :mod:`dpsc.methods._hvg`; this
+The mechanism (per-cell contribution, sum, noise, ranking) is :mod:`dpsc.methods.hvg`; this
 module checks the arguments, books the release and writes scanpy's columns. On two synthetic
 cell groups that differ in 40 of 440 genes (1200 cells, ε = 1, ``tests/test_dp_hvg.py``) the top
 40 by second moment hold 36 of the 40 marker genes on average over 5 noise draws, by mean 40, by
@@ -18,8 +18,8 @@ from .._api import DEFAULT_EPSILON, result_target, store_result
 from .._blocks import is_dask
 from .._outputs import derived_key
 from .._validation import check_cells, check_privacy_args, check_public_counts, get_matrix, resolve_delta
-from ..methods import _hvg as mechanism
-from ..methods._hvg import DEFAULT_SQUARE_CLIP, FLAVORS, Flavor
+from ..methods import hvg as mechanism
+from ..methods.hvg import DEFAULT_SQUARE_CLIP, FLAVORS, Flavor
 from ..privacy import (
     NoiseSource,
     PlannedRelease,
@@ -114,7 +114,7 @@ def highly_variable_genes(
     """Select highly variable genes from a differentially private release of gene statistics.
 
     One Gaussian release of the per-gene sums of each cell's unit-norm log expression and of its
-    clipped squares (:mod:`dpsc.methods._hvg` states the argument); genes are ranked by a released
+    clipped squares (:mod:`dpsc.methods.hvg` states the argument); genes are ranked by a released
     statistic (``flavor``). Proven (ε, δ)-DP for the selection and the released statistics with
     respect to adding or removing one cell; the ε goes into the AnnData's ledger
     (:func:`dpsc.privacy.spent`), where it composes with what follows (e.g.

@@ -1,7 +1,7 @@
 """``dpsc.pp.pca``: principal components from one Gaussian release of the gene second moments.
 
 The mechanism (per-cell contribution, sum, noise, post-processing) is
-:mod:`dpsc.methods._pca`; this module checks the arguments, books the release in the ledger and
+:mod:`dpsc.methods.pca`; this module checks the arguments, books the release in the ledger and
 writes scanpy's keys.
 """
 
@@ -16,7 +16,7 @@ from .._api import DEFAULT_EPSILON, result_target, store_result
 from .._blocks import is_dask
 from .._outputs import derived_key
 from .._validation import check_cells, check_privacy_args, check_public_counts, get_matrix, resolve_delta
-from ..methods import _pca as mechanism
+from ..methods import pca as mechanism
 from ..privacy import (
     NoiseSource,
     PlannedRelease,
@@ -106,7 +106,7 @@ def pca(
     """Differentially private PCA of the cells (Analyze Gauss, Dwork et al. 2014).
 
     One Gaussian release of the genes × genes second-moment matrix of unit-norm cells; the
-    loadings are its top eigenvectors (:mod:`dpsc.methods._pca` states the argument). Proven
+    loadings are its top eigenvectors (:mod:`dpsc.methods.pca` states the argument). Proven
     (ε, δ)-DP for the loadings with respect to adding or removing one cell (with ``donor_key``: one
     donor with all of their cells); the ε goes into the AnnData's ledger
     (:func:`dpsc.privacy.spent`). Only the local refusal of values that are not finite counts

@@ -2,7 +2,7 @@
 
 Every proven release is a :class:`GaussianSum` (per-cell contributions with a stated bound, a sum
 over cells or over sites, lattice-encoded discrete Gaussian noise), planned and calibrated once by
-a :class:`ReleasePlan`; DEC cluster frequencies (:mod:`._frequency`) are the one mechanism kept
+a :class:`ReleasePlan`; DEC cluster frequencies (:func:`dp_cluster_frequency`) are the one mechanism kept
 here. DP-SGD steps go through :class:`DPSGDEngine`. Every call that reads cells books its record in
 the cells' ledger through :func:`spending`. The analyses built on these releases (gene selection,
 PCA, k-means, the clustering, markers, public references) live in :mod:`dpsc.methods`.

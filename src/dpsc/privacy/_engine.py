@@ -35,7 +35,7 @@ and takes the same :meth:`DPSGDEngine.take_step`.
 
 Across several processes (Lightning's DDP) the engine switches to Opacus's distributed
 optimizer: the ranks' clipped sums are added and rank 0 alone adds the noise, so each global step
-is the same mechanism (argument in :mod:`dpsc.privacy._distributed`).
+is the same mechanism (argument in :func:`dpsc.privacy.sum_over_ranks`).
 
 Because the noise is added to the sum of clipped per-cell gradients with Poisson sampling, each
 step is one application of the sampled Gaussian mechanism with sensitivity :math:`C`; the

@@ -73,7 +73,7 @@ class BudgetExceededError(ValueError):
 class Spent(tuple):
     """``(epsilon, delta)`` of a ledger, with ``relation``, ``guarantee``, ``seeded`` and ``unit``.
 
-    ``unit``: what one individual of the ε is, ``"cell"`` or ``"donor"`` (:mod:`._unit`).
+    ``unit``: what one individual of the ε is, ``"cell"`` or ``"donor"`` (:class:`~dpsc.privacy.PrivacyUnit`).
     """
 
     relation: str
@@ -491,7 +491,7 @@ def spending(adata: ad.AnnData, planned: PrivacyRecord, key: str) -> Iterator[Sp
 
     Refuses with :class:`BudgetExceededError` before anything is written. If the body raises
     before :meth:`Spending.settle`: a call that drew no noise and no sample yet (no keystream was
-    read, :func:`~dpsc.privacy._random.draws`) released nothing, so its reservation is removed and
+    read, ``draws``) released nothing, so its reservation is removed and
     ``adata.uns`` is put back as it was; otherwise the reservation stays (marked
     ``"interrupted"``): what the call released before failing is not known, so the planned spend
     stays booked.

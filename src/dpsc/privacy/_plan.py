@@ -6,8 +6,8 @@ contributions bounded by the release's sensitivity, with noise :math:`\mathcal N
 repeated ``steps`` times. A :class:`ReleasePlan` lists them in order (name, share of ε, q, steps).
 
 - :meth:`ReleasePlan.calibrate` is the one place where an (ε, δ) becomes noise multipliers: one
-  release is calibrated alone (:func:`~._accounting.calibrate_noise_multiplier`); several share
-  (ε, δ) by their shares (:func:`~._accounting.split_budget`: each calibrated once, then one
+  release is calibrated alone (``calibrate_noise_multiplier``); several share
+  (ε, δ) by their shares (``split_budget``: each calibrated once, then one
   common scale so that their composition in one accountant spends at most ε at δ). Without ε
   every σ is 0 (no noise, no guarantee).
 - :meth:`ReleasePlan.without` drops a release the call turns out not to need (decided from
@@ -18,7 +18,7 @@ repeated ``steps`` times. A :class:`ReleasePlan` lists them in order (name, shar
   the plan's history at δ, the history and σ are the plan's, and the words (what a cell is, the
   mechanism, what is covered) are the tool's. Without noise it is a record with no guarantee.
 - :meth:`ReleasePlan.spend` books the call's record in the cells' ledger before anything is
-  released (:func:`~._ledger.spending`) and hands out each release's noise stream by its name;
+  released (``spending``) and hands out each release's noise stream by its name;
   a name the plan does not hold is refused. It is the one door to the ledger outside
   :mod:`dpsc.privacy`: every call that reads cells books through its plan.
 - Two more kinds of release complete the plan, so that every call has one:
@@ -176,7 +176,7 @@ class ReleasePlan:
         r"""Return the calibrated plan without release ``name``, its share given to the others.
 
         The remaining σ are scaled by one common factor :math:`c \le 1`
-        (:func:`~._accounting.common_scale`: bisection on the composed history, no σ search), the
+        (``common_scale``: bisection on the composed history, no σ search), the
         smallest with which the plan still spends at most its (ε, δ). Dropping a release only
         removes a term of the composition, so c = 1 is feasible; the proportions between the
         other releases are kept. Without noise the plan just loses the release.
@@ -328,7 +328,7 @@ class ReleasePlan:
         """Book ``record`` in ``target``'s ledger first, then hand out the plan's noise streams.
 
         ``target`` is the AnnData whose cells are read. The booking is settled by the caller
-        (:func:`dpsc._api.store_result`); if the body raises first, the reservation stays booked
+        (the result's store); if the body raises first, the reservation stays booked
         (what was released before the error is not known). ``noise=None``: the plan's mechanism
         draws its noise itself (a stated release's estimator or classifier) or adds none.
         """

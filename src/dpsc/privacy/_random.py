@@ -16,7 +16,7 @@ or PCG64: their state can be recovered from outputs). The key is never stored or
   outputs are integers, so floating-point arithmetic can only perturb the *probabilities* of
   outcomes (by about 10⁻¹⁶ relative), never make an outcome impossible for one input and possible
   for another: the "porous" floating-point attack on the Laplace mechanism (Mironov 2012) and on
-  the Gaussian (Jin et al. 2022) does not apply. The releases of :mod:`dpsc.privacy._release`
+  the Gaussian (Jin et al. 2022) does not apply. The releases of :class:`dpsc.privacy.GaussianSum`
   use them on a lattice.
 * :meth:`SecureRandom.gaussian_tensor`: continuous Gaussian noise for DP-SGD and for sampled
   releases, each value the sum of four Box–Muller draws divided by 2 (the mitigation of Holohan &

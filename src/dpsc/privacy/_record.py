@@ -178,7 +178,7 @@ class PrivacyRecord:
         or ``"replace-one"`` (one row replaced, the number of rows fixed).
     individual
         What one individual of the relation is: ``"cell"``, or ``"donor"`` (a donor with all of
-        their cells, :mod:`dpsc.privacy._unit`).
+        their cells, :class:`dpsc.privacy.PrivacyUnit`).
     details
         Tool-specific fields (curves, per-site values, layer budgets…), written flat.
     """

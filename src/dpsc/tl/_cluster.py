@@ -1,8 +1,8 @@
 """``dpsc.tl.cluster``: a whole proven private clustering in one call and one budget.
 
 Gene selection (when the plan reads fewer genes than the matrix has), PCA and k-means, each a
-release of a sum over cells (:mod:`dpsc.methods._clustering`), with the asked ε split among them
-so that the composed spend is the asked ε. The separate steps (:func:`dpsc.pp.highly_variable_genes`,
+release of a sum over cells (:mod:`dpsc.methods.clustering`), with the asked ε split among them
+so that the composed spend is the asked ε. The separate steps (``highly_variable_genes``,
 :func:`dpsc.pp.pca`, :func:`dpsc.tl.kmeans`) remain for users who want them.
 """
 
@@ -20,15 +20,10 @@ from .._api import DEFAULT_EPSILON, result_target, store_result
 from .._blocks import is_dask
 from .._outputs import write_cluster_markers, write_clustering
 from .._validation import check_cells, check_privacy_args, check_public_counts, get_matrix, resolve_delta
-from ..methods._clustering import (
-    MEAN_WEIGHT,
-    ClusterPlan,
-    ClusterResult,
-    central_release_sum,
-    plan_clustering,
-    run_clustering,
-)
-from ..methods._public_basis import PublicBasis
+from ..methods.cluster_design import MEAN_WEIGHT
+from ..methods.cluster_plan import ClusterPlan, plan_clustering
+from ..methods.clustering import ClusterResult, central_release_sum, run_clustering
+from ..methods.public_basis import PublicBasis
 from ..privacy import (
     NoiseSource,
     PrivacyRecord,
@@ -99,7 +94,7 @@ def cluster_record(
 
     ``reference``: the public reference's summary (:meth:`PublicReference.summary`), stated in the
     record (``details["reference"]``) and in what the guarantee does not cover. ``unit``: what one
-    individual is (a cell, or a donor with all of their cells: :mod:`dpsc.privacy._unit`).
+    individual is (a cell, or a donor with all of their cells: :class:`dpsc.privacy.PrivacyUnit`).
     """
     if reference is not None:
         return _reference_record(plan, n_obs, noise, tool, reference, unit)
@@ -150,7 +145,7 @@ def _reference_record(
 ) -> PrivacyRecord:
     """Record of a clustering on a public reference's genes and components: k-means (and markers).
 
-    A gated plan's record (:mod:`dpsc.methods._type_gate`) names its first release, the count that
+    A gated plan's record (:mod:`dpsc.methods.type_gate`) names its first release, the count that
     chose the k-means start; ``plan`` is the branch that ran, so its σ and steps are what was spent.
     """
     count = [f"cells within the reference's types, which chose the start ({_start_words(plan)})"]
@@ -192,7 +187,7 @@ def warn_if_noise_dominated(plan: ClusterPlan, n_individuals: int, unit: Privacy
 
     Donor level only: from the plan and the local number of donors (a local figure, not a
     release), when each k-means row would hold less than twice its count's noise sd
-    (:meth:`~dpsc.methods._clustering.ClusterPlan.kmeans_signal`). Names the levers.
+    (``kmeans_signal``). Names the levers.
     """
     if unit.donor_key is None or plan.epsilon is None:
         return
@@ -290,7 +285,7 @@ def cluster(
     then the second moment of each cell's unit residual orthogonal to it (the other loadings).
 
     Every step reads the cells only through a Gaussian release of a sum over cells
-    (:mod:`dpsc.methods._clustering` states the plan and the argument); the asked (ε, δ) is split
+    (:mod:`dpsc.methods.clustering` states the plan and the argument); the asked (ε, δ) is split
     among the releases and composed by the Opacus RDP accountant, so that
     :func:`dpsc.privacy.spent` grows by the asked ε. Proven (ε, δ)-DP with respect to adding or
     removing one cell (with ``donor_key``: one donor with all of their cells) for the selected
@@ -316,28 +311,28 @@ def cluster(
     markers
         Also release each cluster's marker statistics, inside the same ε (the last releases, a
         quarter share: the cells' mean expression, the bounds, the table, then the bounds and the
-        table over each cluster's best genes; :func:`dpsc.tl.rank_genes_groups` states the
+        table over each cluster's best genes; ``rank_genes_groups`` states the
         mechanism), and write them in scanpy's format to ``uns[f"{key_added}_markers"]``.
     reference
         A public reference of the same tissue (another donor, study or condition): an AnnData of
         raw counts, or an ``.h5ad`` path. Its genes (scanpy's 2,000 highly variable genes among
         those shared with ``adata``), gene means and scales and 16 principal components are computed
-        from it alone (scanpy's recipe; :mod:`dpsc.methods._public_basis`), so they cost no ε, and
+        from it alone (scanpy's recipe; :mod:`dpsc.methods.public_basis`), so they cost no ε, and
         the whole ε goes to the DP k-means of the cells' points in that basis (and to the markers).
         It must not contain the cells of ``adata``; its name, sha256 fingerprint and size go into
         the record.
     reference_key
         ``reference.obs`` column of cell types. One release counts the cells within the types'
-        spreads (:mod:`dpsc.methods._type_gate`); unless it says clearly that most cells lie
+        spreads (:mod:`dpsc.methods.type_gate`); unless it says clearly that most cells lie
         outside them, the DP k-means starts from the types' mean points (public) and makes one
         Lloyd release of those k centroids, else from its own sketch; each released centroid is
         named after the type whose own spread, widened by the centroid's noise, holds it, or
-        ``"unmatched"`` (:func:`dpsc.tl._reference.name_clusters`; post-processing).
+        ``"unmatched"`` (``name_clusters``; post-processing).
     donor_key
         ``obs`` column naming each cell's donor (patient, mouse): the guarantee is then per donor,
         with respect to adding or removing one donor with all of their cells. Each cell's
         contribution to every release is weighted by 1/(its donor's number of cells), so a donor's
-        whole contribution keeps each release's per-cell bound (:mod:`dpsc.privacy._unit`); σ and
+        whole contribution keeps each release's per-cell bound (:class:`dpsc.privacy.PrivacyUnit`); σ and
         ε are those of the same call per cell. The sums then hold about as many individuals as
         there are donors: before spending, a call whose k-means would be dominated by noise warns
         and names the levers (a public reference, more donors, a larger ε, fewer releases).

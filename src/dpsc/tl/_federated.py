@@ -79,7 +79,7 @@ def fit_federated(
 
     Each site (``obs[site_key]``) is one Flower SuperNode in the simulation engine; only the
     online encoder and predictor travel. FedSC's sites pull the global model back with the
-    divergence-aware EMA (:mod:`dpsc.federated._ema`); the baselines take it as is. Afterwards
+    divergence-aware EMA (the EMA of its own module); the baselines take it as is. Afterwards
     each site embeds its own cells with the global encoder and the sites run a federated k-means
     (with ``epsilon``: DP k-means tables, each with the site's full noise); each site labels its
     own cells with the released centroids. ``obsm[key_added]`` holds the global encoder's
@@ -118,7 +118,7 @@ def fit_federated(
     optimizer, max_grad_norm, private_lr
         Update rule on the noisy gradient (``"sgd"``, ``"adam"``, ``"dpsignsgd"``,
         ``"dpsignadam"``), clipping norm C, and learning rate (default per rule:
-        :data:`dpsc.optim.DEFAULT_PRIVATE_LRS`, not tuned on private data).
+        ``DEFAULT_PRIVATE_LRS``, not tuned on private data).
     accountant
         ``"rdp"`` or ``"prv"`` (Opacus).
     layer, likelihood
@@ -134,7 +134,7 @@ def fit_federated(
         secret noise.
     scale_genes
         Before training, each site sends its per-gene sums once and every site z-scores its cells
-        with the pooled mean and standard deviation (:mod:`dpsc.federated._scaling`); the final
+        with the pooled mean and standard deviation (the pooled scaling); the final
         embedding uses the same scaling. ``None`` (default): on without ``epsilon``, off with it.
         Without it FedSC and FedBYOL collapse on PBMC 4k for seeds 1 and 2
         (docs, Benchmarks: "FedSC benchmark"). The sums carry no noise, so ``True`` is refused
@@ -268,8 +268,8 @@ def _plan_site_noise(run: FedSCRun, epsilon: float, private_lr: float | None) ->
     """Calibrate each site's DP-SGD and k-means noise for its own cells; put them in the run config.
 
     Site k takes ``rounds × local_epochs × ⌈1/q_k⌉`` Poisson steps at ``q_k = min(1, 128/n_k)``
-    (:func:`~dpsc.federated.dp_schedule`) and its k-means tables, split so that together they
-    spend ``(epsilon, delta)`` on its cells (:func:`~dpsc.federated._fedsc_site.fedsc_plan`).
+    (``dp_schedule``) and its k-means tables, split so that together they
+    spend ``(epsilon, delta)`` on its cells (``fedsc_plan``).
     """
     batch = SSLConfig().batch_size
     delta, accountant, optimizer = run.privacy.delta, run.privacy.accountant, run.privacy.optimizer

@@ -1,7 +1,7 @@
 """``dpsc.tl.fit``: DP-DCAN clustering and embedding of an AnnData.
 
-One way through: the arguments become one :class:`~dpsc.model._dcan_privacy.TrainSettings`;
-:func:`~dpsc.model._dcan_privacy.plan_fit` checks them and calibrates σ once; the plan's record is
+One way through: the arguments become one ``TrainSettings``;
+``plan_fit`` checks them and calibrates σ once; the plan's record is
 booked in the AnnData's ledger (:meth:`dpsc.privacy.ReleasePlan.spend`, which refuses before any work
 when a budget would be exceeded); the default model starts from the private clustering's
 releases (:mod:`dpsc.model._dcan_start`), trains with the plan as it is, and keeps the better of
@@ -31,8 +31,8 @@ from .._validation import (
     check_public_counts,
     get_matrix,
 )
-from ..methods import _selection
-from ..methods._kmeans import clusters_above_noise
+from ..methods import selection as _selection
+from ..methods.kmeans import clusters_above_noise
 from ..model import (
     DPDCAN,
     MODEL_GENES,
@@ -180,7 +180,7 @@ def fit(
     return_model
         {doc_return_model}
         The model is a :class:`~dpsc.model.DPDCAN`: share it with
-        :meth:`~dpsc.model.DPDCAN.export_shared`, or embed new cells with it.
+        ``export_shared``, or embed new cells with it.
     progress_bar
         {doc_progress_bar}
     **train_kwargs
@@ -195,7 +195,7 @@ def fit(
     Writes ``obsm[key_added]``, ``obs[cluster_key]`` (categorical, categories among ``"0"`` …
     ``str(n_clusters - 1)``: the clusters that hold a cell, as scanpy's), the privacy record
     ``uns["dpsc"][key_added]["privacy"]``
-    (:func:`dpsc.privacy.get_record`), the parameters (with ``partition``: ``"clustering"`` or
+    (``get_record``), the parameters (with ``partition``: ``"clustering"`` or
     ``"model"``, the partition written to ``obs[cluster_key]``, and both ``partition_scores``),
     the released cluster frequencies, the released label counts and the clusters in use (counts
     above twice their noise) in ``uns["dpsc"][key_added]``, ``var["dpdcan_gene"]`` (the genes the
@@ -204,31 +204,31 @@ def fit(
     ``reference_key``, ``obs[f"{cluster_key}_names"]`` and ``uns["dpsc"][key_added]["cluster_names"]``,
     and one entry of
     the AnnData's privacy ledger (:func:`dpsc.privacy.spent`). With a budget set
-    (:func:`dpsc.privacy.set_budget`), a fit that would exceed it is refused before any work.
+    (``set_budget``), a fit that would exceed it is refused before any work.
 
     Notes
     -----
     The default model (``input_pcs="auto"`` on counts, ``scope`` ``"encoder"`` or ``"full"``)
-    builds on :func:`dpsc.tl.cluster`: with :data:`~dpsc.model._dcan_privacy.START_SHARE` of ε it
+    builds on :func:`dpsc.tl.cluster`: with ``START_SHARE`` of ε it
     makes that clustering's releases (gene selection when the matrix has more genes than the
     clustering reads, loadings, DP k-means centroids); the encoder reads each cell's k-means point
     of that clustering, and the centroids start at the encoder's image of its released centroids
     (post-processing: no release), so the model's partition starts as the clustering's. DP-SGD
-    then refines them with :data:`~dpsc.model._dcan_privacy.TRAINING_SHARE` of ε. Last, one
+    then refines them with ``TRAINING_SHARE`` of ε. Last, one
     release of both partitions' per-cluster sums scores each by the k-means objective in the
-    clustering's points (:mod:`dpsc.methods._selection`): ``obs[cluster_key]`` holds the model's
+    clustering's points (:mod:`dpsc.methods.selection`): ``obs[cluster_key]`` holds the model's
     partition only when its score leads by twice its noise, the clustering's otherwise;
     ``obsm[key_added]`` is always the model's embedding.
 
     With a ``reference``: the genes, their scales and 16 components come from the reference
-    (:mod:`dpsc.methods._public_basis`, as in ``dpsc.tl.cluster(reference=...)``), and the model
+    (:mod:`dpsc.methods.public_basis`, as in ``dpsc.tl.cluster(reference=...)``), and the model
     reads each cell's point in that basis (a map of the cell and public values). The network
-    (:data:`dpsc.model._dcan_reference.REFERENCE_MODEL`) is pretrained on the reference's points
+    (``REFERENCE_MODEL``) is pretrained on the reference's points
     without noise, both stages and every parameter: public, no ε. On these cells
-    :data:`~dpsc.model._dcan_privacy.START_SHARE` of ε goes to the DP k-means of their points (the
+    ``START_SHARE`` of ε goes to the DP k-means of their points (the
     only release of that clustering), the training share to DP-SGD on the encoder and the
     centroids alone (the decoder keeps its pretrained, public values; 0 + 4 epochs at q = 0.25
-    unless given, :data:`~dpsc.tl._fit_reference.REFERENCE_FINE_TUNING_EPOCHS`) and the rest to the
+    unless given, ``REFERENCE_FINE_TUNING_EPOCHS``) and the rest to the
     choice of partition, as without one. The guarantee is proven; the record names the reference
     (its sha256 fingerprint, size and genes) and states that it is assumed public and must not
     contain these cells.
@@ -250,10 +250,10 @@ def fit(
     statement say so. Neither covers the outputs written for the training cells themselves.
 
     Gene selection: the default model reads the genes its clustering reads (its rule,
-    :func:`dpsc.methods._clustering.genes_for`); otherwise a matrix with more than 2000 genes is
-    first reduced to 2000 by :mod:`dpsc.methods._hvg`'s release (the statistic of
-    :func:`dpsc.pp.highly_variable_genes`), with 10 % of ε, inside the same record. The model, and
-    :meth:`~dpsc.model.DPDCAN.export_shared`, then use those genes. Under DP the only check that
+    ``genes_for``); otherwise a matrix with more than 2000 genes is
+    first reduced to 2000 by :mod:`dpsc.methods.hvg`'s release (the statistic of
+    ``highly_variable_genes``), with 10 % of ε, inside the same record. The model, and
+    ``export_shared``, then use those genes. Under DP the only check that
     reads the cells is the local refusal of NaN or infinite values, before anything is booked
     (``docs/privacy.md``): empty cells are zero rows, genes no cell expresses are kept (and never
     selected), negative or non-integer values are read per cell. A non-private fit checks the values
@@ -280,7 +280,7 @@ def fit(
         max_epochs=max_epochs,
         batch_size=batch_size,
         accountant=accountant,
-        private_optimizer=optimizer,
+        optimizer=optimizer,
         random_state=random_state,
         noise_seed=noise_seed,
     )
@@ -458,7 +458,7 @@ def _train(
     Returns the trained model, the choice between the start's partition and the model's (``None``
     when the fit does not start from the clustering) and the genes the model reads (``None``: all).
     With a public reference the model reads each cell's point in its basis and starts from the
-    weights pretrained on it (:mod:`dpsc.model._dcan_reference`). ``call``: ``tl.fit``'s named
+    weights pretrained on it (the reference model). ``call``: ``tl.fit``'s named
     choices (``n_clusters``, ``likelihood``, ``layer``, …); ``weights``: each cell's donor weight
     (the donor unit) for the start's and the choice's sums.
     """

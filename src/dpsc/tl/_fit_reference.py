@@ -15,8 +15,8 @@ import anndata as ad
 import numpy as np
 import pandas as pd
 
-from ..methods import _selection
-from ..methods._public_basis import PublicBasis
+from ..methods import selection as _selection
+from ..methods.public_basis import PublicBasis
 from ..model import (
     DPDCAN,
     REFERENCE_MODEL,
@@ -82,7 +82,7 @@ class ReferenceFit:
     def model(self, matrix: Any, n_clusters: int, random_state: int, progress_bar: bool) -> DPDCAN:
         """Return a DP-DCAN on these cells' points in the basis, started from the pretrained weights.
 
-        Each point is a map of its cell and public values (:mod:`dpsc.methods._public_basis`), so
+        Each point is a map of its cell and public values (:mod:`dpsc.methods.public_basis`), so
         training on the points is training on the cells with per-cell gradients.
         """
         state = self.pretrained(n_clusters, random_state, progress_bar)

@@ -2,7 +2,7 @@ r"""``dpsc.tl.kmeans``: k-means whose centroids are released with Gaussian noise
 
 The cells' rows of ``obsm[use_rep]`` (e.g. the projections of :func:`dpsc.pp.pca`, each a
 function of its own cell and of already-released loadings) are read only through the tables of
-:mod:`dpsc.methods._kmeans`: every read is one release of all cells (q = 1) of per-row sums of
+:mod:`dpsc.methods.kmeans`: every read is one release of all cells (q = 1) of per-row sums of
 clipped points and weighted counts, sensitivity :math:`\Delta = R\sqrt{1+\kappa^2}`,
 lattice-encoded discrete Gaussian noise of scale :math:`\sigma\Delta`. With ``metric="cosine"`` (the
 default) each
@@ -30,8 +30,8 @@ from .._api import DEFAULT_EPSILON, result_target, store_result
 from .._outputs import cluster_labels
 from .._validation import check_privacy_args, resolve_delta
 from ..methods import central_table_release, dp_kmeans_centroids, kmeans_release_steps
-from ..methods._clustering import KMEANS_PLAN
-from ..methods._kmeans import Metric, _nearest, kmeans_points
+from ..methods.cluster_design import KMEANS_PLAN
+from ..methods.kmeans import Metric, kmeans_points, nearest_point
 from ..privacy import (
     NoiseSource,
     PlannedRelease,
@@ -184,7 +184,7 @@ def kmeans(
         )
         if len(released) != steps:
             raise RuntimeError("The release plan and the accounted releases disagree; nothing is written.")
-        labels = _nearest(points, centroids)
+        labels = nearest_point(points, centroids)
         warn_if_few_clusters(in_use, n_clusters)
         target = result_target(adata, copy)
         target.obs[key_added] = cluster_labels(labels, n_clusters)

@@ -1,7 +1,7 @@
 """``dpsc.tl.rank_genes_groups``: marker genes of each group from private releases, in scanpy's format.
 
 The mechanism (per-cell rows, their bounds, the per-group table and scanpy's t-test on it) is
-:mod:`dpsc.methods._markers`; this module checks the arguments, books the release and writes
+:mod:`dpsc.methods.markers`; this module checks the arguments, books the release and writes
 ``uns[key_added]`` in the structure :func:`scanpy.tl.rank_genes_groups` writes, so that
 :func:`scanpy.get.rank_genes_groups_df`, :func:`scanpy.pl.rank_genes_groups` and
 :func:`scanpy.pl.rank_genes_groups_dotplot` read it unchanged.
@@ -24,8 +24,8 @@ from .._api import DEFAULT_EPSILON, result_target, store_result
 from .._blocks import is_dask
 from .._outputs import write_marker_result
 from .._validation import check_cells, check_privacy_args, check_public_counts, get_matrix, resolve_delta
-from ..methods import _markers as mechanism
-from ..methods._public_markers import reference_center, reference_focus_genes
+from ..methods import markers as mechanism
+from ..methods.public_markers import reference_center, reference_focus_genes
 from ..privacy import (
     NoiseSource,
     PlannedRelease,
@@ -41,7 +41,7 @@ from ._reference import optional_reference
 
 CENTER, NORMS, TABLE = "tl.rank_genes_groups.center", "tl.rank_genes_groups.norms", "tl.rank_genes_groups"
 FOCUS_NORMS, FOCUS_TABLE = "tl.rank_genes_groups.focus_norms", "tl.rank_genes_groups.focus"
-#: The plan's releases by part, in order (:data:`~dpsc.methods._markers.FOCUSED_SHARES` names the parts).
+#: The plan's releases by part, in order (:data:`~dpsc.methods.markers.FOCUSED_SHARES` names the parts).
 PARTS = {
     "center": CENTER,
     "norms": NORMS,
@@ -58,11 +58,11 @@ REFERENCE_FOCUS = "types"
 def markers_plan(epsilon: float | None, delta: float, public_center: bool = False) -> ReleasePlan:
     """Return the releases sharing (ε, δ), calibrated: centre, norms, table, then the focused two.
 
-    Shares :data:`~dpsc.methods._markers.FOCUSED_SHARES`. Without ε there is no norm histogram
+    Shares :data:`~dpsc.methods.markers.FOCUSED_SHARES`. Without ε there is no norm histogram
     and no focused table: the frame states the worst-case bounds
-    (:func:`~dpsc.methods._markers.release_frame`), so the plan holds only the centre and the
+    (:func:`~dpsc.methods.markers.release_frame`), so the plan holds only the centre and the
     table, and the statistics are exact. ``public_center``: the centre comes from a public
-    reference (:mod:`dpsc.methods._public_markers`), so there is no centre release and its share
+    reference (:mod:`dpsc.methods.public_markers`), so there is no centre release and its share
     goes to the others (the shares are relative).
     """
     parts = [part for part in PARTS if not (public_center and part == "center")]
@@ -191,7 +191,7 @@ def focused_markers(
     genes: np.ndarray | None = None,
     weights: np.ndarray | None = None,
 ) -> tuple[mechanism.MarkerResult, np.ndarray, mechanism.MarkerTable]:
-    """Release the focused table over U (:func:`~dpsc.methods._markers.focus_genes`) and join the rankings.
+    """Release the focused table over U (:func:`~dpsc.methods.markers.focus_genes`) and join the rankings.
 
     U and its centre and weights are post-processing of the first table and centre (or U is
     ``genes``, public: a reference's); then one release of the histograms of the cells' norms over
@@ -274,15 +274,15 @@ def rank_genes_groups(
 
     A Gaussian release of a groups × (3G + 1) table: per group, the sums of each cell's
     log1p(CP10k) expression measured from the cells' mean, of its squares and of its detected
-    genes, and the group's size (:mod:`dpsc.methods._markers` states the bounds; each cell adds to
+    genes, and the group's size (:mod:`dpsc.methods.markers` states the bounds; each cell adds to
     its own group only, so one cell moves the table by at most Δ whatever the groups are). The
     mean (it also sets each gene's weight) and the bounds of the two expression parts (histograms
     of the cells' norms from the mean) are released first: the noise of every mean and variance is
     proportional to those bounds, and a cell is shorter measured from the mean than from 0. Then
     the bounds and the table again over the union of each group's best genes in that table
-    (:data:`~dpsc.methods._markers.FOCUS_GENES` per group): restricted to them the cells are much
+    (:data:`~dpsc.methods.markers.FOCUS_GENES` per group): restricted to them the cells are much
     shorter, so the genes that can reach a group's top ranks get statistics with less noise, and
-    they rank first. Shares of ε: :data:`~dpsc.methods._markers.FOCUSED_SHARES`.
+    they rank first. Shares of ε: :data:`~dpsc.methods.markers.FOCUSED_SHARES`.
     Then scanpy's t-test of each
     group against the rest on the noisy statistics (post-processing), with the known noise of the
     two means added to the standard error so that differences within the noise do not rank high;
@@ -313,7 +313,7 @@ def rank_genes_groups(
     reference
         A public reference of the same tissue (an AnnData of raw counts or an ``.h5ad`` path; another
         donor, study or condition, never these cells): the cells are measured from its mean
-        expression instead of a released one (:mod:`dpsc.methods._public_markers`), so no ε goes to
+        expression instead of a released one (:mod:`dpsc.methods.public_markers`), so no ε goes to
         the centre. Stated in the record; no ε is spent on it.
     reference_key
         ``obs`` column of the reference's cell types: the focused table reads each type's best

@@ -1,10 +1,10 @@
 r"""A public reference for the private clustering: its basis, the k-means start, and cluster names.
 
 ``dpsc.tl.cluster(adata, k, reference=ref)`` takes the genes, gene scales and components of a
-public reference of the same tissue (:mod:`dpsc.methods._public_basis`): public cells cost no ε,
+public reference of the same tissue (:mod:`dpsc.methods.public_basis`): public cells cost no ε,
 so the whole budget goes to the DP k-means. With ``reference_key`` the k-means starts from the
 reference types' mean points (:func:`~dpsc._public_reference.type_start`) when a released count
-of the cells within their spreads chooses them (:mod:`dpsc.methods._type_gate`), and each released
+of the cells within their spreads chooses them (:mod:`dpsc.methods.type_gate`), and each released
 centroid is named after the reference type whose spread holds it (:mod:`dpsc._public_reference`):
 maps of the released centroids and the public reference only (post-processing).
 
@@ -30,7 +30,7 @@ from .._public_reference import (  # noqa: F401  (the tools' names for them)
     write_names,
 )
 from .._public_reference import fingerprint as fingerprint
-from ..methods._public_basis import PublicBasis
+from ..methods.public_basis import PublicBasis
 
 
 def reference_basis(
@@ -46,7 +46,7 @@ def reference_basis(
     ``markers``: the basis also holds the reference's marker centre (the tool ranks markers).
     ``n_clusters``: the basis also holds the DP k-means' public start, the means of the reference's
     types when it has them (:func:`~dpsc._public_reference.type_start`), and their radii, which the
-    count that chooses the start reads (:mod:`dpsc.methods._type_gate`).
+    count that chooses the start reads (:mod:`dpsc.methods.type_gate`).
     """
     public = optional_reference(reference, reference_key, adata, tool)
     if public is None:

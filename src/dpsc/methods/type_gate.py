@@ -24,7 +24,7 @@ start unless the released share of inside cells is clearly (by :data:`MARGIN` no
 :data:`TYPED_SHARE`, else the sketch. The two plans that can follow
 (the type start's single Lloyd release, or the sketch's releases) are each calibrated together
 with the count to at most (ε, δ), and the count is released with the larger of the two σ_c they
-ask for (more noise can only lower either composition, :func:`dpsc.methods._clustering.plan_clustering`),
+ask for (more noise can only lower either composition, :func:`dpsc.methods.cluster_plan.plan_clustering`),
 so whichever branch runs, the whole clustering spends at most (ε, δ), as its record states.
 
 :data:`TYPED_SHARE` follows from the radius: a type's own cells are inside with probability

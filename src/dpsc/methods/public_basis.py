@@ -19,7 +19,7 @@ of R, clipped to the unit ball (k-means in the euclidean metric, as scanpy's; ``
 unit sphere).
 :math:`\mu, s, V, T, R` are computed from the reference only (:func:`basis_from_reference`), so
 for the private cells :math:`p_i` is a map of that cell and public values: no release, no ε, and
-each :math:`p_i` has norm at most 1, the clipping radius of the DP k-means (:mod:`._kmeans`),
+each :math:`p_i` has norm at most 1, the clipping radius of the DP k-means (:mod:`.kmeans`),
 whose sensitivity argument it meets unchanged.
 
 **Privacy argument.** The reference is an input the data owner declares public (it must not hold
@@ -70,10 +70,10 @@ class PublicBasis:
         reference's points alone), or ``None``: the k-means starts from its own sketch release.
     start_radii
         With a start of the reference's types: each starting centroid's type radius (0 for one that
-        is not a type's), which the count choosing the start reads (:mod:`._type_gate`); else ``None``.
+        is not a type's), which the count choosing the start reads (:mod:`.type_gate`); else ``None``.
     marker_center
         The reference cells' mean log1p(CP10k) expression on the ``shared`` genes, in their order
-        (:func:`~._public_markers.reference_center`): the centre the marker statistics of a
+        (:func:`~.public_markers.reference_center`): the centre the marker statistics of a
         clustering on this basis are measured from, so that no centre is released; ``None`` when
         not computed.
     """

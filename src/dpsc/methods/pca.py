@@ -14,7 +14,7 @@ site's cells.
 :math:`d(d+1)/2` upper-triangle entries; the released matrix is mirrored
 (:func:`from_upper`). :func:`released_loadings` is the whole central release (:func:`dpsc.pp.pca`
 and DP-DCAN's input loadings); the private clustering asks for the same sum, over all cells or
-summed over sites, through :mod:`dpsc.methods._clustering`.
+summed over sites, through :mod:`dpsc.methods.clustering`.
 
 **Post-processing** (:func:`loadings`): keep the ``n_genes`` genes with the largest noisy second
 moments :math:`\tilde S_{gg}` (the noise's spectral norm grows as :math:`\sigma\sqrt d`, so a
@@ -23,7 +23,7 @@ smaller block keeps more signal); the top eigenvectors of that block, skipping t
 non-negative direction close to the mean cell: skipping it is scanpy's centring done on the
 release), are the loadings.
 
-**Residual release** (the private clustering, :mod:`dpsc.methods._clustering`): the cells' sum
+**Residual release** (the private clustering, :mod:`dpsc.methods.clustering`): the cells' sum
 :math:`s = \sum_i z_i` (:func:`cell_sum`, sensitivity 1) gives the mean direction
 :math:`u = \tilde s / \lVert\tilde s\rVert` (:func:`mean_direction`); the second moment of the unit
 residuals :math:`r_i = P z_i / \lVert P z_i\rVert`, :math:`P = I - u u^\top` (:func:`residual_rows`;

@@ -76,10 +76,10 @@ def nearest_centroid(points, centroids: np.ndarray, metric: Metric = "cosine") -
     Post-processing of the centroids: use it to label cells that were not in the fit, from a
     representation computed the same way (e.g. ``unit_rows(X) @ varm["PCs"]``).
     """
-    return _nearest(kmeans_points(points, metric), centroids)
+    return nearest_point(kmeans_points(points, metric), centroids)
 
 
-def _nearest(points, centroids: np.ndarray, block: int = 65_536) -> np.ndarray:
+def nearest_point(points, centroids: np.ndarray, block: int = 65_536) -> np.ndarray:
     """Index of the nearest centroid of each row of points (already mapped by :func:`kmeans_points`)."""
     points, centroids = _array(points), np.asarray(centroids, dtype=np.float64)
     out = np.empty(points.shape[0], dtype=np.int64)
@@ -118,7 +118,7 @@ class Assignment:
             return ((points @ matrix) > 0).astype(np.int64) @ (
                 2 ** np.arange(matrix.shape[1], dtype=np.int64)
             )
-        return _nearest(points, matrix)
+        return nearest_point(points, matrix)
 
 
 def table_sensitivity(clip_norm: float, count_scale: float) -> float:

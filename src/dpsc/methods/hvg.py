@@ -31,7 +31,7 @@ import scipy.sparse as sp
 
 from .. import _blocks
 from ..privacy import GaussianSum
-from ._pca import unit_rows
+from .pca import unit_rows
 
 Flavor = Literal["second_moment", "variance", "mean"]
 FLAVORS = ("second_moment", "variance", "mean")  # what dpsc.pp.highly_variable_genes offers

@@ -1,9 +1,9 @@
 r"""The parts of a marker release a public reference can give: the centre and the focused genes.
 
-:mod:`._markers` releases the cells' mean expression (the centre :math:`m` every cell is measured
+:mod:`.markers` releases the cells' mean expression (the centre :math:`m` every cell is measured
 from) and chooses the genes U of its focused table from its first, noisy table. Both only have to
 be public when the next release is made, not exact: any public :math:`m \ge 0` keeps every bound
-and Δ of :mod:`._markers` (its worst cases hold for :math:`x, m \ge 0`), and any public U keeps
+and Δ of :mod:`.markers` (its worst cases hold for :math:`x, m \ge 0`), and any public U keeps
 the focused table's. A public reference of the same tissue gives both at no ε:
 
 * :func:`reference_center`: the reference cells' mean log1p(CP10k) expression on the private
@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from ._markers import MAX_LOG_EXPRESSION, _log_expression, _rows, _sparse_log_expression
+from .markers import MAX_LOG_EXPRESSION, _log_expression, _rows, _sparse_log_expression
 
 
 def _log_blocks(counts: Any):

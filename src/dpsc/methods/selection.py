@@ -4,7 +4,7 @@ r"""Choose the better of two partitions of the same cells by one release (the k-
 DP k-means centroid) and trains DP-DCAN from it, whose partition is :math:`b`. Which one it keeps
 is decided here, never by labels and never by an unaccounted look at the cells: both partitions
 are scored by the k-means objective in the space both read, the clustering's unit-norm cell
-points :math:`p_i` (:func:`~dpsc.methods._clustering.cell_points`).
+points :math:`p_i` (:func:`~dpsc.methods.clustering.cell_points`).
 
 **The release.** For a partition :math:`c(\cdot)` into k clusters the per-cluster table
 :math:`(S_j, n_j)_{j<k}`, :math:`S_j = \sum_{c(i)=j} p_i`, :math:`n_j = |\{i: c(i) = j\}|`,

@@ -473,7 +473,7 @@ def frame_from_center(
 ) -> MarkerFrame:
     r"""Return the table's frame from a public centre: the bounds released from it, or the worst cases.
 
-    ``center``: a released centre, or a public reference's (:mod:`._public_markers`: any public
+    ``center``: a released centre, or a public reference's (:mod:`.public_markers`: any public
     :math:`m \ge 0` in bounds keeps every Δ). Without ε (``release_norms`` is ``None``) the frame
     states the worst-case bounds.
     """

@@ -1,0 +1,507 @@
+"""The private clustering's plan: every release, its σ and the (ε, δ), fixed before a cell is read.
+
+:func:`plan_clustering` splits the asked (ε, δ) over the releases (:func:`~dpsc.privacy.split_budget`,
+shares :data:`~dpsc.methods.cluster_design.SHARES`) and calibrates each σ once; a
+:class:`ClusterPlan` is sent to every site and checked there against the site's own.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from ..privacy import PlannedRelease, PlanSettings, ReleasePlan
+from . import cluster_design as design
+from . import hvg as _hvg
+from . import kmeans as _kmeans
+from . import markers as _markers
+from . import type_gate as _type_gate
+from .cluster_design import (
+    BRANCHES,
+    CLIP_NORM,
+    KINDS,
+    KMEANS_PLAN,
+    MARKER_KINDS,
+    MARKER_PARTS,
+    MARKERS_SHARE,
+    MIN_GENES,
+    SHARES,
+    TYPE_COUNT,
+    _kinds,
+    genes_for,
+    kmeans_plan,
+    kmeans_steps,
+    marker_kinds,
+    release_kinds,
+)
+from .cluster_requests import ReleaseStep
+from .public_basis import PublicBasis
+
+
+@dataclass(frozen=True)
+class ClusterPlan(PlanSettings):
+    """A whole private clustering, fixed before any cell is read (public: sent to every site).
+
+    ``releases`` is the plan as the one plan type (:class:`~dpsc.privacy.ReleasePlan`): every release
+    the clustering makes, in order, each with its σ (q = 1; the k-means release counts
+    :attr:`kmeans_steps` steps), and the (ε, δ) they were calibrated for; the σ live there only.
+    The other fields are the clustering's public settings. Build one with :meth:`of` (or
+    :func:`plan_clustering`, which calibrates).
+    """
+
+    releases: ReleasePlan
+    n_vars: int
+    n_clusters: int
+    n_genes: int  # genes the PCA reads: selected when fewer than n_vars
+    n_comps: int
+    random_state: int = 0
+    kmeans: dict[str, Any] = field(default_factory=lambda: kmeans_plan())
+    markers: bool = False  # a last release: each cluster's marker statistics (:mod:`.markers`)
+    #: genes and loadings come from a public reference (:mod:`.public_basis`): only the k-means
+    #: (and marker) releases read the cells
+    public_basis: bool = False
+    #: the plan opens with the count that chooses the k-means start (:mod:`.type_gate`); the plan
+    #: is one branch (its ``kmeans``), :meth:`branch` gives either, which follow the same count
+    gated: bool = False
+    #: a gated plan's k-means σ in each branch, in :data:`BRANCHES` order (its other σ serve both)
+    branch_sigmas: tuple[float, float] = (0.0, 0.0)
+    #: what one individual is: ``"cell"``, or ``"donor"`` (each cell's contribution weighted
+    #: 1/its donor's cells, :class:`dpsc.privacy.PrivacyUnit`); the same σ serve both
+    unit: str = "cell"
+
+    def __post_init__(self) -> None:
+        names = tuple(r.name for r in self.releases.releases)
+        if names != self.kinds:
+            raise ValueError(f"A clustering of these settings makes the releases {self.kinds}, not {names}.")
+        if self.releases["kmeans"].steps != self.kmeans_steps:
+            raise ValueError(f"The k-means release takes {self.kmeans_steps} steps with these settings.")
+
+    @classmethod
+    def of(
+        cls,
+        epsilon: float | None,
+        delta: float,
+        *,
+        n_vars: int,
+        n_clusters: int,
+        n_genes: int,
+        sigmas: dict[str, float],
+        n_comps: int | None = None,
+        random_state: int = 0,
+        kmeans: dict[str, Any] | None = None,
+        markers: bool = False,
+        accountant: str = "rdp",
+        public_basis: bool = False,
+        gated: bool = False,
+        branch_sigmas: tuple[float, float] = (0.0, 0.0),
+        unit: str = "cell",
+    ) -> ClusterPlan:
+        """Return the plan of these settings whose releases carry ``sigmas`` (by kind; no calibration).
+
+        ``sigmas`` may name kinds the plan does not make (a site's or a server's full table); they
+        are not part of the plan. ``epsilon`` and ``delta`` are the target the σ were calibrated for.
+        ``n_comps`` defaults to :data:`N_COMPS` (at most ``n_genes - 1``), ``kmeans`` to
+        :func:`kmeans_plan`.
+        """
+        kmeans = kmeans_plan() if kmeans is None else kmeans
+        n_comps = min(design.N_COMPS, n_genes - 1) if n_comps is None else n_comps
+        kinds = release_kinds(n_genes < n_vars, markers, epsilon is not None, public_basis, gated)
+        steps = kmeans_steps(kmeans)
+        releases = ReleasePlan.of(
+            *(
+                PlannedRelease(k, steps=steps if k == "kmeans" else 1, sigma=float(sigmas.get(k, 0.0)))
+                for k in kinds
+            ),
+            accountant=accountant,
+            epsilon=epsilon,
+            delta=delta,
+        )
+        settings = (n_vars, n_clusters, n_genes, n_comps, random_state, kmeans, markers, public_basis, gated)
+        return cls(releases, *settings, tuple(float(v) for v in branch_sigmas), unit)
+
+    @property
+    def sigmas(self) -> dict[str, float]:
+        """σ of every kind a clustering can release, 0 for the kinds this plan does not make."""
+        made = self.releases.sigmas
+        return {kind: made.get(kind, 0.0) for kind in (*KINDS, *MARKER_KINDS, TYPE_COUNT)}
+
+    @property
+    def select_genes(self) -> bool:
+        """Whether the plan starts with the DP gene selection (it reads fewer genes than there are)."""
+        return self.n_genes < self.n_vars and not self.public_basis
+
+    @property
+    def kmeans_steps(self) -> int:
+        """Releases of the k-means step."""
+        return kmeans_steps(self.kmeans)
+
+    @property
+    def marker_kinds(self) -> tuple[str, ...]:
+        """The marker releases the plan makes: none without markers; without ε no histogram of norms."""
+        return marker_kinds(self.markers, self.epsilon is not None, self.public_basis)
+
+    @property
+    def n_releases(self) -> int:
+        """Every release of the plan, in order."""
+        pca = 0 if self.public_basis else 2
+        return int(self.gated) + int(self.select_genes) + pca + self.kmeans_steps + len(self.marker_kinds)
+
+    @property
+    def most_releases(self) -> int:
+        """The releases of the longer branch of a gated plan (:meth:`branch`); else :attr:`n_releases`.
+
+        What a site's ``max_rounds`` is checked against before it serves the first release.
+        """
+        if not self.gated:
+            return self.n_releases
+        longest = max(kmeans_steps(kmeans_plan(public_start)) for public_start in (True, False))
+        return self.n_releases - self.kmeans_steps + longest
+
+    def release_delta(self, index: int) -> float:
+        """Return the δ a site books release ``index`` with: the plan's δ split over its releases.
+
+        A gated plan's count (release 0) is booked before its branch is known, with the share
+        :data:`~.type_gate.COUNT_DELTA_SHARE` of δ; the rest of δ is split over the branch's other
+        releases, so that the releases of either branch add up to the plan's δ, and the type start's
+        single k-means release, which holds nearly all of the ε, is booked at nearly the whole δ (a
+        line's own ε at its δ never exceeds the plan's; the ledger composes the lines at their sum).
+        """
+        if not self.gated:
+            return self.delta / self.n_releases
+        count = self.delta * _type_gate.COUNT_DELTA_SHARE
+        return count if index == 0 else (self.delta - count) / (self.n_releases - 1)
+
+    @property
+    def start(self) -> str:
+        """The k-means start of a plan on a public basis (:data:`BRANCHES`): ``"types"`` or ``"sketch"``."""
+        return "sketch" if self.kmeans["n_sketch_steps"] else "types"
+
+    def branch(self, start: str) -> ClusterPlan:
+        """Return the plan a gated clustering follows after its count: ``"types"`` or ``"sketch"``.
+
+        The same releases and σ but the k-means: the type start's single Lloyd release, or the
+        sketch's releases, with that branch's σ (:attr:`branch_sigmas`, calibrated with the rest to
+        the same (ε, δ)). No calibration. Raises for another name, or a plan that is not gated.
+        """
+        if not self.gated or start not in BRANCHES:
+            raise ValueError(f"Only a gated plan has branches, {BRANCHES}; got {start!r}.")
+        return ClusterPlan.of(
+            self.epsilon,
+            self.delta,
+            n_vars=self.n_vars,
+            n_clusters=self.n_clusters,
+            n_genes=self.n_genes,
+            n_comps=self.n_comps,
+            sigmas={**self.sigmas, "kmeans": self.branch_sigmas[BRANCHES.index(start)]},
+            random_state=self.random_state,
+            kmeans=kmeans_plan(public_start=start == "types"),
+            markers=self.markers,
+            accountant=self.accountant,
+            public_basis=True,
+            gated=True,
+            branch_sigmas=self.branch_sigmas,
+            unit=self.unit,
+        )
+
+    def kmeans_signal(self, n_individuals: float) -> tuple[int, float, float]:
+        r"""Return the k-means table's rows, the expected weight per row and its count's noise sd.
+
+        Each of the rows (k from a public start, else the :attr:`coreset_size` Lloyd centroids)
+        holds about :math:`n/\text{rows}` of the ``n_individuals`` (cells, or donors at the donor
+        unit, whose weights add up to 1 each); one release's count carries noise of sd
+        :math:`\sigma\Delta/(\kappa R) = \sigma\sqrt{1+\kappa^2}/\kappa`. A row whose expected
+        weight is below twice that sd is below the test a released count must pass to be in use
+        (:func:`~.kmeans.clusters_above_noise`): the result is then dominated by noise. Reads the
+        plan and a number only.
+        """
+        rows = self.n_clusters if self.start == "types" and self.public_basis else self.coreset_size
+        kappa = float(self.kmeans["count_scale"])
+        noise_sd = self.sigmas["kmeans"] * _kmeans.table_sensitivity(CLIP_NORM, kappa) / (kappa * CLIP_NORM)
+        return rows, float(n_individuals) / rows, float(noise_sd)
+
+    @property
+    def releases_in_words(self) -> str:
+        """The plan's releases as a record states them: "1 discrete Gaussian release", "5 … releases"."""
+        return f"{self.n_releases} discrete Gaussian release{'' if self.n_releases == 1 else 's'}"
+
+    @property
+    def coreset_size(self) -> int:
+        """m, the centroids of the DP k-means' Lloyd rounds (``oversampling`` × k)."""
+        return int(self.kmeans["oversampling"]) * int(self.n_clusters)
+
+    @property
+    def sketch_bits(self) -> int:
+        r"""Projection bits of the DP k-means sketch (at least :math:`\lceil\log_2 2m\rceil`)."""
+        return max(int(self.kmeans["n_bits"]), int(np.ceil(np.log2(2 * self.coreset_size))))
+
+    def schedule(self) -> tuple[ReleaseStep, ...]:
+        """Return the plan's releases as the steps they are served in: what each sums, its size and inputs.
+
+        The one definition of the clustering's requests: :func:`run_clustering` checks each request
+        it makes against it, and a federated site (:class:`dpsc.federated.Site`) serves exactly
+        these steps, each once, in this order, and refuses anything else. Each step is one draw of a
+        release of :attr:`releases` (its σ is that release's), and the schedule holds exactly each
+        release's planned number of steps, so what a site serves is what the plan accounts for.
+        """
+        k, m, d = self.kmeans, self.coreset_size, self.n_comps
+        entries: list[tuple] = []
+        if self.gated:
+            entries.append((TYPE_COUNT, 2, _type_gate.SENSITIVITY, None, 0, 0))
+        if self.select_genes:
+            entries.append(("genes", 2 * self.n_vars + 1, _hvg.SENSITIVITY, None, 0, 0))
+        if not self.public_basis:
+            entries.append(("sum", self.n_genes, 1.0, None, 0, 0))
+            entries.append(("pca", self.n_genes * (self.n_genes + 1) // 2, 1.0, None, 0, 1))
+        sensitivity = _kmeans.table_sensitivity(CLIP_NORM, k["count_scale"])
+        sketch_rows = 2**self.sketch_bits
+        for _ in range(k["n_sketch_steps"]):
+            entries.append(("kmeans", sketch_rows * (d + 1), sensitivity, "sketch", sketch_rows, d))
+        refine = int(k.get("refine_rounds", 0))
+        for _ in range((k["n_lloyd_rounds"] - refine) * k["steps_per_round"]):
+            entries.append(("kmeans", m * (d + 1), sensitivity, "nearest", m, d))
+        for _ in range(refine * k["steps_per_round"]):
+            rows = self.n_clusters
+            entries.append(("kmeans", rows * (d + 1), sensitivity, "nearest", rows, d))
+        if self.markers:
+            table = _markers.MarkerTable(self.n_clusters, self.n_vars)
+            if "marker_center" in self.marker_kinds:  # else the public reference's centre
+                entries.append(("marker_center", self.n_vars + 1, 1.0, None, 0, 0))
+            if "marker_norms" in self.marker_kinds:
+                norms = _markers.norm_release(0.0)
+                entries.append(("marker_norms", norms.size, norms.sensitivity, None, 0, 0))
+            entries.append(
+                ("markers", self.n_clusters * table.width, table.sensitivity, "nearest", self.n_clusters, d)
+            )
+            if "marker_focus" in self.marker_kinds:  # at most FOCUS_GENES genes per cluster
+                width = 3 * min(self.n_vars, self.n_clusters * _markers.FOCUS_GENES) + 1
+                rows = self.n_clusters
+                entries.append(("marker_focus_norms", norms.size, norms.sensitivity, None, rows, 0))
+                entries.append(("marker_focus", rows * width, table.sensitivity, "nearest", rows, d))
+        steps = tuple(
+            ReleaseStep(
+                index,
+                self.releases[kind],
+                size,
+                delta,
+                assignment,
+                rows,
+                width,
+                self.public_basis and assignment is not None,
+            )
+            for index, (kind, size, delta, assignment, rows, width) in enumerate(entries)
+        )
+        served = Counter(step.kind for step in steps)
+        if served != {r.name: r.steps for r in self.releases.releases}:  # what is served is what is accounted
+            raise ValueError(
+                f"The schedule {dict(served)} does not expand the plan's releases {self.releases}."
+            )
+        return steps
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """The kinds of release the plan makes, in order (the gene selection only when it selects)."""
+        private = self.epsilon is not None
+        return release_kinds(self.select_genes, self.markers, private, self.public_basis, self.gated)
+
+    def history(self) -> list[tuple[float, float, int]]:
+        """Return the Opacus history of the whole clustering (every release reads all cells: q = 1)."""
+        return self.releases.history()
+
+    def spent(self) -> float | None:
+        """ε of the whole plan at δ (``None`` without privacy)."""
+        return None if self.epsilon is None else self.releases.spent()
+
+    def to_config(self) -> dict[str, Any]:
+        """Return the plan as flat scalars (a Flower ConfigRecord)."""
+        return {
+            "epsilon": -1.0 if self.epsilon is None else float(self.epsilon),
+            "delta": float(self.delta),
+            "n-vars": int(self.n_vars),
+            "n-clusters": int(self.n_clusters),
+            "n-genes": int(self.n_genes),
+            "n-comps": int(self.n_comps),
+            "random-state": int(self.random_state),
+            "markers": int(self.markers),
+            "public-basis": int(self.public_basis),
+            "gated": int(self.gated),
+            "donor-unit": int(self.unit == "donor"),
+            **{
+                f"sigma-kmeans-{name}": sigma
+                for name, sigma in zip(BRANCHES, self.branch_sigmas, strict=True)
+            },
+            "kmeans-sketch-steps": int(self.kmeans["n_sketch_steps"]),
+            **{f"sigma-{k}": float(v) for k, v in self.sigmas.items()},
+        }
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> ClusterPlan:
+        """Inverse of :meth:`to_config` (σ of kinds the plan does not make are not part of it).
+
+        The k-means settings are :func:`kmeans_plan`'s; a plan on a public basis may start from
+        public centroids and so make no sketch release (``kmeans-sketch-steps`` 0).
+        """
+        epsilon = float(config["epsilon"])
+        public_basis = bool(int(config.get("public-basis", 0)))
+        sketch = int(config.get("kmeans-sketch-steps", KMEANS_PLAN["n_sketch_steps"]))
+        kmeans = kmeans_plan(public_start=public_basis and sketch == 0)
+        return cls.of(
+            None if epsilon < 0 else epsilon,
+            float(config["delta"]),
+            n_vars=int(config["n-vars"]),
+            n_clusters=int(config["n-clusters"]),
+            n_genes=int(config["n-genes"]),
+            n_comps=int(config["n-comps"]),
+            sigmas={k: float(config.get(f"sigma-{k}", 0.0)) for k in (*KINDS, *MARKER_KINDS, TYPE_COUNT)},
+            random_state=int(config["random-state"]),
+            markers=bool(int(config.get("markers", 0))),
+            kmeans=kmeans,
+            public_basis=public_basis,
+            gated=public_basis and bool(int(config.get("gated", 0))),
+            branch_sigmas=tuple(float(config.get(f"sigma-kmeans-{name}", 0.0)) for name in BRANCHES),
+            unit="donor" if int(config.get("donor-unit", 0)) else "cell",
+        )
+
+
+def _split(epsilon: float, delta: float, kinds: tuple[str, ...], steps: int, accountant: str) -> ReleasePlan:
+    """Return the calibrated plan of these releases, the shares of :data:`SHARES` composed to (ε, δ).
+
+    One σ search per release (:meth:`~dpsc.privacy.ReleasePlan.calibrate`).
+    """
+    parts = _markers.FOCUSED_SHARES
+    total = sum(parts.values())
+    shares = {**SHARES, **{kind: MARKERS_SHARE * parts[part] / total for kind, part in MARKER_PARTS.items()}}
+    shares[TYPE_COUNT] = _type_gate.COUNT_SHARE * SHARES["kmeans"]
+    releases = [PlannedRelease(k, share=shares[k], steps=steps if k == "kmeans" else 1) for k in kinds]
+    return ReleasePlan.of(*releases, accountant=accountant).calibrate(epsilon, delta)
+
+
+def plan_clustering(
+    epsilon: float | None,
+    delta: float,
+    *,
+    n_vars: int,
+    n_clusters: int,
+    n_obs: int | None = None,
+    n_genes: int | None = None,
+    random_state: int = 0,
+    accountant: str = "rdp",
+    markers: bool = False,
+    public_basis: PublicBasis | None = None,
+    public_start: bool | None = None,
+    gated: bool | None = None,
+    unit: str = "cell",
+) -> ClusterPlan:
+    """Split (ε, δ) over the releases by :data:`SHARES`, calibrate each σ once, choose the genes.
+
+    The number of genes the PCA reads is ``n_genes`` when given (a site checking a server's plan),
+    else :func:`genes_for` at the PCA's σ of a plan with gene selection. One calibration: a plan
+    over more than :data:`MIN_GENES` genes is calibrated with the gene selection, one σ search per
+    release; when it reads every gene, that release leaves the plan and its share goes to the
+    others (:meth:`~dpsc.privacy.ReleasePlan.without`: one common scale, no second σ search), as in
+    a fit's start (:func:`dpsc.model._dcan_privacy.start_parts`).
+    Reads no cell: ``n_obs`` (the number of cells, public) is needed when the matrix has more than
+    :data:`MIN_GENES` genes and there is noise. ``markers``: the plan ends with the release of each
+    cluster's marker statistics, its share :data:`MARKERS_SHARE` of the same (ε, δ).
+    ``public_basis``: genes and components from a public reference (:mod:`.public_basis`); the
+    whole ε goes to the k-means (and marker) releases, with no sketch release when the k-means
+    starts from public centroids (``public_start``; ``None``: when the basis holds a start).
+    ``gated``: the plan opens with the count that chooses between the type start and the sketch
+    (:mod:`.type_gate`; ``None``: when the basis holds a start with its types' radii); the plan
+    returned is the type start's branch (:meth:`ClusterPlan.branch`). ``unit``: what one
+    individual is, ``"cell"`` or ``"donor"``; the calibration is the same (every release keeps its
+    bound per donor, :func:`contribution` with weights), the plan states it.
+    """
+    if unit not in ("cell", "donor"):
+        raise ValueError(f"unit must be 'cell' or 'donor', got {unit!r}.")
+    extra = MARKER_KINDS if markers else ()
+    if public_basis is not None:
+        start = public_basis.start is not None if public_start is None else bool(public_start)
+        gate = start and public_basis.start_radii is not None if gated is None else bool(gated)
+        shape = (len(public_basis.genes), public_basis.n_comps)
+        plan = _plan_on_public_basis(
+            epsilon, delta, n_vars, n_clusters, shape, random_state, accountant, markers, start, gate
+        )
+        return replace(plan, unit=unit)
+    if n_vars < 3:
+        raise ValueError(f"A clustering needs at least 3 genes, got {n_vars}.")
+    steps = kmeans_steps(kmeans_plan())
+    sigmas = dict.fromkeys((*KINDS, *MARKER_KINDS), 0.0)
+    if epsilon is None:
+        n_genes = genes_for(0, 0.0, n_vars) if n_genes is None else n_genes
+    else:
+        if n_vars > MIN_GENES and n_genes is None and n_obs is None:
+            raise ValueError("plan_clustering needs n_obs (the number of cells) to choose the genes.")
+        split = _split(float(epsilon), delta, (*_kinds(n_vars, n_genes), *extra), steps, accountant)
+        if n_genes is None:
+            n_genes = genes_for(n_obs or 0, split.sigma("pca"), n_vars)
+        if n_genes == n_vars and "genes" in split:  # every gene read: no gene selection
+            split = split.without("genes")  # its share goes to the rest, with no second σ search
+        sigmas.update(split.sigmas)
+    if not 3 <= n_genes <= n_vars:
+        raise ValueError(f"A clustering reads between 3 and {n_vars} genes, got {n_genes}.")
+    return ClusterPlan.of(
+        epsilon,
+        delta,
+        n_vars=n_vars,
+        n_clusters=n_clusters,
+        n_genes=n_genes,
+        sigmas=sigmas,
+        random_state=random_state,
+        markers=markers,
+        accountant=accountant,
+        unit=unit,
+    )
+
+
+def _plan_on_public_basis(
+    epsilon: float | None,
+    delta: float,
+    n_vars: int,
+    n_clusters: int,
+    shape: tuple[int, int],
+    random_state: int,
+    accountant: str,
+    markers: bool,
+    public_start: bool,
+    gated: bool = False,
+) -> ClusterPlan:
+    """Return the plan of a clustering on public genes and loadings (``shape``: genes × components).
+
+    The k-means (and marker) releases only; a ``gated`` plan opens with the count that chooses the
+    start: each branch (the type start's k-means, the sketch's) is calibrated with the count and the
+    markers to (ε, δ), and every release but the k-means gets the larger of its two σ
+    (:mod:`.type_gate`: either branch then spends at most (ε, δ); its k-means σ is kept per branch).
+    """
+    kinds = (*((TYPE_COUNT,) if gated else ()), "kmeans", *marker_kinds(markers, epsilon is not None, True))
+    kmeans = kmeans_plan(public_start)  # public starting centroids: no sketch release
+    sigmas = dict.fromkeys((*KINDS, *MARKER_KINDS, TYPE_COUNT), 0.0)
+    branch_sigmas = (0.0, 0.0)
+    if epsilon is not None and gated:  # each branch calibrated; every release but its k-means serves both
+        splits = [
+            _split(float(epsilon), delta, kinds, kmeans_steps(kmeans_plan(b == "types")), accountant)
+            for b in BRANCHES
+        ]
+        sigmas.update({kind: max(split.sigma(kind) for split in splits) for kind in kinds})
+        branch_sigmas = tuple(split.sigma("kmeans") for split in splits)
+        sigmas["kmeans"] = branch_sigmas[0 if public_start else 1]
+    elif epsilon is not None:
+        sigmas.update(_split(float(epsilon), delta, kinds, kmeans_steps(kmeans), accountant).sigmas)
+    return ClusterPlan.of(
+        epsilon,
+        delta,
+        n_vars=n_vars,
+        n_clusters=n_clusters,
+        n_genes=shape[0],
+        n_comps=shape[1],
+        sigmas=sigmas,
+        random_state=random_state,
+        kmeans=kmeans,
+        markers=markers,
+        accountant=accountant,
+        public_basis=True,
+        gated=gated,
+        branch_sigmas=branch_sigmas,
+    )
