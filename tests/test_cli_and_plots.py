@@ -282,6 +282,9 @@ def test_privacy_utility_plot(tmp_path):
     assert list(line.get_xdata()) == [1.0, 8.0]
     assert np.allclose(line.get_ydata(), [0.15, 0.55])
     assert any(np.allclose(h.get_ydata(), 0.7) for h in ax.lines[1:])
+    ax.figure.canvas.draw()
+    assert [label.get_text() for label in ax.get_xticklabels()] == ["1", "8"]  # the asked ε, plainly
+    assert not any(label.get_text() for label in ax.get_xticklabels(minor=True))
     dpsc.pl.privacy_utility(df, save=tmp_path / "pu.png", show=False)
     assert (tmp_path / "pu.png").exists()
     with pytest.raises(KeyError, match="lacks column"):

@@ -334,3 +334,42 @@ def test_pp_per_donor_records_the_unit_and_one_cell_donors_equal_the_cell_level_
             for group in per_cell.uns[key]["names"].dtype.names:
                 assert list(per_donor.uns[key]["names"][group]) == list(per_cell.uns[key]["names"][group])
         assert dpsc.privacy.spent(per_donor).unit == "donor"
+
+
+def test_the_runs_make_every_registered_kind_with_the_size_and_sensitivity_of_its_schedule(
+    small_adata, pbmc_full
+):
+    """Each kind of :data:`dpsc.methods.release_kinds.REGISTRY` states its schedule steps and its
+    release apart: a run's every request is released with its scheduled step's d and Δ, and the two
+    runs of the sensitivity tests above (plain and on a gated reference, with markers) make every
+    registered kind, so those tests cover any kind the registry adds."""
+    from dpsc.methods.release_kinds import REGISTRY
+
+    reference, private = reference_pair(pbmc_full)
+    _, basis = reference_basis(reference, "cell_type", private, "test", markers=True, n_clusters=6)
+    runs = [
+        (
+            small_adata,
+            plan_clustering(
+                8.0, 1e-5, n_vars=small_adata.n_vars, n_clusters=3, n_obs=12, n_genes=150, markers=True
+            ),
+            None,
+        ),
+        (
+            private,
+            plan_clustering(8.0, 1e-5, n_vars=private.n_vars, n_clusters=6, public_basis=basis, markers=True),
+            basis,
+        ),
+    ]
+    made = set()
+    for adata, plan, start in runs:
+        schedules = (
+            {branch: plan.branch(branch).schedule() for branch in ("types", "sketch")} if plan.gated else {}
+        )
+        for request in requests_of(plan, adata.X, None, start):
+            step = (schedules.get(request.branch) or plan.schedule())[request.index]
+            release = request.release(adata.n_vars)
+            assert release.sensitivity == step.sensitivity, request.kind
+            assert release.size <= step.size and (request.kind == "marker_focus" or release.size == step.size)
+            made.add(request.kind)
+    assert made == set(REGISTRY)

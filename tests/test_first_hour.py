@@ -111,7 +111,8 @@ def test_backed_with_copy_and_sparse_dask_chunks_work(small_adata, tmp_path):
     path = tmp_path / "cells.h5ad"
     small_adata.write_h5ad(path)
     backed = ad.read_h5ad(path, backed="r")
-    out = dpsc.tl.cluster(backed, 3, copy=True)
+    with pytest.warns(UserWarning, match=r"copy=True reads the backed file's X \(300 × \d+\) into memory"):
+        out = dpsc.tl.cluster(backed, 3, copy=True)
     assert "dp_cluster" in out.obs and "dp_cluster" not in backed.obs
     da = pytest.importorskip("dask.array")
     lazy = small_adata.copy()

@@ -33,13 +33,22 @@ def result_target(adata: Any, copy: bool) -> Any:
     """Return where a call writes its results: ``adata``, or (``copy=True``) a copy in memory.
 
     A backed AnnData is copied into memory, its ``X`` read whole (anndata's ``copy`` of a backed
-    object needs a file name, and its ``to_memory`` closes the file the call still reads).
+    object needs a file name, and its ``to_memory`` closes the file the call still reads); a
+    warning says so, with the call that keeps ``X`` on disk.
     """
     if not copy:
         return adata
     if not getattr(adata, "isbacked", False):
         return adata.copy()
     import copy as copying
+
+    warnings.warn(
+        f"copy=True reads the backed file's X ({adata.n_obs} × {adata.n_vars}) into memory for the copy. "
+        "To keep X on disk, call without copy=True: the results go into this AnnData's annotations "
+        "(obs, obsm, uns), as scanpy does in place.",
+        UserWarning,
+        stacklevel=3,
+    )
 
     X = adata.X[:]
     return ad.AnnData(

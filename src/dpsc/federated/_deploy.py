@@ -4,8 +4,8 @@
 components are :mod:`dpsc.federated.pipeline_app`'s apps, submits it with ``flwr run`` and stops the
 SuperLink when the run ends. ``dpsc federate site`` (:func:`run_site`) starts one SuperNode whose
 ``node_config`` names the site's own settings file, and answers its tasks with the ClientApp of its
-own installation, never with code from the server's bundle (:func:`~dpsc.federated.run_site`); it stops when the
-site has written its results (or refused), or at the timeout. Every process is bounded in time and stopped
+own installation, never with code from the server's bundle; it stops when the site has written its
+results (or refused), or at the timeout. Every process is bounded in time and stopped
 on exit. Without TLS certificates the processes run with Flower's ``--insecure`` (no encryption of
 the messages: loopback or a trusted network only); certificate files are passed through.
 """

@@ -21,8 +21,8 @@ What a site trusts, then: its own installation of dpsc and of Flower (the SecAgg
 settings and ledger file, and, in secure mode, that at least ``threshold`` of the summed sites add
 their noise share and do not collude with the server. It trusts nothing the server sends: the run
 configuration and every request are checked against the site's own plan and settings
-(:class:`~dpsc.federated.Site`). Flower's own FAB verification (``--trusted-entities``) accepts only bundles that
-Flower's hub signed, so it cannot serve a bundle built by a federation's own server; a dpsc site
+(:class:`~dpsc.federated.Site`). Flower's own FAB verification (``--trusted-entities``) accepts only
+bundles that Flower's hub signed, so it cannot serve a bundle built by a federation's own server; a dpsc site
 does not use it and refuses every other mode of running server code.
 """
 

@@ -30,6 +30,7 @@ from ..methods.clustering import ClusterResult, run_clustering
 from ..methods.kmeans import Assignment
 from ..methods.markers import MarkerFrame
 from ..methods.public_basis import PublicBasis, same_basis
+from ..methods.release_kinds import REGISTRY
 from ._requires import require_flwr
 from ._rounds import RoundResult, plain_round, read_request, reply_content, secure_round
 from ._run_config import run_settings
@@ -154,10 +155,12 @@ def describe_basis(
 
 
 # requests without a gene list
-NO_GENES = ("genes", "marker_center", "marker_norms", "marker_focus_norms", "type_count")
-WITH_LOADINGS = ("pca", "kmeans", "markers", "marker_focus")  # requests that carry loadings
-WITH_FRAME = ("marker_norms", "markers", "marker_focus_norms", "marker_focus")  # ... a marker frame
-FOCUSED = ("marker_focus_norms", "marker_focus")  # ... the focused marker table's genes
+#: What each kind's request carries on the wire, from the registry (``REGISTRY[kind].carries``).
+NO_GENES = tuple(name for name, kind in REGISTRY.items() if "genes" not in kind.carries)
+WITH_LOADINGS = tuple(name for name, kind in REGISTRY.items() if "loadings" in kind.carries)
+WITH_FRAME = tuple(name for name, kind in REGISTRY.items() if "frame" in kind.carries)
+WITH_ASSIGNMENT = tuple(name for name, kind in REGISTRY.items() if "assignment" in kind.carries)
+FOCUSED = tuple(name for name, kind in REGISTRY.items() if "columns" in kind.carries)
 
 
 #: The names of :func:`marker_arrays`' arrays (as the server saves them).
@@ -218,7 +221,7 @@ def _request(config: dict[str, Any], arrays: list[np.ndarray]) -> Request:
         assignment = None
         if kind in WITH_LOADINGS and (np.ndim(loadings) != 2 or np.shape(loadings)[0] != len(genes)):
             raise ValueError(f"loadings of shape {np.shape(loadings)} for {len(genes)} genes")
-        if kind in ("kmeans", "markers", "marker_focus"):
+        if kind in WITH_ASSIGNMENT:
             assignment = Assignment(str(config["assignment"]), np.asarray(matrix, dtype=np.float64))
         columns = None
         if kind in FOCUSED:

@@ -150,7 +150,7 @@ def ledger_for(settings: SiteSettings) -> FileLedger:
 
 
 def run_fallback_epsilon(plan: ClusterPlan, mode: str, threshold: int) -> float | None:
-    """Return a site's ε for the run should the other sites of the threshold collude (the site's trust rules)."""
+    """Return a site's ε for the run should the other sites of the threshold collude."""
     if plan.epsilon is None:
         return None
     return fallback_epsilon(plan.history(), plan.delta, threshold if mode == "secure" else 1)

@@ -93,20 +93,6 @@ MAX_PUBLIC_VALUE = 1e6
 ORTHONORMAL_TOL = 1e-6
 
 
-RELEASE_NAMES = {
-    "genes": "gene statistics",
-    "sum": "cell sum",
-    "pca": "second moment",
-    "kmeans": "k-means table",
-    "marker_center": "marker centre",
-    "marker_norms": "marker norms",
-    "markers": "marker statistics",
-    "marker_focus_norms": "focused marker norms",
-    "marker_focus": "focused marker statistics",
-    "type_count": "cells within a reference type",
-}
-
-
 def marker_kinds(markers: bool, private: bool, public_center: bool = False) -> tuple[str, ...]:
     """Return the marker releases a clustering makes (none without markers; some with noise only).
 

@@ -15,9 +15,7 @@ import numpy as np
 
 from ..privacy import PlannedRelease, PlanSettings, ReleasePlan
 from . import cluster_design as design
-from . import hvg as _hvg
 from . import kmeans as _kmeans
-from . import markers as _markers
 from . import type_gate as _type_gate
 from .cluster_design import (
     BRANCHES,
@@ -25,10 +23,7 @@ from .cluster_design import (
     KINDS,
     KMEANS_PLAN,
     MARKER_KINDS,
-    MARKER_PARTS,
-    MARKERS_SHARE,
     MIN_GENES,
-    SHARES,
     TYPE_COUNT,
     _kinds,
     genes_for,
@@ -39,6 +34,7 @@ from .cluster_design import (
 )
 from .cluster_requests import ReleaseStep
 from .public_basis import PublicBasis
+from .release_kinds import REGISTRY
 
 
 @dataclass(frozen=True)
@@ -246,40 +242,7 @@ class ClusterPlan(PlanSettings):
         release of :attr:`releases` (its σ is that release's), and the schedule holds exactly each
         release's planned number of steps, so what a site serves is what the plan accounts for.
         """
-        k, m, d = self.kmeans, self.coreset_size, self.n_comps
-        entries: list[tuple] = []
-        if self.gated:
-            entries.append((TYPE_COUNT, 2, _type_gate.SENSITIVITY, None, 0, 0))
-        if self.select_genes:
-            entries.append(("genes", 2 * self.n_vars + 1, _hvg.SENSITIVITY, None, 0, 0))
-        if not self.public_basis:
-            entries.append(("sum", self.n_genes, 1.0, None, 0, 0))
-            entries.append(("pca", self.n_genes * (self.n_genes + 1) // 2, 1.0, None, 0, 1))
-        sensitivity = _kmeans.table_sensitivity(CLIP_NORM, k["count_scale"])
-        sketch_rows = 2**self.sketch_bits
-        for _ in range(k["n_sketch_steps"]):
-            entries.append(("kmeans", sketch_rows * (d + 1), sensitivity, "sketch", sketch_rows, d))
-        refine = int(k.get("refine_rounds", 0))
-        for _ in range((k["n_lloyd_rounds"] - refine) * k["steps_per_round"]):
-            entries.append(("kmeans", m * (d + 1), sensitivity, "nearest", m, d))
-        for _ in range(refine * k["steps_per_round"]):
-            rows = self.n_clusters
-            entries.append(("kmeans", rows * (d + 1), sensitivity, "nearest", rows, d))
-        if self.markers:
-            table = _markers.MarkerTable(self.n_clusters, self.n_vars)
-            if "marker_center" in self.marker_kinds:  # else the public reference's centre
-                entries.append(("marker_center", self.n_vars + 1, 1.0, None, 0, 0))
-            if "marker_norms" in self.marker_kinds:
-                norms = _markers.norm_release(0.0)
-                entries.append(("marker_norms", norms.size, norms.sensitivity, None, 0, 0))
-            entries.append(
-                ("markers", self.n_clusters * table.width, table.sensitivity, "nearest", self.n_clusters, d)
-            )
-            if "marker_focus" in self.marker_kinds:  # at most FOCUS_GENES genes per cluster
-                width = 3 * min(self.n_vars, self.n_clusters * _markers.FOCUS_GENES) + 1
-                rows = self.n_clusters
-                entries.append(("marker_focus_norms", norms.size, norms.sensitivity, None, rows, 0))
-                entries.append(("marker_focus", rows * width, table.sensitivity, "nearest", rows, d))
+        entries = [(kind, *step) for kind in self.kinds for step in REGISTRY[kind].steps(self)]
         steps = tuple(
             ReleaseStep(
                 index,
@@ -366,15 +329,13 @@ class ClusterPlan(PlanSettings):
 
 
 def _split(epsilon: float, delta: float, kinds: tuple[str, ...], steps: int, accountant: str) -> ReleasePlan:
-    """Return the calibrated plan of these releases, the shares of :data:`SHARES` composed to (ε, δ).
+    """Return the calibrated plan of these releases, their kinds' shares composed to (ε, δ).
 
     One σ search per release (:meth:`~dpsc.privacy.ReleasePlan.calibrate`).
     """
-    parts = _markers.FOCUSED_SHARES
-    total = sum(parts.values())
-    shares = {**SHARES, **{kind: MARKERS_SHARE * parts[part] / total for kind, part in MARKER_PARTS.items()}}
-    shares[TYPE_COUNT] = _type_gate.COUNT_SHARE * SHARES["kmeans"]
-    releases = [PlannedRelease(k, share=shares[k], steps=steps if k == "kmeans" else 1) for k in kinds]
+    releases = [
+        PlannedRelease(k, share=REGISTRY[k].share, steps=steps if k == "kmeans" else 1) for k in kinds
+    ]
     return ReleasePlan.of(*releases, accountant=accountant).calibrate(epsilon, delta)
 
 

@@ -13,21 +13,15 @@ from typing import Any
 import numpy as np
 
 from ..privacy import GaussianSum, PlannedRelease
-from . import hvg as _hvg
 from . import kmeans as _kmeans
 from . import markers as _markers
-from . import pca as _pca
-from . import type_gate as _type_gate
 from .cluster_design import (
-    CLIP_NORM,
-    KINDS,
     KMEANS_PLAN,
     MAX_PUBLIC_VALUE,
     ORTHONORMAL_TOL,
-    RELEASE_NAMES,
-    TYPE_COUNT,
 )
 from .public_basis import MIN_SCALE, PublicBasis
+from .release_kinds import kind_of
 
 
 class ScheduleError(ValueError):
@@ -84,7 +78,7 @@ class ReleaseStep:
         size = self.size
         if self.kind == "marker_focus" and columns is not None:
             size = self.rows * (3 * len(columns) + 1)
-        return GaussianSum(RELEASE_NAMES[self.kind], size, self.sensitivity, self.sigma)
+        return GaussianSum(kind_of(self.kind).words, size, self.sensitivity, self.sigma)
 
     def check(self, request: Request, n_vars: int, n_genes: int) -> None:
         r"""Raise :class:`ScheduleError` unless ``request`` is this release with public inputs in bounds.
@@ -105,15 +99,15 @@ class ReleaseStep:
                 f"release {self.index} ({self.kind}) asks for noise multiplier {request.sigma!r}; the plan's "
                 f"is {self.sigma!r}"
             )
-        if self.kind in ("genes", "marker_center", TYPE_COUNT):  # a site counts in its own basis
+        carries = kind_of(self.kind).carries
+        if not carries:  # a site counts in its own basis
             return
         n_columns = n_vars
-        if self.kind in ("marker_focus_norms", "marker_focus"):
+        if "columns" in carries:
             n_columns = _check_focus_genes(request.columns, n_vars, self.rows * _markers.FOCUS_GENES)
-        if self.kind in ("marker_norms", "markers", "marker_focus_norms", "marker_focus"):
-            bounds = self.kind in ("markers", "marker_focus")
-            _check_frame(request.frame, n_columns, bounds=bounds)
-        if self.kind in ("marker_norms", "marker_focus_norms"):
+        if "frame" in carries:  # a table (it carries an assignment) needs the released bounds too
+            _check_frame(request.frame, n_columns, bounds="assignment" in carries)
+        if "genes" not in carries:
             return
         _check_gene_list(request.genes, n_vars, n_genes)
         if self.width:
@@ -246,24 +240,5 @@ class Request:
         return _markers.MarkerTable(rows, len(self.columns), self.frame, columns=np.asarray(self.columns))
 
     def release(self, n_vars: int, count_scale: float = KMEANS_PLAN["count_scale"]) -> GaussianSum:
-        """Return the :class:`GaussianSum` this request's sum is released with."""
-        if self.kind == "genes":
-            return _hvg.gene_statistics_release(n_vars, self.sigma)
-        if self.kind == "sum":
-            return _pca.cell_sum_release(len(self.genes), self.sigma)
-        if self.kind == "pca":
-            return _pca.second_moment_release(len(self.genes), self.sigma)
-        if self.kind == "kmeans":
-            d = self.loadings.shape[1]
-            return _kmeans.table_release(self.assignment.n_rows, d, CLIP_NORM, count_scale, self.sigma)
-        if self.kind == "marker_center":
-            return _markers.center_release(n_vars, self.sigma)
-        if self.kind == "marker_norms":
-            return _markers.norm_release(self.sigma)
-        if self.kind == "marker_focus_norms":
-            return _markers.norm_release(self.sigma)
-        if self.kind in ("markers", "marker_focus"):
-            return _markers.marker_release(self.marker_table(n_vars), self.sigma)
-        if self.kind == TYPE_COUNT:
-            return GaussianSum(RELEASE_NAMES[TYPE_COUNT], 2, _type_gate.SENSITIVITY, self.sigma)
-        raise ValueError(f"Unknown release {self.kind!r}; the clustering has {KINDS}.")
+        """Return the :class:`GaussianSum` this request's sum is released with (its kind's)."""
+        return kind_of(self.kind).release(self, n_vars, count_scale)

@@ -53,10 +53,11 @@ from . import kmeans as _kmeans
 from . import markers as _markers
 from . import pca as _pca
 from . import type_gate as _type_gate
-from .cluster_design import CLIP_NORM, KINDS, KMEANS_PLAN, TYPE_COUNT
+from .cluster_design import CLIP_NORM, KMEANS_PLAN, TYPE_COUNT
 from .cluster_plan import ClusterPlan
 from .cluster_requests import ReleaseStep, Request
 from .public_basis import PublicBasis
+from .release_kinds import cell_points, kind_of
 
 
 def contribution(
@@ -82,45 +83,8 @@ def contribution(
 def _rows_contribution(
     request: Request, count_scale: float, matrix: Any, weights: np.ndarray | None = None
 ) -> np.ndarray:
-    """:func:`contribution` over rows held in memory (or backed), weighted as it says."""
-    if request.kind == "kmeans":
-        points = cell_points(matrix, request.genes, request.loadings, request.basis)
-        return _kmeans.kmeans_table(points, request.assignment, CLIP_NORM, count_scale, weights=weights)
-    if request.kind == TYPE_COUNT:  # each cell's point against the public start and its types' radii
-        basis = request.basis
-        points = cell_points(matrix, None, None, basis)
-        return _type_gate.inside_counts(points, basis.start, basis.start_radii, weights)
-    if request.kind == "genes":
-        return _hvg.gene_sums(matrix, True, _hvg.DEFAULT_SQUARE_CLIP, weights)
-    if request.kind == "sum":
-        return _pca.cell_sum(matrix, True, columns=request.genes, weights=weights)
-    if request.kind == "pca":
-        return _pca.upper(_pca.second_moment(matrix, True, request.genes, request.loadings, weights))
-    if request.kind == "marker_center":
-        return _markers.center_sum(matrix, weights)
-    if request.kind in ("marker_norms", "marker_focus_norms"):
-        return _markers.norm_histograms(matrix, request.frame.center, request.columns, weights)
-    if request.kind in ("markers", "marker_focus"):  # each cell's cluster: its nearest released centroid
-        points = cell_points(matrix, request.genes, request.loadings, request.basis)
-        labels = _kmeans.nearest_centroid(points, request.assignment.matrix, "euclidean")
-        return _markers.group_table(matrix, labels, request.marker_table(matrix.shape[1]), weights)
-    raise ValueError(f"Unknown release {request.kind!r}; the clustering has {KINDS}.")
-
-
-def cell_points(
-    matrix: Any, genes: np.ndarray, loadings: np.ndarray, basis: PublicBasis | None = None
-) -> np.ndarray:
-    r"""Each cell's k-means point: :math:`x_i = (w\,z_i^\top u,\ z_i^\top v_1, …) / \lVert\cdot\rVert_2`.
-
-    The projection on the released loadings with the mean direction's coordinate weighted by
-    :data:`MEAN_WEIGHT`, scaled to unit norm (cosine; a map of each cell alone). With a public
-    ``basis``: its point :math:`p_i` (:mod:`.public_basis`; norm at most 1).
-    """
-    if basis is not None:
-        return np.asarray(basis.points(matrix))
-    weights = np.ones(loadings.shape[1])
-    weights[0] = design.MEAN_WEIGHT  # a module attribute: the benchmarks set the design's constants
-    return _kmeans.kmeans_points(_pca.project(matrix, loadings * weights, True, columns=genes), "cosine")
+    """:func:`contribution` over rows held in memory (or backed): the request's kind's sum."""
+    return kind_of(request.kind).rows_sum(request, count_scale, matrix, weights)
 
 
 @dataclass

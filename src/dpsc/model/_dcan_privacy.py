@@ -33,7 +33,6 @@ from ..methods.cluster_design import (
     BRANCHES,
     KINDS,
     MIN_GENES,
-    SHARES,
     TYPE_COUNT,
     genes_for,
     kmeans_plan,
@@ -41,6 +40,7 @@ from ..methods.cluster_design import (
 )
 from ..methods.cluster_plan import ClusterPlan
 from ..methods.public_basis import PublicBasis
+from ..methods.release_kinds import REGISTRY
 from ..optim import DEFAULT_PRIVATE_LRS, check_optimizer
 from ..privacy import (
     DonorRows,
@@ -500,9 +500,9 @@ def start_parts(
     epsilon = settings.epsilon
     steps = kmeans_steps(kmeans_plan())
     kinds = KINDS if n_vars > MIN_GENES else KINDS[1:]
-    total = sum(SHARES[k] for k in kinds)
+    total = sum(REGISTRY[k].share for k in kinds)
     releases = [
-        PlannedRelease(k, share=START_SHARE * SHARES[k] / total, steps=steps if k == "kmeans" else 1)
+        PlannedRelease(k, share=START_SHARE * REGISTRY[k].share / total, steps=steps if k == "kmeans" else 1)
         for k in kinds
     ]
     releases.append(

@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from matplotlib.axes import Axes
+from matplotlib.ticker import NullFormatter
 
 from ._utils import finish, get_ax
 
@@ -62,6 +63,9 @@ def privacy_utility(
         if len(public):
             target.axhline(public[y].mean(), color=color, ls="--", lw=1, label=f"{name} (non-private)")
     target.set_xscale("log")
+    asked = np.unique(df[x][np.isfinite(df[x])])  # one plain label per asked ε, no log-scale minor labels
+    target.set_xticks(asked, [f"{value:g}" for value in asked])
+    target.xaxis.set_minor_formatter(NullFormatter())
     target.set_xlabel("ε")
     target.set_ylabel(y.upper() if len(y) <= 4 else y)
     target.legend(fontsize=7, frameon=False)
