@@ -4,9 +4,9 @@ Submodules load on first use (``dpsc.tl``, ``dpsc.pl``, …), so ``import dpsc``
 command line's ``--help`` stay fast; torch and scvi-tools are imported only when needed.
 """
 
-from importlib import import_module
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any
+
+from .privacy import lazy_exports
 
 try:
     __version__ = version("dpsc")
@@ -31,14 +31,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    """Import the submodule ``dpsc.<name>`` on first access (PEP 562)."""
-    if name in __all__:
-        module = import_module(f".{name}", __name__)
-        globals()[name] = module
-        return module
-    raise AttributeError(f"module 'dpsc' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *__all__])
+__getattr__, __dir__ = lazy_exports(__name__, {name: f".{name}" for name in __all__}, globals())

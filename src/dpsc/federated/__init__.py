@@ -4,8 +4,7 @@ Submodules load on first use, so that a site's per-message ClientApp process imp
 federated clustering's light path (not torch or Opacus).
 """
 
-from importlib import import_module
-from typing import Any
+from ..privacy import lazy_exports
 
 #: What users call (docs/api.md, "Federated learning"): a site and a server, the FedSC federation
 #: (deployed or simulated) and its settings.
@@ -49,14 +48,4 @@ _WHERE = {**_USER, **_BUILDING_BLOCKS}
 __all__ = sorted(_WHERE, key=str.lower)
 
 
-def __getattr__(name: str) -> Any:
-    """Import the submodule that defines ``name`` on first access (PEP 562)."""
-    if name in _WHERE:
-        value = getattr(import_module(_WHERE[name], __name__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'dpsc.federated' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_WHERE])
+__getattr__, __dir__ = lazy_exports(__name__, _WHERE, globals())

@@ -8,8 +8,7 @@ the cells' ledger through :func:`spending`. The analyses built on these releases
 PCA, k-means, the clustering, markers, public references) live in :mod:`dpsc.methods`.
 """
 
-from importlib import import_module
-from typing import Any
+from ._lazy import lazy_exports
 
 #: What users call (docs/api.md, "Privacy"): budgets, ledgers and records, the noise source, the
 #: release shapes, the plan, the DP-SGD engine.
@@ -45,6 +44,7 @@ _USER = {
 #: (a cell or a donor, and each cell's donor weight), the Poisson step counts, derived keys, and the
 #: process group of a data-parallel fit.
 _BUILDING_BLOCKS = {
+    "lazy_exports": "._lazy",
     "broadcast_from_rank_zero": "._distributed",
     "check_within_budget": "._ledger",
     "COMMON_NOT_COVERED": "._record",
@@ -86,14 +86,4 @@ _WHERE = {**_USER, **_BUILDING_BLOCKS}
 __all__ = sorted(_WHERE, key=str.lower)
 
 
-def __getattr__(name: str) -> Any:
-    """Import the submodule that defines ``name`` on first access (PEP 562)."""
-    if name in _WHERE:
-        value = getattr(import_module(_WHERE[name], __name__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'dpsc.privacy' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_WHERE])
+__getattr__, __dir__ = lazy_exports(__name__, _WHERE, globals())
