@@ -177,3 +177,17 @@ def test_the_run_never_books_past_the_sites_epsilon_even_through_a_hole_in_the_p
     site = FakeSite(tmp_path, tenth)
     site.refuses(site.train, 1, match="for one run")
     assert site.entries() == []
+
+
+def test_both_federated_tasks_share_one_site_guard_and_its_words(tmp_path):
+    """FedSC's site and the clustering's are one guard (ledger, budget, caps, refusal words): a
+    second honest FedSC run on a ledger whose budget the first spent is refused with the words a
+    clustering site uses (what was spent, what is asked, the cap, and how to start a new ledger)."""
+    from dpsc.federated import Site
+    from dpsc.federated._guard import SiteGuard
+
+    assert issubclass(Site, SiteGuard) and issubclass(FedSCGuard, SiteGuard)
+    first = FakeSite(tmp_path, honest_run(), budget=8.0)
+    serve_honestly(first)
+    second = FakeSite(tmp_path, honest_run(), budget=8.0)
+    second.refuses(second.train, 1, match=r"budget refuses the run: its ledger .* epsilon left: 0.*--ledger")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import re
 import warnings
+from pathlib import Path
 
 import anndata as ad
 import matplotlib
@@ -199,3 +200,20 @@ def test_every_public_function_refuses_bad_input_before_booking_anything(small_a
         PUBLIC[name](adata, **BAD[bad])
     assert dpsc.privacy.spent(adata).epsilon == 0.0
     assert_same_uns(adata, before)
+
+
+@pytest.mark.slow
+def test_the_readme_snippets_total_spend_is_what_the_ledger_composes():
+    """The scanpy snippet's comments state the composed (ε, δ) after the markers and after the fit."""
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    stated = [(float(e), float(d)) for e, d in re.findall(r"\((\d+\.\d+), (\de-0\d)\)", readme)]
+    adata = dpsc.datasets.pbmc4k()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dpsc.tl.cluster(adata, n_clusters=8, epsilon=6)
+        dpsc.tl.rank_genes_groups(adata, "dp_cluster", epsilon=2)
+        after_markers = dpsc.privacy.spent(adata)
+        dpsc.tl.fit(adata, epsilon=8, progress_bar=False)
+    composed = [after_markers, dpsc.privacy.spent(adata)]
+    assert [(round(e, 2), d) for e, d in stated] == [(round(e, 2), pytest.approx(d)) for e, d in composed]

@@ -30,22 +30,20 @@ from typing import Any
 
 import numpy as np
 
+from .._validation import resolve_delta
 from ..methods.cluster_design import CLIP_NORM, KMEANS_PLAN, MAX_PUBLIC_VALUE
 from ..methods.kmeans import Assignment, kmeans_points, kmeans_release_steps, kmeans_table, table_release
 from ..privacy import (
-    BudgetExceededError,
-    MemoryLedger,
     NoiseSource,
     PlannedRelease,
     PrivacyRecord,
     ReleasePlan,
-    check_within_budget,
     ledger_entry,
     no_guarantee_record,
     plain_entry,
 )
-from ._site import SiteRefusal, SiteSettings
-from ._trust import run_cap_refusal
+from ._guard import SiteGuard, SiteRefusal
+from ._settings import SiteSettings
 
 TRAINING_SHARE = 0.9
 KMEANS_STEPS = kmeans_release_steps(
@@ -82,8 +80,11 @@ def kmeans_schedule(n_clusters: int, d: int) -> list[tuple[str, tuple[int, int]]
 
 
 @dataclass
-class FedSCGuard:
+class FedSCGuard(SiteGuard):
     """One site's checks and ledger for a FedSC run (module docstring).
+
+    Its ledger, budget, caps and refusal words are the one guard of every federated task
+    (:class:`~._guard.SiteGuard`).
 
     ``run`` is the run's state that Flower keeps for this site (JSON-able): the noise multipliers
     and schedule it accepted at its first round, the rounds and k-means releases served so far and
@@ -96,23 +97,9 @@ class FedSCGuard:
     run: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        from ._site import ledger_for
-        from ._trust import resolve_budget
-
-        self.ledger = ledger_for(self.settings)
-        if isinstance(self.ledger, MemoryLedger) and self.run.get("booked"):
-            self.ledger.adopt(self.run["booked"])  # one copy per simulation worker: this run's lines
-        budget = resolve_budget(self.settings, self.ledger)
-        self.cap = None if budget is None else {"epsilon": budget, "delta": -1.0}
-        self.noise = NoiseSource(self.settings.noise_seed)
-        self.delta = (
-            float(self.settings.delta) if self.settings.delta is not None else min(1e-5, 0.1 / self.n_cells)
-        )
-
-    @property
-    def private(self) -> bool:
-        """Whether this site only serves private runs (it has an ε)."""
-        return self.settings.epsilon is not None
+        SiteGuard.__init__(self, self.settings)
+        self.adopt(self.run.get("booked", []))  # one ledger copy per simulation worker: this run's lines
+        self.delta = resolve_delta(self.settings.delta, self.n_cells)
 
     def refuse_statistics(self) -> None:
         """Return an exact statistic of the cells (FedSC's pooled gene sums) is refused under DP."""
@@ -164,10 +151,7 @@ class FedSCGuard:
                 )
         served_plan = own.with_sigmas(delta=self.delta, training=float(served), kmeans=float(kmeans_served))
         planned = self._record(served_plan.history(), "run")
-        try:
-            check_within_budget(self.ledger.entries(), ledger_entry(planned, "run", "planned"), self.cap)
-        except BudgetExceededError as err:
-            raise SiteRefusal(f"This site's budget refuses the run: {err}") from None
+        self.check_run_budget(ledger_entry(planned, "run", "planned"))
         return float(served), float(kmeans_served)
 
     def start(self, run: dict[str, Any], partition: int, sample_rate: float, steps_per_epoch: int) -> None:
@@ -248,14 +232,7 @@ class FedSCGuard:
         record.delta = self.delta * share_of_delta
         line = plain_entry(ledger_entry(record, key, "sent"))
         booked = self.run.setdefault("booked", [])
-        over = run_cap_refusal(booked, line, self.delta, self.settings.epsilon)
-        if over is not None:
-            raise SiteRefusal(f"This site refuses the {key}: {over}. Nothing was sent.")
-        pending = self.delta - sum(float(entry["delta"]) for entry in [*booked, line])
-        try:
-            self.ledger.reserve(line, cap=self.cap, pending_delta=pending)
-        except BudgetExceededError as err:
-            raise SiteRefusal(f"This site's budget refuses the release: {err}") from None
+        self.book_line(line, booked, self.delta, f"the {key}")
         booked.append(line)
 
     def kmeans_table(

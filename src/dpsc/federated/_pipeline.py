@@ -31,12 +31,13 @@ from ..methods.kmeans import Assignment
 from ..methods.markers import MarkerFrame
 from ..methods.public_basis import PublicBasis, same_basis
 from ..methods.release_kinds import REGISTRY
+from ._guard import data_identity
 from ._requires import require_flwr
 from ._rounds import RoundResult, plain_round, read_request, reply_content, secure_round
 from ._run_config import run_settings
 from ._secagg import LIMBS, from_digit_means, to_digits, use_secure_masks
 from ._simulation import ray_session, shared, simulate
-from ._site import MODES, Site, SiteRefusal, SiteSettings, data_identity
+from ._site import MODES, Site, SiteRefusal, SiteSettings
 
 SECURE_MARK = "dpsc-secagg"
 RUN_STATE = "dpsc-site-run"  # what a site remembers between the messages of one run

@@ -78,28 +78,21 @@ from ..methods.cluster_requests import Request, ScheduleError
 from ..methods.clustering import contribution
 from ..methods.public_basis import PublicBasis, same_basis
 from ..privacy import (
-    BudgetExceededError,
-    FileLedger,
-    MemoryLedger,
     NoiseSource,
     PrivacyRecord,
     PrivacyUnit,
-    check_within_budget,
-    compose,
     donor_weights,
     ledger_entry,
     plain_entry,
 )
+from ._guard import SiteGuard, SiteRefusal
 from ._settings import SiteSettings
 from ._simulation import is_shared, resolve_shared
 from ._trust import (
-    budget_source,
     fallback_caps,
     fallback_epsilon,
     fallback_history,
     ledger_fallback_epsilon,
-    resolve_budget,
-    run_cap_refusal,
 )
 
 MODES = ("secure", "plain")
@@ -116,37 +109,6 @@ def _release_epsilon(sigma: float, delta: float) -> float:
 
 
 _EPSILONS: dict[tuple[float, float], float] = {}
-
-
-class SiteRefusal(ValueError):
-    """A site refuses a request: the message says why; nothing was sent or booked."""
-
-
-#: Simulated sites' ledgers in this process, by the Ray reference of their cells (unique per run).
-_MEMORY_LEDGERS: dict[str, MemoryLedger] = {}
-
-
-def data_identity(value: Any) -> str:
-    """Name a site's in-memory cells by the object they are (a Ray reference by its id)."""
-    if is_shared(value):
-        return f"ray:{value.hex()}"
-    return f"{type(value).__name__}@{id(value)}"
-
-
-def ledger_for(settings: SiteSettings) -> FileLedger:
-    """Return the site's ledger: its file, or (cells in memory, no file named) one kept in memory.
-
-    A simulated site's messages may each build a new site object in the same worker process, so
-    the ledger of cells shared through Ray is kept by their reference (unique for the run); cells
-    held directly get a ledger of their own (an object id can be reused once the object is gone).
-    Several worker processes may answer one site's messages: the run's bookings also travel with
-    the run's state (:meth:`Site.contribute`), and each worker's copy adopts them.
-    """
-    if settings.ledger is not None:
-        return FileLedger(settings.ledger)
-    if not is_shared(settings.data):
-        return MemoryLedger()
-    return _MEMORY_LEDGERS.setdefault(data_identity(settings.data), MemoryLedger())
 
 
 def run_fallback_epsilon(plan: ClusterPlan, mode: str, threshold: int) -> float | None:
@@ -250,17 +212,19 @@ def run_signature(plan: ClusterPlan, mode: str, threshold: int, n_sites: int, re
     return json.dumps({**plan.to_config(), **trust}, sort_keys=True)
 
 
-class Site:
-    """One site's cells, settings and ledger; answers release requests (module docstring)."""
+class Site(SiteGuard):
+    """One site's cells, settings and ledger; answers release requests (module docstring).
+
+    Its ledger, budget, caps and refusal words are the one guard of every federated task
+    (:class:`~._guard.SiteGuard`).
+    """
 
     def __init__(self, settings: SiteSettings) -> None:
-        self.settings = settings
         if not settings.in_memory:
             path = Path(settings.data)
             if not path.is_file():
                 raise FileNotFoundError(f"The site's data file {path} does not exist.")
-        self.ledger = ledger_for(settings)
-        self.budget = resolve_budget(settings, self.ledger)  # before reading a cell: fails fast
+        super().__init__(settings)  # the ledger and its budget, before reading a cell: fails fast
         self.adata = resolve_shared(settings.data) if settings.in_memory else ad.read_h5ad(path)
         self.matrix = get_matrix(self.adata, settings.layer)
         # the donor unit: each cell's weight 1/(its donor's cells here); local, never sent
@@ -268,7 +232,6 @@ class Site:
         self.weights = (
             None if settings.donor_key is None else donor_weights(self.adata, settings.donor_key, "site")
         )
-        self.noise = NoiseSource(settings.noise_seed)
         self.delta = resolve_delta(settings.delta, self.adata.n_obs)
         self._bases: dict[str, tuple[PublicBasis, PublicBasis]] = {}
         self._publics: dict[str, Any] = {}  # the site's own copy of each reference (records, names)
@@ -379,12 +342,8 @@ class Site:
             raise SiteRefusal("This site is configured for non-private runs only (epsilon = 'none').")
         self._check_calibration(plan, reference)
         planned = site_record(plan, mode, threshold, n_sites, self.n_obs, self.noise)
-        try:  # the budget first: a spent budget is the simplest true reason to refuse
-            check_within_budget(
-                self.ledger.entries(), ledger_entry(planned, "run", "planned"), self._budget()
-            )
-        except BudgetExceededError:
-            raise SiteRefusal(self._budget_message(planned.epsilon, "run")) from None
+        # the budget first: a spent budget is the simplest true reason to refuse
+        self.check_run_budget(ledger_entry(planned, "run", "planned"))
         if mode == "secure":
             self._check_trust(plan, threshold, n_sites)
 
@@ -471,34 +430,6 @@ class Site:
                 "plain mode, or raise max_fallback_epsilon (--max-fallback-epsilon) if the data owner agrees."
             )
 
-    def spent_words(self) -> str:
-        """Say what this site's ledger has spent and what its budget leaves, in ε."""
-        spent = compose(self.ledger.entries()).epsilon
-        if self.budget is None:
-            return f"This site's ledger has spent epsilon {spent:.3g} (no budget)."
-        return (
-            f"This site's ledger has spent epsilon {spent:.3g} of its {self.budget:.3g}; "
-            f"{max(self.budget - spent, 0.0):.3g} left."
-        )
-
-    def _budget(self) -> dict[str, float] | None:
-        return None if self.budget is None else {"epsilon": float(self.budget), "delta": -1.0}
-
-    def _budget_message(self, asked: float, what: str) -> str:
-        """Word a budget refusal in the data manager's terms: spent, asked, cap and its source."""
-        before = compose(self.ledger.entries()).epsilon
-        left = max(self.budget - before, 0.0)
-        where = self.settings.ledger or "in memory"
-        return (
-            f"This site's budget refuses the {what}: its ledger ({where}) has spent "
-            f"epsilon {before:.3g}, the {what} asks for {asked:.3g}, and the cap is {self.budget:.3g} "
-            f"({budget_source(self.settings, self.ledger)}); epsilon left: {left:.3g}. "
-            "Nothing was sent. Ask the server for a smaller epsilon, or raise the site's budget (budget in "
-            "its settings file, --budget with --raise-budget on the command line) if its data owner agrees. "
-            "A new study or a trial run starts from a new ledger file (ledger in the settings file, --ledger "
-            "on the command line); the old one keeps what was spent."
-        )
-
     # -- a release ---------------------------------------------------------------------------------
     def contribute(
         self,
@@ -519,8 +450,7 @@ class Site:
         """
         run_state = {} if run_state is None else run_state
         booked = run_state.setdefault("booked", [])  # this run's lines: its per-run caps compose them
-        if booked and isinstance(self.ledger, MemoryLedger):  # one copy per worker process: adopt
-            self.ledger.adopt(booked)  # this run's bookings made by other worker processes
+        self.adopt(booked)  # one ledger copy per worker process: this run's lines booked elsewhere
         signature = run_signature(plan, mode, threshold, n_sites, reference)
         if run_state.get("signature", signature) != signature:
             raise SiteRefusal(
@@ -641,16 +571,7 @@ class Site:
         line = ledger_entry(record, f"release {request.index}: {request.kind}", "sent")
         line["fallback_history"] = fallback_history(request.sigma, threshold if mode == "secure" else 1)
         fallback_cap = fallback_caps(self.settings, self.budget)[0] if mode == "secure" else None
-        over = run_cap_refusal(run_lines, plain_entry(line), self.delta, self.settings.epsilon, fallback_cap)
-        if over is not None:
-            raise SiteRefusal(
-                f"This site refuses release {request.index} ({request.kind}): {over}. Nothing was sent."
-            )
-        pending = plan.delta - sum(float(entry["delta"]) for entry in [*run_lines, line])
-        try:
-            self.ledger.reserve(line, cap=self._budget(), pending_delta=pending)
-        except BudgetExceededError:
-            raise SiteRefusal(self._budget_message(epsilon, "release")) from None
+        self.book_line(line, run_lines, plan.delta, f"release {request.index} ({request.kind})", fallback_cap)
         return line
 
     # -- the end of a run ------------------------------------------------------------------------------
