@@ -109,8 +109,11 @@ def blockwise_sum(matrix: Any, fn, *per_cell: np.ndarray):
     edges = np.cumsum((0, *matrix.chunks[0]))
     chunks = matrix.to_delayed()[:, 0]
     call = dask.delayed(_call, pure=True)
+    # ``fn`` (a release's request: genes, loadings, an assignment) is one node of the graph, hashed
+    # and sent once per release, not once per chunk: the client's work does not grow with the cells
+    shared = dask.delayed(fn, pure=True, traverse=False)
     parts = [
-        call(fn, chunk, *(a[lo:hi] for a in per_cell))
+        call(shared, chunk, *(a[lo:hi] for a in per_cell))
         for chunk, lo, hi in zip(chunks, edges[:-1], edges[1:], strict=True)
     ]
     add = dask.delayed(_add, pure=True)
