@@ -558,3 +558,55 @@ def test_an_atlas_format_reference_is_read_from_raw_and_matched_by_its_symbol_co
     assert "reference.raw.X" in said and "var['feature_name']" in said
     assert (plain.obs["dp_cluster"] == from_atlas.obs["dp_cluster"]).all()  # the same counts and genes
     assert list(plain.obs["dp_cluster_names"]) == list(from_atlas.obs["dp_cluster_names"])
+
+
+def test_the_basis_streams_over_the_reference_and_is_scanpys_recipe(pbmc_full, monkeypatch):
+    """The basis read in blocks of 256 cells equals scanpy's in-memory recipe on the whole matrix
+    (normalize_total to the median total, log1p, seurat HVG, scale, centred PCA): its memory is a
+    block's, not the reference's."""
+    import scanpy as sc
+    import scipy.sparse as sp
+
+    from dpsc.methods import public_basis
+
+    reference = sp.csr_matrix(pbmc_full.X[:2500])
+    genes = np.arange(reference.shape[1])
+    monkeypatch.setattr(public_basis, "BLOCK_VALUES", 256 * len(genes))  # 256 cells per block
+    basis = public_basis.basis_from_reference(reference, genes, genes, 1000, 16, 0.9)
+
+    cells = ad.AnnData(reference.astype(np.float64))
+    totals = np.asarray(reference.sum(1)).ravel()
+    sc.pp.normalize_total(cells, target_sum=float(np.median(totals)))
+    sc.pp.log1p(cells)
+    sc.pp.highly_variable_genes(cells, n_top_genes=1000, flavor="seurat")
+    kept = np.flatnonzero(cells.var["highly_variable"].to_numpy())
+    logged = cells.X[:, kept].toarray()
+    Y = np.clip((logged - logged.mean(0)) / logged.std(0), -10, 10)
+    _, _, Vt = np.linalg.svd(Y - Y.mean(0), full_matrices=False)
+    np.testing.assert_array_equal(basis.genes, kept)
+    np.testing.assert_allclose(basis.means, logged.mean(0), atol=1e-10)
+    np.testing.assert_allclose(np.abs(basis.loadings.T @ Vt[:16].T), np.eye(16), atol=1e-6)
+    norms = np.linalg.norm(Y @ basis.loadings, axis=1)
+    assert basis.radius == pytest.approx(np.quantile(norms, 0.9), rel=1e-9)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_gene_choice_from_moments_is_scanpys_seurat_flavour(seed):
+    """Genes never expressed, a bin of one gene and ties included."""
+    import scanpy as sc
+
+    from dpsc.methods.public_basis import seurat_top_genes
+
+    rng = np.random.default_rng(seed)
+    counts = rng.negative_binomial(1, rng.uniform(0.3, 0.99, 400), size=(300, 400)).astype(float)
+    counts[:, :7] = 0
+    counts[:, 7] = 50.0  # constant: dispersion 0
+    counts[0, 8] = 5000.0  # alone in the top bin of means
+    logged = np.log1p(counts)
+    cells = ad.AnnData(logged)
+    sc.pp.highly_variable_genes(cells, n_top_genes=60, flavor="seurat")
+    x = np.expm1(logged)
+    var = x.var(0, ddof=1)
+    np.testing.assert_array_equal(
+        seurat_top_genes(x.mean(0), var, 60), cells.var["highly_variable"].to_numpy()
+    )

@@ -151,8 +151,12 @@ def compute(lazy: Any) -> Any:
         return dask.compute(lazy)[0]
 
 
-def map_row_blocks(matrix: Any, fn, n_out: int, dtype: type = np.float32):
-    """Apply ``fn`` (block → ``(rows, n_out)``) to every row block; a lazy Dask array for a Dask matrix."""
+def map_row_blocks(matrix: Any, fn, n_out: int, dtype: type = np.float32, rows: int | None = None):
+    """Apply ``fn`` (block → ``(rows, n_out)``) to every row block; a lazy Dask array for a Dask matrix.
+
+    ``rows``: cells per block of an in-memory or backed matrix (:data:`ROW_CHUNK` by default); a
+    ``fn`` that densifies its block takes fewer, so that its memory is a block's.
+    """
     if is_dask(matrix):
         check_row_chunks(matrix)
         return matrix.map_blocks(
@@ -163,7 +167,7 @@ def map_row_blocks(matrix: Any, fn, n_out: int, dtype: type = np.float32):
         )
     out = np.empty((matrix.shape[0], n_out), dtype=dtype)
     start = 0
-    for block in row_blocks(matrix):
+    for block in row_blocks(matrix, rows):
         out[start : start + block.shape[0]] = fn(block)
         start += block.shape[0]
     return out

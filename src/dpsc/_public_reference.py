@@ -142,10 +142,22 @@ def fingerprint(counts: Any, genes: pd.Index) -> str:
     """Return the sha256 of a matrix (its values and layout) and its gene list."""
     digest = hashlib.sha256()
     matrix = sp.csr_matrix(counts)
-    for part in (matrix.indptr, matrix.indices, matrix.data.astype(np.float64)):
-        digest.update(np.ascontiguousarray(part).tobytes())
+    for part, dtype in ((matrix.indptr, None), (matrix.indices, None), (matrix.data, np.float64)):
+        for piece in _pieces(part):  # in pieces: no copy of a whole atlas's values at once
+            digest.update(np.ascontiguousarray(piece if dtype is None else piece.astype(dtype)).tobytes())
     digest.update("\n".join(map(str, genes)).encode())
     return digest.hexdigest()
+
+
+#: Values read at once when a reference's values are hashed or checked (memory of one piece).
+PIECE = 1 << 24
+
+
+def _pieces(values: np.ndarray) -> Any:
+    """Yield consecutive slices of ``values`` of :data:`PIECE` entries (views, no copies)."""
+    values = np.asarray(values).ravel()
+    for start in range(0, values.size, PIECE):
+        yield values[start : start + PIECE]
 
 
 #: ``var`` columns that hold gene identifiers in public atlases (CELLxGENE's ``feature_name`` holds
@@ -156,8 +168,9 @@ GENE_ID_COLUMNS = ("feature_name", "gene_symbols", "gene_symbol", "gene_name", "
 def _are_counts(counts: Any) -> bool:
     """Whether a matrix holds raw counts: finite, non-negative integers (reads the public reference)."""
     values = counts.data if sp.issparse(counts) else np.asarray(counts)
-    return values.size == 0 or bool(
-        np.isfinite(values).all() and values.min() >= 0 and np.array_equal(values, np.round(values))
+    return all(
+        np.isfinite(piece).all() and piece.min() >= 0 and np.array_equal(piece, np.round(piece))
+        for piece in _pieces(values)
     )
 
 

@@ -84,7 +84,7 @@ class FedSCGuard(SiteGuard):
     """One site's checks and ledger for a FedSC run (module docstring).
 
     Its ledger, budget, caps and refusal words are the one guard of every federated task
-    (:class:`~._guard.SiteGuard`).
+    (one class for every federated task).
 
     ``run`` is the run's state that Flower keeps for this site (JSON-able): the noise multipliers
     and schedule it accepted at its first round, the rounds and k-means releases served so far and

@@ -216,7 +216,7 @@ class Site(SiteGuard):
     """One site's cells, settings and ledger; answers release requests (module docstring).
 
     Its ledger, budget, caps and refusal words are the one guard of every federated task
-    (:class:`~._guard.SiteGuard`).
+    (one class for every federated task).
     """
 
     def __init__(self, settings: SiteSettings) -> None:

@@ -20,7 +20,6 @@ from . import type_gate as _type_gate
 from .cluster_design import (
     BRANCHES,
     CLIP_NORM,
-    KINDS,
     KMEANS_PLAN,
     MARKER_KINDS,
     MIN_GENES,
@@ -122,7 +121,7 @@ class ClusterPlan(PlanSettings):
     def sigmas(self) -> dict[str, float]:
         """σ of every kind a clustering can release, 0 for the kinds this plan does not make."""
         made = self.releases.sigmas
-        return {kind: made.get(kind, 0.0) for kind in (*KINDS, *MARKER_KINDS, TYPE_COUNT)}
+        return {kind: made.get(kind, 0.0) for kind in REGISTRY}
 
     @property
     def select_genes(self) -> bool:
@@ -317,7 +316,7 @@ class ClusterPlan(PlanSettings):
             n_clusters=int(config["n-clusters"]),
             n_genes=int(config["n-genes"]),
             n_comps=int(config["n-comps"]),
-            sigmas={k: float(config.get(f"sigma-{k}", 0.0)) for k in (*KINDS, *MARKER_KINDS, TYPE_COUNT)},
+            sigmas={k: float(config.get(f"sigma-{k}", 0.0)) for k in REGISTRY},
             random_state=int(config["random-state"]),
             markers=bool(int(config.get("markers", 0))),
             kmeans=kmeans,
@@ -389,7 +388,7 @@ def plan_clustering(
     if n_vars < 3:
         raise ValueError(f"A clustering needs at least 3 genes, got {n_vars}.")
     steps = kmeans_steps(kmeans_plan())
-    sigmas = dict.fromkeys((*KINDS, *MARKER_KINDS), 0.0)
+    sigmas = dict.fromkeys(REGISTRY, 0.0)
     if epsilon is None:
         n_genes = genes_for(0, 0.0, n_vars) if n_genes is None else n_genes
     else:
@@ -438,7 +437,7 @@ def _plan_on_public_basis(
     """
     kinds = (*((TYPE_COUNT,) if gated else ()), "kmeans", *marker_kinds(markers, epsilon is not None, True))
     kmeans = kmeans_plan(public_start)  # public starting centroids: no sketch release
-    sigmas = dict.fromkeys((*KINDS, *MARKER_KINDS, TYPE_COUNT), 0.0)
+    sigmas = dict.fromkeys(REGISTRY, 0.0)
     branch_sigmas = (0.0, 0.0)
     if epsilon is not None and gated:  # each branch calibrated; every release but its k-means serves both
         splits = [

@@ -100,7 +100,8 @@ class PublicBasis:
 
     def points(self, matrix: Any) -> Any:
         """Return each cell's point :math:`p_i`, of norm at most 1 (lazy for a Dask matrix)."""
-        return _blocks.map_row_blocks(matrix, self._block_points, self.n_comps, np.float64)
+        rows = _rows(self.shared)  # the block is densified over the shared genes
+        return _blocks.map_row_blocks(matrix, self._block_points, self.n_comps, np.float64, rows)
 
     def _block_points(self, block: Any) -> np.ndarray:
         return to_ball(self.scaled(block) @ self.loadings, self.radius)
@@ -197,19 +198,69 @@ def top_components(centred: np.ndarray, n_comps: int) -> np.ndarray:
     :math:`A^\top A`), only the top ones computed: the principal components of a full SVD at a
     fraction of its cost. Each column's largest entry is made positive (a deterministic sign).
     """
+    n, g = centred.shape
+    if n >= g:
+        return _top_eigenvectors(centred.T @ centred, n_comps)
+    vectors = centred.T @ _top_eigenvectors(centred @ centred.T, n_comps, signed=False)
+    vectors /= np.maximum(np.linalg.norm(vectors, axis=0, keepdims=True), 1e-300)
+    return _signed(np.ascontiguousarray(vectors))
+
+
+def _top_eigenvectors(gram: np.ndarray, n_comps: int, signed: bool = True) -> np.ndarray:
+    """Return the eigenvectors of the ``n_comps`` largest eigenvalues of ``gram``, largest first."""
     import scipy.linalg
 
-    n, g = centred.shape
-    gram = centred @ centred.T if n < g else centred.T @ centred
     size = gram.shape[0]
     _, vectors = scipy.linalg.eigh(gram, subset_by_index=[size - n_comps, size - 1])
-    vectors = vectors[:, ::-1]  # largest first
-    if n < g:
-        vectors = centred.T @ vectors
-        vectors /= np.maximum(np.linalg.norm(vectors, axis=0, keepdims=True), 1e-300)
-    V = np.ascontiguousarray(vectors)
-    V *= np.sign(V[np.abs(V).argmax(0), np.arange(n_comps)])
-    return V
+    vectors = np.ascontiguousarray(vectors[:, ::-1])
+    return _signed(vectors) if signed else vectors
+
+
+def _signed(vectors: np.ndarray) -> np.ndarray:
+    """Make each column's largest entry positive (a deterministic sign)."""
+    vectors *= np.sign(vectors[np.abs(vectors).argmax(0), np.arange(vectors.shape[1])])
+    return vectors
+
+
+#: Reference cells read at once when the basis streams over them: a dense block holds about this
+#: many values (rows × the shared genes), so memory does not grow with the reference's cells.
+BLOCK_VALUES = 8_000_000
+
+
+def _shared_blocks(reference: Any, reference_genes: np.ndarray) -> Any:
+    """Yield the reference's counts on the shared genes, dense float64 row blocks (:func:`_dense`)."""
+    for block in _blocks.row_blocks(reference, _rows(reference_genes)):
+        yield _dense(block[:, reference_genes])
+
+
+def seurat_top_genes(mean: np.ndarray, var: np.ndarray, n_top: int, n_bins: int = 20) -> np.ndarray:
+    r"""Return scanpy's ``highly_variable_genes(flavor="seurat", n_top_genes=n_top)`` mask from moments.
+
+    ``mean`` and ``var`` (unbiased) are each gene's over the cells of :math:`e^{\log(1 + x)} - 1`,
+    the normalised counts: the dispersion :math:`\log(\mathrm{var}/\mathrm{mean})` is z-scored
+    within ``n_bins`` equal-width bins of :math:`\log(1 + \mathrm{mean})` (a bin of one gene: that
+    gene's dispersion divided by itself), and the ``n_top`` largest normalised dispersions are kept
+    (ties at the cut-off kept too). scanpy's steps on its moments, so the genes do not depend on
+    how the cells were read (tested against scanpy).
+    """
+    import pandas as pd
+
+    mean = np.where(mean == 0, 1e-12, mean)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        dispersion = var / mean
+        dispersion[dispersion == 0] = np.nan
+        dispersion = np.log(dispersion)
+    frame = pd.DataFrame({"means": np.log1p(mean), "dispersions": dispersion})
+    bins = pd.cut(frame["means"], bins=n_bins)
+    stats = frame.groupby(bins, observed=True)["dispersions"].agg(avg="mean", dev="std")
+    single = stats["dev"].isnull()
+    stats.loc[single, "dev"] = stats.loc[single, "avg"]
+    stats.loc[single, "avg"] = 0.0
+    per_gene = stats.loc[bins]
+    norm = (frame["dispersions"].to_numpy() - per_gene["avg"].to_numpy()) / per_gene["dev"].to_numpy()
+    ranked = np.sort(norm[~np.isnan(norm)])[::-1]
+    cut = ranked[min(n_top, ranked.size) - 1]
+    return np.nan_to_num(norm, nan=-np.inf) >= cut
 
 
 def basis_from_reference(
@@ -221,6 +272,18 @@ def basis_from_reference(
     radius_quantile: float | None = RADIUS_QUANTILE,
 ) -> PublicBasis:
     r"""Compute the basis from public counts alone (scanpy's recipe; no private cell is read).
+
+    Streams over the reference's cells in row blocks (in memory, backed or sparse), so its memory
+    is that of a block and of the genes' moments, not of the reference's cells: four passes,
+
+    1. each cell's total over the shared genes, and T, their median;
+    2. each shared gene's sums of :math:`x` and :math:`x^2` (:math:`x = T\,c/\sum c`, scanpy's
+       ``normalize_total``) and of :math:`\ell = \log(1 + x)` and :math:`\ell^2`: the genes kept
+       (:func:`seurat_top_genes`) and their μ and s (the population standard deviation);
+    3. :math:`\sum_i y_i` and :math:`\sum_i y_i y_i^\top` over the kept genes, whose centred
+       difference :math:`\sum_i (y_i - \bar y)(y_i - \bar y)^\top` gives V, its top eigenvectors
+       (scanpy's centred PCA; with fewer cells than genes, the cells' own Gram matrix);
+    4. the cells' norms :math:`\lVert V^\top y_i\rVert`, whose quantile is R.
 
     Parameters
     ----------
@@ -238,25 +301,59 @@ def basis_from_reference(
         R is this quantile of the reference cells' :math:`\lVert V^\top y\rVert`
         (``None``: unit-norm points).
     """
-    import anndata as ad
-    import scanpy as sc
-
-    counts = _dense(reference[:, reference_genes])
-    target_sum = float(np.median(counts.sum(1)))
+    totals = np.concatenate([block.sum(1) for block in _shared_blocks(reference, reference_genes)])
+    n = totals.size
+    target_sum = float(np.median(totals)) if n else 0.0
     target_sum = target_sum if target_sum > 0 else 1e4
-    logged = _logged(counts.sum(1, keepdims=True), counts, target_sum)
-    keep = np.arange(logged.shape[1])
-    if n_genes < logged.shape[1]:
-        cells = ad.AnnData(logged)
-        sc.pp.highly_variable_genes(cells, n_top_genes=n_genes, flavor="seurat")
-        keep = np.flatnonzero(cells.var["highly_variable"].to_numpy())
-    logged = logged[:, keep]
-    means, scales = logged.mean(0), np.maximum(logged.std(0), MIN_SCALE)
-    Y = np.clip((logged - means) / scales, -CLIP, CLIP)
-    n_comps = min(n_comps, min(Y.shape) - 1)
-    V = top_components(Y - Y.mean(0), n_comps)
+    moments = np.zeros((4, len(reference_genes)))
+    for block in _shared_blocks(reference, reference_genes):
+        logged = _logged(block.sum(1, keepdims=True), block, target_sum)
+        x = np.expm1(logged)  # scanpy's seurat flavour reads the normalised counts back this way
+        moments += (x.sum(0), (x * x).sum(0), logged.sum(0), (logged * logged).sum(0))
+    keep = np.arange(len(reference_genes))
+    if n_genes < len(keep):
+        mean, mean_sq = moments[0] / n, moments[1] / n
+        var = (mean_sq - mean**2) * (n / (n - 1) if n > 1 else 1.0)
+        keep = np.flatnonzero(seurat_top_genes(mean, var, n_genes))
+    means = moments[2, keep] / n
+    scales = np.maximum(np.sqrt(np.maximum(moments[3, keep] / n - means**2, 0.0)), MIN_SCALE)
+    basis = PublicBasis(
+        np.asarray(private_genes, dtype=np.int64)[keep],
+        means,
+        scales,
+        np.zeros((len(keep), 0)),
+        np.asarray(private_genes, dtype=np.int64),
+        target_sum,
+        None,
+    )
+    own = basis.with_columns(np.asarray(reference_genes, dtype=np.int64)[keep], np.asarray(reference_genes))
+    n_comps = min(n_comps, min(n, len(keep)) - 1)
+    loadings = _reference_components(reference, own, n, n_comps)
     radius = None
     if radius_quantile is not None:
-        radius = float(np.quantile(np.linalg.norm(Y @ V, axis=1), radius_quantile)) or 1.0
-    private_genes = np.asarray(private_genes, dtype=np.int64)
-    return PublicBasis(private_genes[keep], means, scales, V, private_genes, target_sum, radius)
+        norms = np.concatenate(
+            [
+                np.linalg.norm(own.scaled(b) @ loadings, axis=1)
+                for b in _blocks.row_blocks(reference, _rows(reference_genes))
+            ]
+        )
+        radius = float(np.quantile(norms, radius_quantile)) or 1.0
+    return replace(basis, loadings=loadings, radius=radius)
+
+
+def _rows(genes: np.ndarray) -> int:
+    """Return the cells per block whose dense values over ``genes`` are about :data:`BLOCK_VALUES`."""
+    return max(256, BLOCK_VALUES // max(1, len(genes)))
+
+
+def _reference_components(reference: Any, own: PublicBasis, n: int, n_comps: int) -> np.ndarray:
+    """Return V from the reference's y over the kept genes (pass 3 of :func:`basis_from_reference`)."""
+    blocks = (own.scaled(b) for b in _blocks.row_blocks(reference, _rows(own.shared)))
+    if n < len(own.genes):  # fewer cells than genes: their own Gram matrix (small)
+        Y = np.concatenate(list(blocks))
+        return top_components(Y - Y.mean(0), n_comps)
+    total, second = np.zeros(len(own.genes)), np.zeros((len(own.genes), len(own.genes)))
+    for Y in blocks:
+        total += Y.sum(0)
+        second += Y.T @ Y
+    return _top_eigenvectors(second - np.outer(total, total) / n, n_comps)

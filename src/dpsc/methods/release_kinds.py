@@ -258,12 +258,12 @@ REGISTRY: dict[str, ReleaseKind] = {
         CELL_SUM,
         SECOND_MOMENT,
         KMEANS_TABLE,
-        TYPE_GATE_COUNT,
         MARKER_CENTER,
         MARKER_NORMS,
         MARKER_TABLE,
         FOCUSED_NORMS,
         FOCUSED_TABLE,
+        TYPE_GATE_COUNT,
     )
 }
 

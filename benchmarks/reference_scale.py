@@ -1,0 +1,110 @@
+"""``tl.cluster(reference=...)`` with a large public reference: the basis's time and memory.
+
+Two steps, each its own process (peak RSS is the process's own ``ru_maxrss``):
+
+``write``: a reference of ``--cells`` cells simulated by ``dpsc.datasets.simulate`` (synthetic,
+PBMC 4k atlas model, 2,000 genes, ``obs["cell_type"]``), written to an ``.h5ad`` file.
+
+``cluster``: 4,271 private cells (the embedded PBMC 4k, whose genes the simulation shares) are
+clustered with ``dpsc.tl.cluster(n_clusters=8, epsilon=8, reference=PATH,
+reference_key="cell_type")``. The row reports the call's wall time, the time of the reference's
+basis alone (:meth:`PublicReference.basis`, timed in the same process before the call), the
+process's peak RSS, and the ARI of the private labels against the PBMC types.
+
+    OMP_NUM_THREADS=2 python benchmarks/reference_scale.py write --cells 1000000 --h5ad /tmp/ref.h5ad
+    OMP_NUM_THREADS=2 python benchmarks/reference_scale.py cluster --h5ad /tmp/ref.h5ad \
+        --out benchmarks/results/reference_scale.jsonl
+    python benchmarks/reference_scale.py report --out benchmarks/results/reference_scale.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import time
+import warnings
+
+import pandas as pd
+
+
+def _peak_gb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def write(n_cells: int, path: str) -> None:
+    """Simulate the reference and write it."""
+    import dpsc
+
+    start = time.perf_counter()
+    reference = dpsc.datasets.simulate(n_cells, random_state=7)
+    reference.write_h5ad(path)
+    seconds = round(time.perf_counter() - start, 1)
+    print({"cells": n_cells, "write_s": seconds, "peak_rss_gb": round(_peak_gb(), 2)})
+
+
+def cluster(path: str, out: str) -> None:
+    """Time the basis, then the whole call; append one JSON row."""
+    import anndata as ad
+    from sklearn.metrics import adjusted_rand_score
+
+    import dpsc
+    from dpsc._public_reference import read_reference
+
+    private = dpsc.datasets.pbmc4k()
+    start = time.perf_counter()
+    reference = read_reference(path, private, "cell_type", "benchmark")
+    read_s = time.perf_counter() - start
+    start = time.perf_counter()
+    reference.basis(markers=False)
+    basis_s = time.perf_counter() - start
+    del reference
+    start = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dpsc.tl.cluster(private, n_clusters=8, epsilon=8, reference=path, reference_key="cell_type")
+    row = {
+        "reference_cells": ad.read_h5ad(path, backed="r").n_obs,
+        "read_s": round(read_s, 1),
+        "basis_s": round(basis_s, 1),
+        "cluster_s": round(time.perf_counter() - start, 1),
+        "peak_rss_gb": round(_peak_gb(), 2),
+        "ari": round(adjusted_rand_score(private.obs["cell_type"], private.obs["dp_cluster"]), 3),
+        "threads": os.environ.get("OMP_NUM_THREADS"),
+        "machine": platform.machine(),
+        "cores": os.cpu_count(),
+    }
+    with open(out, "a") as handle:
+        handle.write(json.dumps(row) + "\n")
+    print(row)
+
+
+def report(out: str) -> None:
+    """Print the Markdown table of ``out``'s rows."""
+    rows = pd.read_json(out, lines=True).sort_values("reference_cells")
+    columns = ["reference_cells", "read_s", "basis_s", "cluster_s", "peak_rss_gb", "ari", "threads", "cores"]
+    print("| " + " | ".join(columns) + " |")
+    print("|" + "---|" * len(columns))
+    for _, row in rows.iterrows():
+        print("| " + " | ".join(str(row[c]) for c in columns) + " |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("step", choices=("write", "cluster", "report"))
+    parser.add_argument("--cells", type=int, default=100_000)
+    parser.add_argument("--h5ad", default="/tmp/reference.h5ad")
+    parser.add_argument("--out", default="benchmarks/results/reference_scale.jsonl")
+    args = parser.parse_args()
+    if args.step == "write":
+        write(args.cells, args.h5ad)
+    elif args.step == "cluster":
+        cluster(args.h5ad, args.out)
+    else:
+        report(args.out)
+
+
+if __name__ == "__main__":
+    main()
