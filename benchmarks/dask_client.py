@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import scipy.sparse as sp
+from dask_scale import _table
 
 GENES = 2000
 
@@ -80,9 +81,8 @@ def run(n_cells: int, chunk: int, scheduler: str, out: str) -> None:
     import distributed
 
     import dpsc
-    from dpsc.datasets._simulate import fit_atlas_model
 
-    model = fit_atlas_model(dpsc.datasets.pbmc4k())
+    model = dpsc.datasets.fit_atlas_model(dpsc.datasets.pbmc4k())
     processes = []
     if scheduler == "separate":
         address, processes = _separate_cluster()
@@ -133,10 +133,7 @@ def report(out: str) -> None:
     rows["cpu_over_smallest"] = (rows["client_cpu_s"] / first).round(2)
     columns = ["cells", "chunk_rows", "scheduler", "wall_s", "client_cpu_s", "cpu_over_smallest"]
     columns += ["client_idle_rss_gb", "client_peak_rss_gb", "client_rise_gb", "projections_lazy"]
-    print("| " + " | ".join(columns) + " |")
-    print("|" + "---|" * len(columns))
-    for _, row in rows.iterrows():
-        print("| " + " | ".join(str(row[c]) for c in columns) + " |")
+    print(_table(rows[columns]))
 
 
 def main() -> None:

@@ -28,6 +28,7 @@ import time
 import warnings
 
 import pandas as pd
+from dask_scale import _table
 
 
 def _peak_gb() -> float:
@@ -85,10 +86,7 @@ def report(out: str) -> None:
     """Print the Markdown table of ``out``'s rows."""
     rows = pd.read_json(out, lines=True).sort_values("reference_cells")
     columns = ["reference_cells", "read_s", "basis_s", "cluster_s", "peak_rss_gb", "ari", "threads", "cores"]
-    print("| " + " | ".join(columns) + " |")
-    print("|" + "---|" * len(columns))
-    for _, row in rows.iterrows():
-        print("| " + " | ".join(str(row[c]) for c in columns) + " |")
+    print(_table(rows[columns]))
 
 
 def main() -> None:
