@@ -20,6 +20,19 @@ def test_pbmc4k_returns_a_fresh_copy():
     assert "x" not in dpsc.datasets.pbmc4k().obs
 
 
+def test_tms_liver_ships_named_genes_raw_counts_and_nine_mice():
+    a = dpsc.datasets.tms_liver()
+    assert a.shape == (1779, 1819)
+    x = a.X.data
+    assert np.all(x == np.round(x)) and x.min() > 0
+    assert {"Alb", "Apoa1", "Kdr", "Stab2"} <= set(a.var_names)  # the markers the tutorial names types by
+    assert a.obs["cell_type"].value_counts().to_dict() == {
+        "hepatocyte": 1162,
+        "endothelial cell of hepatic sinusoid": 617,
+    }
+    assert a.obs["donor"].nunique() == 9
+
+
 def test_read_h5(tmp_path):
     path = tmp_path / "toy.h5"
     with h5py.File(path, "w") as h5:

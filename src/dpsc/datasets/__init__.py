@@ -1,8 +1,17 @@
 """Datasets: a small real count matrix shipped with dpsc, readers for benchmark files, a synthetic atlas."""
 
-from ._embedded import gdsc_subset, pbmc4k
+from ._embedded import gdsc_subset, pbmc4k, tms_liver
 from ._gdsc import read_gdsc
 from ._readers import read_h5
 from ._simulate import AtlasModel, fit_atlas_model, simulate
 
-__all__ = ["AtlasModel", "fit_atlas_model", "gdsc_subset", "pbmc4k", "read_gdsc", "read_h5", "simulate"]
+__all__ = [
+    "AtlasModel",
+    "fit_atlas_model",
+    "gdsc_subset",
+    "pbmc4k",
+    "read_gdsc",
+    "read_h5",
+    "simulate",
+    "tms_liver",
+]

@@ -1,4 +1,4 @@
-"""The embedded default dataset (PBMC 4k, top 2000 genes, raw counts)."""
+"""The data sets shipped with dpsc: PBMC 4k (the default), TMS liver (named genes, donors), GDSC."""
 
 from __future__ import annotations
 
@@ -62,5 +62,35 @@ def gdsc_subset() -> ad.AnnData:
             "name": "gdsc_subset",
             "source": "bhklab/CBWWorkshop2024@640a507 data/GDSC_rnaseq.rda + GDSC_drug_response.rda",
             "target": "LN_IC50",
+        },
+    )
+
+
+_TMS_LIVER_FILE = "tms_liver_ligand_receptor.h5ad"
+
+
+def tms_liver() -> ad.AnnData:
+    """Return 1779 mouse liver cells × 1819 named genes of raw read counts, from 9 mice.
+
+    Tabula Muris Senis (Tabula Muris Consortium 2020, Nature 583:590; data CC BY 4.0), liver,
+    FACS-sorted cells sequenced with Smart-seq2, as sampled by the scDiffCom package
+    (CyrilLagger/scDiffCom, MIT; an earlier version of ``data/seurat_sample_tms_liver.rda``):
+    ligand and receptor genes only, with real gene symbols. Two cell types (hepatocyte 1162,
+    endothelial cell of hepatic sinusoid 617) from nine mice (79–345 cells each) of two age
+    groups. A data set to name clusters from known marker genes and to try the donor unit
+    (``donor_key="donor"``) on.
+
+    Returns
+    -------
+    AnnData
+        ``X``: sparse CSR float32 read counts (integers); ``obs["cell_type"]``,
+        ``obs["donor"]`` (the mouse) and ``obs["condition"]`` (``YOUNG`` / ``OLD``), all
+        categorical. A fresh copy is read on every call.
+    """
+    return _read_embedded(
+        _TMS_LIVER_FILE,
+        {
+            "name": "tms_liver",
+            "source": "CyrilLagger/scDiffCom blob ae0c01b8 data/seurat_sample_tms_liver.rda",
         },
     )
