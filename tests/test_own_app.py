@@ -207,14 +207,14 @@ def test_a_hostile_bundle_is_refused_and_nothing_leaves_the_site(tmp_path):
 @pytest.mark.slow
 @pytest.mark.optional_extra
 def test_the_loopback_recipe_of_the_docs_runs_as_written(tmp_path):
-    """docs/usage.md's federation on one machine, run as written (on a free port), in a fresh folder."""
+    """docs/howto/federated.md's federation on one machine, run as written (on a free port), in a fresh folder."""
     pytest.importorskip("flwr")
     import os
     import re
 
     from dpsc.federated._deploy import free_port
 
-    text = (Path(__file__).parents[1] / "docs" / "usage.md").read_text()
+    text = (Path(__file__).parents[1] / "docs" / "howto" / "federated.md").read_text()
     block = re.search(r"\*\*On one machine first\.\*\*.*?```bash\n(.*?)```", text, re.S).group(1)
     readme = (Path(__file__).parents[1] / "README.md").read_text()
     assert f"```bash\n{block}```" in readme  # the README's loopback recipe is this one
