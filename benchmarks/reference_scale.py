@@ -1,6 +1,6 @@
-"""``tl.cluster(reference=...)`` with a large public reference: the basis's time and memory.
+"""``tl.cluster(reference=...)`` with a large public reference: the basis's time and memory, and its reuse.
 
-Two steps, each its own process (peak RSS is the process's own ``ru_maxrss``):
+Steps, each its own process (peak RSS is the process's own ``ru_maxrss``):
 
 ``write``: a reference of ``--cells`` cells simulated by ``dpsc.datasets.simulate`` (synthetic,
 PBMC 4k atlas model, 2,000 genes, ``obs["cell_type"]``), written to an ``.h5ad`` file.
@@ -11,9 +11,18 @@ reference_key="cell_type")``. The row reports the call's wall time, the time of 
 basis alone (:meth:`PublicReference.basis`, timed in the same process before the call), the
 process's peak RSS, and the ARI of the private labels against the PBMC types.
 
+``prepare``: ``dpsc.tl.prepare_reference(PATH, pbmc4k, FOLDER, reference_key="cell_type")``: its time,
+peak RSS and the folder's size.
+
+``reuse``: the same clustering with ``reference=FOLDER``: its time and peak RSS; then, in the same
+process, the clustering with ``reference=PATH``, both at ``noise_seed=0``, and whether the two
+give the same labels (the seed only makes the two runs comparable).
+
     OMP_NUM_THREADS=2 python benchmarks/reference_scale.py write --cells 1000000 --h5ad /tmp/ref.h5ad
     OMP_NUM_THREADS=2 python benchmarks/reference_scale.py cluster --h5ad /tmp/ref.h5ad \
         --out benchmarks/results/reference_scale.jsonl
+    OMP_NUM_THREADS=2 python benchmarks/reference_scale.py prepare --h5ad /tmp/ref.h5ad --folder /tmp/ref.prep
+    OMP_NUM_THREADS=2 python benchmarks/reference_scale.py reuse --h5ad /tmp/ref.h5ad --folder /tmp/ref.prep
     python benchmarks/reference_scale.py report --out benchmarks/results/reference_scale.jsonl
 """
 
@@ -82,24 +91,88 @@ def cluster(path: str, out: str) -> None:
     print(row)
 
 
+def _append(out: str, row: dict) -> None:
+    row |= {"threads": os.environ.get("OMP_NUM_THREADS"), "machine": platform.machine()}
+    row["cores"] = os.cpu_count()
+    with open(out, "a") as handle:
+        handle.write(json.dumps(row) + "\n")
+    print(row)
+
+
+def _cells(path: str) -> int:
+    import anndata as ad
+
+    return ad.read_h5ad(path, backed="r").n_obs
+
+
+def prepare(path: str, folder: str, out: str) -> None:
+    """Time ``prepare_reference``; append one JSON row."""
+    from pathlib import Path
+
+    import dpsc
+
+    private = dpsc.datasets.pbmc4k()
+    start = time.perf_counter()
+    dpsc.tl.prepare_reference(path, private, folder, reference_key="cell_type", overwrite=True)
+    seconds = time.perf_counter() - start
+    size = sum(f.stat().st_size for f in Path(folder).iterdir()) / 2**20
+    row = {"step": "prepare", "reference_cells": _cells(path), "prepare_s": round(seconds, 1)}
+    _append(out, row | {"peak_rss_gb": round(_peak_gb(), 2), "folder_mb": round(size)})
+
+
+def reuse(path: str, folder: str, out: str) -> None:
+    """Time the clustering on the prepared folder, then compare its labels with the reference's own."""
+    import dpsc
+
+    labels = []
+    for source in (folder, path):
+        private = dpsc.datasets.pbmc4k()
+        start = time.perf_counter()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            dpsc.tl.cluster(
+                private, n_clusters=8, epsilon=8, reference=source, reference_key="cell_type", noise_seed=0
+            )
+        if source == folder:
+            seconds, peak = time.perf_counter() - start, _peak_gb()
+        labels.append(private.obs["dp_cluster"].astype(str).to_numpy())
+    row = {"step": "reuse", "reference_cells": _cells(path), "reuse_s": round(seconds, 1)}
+    _append(out, row | {"peak_rss_gb": round(peak, 2), "same_labels": bool((labels[0] == labels[1]).all())})
+
+
 def report(out: str) -> None:
-    """Print the Markdown table of ``out``'s rows."""
+    """Print the Markdown tables of ``out``'s rows: the call on the reference, then its reuse."""
     rows = pd.read_json(out, lines=True).sort_values("reference_cells")
+    rows["step"] = rows.get("step", pd.Series(index=rows.index, dtype=object)).fillna("cluster")
     columns = ["reference_cells", "read_s", "basis_s", "cluster_s", "peak_rss_gb", "ari", "threads", "cores"]
-    print(_table(rows[columns]))
+    print(_table(rows[rows["step"] == "cluster"][columns]))
+    prepared = rows[rows["step"] == "prepare"].set_index("reference_cells")
+    reused = rows[rows["step"] == "reuse"].set_index("reference_cells")
+    if len(prepared) and len(reused):
+        both = prepared[["prepare_s", "peak_rss_gb", "folder_mb"]].join(
+            reused[["reuse_s", "peak_rss_gb", "same_labels"]], rsuffix="_reuse"
+        )
+        both = both.round(2).astype({"folder_mb": int, "same_labels": bool})
+        print()
+        print(_table(both.reset_index()))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("step", choices=("write", "cluster", "report"))
+    parser.add_argument("step", choices=("write", "cluster", "prepare", "reuse", "report"))
     parser.add_argument("--cells", type=int, default=100_000)
     parser.add_argument("--h5ad", default="/tmp/reference.h5ad")
+    parser.add_argument("--folder", default="/tmp/reference.prepared")
     parser.add_argument("--out", default="benchmarks/results/reference_scale.jsonl")
     args = parser.parse_args()
     if args.step == "write":
         write(args.cells, args.h5ad)
     elif args.step == "cluster":
         cluster(args.h5ad, args.out)
+    elif args.step == "prepare":
+        prepare(args.h5ad, args.folder, args.out)
+    elif args.step == "reuse":
+        reuse(args.h5ad, args.folder, args.out)
     else:
         report(args.out)
 

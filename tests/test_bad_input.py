@@ -105,6 +105,22 @@ def test_dp_fit_refuses_values_that_are_not_counts_before_booking(small_adata, t
     assert dpsc.privacy.spent(with_nan).epsilon == 0.0
 
 
+@pytest.mark.parametrize("epsilon", [8.0, None])
+@pytest.mark.parametrize("dense", [False, True])
+def test_the_nan_refusals_fix_runs_on_sparse_and_dense_x(small_adata, tiny_fit, dense, epsilon):
+    import re
+
+    adata = _set(small_adata.copy(), np.nan, (2, 2))
+    if dense:
+        adata.X = adata.X.toarray() if sp.issparse(adata.X) else adata.X
+    with pytest.raises(ValueError, match="NaN or infinite") as refused:
+        dpsc.tl.fit(adata, epsilon=epsilon, **tiny_fit)
+    fix = re.search(r"e\.g\. adata = (adata\[.*?\]\.copy\(\))", str(refused.value)).group(1)
+    kept = eval(fix, {"np": np, "adata": adata})  # the line the message gives, as a user pastes it
+    assert kept.n_obs == adata.n_obs - 1
+    assert np.isfinite(kept.X.toarray() if sp.issparse(kept.X) else kept.X).all()
+
+
 def test_log_normalised_input_is_refused_from_public_metadata(small_adata):
     adata = small_adata.copy()
     adata.uns["log1p"] = {"base": None}  # what scanpy's sc.pp.log1p writes

@@ -207,7 +207,7 @@ def test_a_hostile_bundle_is_refused_and_nothing_leaves_the_site(tmp_path):
 @pytest.mark.slow
 @pytest.mark.optional_extra
 def test_the_loopback_recipe_of_the_docs_runs_as_written(tmp_path):
-    """docs/howto/federated.md's federation on one machine, run as written (on a free port), in a fresh folder."""
+    """The federation on one machine of docs/howto/federated.md, run as written (free port, new folder)."""
     pytest.importorskip("flwr")
     import os
     import re

@@ -28,30 +28,51 @@ import scipy.sparse as sp
 from .methods import public_basis as _public_basis
 from .methods.cluster_design import MAX_GENES, N_COMPS
 from .methods.public_basis import PublicBasis, basis_from_reference
-from .methods.public_markers import reference_center
+from .methods.public_markers import reference_center, reference_focus_genes
 
 MIN_SHARED_GENES = 200  # fewer shared genes than this: another gene naming, or another species
 MIN_TYPE_CELLS = 50  # a reference type with fewer cells has a noisy mean point: warn
 
 
 @dataclass(frozen=True)
+class Prepared:
+    """What a call reads of a reference, computed once, loaded from disk (:mod:`dpsc._prepared_reference`)."""
+
+    basis: PublicBasis  # with the marker centre
+    points: np.ndarray  # the reference cells' points in ``basis``
+    focus_genes: np.ndarray | None  # :func:`~dpsc.methods.public_markers.reference_focus_genes`, with types
+
+
+@dataclass(frozen=True)
 class PublicReference:
     """A public reference aligned to the private cells' genes (everything here is public)."""
 
-    counts: Any  # reference cells × its genes (raw counts)
+    counts: Any  # reference cells × its genes (raw counts); None for a prepared reference
     name: str
     fingerprint: str  # sha256 of the matrix and the gene list
     reference_genes: np.ndarray  # shared genes: columns in the reference …
     private_genes: np.ndarray  # … and the same genes' columns in the private matrix
     labels: pd.Series | None  # the reference_key column, when given
     reference_key: str | None
+    #: a prepared reference's basis, points and focus genes, loaded from disk (its cells are not kept)
+    prepared: Prepared | None = None
     #: the reference cells' points per basis map (:meth:`points`), computed once per call
     _points: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def n_obs(self) -> int:
         """Cells of the reference."""
-        return int(self.counts.shape[0])
+        return int((self.prepared.points if self.counts is None else self.counts).shape[0])
+
+    def cells(self) -> Any:
+        """Return the reference's counts; a prepared reference has none: say what to pass instead."""
+        if self.counts is None:
+            raise ValueError(
+                f"reference={self.name!r} is a prepared reference: it keeps the basis, points and types "
+                "dpsc.tl.prepare_reference computed, not the cells this call reads; pass the reference's "
+                "AnnData or .h5ad."
+            )
+        return self.counts
 
     def summary(self, basis: PublicBasis | None = None) -> dict[str, Any]:
         """Return what the record states about the reference (public): genes of ``basis``, else shared."""
@@ -68,7 +89,11 @@ class PublicReference:
 
         ``markers``: also hold the reference's marker centre (:meth:`marker_center`), which a
         clustering with markers measures its statistics from (one more pass over the reference).
+        A prepared reference returns the basis it was saved with.
         """
+        if self.prepared is not None:
+            basis = self.prepared.basis
+            return basis if markers else replace(basis, marker_center=None)
         quantile = _public_basis.RADIUS_QUANTILE
         basis = basis_from_reference(
             self.counts, self.reference_genes, self.private_genes, MAX_GENES, N_COMPS, quantile
@@ -77,19 +102,32 @@ class PublicReference:
 
     def marker_center(self) -> np.ndarray:
         """Return the reference's mean log1p(CP10k) on the shared genes (:func:`reference_center`)."""
+        if self.prepared is not None:
+            return self.prepared.basis.marker_center
         n_shared = len(self.reference_genes)
         return reference_center(self.counts, self.reference_genes, np.arange(n_shared), n_shared)
+
+    def focus_genes(self, per_group: int) -> np.ndarray:
+        """Return the union of each type's ``per_group`` best shared genes (private columns; needs types)."""
+        if self.prepared is not None and self.prepared.focus_genes is not None:
+            return self.prepared.focus_genes
+        labels, columns = self.labels.to_numpy(), (self.reference_genes, self.private_genes)
+        return reference_focus_genes(self.cells(), labels, *columns, per_group)
 
     def points(self, basis: PublicBasis) -> np.ndarray:
         """Return the reference cells' points in ``basis`` (public), computed once per map.
 
         The k-means start and the cluster names of one call read them both; a basis that differs
         only in its start (:meth:`~dpsc.methods.public_basis.PublicBasis.with_start`) is the same map.
+        A prepared reference holds the points of its own basis.
         """
+        own = self.prepared
+        if own is not None and basis.loadings is own.basis.loadings and basis.genes is own.basis.genes:
+            return own.points
         key = (id(basis.loadings), id(basis.genes), basis.radius)
         cached = self._points.get(key)
         if cached is None or cached[0] is not basis.loadings or cached[1] is not basis.genes:
-            points = np.asarray(self.own_basis(basis).points(self.counts))
+            points = np.asarray(self.own_basis(basis).points(self.cells()))
             cached = self._points[key] = (basis.loadings, basis.genes, points)  # holds the arrays keyed
         return cached[2]
 
@@ -113,7 +151,10 @@ def read_reference(
     if isinstance(reference, str | os.PathLike):
         name = os.fspath(reference)
         if not os.path.exists(name):
-            raise ValueError(f"{tool}: reference={name!r} does not exist; pass an AnnData or an .h5ad path.")
+            raise ValueError(
+                f"{tool}: reference={name!r} does not exist; pass an AnnData, an .h5ad path or the folder "
+                "of dpsc.tl.prepare_reference."
+            )
         reference = ad.read_h5ad(name)
     if not isinstance(reference, ad.AnnData):
         raise TypeError(

@@ -119,8 +119,8 @@ def _values(block: Any) -> np.ndarray:
 def _check_values(values: np.ndarray, likelihood: str) -> None:
     if not np.all(np.isfinite(values)):
         raise ValueError(
-            "The expression matrix contains NaN or infinite values; remove or impute them "
-            "before fitting (e.g. adata = adata[:, np.isfinite(adata.X.toarray()).all(0)])."
+            "The expression matrix contains NaN or infinite values; drop those cells first, e.g. "
+            "adata = adata[np.isfinite(np.asarray(adata.X.sum(axis=1))).ravel()].copy()."
         )
     if likelihood == "zinb":
         if np.any(values < 0):

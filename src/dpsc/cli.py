@@ -11,7 +11,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from . import __version__
 
@@ -43,6 +43,7 @@ def speak_cli(message: str) -> str:
     """Rewrite a Python-API error message in the command line's words (flags, not arguments)."""
     names = "|".join(ARGUMENTS)
     message = message.replace("epsilon=None", "--non-private").replace("reference=...", "--reference FILE")
+    message = message.replace("overwrite=True", "--overwrite")
     message = re.sub(rf"\bPass ({names})=None\b", lambda m: f"Leave out --{m[1].replace('_', '-')}", message)
     message = re.sub(rf"\b({names})=None\b", lambda m: f"no --{m[1].replace('_', '-')}", message)
     message = re.sub(rf"\b({names})='([\w.-]+)'", lambda m: f"--{m[1].replace('_', '-')} {m[2]}", message)
@@ -166,8 +167,8 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     cluster.add_argument(
         "--reference",
         default=None,
-        help="A public reference of the same tissue (.h5ad of raw counts, not containing these cells): "
-        "its genes and components cost no ε.",
+        help="A public reference of the same tissue (.h5ad of raw counts, not containing these cells, or "
+        "the folder of dpsc prepare-reference): its genes and components cost no ε.",
     )
     cluster.add_argument(
         "--reference-key",
@@ -192,6 +193,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     )
     cluster.add_argument("--output", "-o", default=None, help="Write the annotated AnnData here (.h5ad).")
     cluster.add_argument("--verbose", "-v", action="store_true", help="Print the full privacy statement.")
+    _prepare_parser(sub, common)
     federate = sub.add_parser(
         "federate", help="Run or join a federated private clustering (Flower, SecAgg+).", parents=[common]
     )
@@ -588,13 +590,18 @@ def _load(path: str | None) -> tuple[ad.AnnData, str]:
 
 
 def _reference_fingerprint(path: str) -> str:
-    """Return the sha256 fingerprint of a public reference file (its matrix and gene list)."""
+    """Return the sha256 fingerprint of a public reference (matrix and genes): its file or prepared folder."""
     import anndata as ad
 
+    from ._prepared_reference import read_manifest
     from ._public_reference import fingerprint
 
+    if Path(path).is_dir():
+        return read_manifest(Path(path), "--reference")["fingerprint"]
     if not Path(path).is_file():
-        raise FileNotFoundError(f"--reference {path} does not exist; give the reference's .h5ad file.")
+        raise FileNotFoundError(
+            f"--reference {path} does not exist; give the reference's .h5ad file or prepared folder."
+        )
     reference = ad.read_h5ad(path)
     return fingerprint(reference.X, reference.var_names)
 
@@ -694,7 +701,40 @@ def _federate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _prepare_parser(sub: Any, common: argparse.ArgumentParser) -> None:
+    prepare = sub.add_parser(
+        "prepare-reference",
+        help="Read a public reference once and save what dpsc reads of it: a folder for --reference.",
+        parents=[common],
+    )
+    prepare.add_argument("reference", help="The public reference (.h5ad of raw counts).")
+    prepare.add_argument("cohort", help="An .h5ad of the cells it will serve (only its gene names are read).")
+    prepare.add_argument("--output", "-o", required=True, help="The folder to write.")
+    prepare.add_argument("--reference-key", default=None, help="obs column of the reference's cell types.")
+    prepare.add_argument("--overwrite", action="store_true", help="Replace an existing prepared folder.")
+
+
+def _prepare_reference(args: argparse.Namespace) -> int:
+    """``dpsc prepare-reference``: :func:`dpsc.tl.prepare_reference` on the cohort's gene names."""
+    import anndata as ad
+
+    from . import tl
+
+    if not Path(args.cohort).exists():
+        raise FileNotFoundError(
+            f"{args.cohort} does not exist; pass the .h5ad of the cells the reference serves."
+        )
+    cohort = ad.read_h5ad(args.cohort, backed="r")  # its gene names only; no cell is read
+    tl.prepare_reference(
+        args.reference, cohort, args.output, reference_key=args.reference_key, overwrite=args.overwrite
+    )
+    print(f"Prepared {args.reference} for the {cohort.n_vars} genes of {args.cohort} in {args.output}/: ")
+    print(f"pass --reference {args.output} to dpsc cluster, dpsc fit or a site.")
+    return 0
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "prepare-reference": _prepare_reference,
     "fit": _fit,
     "cluster": _cluster,
     "federate": _federate,

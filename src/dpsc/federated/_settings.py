@@ -106,10 +106,10 @@ class SiteSettings:
             raise ValueError(f"The site's accountant must be 'rdp' or 'prv', got {self.accountant!r}.")
         if self.honest_sites is not None and int(self.honest_sites) < 1:
             raise ValueError(f"honest_sites must be at least 1, got {self.honest_sites!r}.")
-        if isinstance(self.reference, str | Path) and not Path(self.reference).is_file():
+        if isinstance(self.reference, str | Path) and not Path(self.reference).exists():
             raise FileNotFoundError(
                 f"The site's reference {self.reference} does not exist; give its own copy of the public "
-                "reference (--reference FILE, or reference in its settings file)."
+                "reference (--reference FILE or prepared folder, or reference in its settings file)."
             )
         if self.reference_key is not None and self.reference is None:
             raise ValueError(

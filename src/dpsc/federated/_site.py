@@ -70,7 +70,8 @@ from typing import Any
 import anndata as ad
 import numpy as np
 
-from .._public_reference import name_clusters, read_reference, type_radii, type_start, write_names
+from .._prepared_reference import open_reference
+from .._public_reference import name_clusters, type_radii, type_start, write_names
 from .._validation import get_matrix, resolve_delta
 from ..methods.cluster_design import BRANCHES, MEAN_WEIGHT, TYPE_COUNT
 from ..methods.cluster_plan import ClusterPlan, plan_clustering
@@ -258,7 +259,7 @@ class Site(SiteGuard):
             if is_shared(reference):
                 reference = resolve_shared(reference)
             try:
-                public = read_reference(reference, self.adata, self.settings.reference_key, "this site")
+                public = open_reference(reference, self.adata, self.settings.reference_key, "this site")
             except (ValueError, TypeError) as err:
                 raise SiteRefusal(f"This site's public reference cannot be used: {err}") from None
             if public.fingerprint != fingerprint:

@@ -10,6 +10,7 @@ from ._fit import collapse_message as collapse_message  # for the command line (
 from ._kmeans import few_clusters_message as few_clusters_message
 from ._kmeans import kmeans
 from ._rank_genes_groups import rank_genes_groups
+from ._reference import prepare_reference
 from ._regression import private_regression
 
 __all__ = [
@@ -21,6 +22,7 @@ __all__ = [
     "fit",
     "fit_federated",
     "kmeans",
+    "prepare_reference",
     "private_regression",
     "rank_genes_groups",
 ]
