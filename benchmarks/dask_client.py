@@ -57,8 +57,8 @@ def lazy_atlas(n_cells: int, chunk: int, model):
     return da.map_blocks(block, chunks=(sizes, (GENES,)), dtype=np.float32, meta=meta)
 
 
-def _separate_cluster() -> tuple[str, list[subprocess.Popen]]:
-    """Start ``dask scheduler`` and ``dask worker --nworkers 2`` on 127.0.0.1; return the address."""
+def _separate_cluster(n_workers: int = 2) -> tuple[str, list[subprocess.Popen]]:
+    """Start ``dask scheduler`` and ``dask worker --nworkers N`` on 127.0.0.1; return the address."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -69,9 +69,8 @@ def _separate_cluster() -> tuple[str, list[subprocess.Popen]]:
         [tools / "dask", "scheduler", "--host", "127.0.0.1", "--port", str(port), "--no-dashboard"], **quiet
     )
     time.sleep(4)
-    workers = subprocess.Popen(
-        [tools / "dask", "worker", address, "--nworkers", "2", "--nthreads", "1", "--no-dashboard"], **quiet
-    )
+    worker = [tools / "dask", "worker", address, "--nworkers", str(n_workers), "--nthreads", "1"]
+    workers = subprocess.Popen([*worker, "--no-dashboard"], **quiet)
     return address, [workers, scheduler]
 
 

@@ -10,9 +10,15 @@ one piece. ``obs["cell_type"]`` is written last.
 ``cluster``: ``X`` is read lazily (``anndata.experimental.read_elem_lazy``, row chunks), ``obs``
 and ``var`` in memory; one ``dpsc.tl.cluster(n_clusters=8, epsilon=8, markers=True)`` on Dask's
 threaded scheduler. It reports the wall time, the peak RSS and the ARI against the simulated types.
+With ``--workers 2`` the same call runs on a ``dask.distributed`` cluster on 127.0.0.1 (a
+scheduler process and two single-thread worker processes, as ``benchmarks/dask_client.py`` starts
+them), then ``dpsc.tl.rank_genes_groups(adata, "dp_cluster", epsilon=2)``; the row adds the
+markers' time and the peak RSS of the workers and of the scheduler.
 
     OMP_NUM_THREADS=2 python benchmarks/dask_out_of_core.py write --cells 10000000 --zarr /tmp/atlas.zarr
     OMP_NUM_THREADS=2 python benchmarks/dask_out_of_core.py cluster --zarr /tmp/atlas.zarr \
+        --out benchmarks/results/dask_out_of_core.jsonl
+    OMP_NUM_THREADS=1 python benchmarks/dask_out_of_core.py cluster --zarr /tmp/atlas.zarr --workers 2 \
         --out benchmarks/results/dask_out_of_core.jsonl
     python benchmarks/dask_out_of_core.py report --out benchmarks/results/dask_out_of_core.jsonl
 """
@@ -89,45 +95,67 @@ def write(n_cells: int, zarr_path: str, piece: int) -> None:
     (path.parent / (path.name + ".write.json")).write_text(json.dumps(row))
 
 
-def cluster(zarr_path: str, chunk: int, out: str) -> None:
-    """Cluster the zarr AnnData out of core; one JSON row appended to ``out``."""
+def _worker_peaks_gb(client) -> tuple[float, float]:
+    """The largest peak RSS among the workers, and the scheduler's (each its own ``ru_maxrss``)."""
+    workers = client.run(_peak_rss_gb)
+    return max(workers.values()), client.run_on_scheduler(_peak_rss_gb)
+
+
+def cluster(zarr_path: str, chunk: int, out: str, workers: int = 0) -> None:
+    """Cluster the zarr AnnData out of core (on ``workers`` processes if > 0); append one JSON row."""
     import anndata as ad
     import zarr
     from sklearn.metrics import adjusted_rand_score
 
     import dpsc
 
-    path = Path(zarr_path)
-    group = zarr.open(str(path), mode="r")
-    adata = ad.AnnData(
-        X=ad.experimental.read_elem_lazy(group["X"], chunks=(chunk, -1)),
-        obs=ad.io.read_elem(group["obs"]),
-        var=ad.io.read_elem(group["var"]),
-    )
-    start = time.perf_counter()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        dpsc.tl.cluster(adata, n_clusters=8, epsilon=8, markers=True)
-    seconds = time.perf_counter() - start
-    written = path.parent / (path.name + ".write.json")
-    row = {
-        "cells": int(adata.n_obs),
-        "genes": int(adata.n_vars),
-        "chunk_rows": chunk,
-        **(
-            {k: v for k, v in json.loads(written.read_text()).items() if k != "step"}
-            if written.exists()
-            else {}
-        ),
-        "cluster_s": round(seconds, 1),
-        "cluster_peak_rss_gb": round(_peak_rss_gb(), 2),
-        "ari": round(float(adjusted_rand_score(adata.obs["cell_type"], adata.obs["dp_cluster"])), 3),
-        "clusters_in_use": int(adata.uns["dpsc"]["dp_cluster"]["clusters_in_use"]),
-        "epsilon": float(dpsc.privacy.get_record(adata, "dp_cluster")["epsilon"]),
-        "threads": os.environ.get("OMP_NUM_THREADS", ""),
-        "machine": platform.machine(),
-        "cores": os.cpu_count(),
-    }
+    processes, client = [], None
+    if workers:
+        import distributed
+        from dask_client import _separate_cluster
+
+        address, processes = _separate_cluster(workers)
+        client = distributed.Client(address)
+        client.wait_for_workers(workers, timeout=60)
+    try:
+        path = Path(zarr_path)
+        group = zarr.open(str(path), mode="r")
+        adata = ad.AnnData(
+            X=ad.experimental.read_elem_lazy(group["X"], chunks=(chunk, -1)),
+            obs=ad.io.read_elem(group["obs"]),
+            var=ad.io.read_elem(group["var"]),
+        )
+        start = time.perf_counter()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            dpsc.tl.cluster(adata, n_clusters=8, epsilon=8, markers=True)
+        seconds = time.perf_counter() - start
+        row = {"cells": int(adata.n_obs), "genes": int(adata.n_vars), "chunk_rows": chunk}
+        row["scheduler"] = f"distributed, {workers} workers" if workers else "threaded"
+        written = path.parent / (path.name + ".write.json")
+        if written.exists():
+            row |= {k: v for k, v in json.loads(written.read_text()).items() if k != "step"}
+        row["cluster_s"] = round(seconds, 1)
+        row["cluster_peak_rss_gb"] = round(_peak_rss_gb(), 2)
+        row["ari"] = round(float(adjusted_rand_score(adata.obs["cell_type"], adata.obs["dp_cluster"])), 3)
+        row["clusters_in_use"] = int(adata.uns["dpsc"]["dp_cluster"]["clusters_in_use"])
+        row["epsilon"] = round(float(dpsc.privacy.get_record(adata, "dp_cluster")["epsilon"]), 3)
+        if client is not None:
+            start = time.perf_counter()
+            dpsc.tl.rank_genes_groups(adata, "dp_cluster", epsilon=2)
+            row["markers_s"] = round(time.perf_counter() - start, 1)
+            row["worker_peak_rss_gb"], row["scheduler_peak_rss_gb"] = map(
+                lambda gb: round(gb, 2), _worker_peaks_gb(client)
+            )
+            row["client_peak_rss_gb"] = round(_peak_rss_gb(), 2)
+    finally:
+        if client is not None:
+            client.close()
+        for process in processes:
+            process.terminate()
+            process.wait(30)
+    row |= {"threads": os.environ.get("OMP_NUM_THREADS", ""), "machine": platform.machine()}
+    row["cores"] = os.cpu_count()
     print(json.dumps(row))
     with open(out, "a") as f:
         f.write(json.dumps(row) + "\n")
@@ -165,11 +193,12 @@ if __name__ == "__main__":
     parser.add_argument("--piece", type=int, default=250_000, help="Cells simulated and appended at once.")
     parser.add_argument("--chunk", type=int, default=100_000, help="Rows per Dask chunk.")
     parser.add_argument("--zarr", default="/tmp/dpsc_atlas.zarr")
+    parser.add_argument("--workers", type=int, default=0, help="Worker processes (0: threaded scheduler).")
     parser.add_argument("--out", default="benchmarks/results/dask_out_of_core.jsonl")
     args = parser.parse_args()
     if args.step == "write":
         write(args.cells, args.zarr, args.piece)
     elif args.step == "cluster":
-        cluster(args.zarr, args.chunk, args.out)
+        cluster(args.zarr, args.chunk, args.out, args.workers)
     else:
         report(args.out)
