@@ -97,8 +97,14 @@ def write(n_cells: int, zarr_path: str, piece: int) -> None:
 
 def _worker_peaks_gb(client) -> tuple[float, float]:
     """The largest peak RSS among the workers, and the scheduler's (each its own ``ru_maxrss``)."""
-    workers = client.run(_peak_rss_gb)
-    return max(workers.values()), client.run_on_scheduler(_peak_rss_gb)
+
+    def peak_gb() -> float:  # defined here: sent by value to processes that cannot import this script
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
+
+    workers = client.run(peak_gb)
+    return max(workers.values()), client.run_on_scheduler(peak_gb)
 
 
 def cluster(zarr_path: str, chunk: int, out: str, workers: int = 0) -> None:

@@ -141,3 +141,45 @@ def test_a_federated_clustering_on_a_prepared_reference_is_the_central_one_on_th
     dpsc.tl.cluster(central, 6, noise_seed=4, reference=reference, reference_key="cell_type")
     centroids = [a.uns["dpsc"]["dp_cluster"]["centroids"] for a in (fed, central)]
     np.testing.assert_allclose(centroids[0], centroids[1], atol=1e-4)
+
+
+def test_a_reference_file_is_read_backed_with_the_fingerprint_of_the_same_cells_in_memory(pair, tmp_path):
+    """Its counts stay on disk (each pass reads row blocks); fingerprint and results as in memory."""
+    from anndata.abc import CSRDataset
+
+    from dpsc.tl._reference import optional_reference
+
+    reference, private = pair
+    reference.write_h5ad(tmp_path / "reference.h5ad")
+    read = optional_reference(str(tmp_path / "reference.h5ad"), "cell_type", private, "test")
+    assert isinstance(read.counts, CSRDataset)
+    assert read.fingerprint == optional_reference(reference, "cell_type", private, "test").fingerprint
+    on_disk, in_memory = _run(private, str(tmp_path / "reference.h5ad")), _run(private, reference)
+    assert (on_disk.obs["dp_cluster_names"] == in_memory.obs["dp_cluster_names"]).all()
+    markers = [pd.DataFrame(a.uns["rank_genes_groups"]["names"]) for a in (on_disk, in_memory)]
+    assert markers[0].equals(markers[1])
+
+
+@pytest.mark.parametrize("atlas", [False, True])
+def test_the_servers_reference_fingerprint_is_the_one_each_site_computes_of_its_copy(pair, tmp_path, atlas):
+    """Also for an atlas that keeps its counts in raw (the server hashed X before)."""
+    import warnings
+
+    import scanpy as sc
+
+    from dpsc.cli import _reference_fingerprint
+    from dpsc.tl._reference import optional_reference
+
+    reference, private = pair
+    if atlas:
+        reference.raw = reference.copy()
+        sc.pp.normalize_total(reference, target_sum=1e4)
+        sc.pp.log1p(reference)
+    path = str(tmp_path / "reference.h5ad")
+    reference.write_h5ad(path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the atlas's "counts from raw.X" note
+        site = optional_reference(path, None, private, "this site").fingerprint
+        assert _reference_fingerprint(path) == site
+        dpsc.tl.prepare_reference(path, private, tmp_path / "prepared")
+        assert _reference_fingerprint(str(tmp_path / "prepared")) == site

@@ -24,6 +24,7 @@ import anndata as ad
 import numpy as np
 import pandas as pd
 import scipy.sparse as sp
+from anndata.abc import CSRDataset
 
 from .methods import public_basis as _public_basis
 from .methods.cluster_design import MAX_GENES, N_COMPS
@@ -155,7 +156,7 @@ def read_reference(
                 f"{tool}: reference={name!r} does not exist; pass an AnnData, an .h5ad path or the folder "
                 "of dpsc.tl.prepare_reference."
             )
-        reference = ad.read_h5ad(name)
+        reference = _read_h5ad(name)
     if not isinstance(reference, ad.AnnData):
         raise TypeError(
             f"{tool}: reference must be an AnnData or an .h5ad path, got {type(reference).__name__}."
@@ -179,26 +180,55 @@ def read_reference(
     )
 
 
+def file_fingerprint(path: str, tool: str) -> str:
+    """Return the fingerprint of a reference file as :func:`read_reference` computes it (its counts)."""
+    counts, var = _reference_counts(_read_h5ad(path), tool)
+    return fingerprint(counts, var.index)
+
+
+def _read_h5ad(path: str) -> ad.AnnData:
+    """Read a reference file: its CSR counts stay on disk (backed), read in row blocks by every pass.
+
+    A file whose ``X`` is not CSR, or that keeps counts in ``raw`` (an atlas), is read into memory.
+    """
+    reference = ad.read_h5ad(path, backed="r")
+    if isinstance(reference.X, CSRDataset) and reference.raw is None:
+        return reference
+    reference.file.close()
+    return ad.read_h5ad(path)
+
+
 def fingerprint(counts: Any, genes: pd.Index) -> str:
-    """Return the sha256 of a matrix (its values and layout) and its gene list."""
+    """Return the sha256 of a matrix (its values and layout) and its gene list.
+
+    The bytes of its CSR arrays (``indptr``, ``indices``, values as float64), read in pieces: the
+    same for the matrix in memory and for the same matrix backed on disk (:func:`_csr_parts`).
+    """
     digest = hashlib.sha256()
-    matrix = sp.csr_matrix(counts)
-    for part, dtype in ((matrix.indptr, None), (matrix.indices, None), (matrix.data, np.float64)):
+    for part, dtype in zip(_csr_parts(counts), (None, None, np.float64), strict=True):
         for piece in _pieces(part):  # in pieces: no copy of a whole atlas's values at once
             digest.update(np.ascontiguousarray(piece if dtype is None else piece.astype(dtype)).tobytes())
     digest.update("\n".join(map(str, genes)).encode())
     return digest.hexdigest()
 
 
+def _csr_parts(counts: Any) -> tuple[Any, Any, Any]:
+    """Return a matrix's CSR arrays: as stored for one backed on disk (read in pieces), else in memory."""
+    if isinstance(counts, CSRDataset):
+        return counts.group["indptr"], counts.group["indices"], counts.group["data"]
+    matrix = sp.csr_matrix(counts)
+    return matrix.indptr, matrix.indices, matrix.data
+
+
 #: Values read at once when a reference's values are hashed or checked (memory of one piece).
 PIECE = 1 << 24
 
 
-def _pieces(values: np.ndarray) -> Any:
-    """Yield consecutive slices of ``values`` of :data:`PIECE` entries (views, no copies)."""
-    values = np.asarray(values).ravel()
-    for start in range(0, values.size, PIECE):
-        yield values[start : start + PIECE]
+def _pieces(values: Any) -> Any:
+    """Yield consecutive slices of :data:`PIECE` entries of an array (views) or a stored dataset (reads)."""
+    values = values.ravel() if isinstance(values, np.ndarray) else values
+    for start in range(0, values.shape[0], PIECE):
+        yield np.asarray(values[start : start + PIECE])
 
 
 #: ``var`` columns that hold gene identifiers in public atlases (CELLxGENE's ``feature_name`` holds
@@ -208,7 +238,8 @@ GENE_ID_COLUMNS = ("feature_name", "gene_symbols", "gene_symbol", "gene_name", "
 
 def _are_counts(counts: Any) -> bool:
     """Whether a matrix holds raw counts: finite, non-negative integers (reads the public reference)."""
-    values = counts.data if sp.issparse(counts) else np.asarray(counts)
+    sparse = sp.issparse(counts) or isinstance(counts, CSRDataset)
+    values = _csr_parts(counts)[2] if sparse else np.asarray(counts)
     return all(
         np.isfinite(piece).all() and piece.min() >= 0 and np.array_equal(piece, np.round(piece))
         for piece in _pieces(values)
@@ -234,7 +265,7 @@ def _reference_counts(reference: ad.AnnData, tool: str) -> tuple[Any, pd.DataFra
 
 def _check_reference_counts(reference: ad.AnnData, counts: Any, tool: str) -> None:
     raw = _are_counts(counts)
-    if ("log1p" in reference.uns and counts is reference.X) or not raw:
+    if ("log1p" in reference.uns and counts is not getattr(reference.raw, "X", None)) or not raw:
         hint = "reference.layers['counts']" if "counts" in reference.layers else "the raw counts"
         raise ValueError(
             f"{tool}: the reference's X is not raw counts (log-transformed, scaled or not integer); pass "

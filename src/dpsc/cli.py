@@ -590,11 +590,9 @@ def _load(path: str | None) -> tuple[ad.AnnData, str]:
 
 
 def _reference_fingerprint(path: str) -> str:
-    """Return the sha256 fingerprint of a public reference (matrix and genes): its file or prepared folder."""
-    import anndata as ad
-
+    """Return the sha256 fingerprint of a public reference, as each site computes it of its own copy."""
     from ._prepared_reference import read_manifest
-    from ._public_reference import fingerprint
+    from ._public_reference import file_fingerprint
 
     if Path(path).is_dir():
         return read_manifest(Path(path), "--reference")["fingerprint"]
@@ -602,8 +600,7 @@ def _reference_fingerprint(path: str) -> str:
         raise FileNotFoundError(
             f"--reference {path} does not exist; give the reference's .h5ad file or prepared folder."
         )
-    reference = ad.read_h5ad(path)
-    return fingerprint(reference.X, reference.var_names)
+    return file_fingerprint(path, "--reference")
 
 
 def _federate(args: argparse.Namespace) -> int:
