@@ -170,17 +170,26 @@ def cluster(zarr_path: str, chunk: int, out: str, workers: int = 0) -> None:
 def report(out: str) -> None:
     """Write ``out`` as a markdown table beside it."""
     rows = pd.DataFrame([json.loads(line) for line in Path(out).read_text().splitlines() if line])
+    rows["scheduler"] = rows.get("scheduler", pd.Series(index=rows.index, dtype=object)).fillna("threaded")
+    rows["epsilon"] = rows["epsilon"].round(3)
+    columns = ["cells", "genes", "chunk_rows", "scheduler", "write_s", "zarr_gb", "peak_rss_gb", "cluster_s"]
+    columns += ["cluster_peak_rss_gb", "markers_s", "worker_peak_rss_gb", "scheduler_peak_rss_gb", "ari"]
+    columns += ["clusters_in_use", "epsilon", "threads", "cores"]
+    rows = rows.reindex(columns=columns).astype(object).where(lambda r: r.notna(), "–")
     text = "\n".join(
         [
             "# The private clustering out of core (zarr on disk, Dask)",
             "",
             "Cells simulated by `dpsc.datasets.simulate` (2,000 genes, 8 types) written once to zarr "
             "piece by piece, then `dpsc.tl.cluster(n_clusters=8, epsilon=8, markers=True)` on `X` read "
-            "lazily (Dask's threaded scheduler, 2 cores). `write_s`, `zarr_gb`, `peak_rss_gb`: the writing "
-            "process; `cluster_s`, `cluster_peak_rss_gb`: the clustering process (its `ru_maxrss`). The "
-            "clustering ran alone on the machine; the writing shared it with other jobs, so `write_s` is "
-            "an upper bound. The clustering holds row chunks, partial sums, `obs` and the labels in "
-            "memory, never the matrix.",
+            "lazily, on Dask's threaded scheduler (2 cores) or on a `dask.distributed` cluster on "
+            "127.0.0.1 (a scheduler process and two single-thread worker processes; the row then adds "
+            "`dpsc.tl.rank_genes_groups(epsilon=2)`, `markers_s`). `write_s`, `zarr_gb`, `peak_rss_gb`: "
+            "the writing process; `cluster_s`, `cluster_peak_rss_gb`: the clustering process (its "
+            "`ru_maxrss`; with distributed, the client), `worker_peak_rss_gb` the larger worker's and "
+            "`scheduler_peak_rss_gb` the scheduler's. Each clustering ran alone on the machine; the first "
+            "writing shared it with other jobs, so its `write_s` is an upper bound. No process holds the "
+            "matrix: row chunks, partial sums, `obs` and the labels.",
             "",
             "Commands: see the docstring of `benchmarks/dask_out_of_core.py` (`write`, `cluster`, `report`).",
             "",

@@ -315,3 +315,35 @@ def test_a_site_that_refuses_says_so_in_its_own_log_with_its_name_and_exits_2(
     assert "Site " in out and "site_a.h5ad" in out and "budget is spent" in out
     assert "budget is spent" in err
     assert f'ledger = "{tmp_path / "trial2.json"}"' in seen["settings"]
+
+
+def test_the_command_line_clusters_a_zarr_store_out_of_core_and_writes_the_results(
+    small_adata, tmp_path, capsys
+):
+    pytest.importorskip("zarr")
+    store, out = tmp_path / "cells.zarr", tmp_path / "results.h5ad"
+    small_adata.write_zarr(store)
+    assert main(["cluster", str(store), "--n-clusters", "3", "--noise-seed", "2", "-o", str(out)]) == 0
+    assert "holds the results" in capsys.readouterr().out
+    memory = small_adata.copy()
+    dpsc.tl.cluster(memory, 3, noise_seed=2)
+    back = ad.read_h5ad(out)
+    assert back.X is None and (back.obs["dp_cluster"] == memory.obs["dp_cluster"]).all()
+    assert dpsc.privacy.spent(back).epsilon == pytest.approx(dpsc.privacy.spent(memory).epsilon)
+
+
+def test_a_folder_not_an_anndata_store_or_as_output_is_refused_first(small_adata, tmp_path, capsys):
+    pytest.importorskip("zarr")
+    import zarr
+
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    assert main(["cluster", str(plain)]) == 2
+    assert "not a zarr store" in capsys.readouterr().err
+    zarr.open_group(str(tmp_path / "bare.zarr"), mode="w").create_group("obs")
+    assert main(["cluster", str(tmp_path / "bare.zarr")]) == 2
+    assert "without the AnnData layout (no X, var)" in capsys.readouterr().err
+    small_adata.write_h5ad(tmp_path / "cells.h5ad")
+    assert main(["cluster", str(tmp_path / "cells.h5ad"), "-o", str(plain)]) == 2
+    assert "folder; write the results to an .h5ad file" in capsys.readouterr().err
+    assert dpsc.privacy.spent(ad.read_h5ad(tmp_path / "cells.h5ad")).epsilon == 0

@@ -61,7 +61,9 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     parser.add_argument("--version", action="version", version=f"dpsc {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     fit = sub.add_parser("fit", help="Cluster and embed cells with DP-DCAN.", parents=[common])
-    fit.add_argument("input", nargs="?", help="Counts as .h5ad (default: the embedded PBMC 4k data set).")
+    fit.add_argument(
+        "input", nargs="?", help="Counts as .h5ad or zarr store (default: the embedded PBMC 4k data set)."
+    )
     fit.add_argument(
         "--epsilon", type=float, default=8.0, help="Privacy budget ε of the whole fit (default 8)."
     )
@@ -152,7 +154,9 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
         parents=[common],
     )
     cluster.add_argument(
-        "input", nargs="?", help="Raw counts as .h5ad (default: the embedded PBMC 4k data set)."
+        "input",
+        nargs="?",
+        help="Raw counts as .h5ad, or a zarr store read out of core (default: the embedded PBMC 4k).",
     )
     cluster.add_argument("--epsilon", type=float, default=8.0, help="ε of the whole clustering (default 8).")
     cluster.add_argument("--non-private", action="store_true", help="The same pipeline without noise.")
@@ -428,7 +432,7 @@ def _fit(args: argparse.Namespace) -> int:
         print("Names from the reference: " + ", ".join(f"{c}: {v['name']}" for c, v in named.items()))
     _score(adata, key, "dp_cluster")
     if args.output:
-        adata.write_h5ad(args.output)
+        _write(adata, args.output)
         print(f"Wrote {args.output}")
     if args.export:
         path = model.export_shared(args.export, overwrite=True)
@@ -521,7 +525,7 @@ def _cluster(args: argparse.Namespace) -> int:
         print("What this covers:")
         print(_wrap(record["statement"]))
     if args.output:
-        adata.write_h5ad(args.output)
+        _write(adata, args.output)
         print(f"Wrote {args.output}")
     return 0
 
@@ -575,8 +579,10 @@ def _input_written_back(path: str | None, output: str | None) -> Iterator[None]:
 
 def _load(path: str | None) -> tuple[ad.AnnData, str]:
     """Return the input AnnData and its name; the path is checked before anything heavy is imported."""
+    if path is not None and Path(path).is_dir():
+        return _load_zarr(path), path
     if path is not None and not Path(path).is_file():
-        raise FileNotFoundError(f"No such file: {path}. Pass the path to an .h5ad file.")
+        raise FileNotFoundError(f"No such file: {path}. Pass the path to an .h5ad file or a zarr store.")
     import anndata as ad
 
     from . import datasets
@@ -587,6 +593,48 @@ def _load(path: str | None) -> tuple[ad.AnnData, str]:
         return ad.read_h5ad(path), path
     except OSError as err:
         raise ValueError(f"{path} is not a readable .h5ad file ({err}).") from None
+
+
+def _load_zarr(path: str) -> ad.AnnData:
+    """Return an AnnData zarr store, ``X`` read lazily in row chunks (out of core), obs and var in memory."""
+    import anndata as ad
+
+    from ._blocks import ROW_CHUNK
+
+    try:
+        import zarr
+
+        group = zarr.open_group(path, mode="r")
+    except Exception as err:  # any reason the folder is not a zarr group
+        raise ValueError(
+            f"{path} is a folder but not a zarr store ({type(err).__name__}); pass an .h5ad file or a "
+            "store written with adata.write_zarr(path)."
+        ) from None
+    missing = [key for key in ("X", "obs", "var") if key not in group]
+    if missing:
+        raise ValueError(
+            f"{path} is a zarr store without the AnnData layout (no {', '.join(missing)}); write the cells "
+            "with adata.write_zarr(path)."
+        )
+    return ad.AnnData(
+        X=ad.experimental.read_elem_lazy(group["X"], chunks=(ROW_CHUNK, -1)),  # whole cells per chunk
+        obs=ad.io.read_elem(group["obs"]),
+        var=ad.io.read_elem(group["var"]),
+    )
+
+
+def _write(adata: ad.AnnData, output: str) -> None:
+    """Write the result; of cells read lazily, the results only (obs, var, obsm, uns), not their matrix."""
+    from ._blocks import is_dask
+
+    if is_dask(adata.X):
+        import anndata as ad
+
+        obsm = {key: value for key, value in adata.obsm.items() if not is_dask(value)}
+        lazy = [key for key in adata.obsm if key not in obsm]
+        adata = ad.AnnData(obs=adata.obs, var=adata.var, obsm=obsm, uns=adata.uns)
+        print(f"The cells stay in their store; {output} holds the results (not obsm {lazy}).")
+    adata.write_h5ad(output)
 
 
 def _reference_fingerprint(path: str) -> str:
@@ -749,7 +797,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         name = getattr(args, "role", None) or args.command
         subparsers.get(name, parser).error(f"unrecognized arguments: {' '.join(extra)}")
     try:
-        with _input_written_back(getattr(args, "input", None), getattr(args, "output", None)):
+        output = getattr(args, "output", None)
+        if args.command in ("fit", "cluster") and output and Path(output).is_dir():  # before any booking
+            raise ValueError(f"--output {output} is a folder; write the results to an .h5ad file.")
+        with _input_written_back(getattr(args, "input", None), output):
             return COMMANDS[args.command](args)
     except (
         ValueError,
