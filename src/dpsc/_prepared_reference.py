@@ -26,7 +26,6 @@ import numpy as np
 import pandas as pd
 
 from ._public_reference import Prepared, PublicReference, read_reference
-from .methods.markers import FOCUS_GENES
 from .methods.public_basis import PublicBasis
 
 FORMAT = "dpsc-prepared-reference-1"
@@ -57,7 +56,7 @@ def save_prepared(public: PublicReference, gene_names: pd.Index, path: str | os.
     if public.labels is not None:
         types = pd.Categorical(public.labels.astype(str))
         arrays["type_codes"], arrays["type_names"] = types.codes, np.asarray(types.categories, dtype=str)
-        arrays["focus_genes"] = public.focus_genes(FOCUS_GENES)
+        arrays["focus_genes"] = public.focus_genes()
     folder = Path(path)
     folder.mkdir(parents=True, exist_ok=True)
     np.savez(folder / ARRAYS, **arrays)

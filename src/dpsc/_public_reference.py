@@ -28,6 +28,7 @@ from anndata.abc import CSRDataset
 
 from .methods import public_basis as _public_basis
 from .methods.cluster_design import MAX_GENES, N_COMPS
+from .methods.markers import FOCUS_GENES
 from .methods.public_basis import PublicBasis, basis_from_reference
 from .methods.public_markers import reference_center, reference_focus_genes
 
@@ -108,9 +109,12 @@ class PublicReference:
         n_shared = len(self.reference_genes)
         return reference_center(self.counts, self.reference_genes, np.arange(n_shared), n_shared)
 
-    def focus_genes(self, per_group: int) -> np.ndarray:
-        """Return the union of each type's ``per_group`` best shared genes (private columns; needs types)."""
-        if self.prepared is not None and self.prepared.focus_genes is not None:
+    def focus_genes(self, per_group: int = FOCUS_GENES) -> np.ndarray:
+        """Return the union of each type's ``per_group`` best shared genes (private columns; needs types).
+
+        A prepared reference holds them for :data:`~dpsc.methods.markers.FOCUS_GENES` per type.
+        """
+        if self.prepared is not None and self.prepared.focus_genes is not None and per_group == FOCUS_GENES:
             return self.prepared.focus_genes
         labels, columns = self.labels.to_numpy(), (self.reference_genes, self.private_genes)
         return reference_focus_genes(self.cells(), labels, *columns, per_group)

@@ -118,7 +118,8 @@ def highly_variable_genes(
     statistic (``flavor``). Proven (ε, δ)-DP for the selection and the released statistics with
     respect to adding or removing one cell; the ε goes into the AnnData's ledger
     (:func:`dpsc.privacy.spent`), where it composes with what follows (e.g.
-    :func:`dpsc.pp.pca`). No check reads the cells: a gene no cell expresses is simply never
+    :func:`dpsc.pp.pca`). The only check that reads the cells is local (finite counts, refused
+    before anything is booked; nothing is released); a gene no cell expresses is simply never
     selected.
 
     Parameters
