@@ -773,8 +773,8 @@ def _prepare_reference(args: argparse.Namespace) -> int:
     tl.prepare_reference(
         args.reference, cohort, args.output, reference_key=args.reference_key, overwrite=args.overwrite
     )
-    print(f"Prepared {args.reference} for the {cohort.n_vars} genes of {args.cohort} in {args.output}/: ")
-    print(f"pass --reference {args.output} to dpsc cluster, dpsc fit or a site.")
+    print(f"Prepared {args.reference} for the {cohort.n_vars} genes of {args.cohort} in {args.output}.")
+    print(f"Pass --reference {args.output} to dpsc cluster, dpsc fit or a site.")
     return 0
 
 
