@@ -211,6 +211,24 @@ def test_site_ledger_survives_a_restart_composes_and_refuses_past_the_budget(sit
     assert json.loads(text)["budget"]["epsilon"] == 9.0  # a plain, atomic JSON file beside the data
 
 
+def test_a_refusal_file_appears_only_with_its_whole_reason(tmp_path, monkeypatch):
+    """``dpsc federate site`` acts on the file's existence: it must never see it empty or partial."""
+    settings = SiteSettings(data=str(tmp_path / "site.h5ad"), epsilon=8.0)
+    target = settings.refusal_file
+    written = Path.write_text
+
+    def write_while_watched(path, text, *args, **kwargs):
+        assert path != target, "the watched file is opened (empty) before its reason is written"
+        return written(path, text, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", write_while_watched)
+    settings.record_refusal("The server's noise multiplier is below this site's own.")
+    assert target.read_text() == "The server's noise multiplier is below this site's own."
+    settings.record_refusal("A second reason replaces the first.")
+    assert target.read_text() == "A second reason replaces the first."
+    assert sorted(p.name for p in tmp_path.iterdir()) == [target.name]
+
+
 def test_a_site_holding_its_cells_in_memory_checks_and_books_the_same_and_writes_no_file(sites, tmp_path):
     from dpsc.privacy import MemoryLedger
 

@@ -278,9 +278,8 @@ class SiteHandler:
         try:
             return self._answer(settings, parameters, config)
         except SiteRefusal as refusal:
-            if settings.refusal_file is not None:
-                with contextlib.suppress(OSError):
-                    settings.refusal_file.write_text(str(refusal))
+            with contextlib.suppress(OSError):
+                settings.record_refusal(str(refusal))
             raise
 
     def _answer(

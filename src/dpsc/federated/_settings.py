@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import tomllib
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -130,6 +131,20 @@ class SiteSettings:
     def refusal_file(self) -> Path | None:
         """Where the site writes the reason of its last refusal (read by ``dpsc federate site``)."""
         return None if self.ledger is None else Path(str(self.ledger) + ".refusal")
+
+    def record_refusal(self, reason: str) -> None:
+        """Write ``reason`` to :attr:`refusal_file` whole: to a sibling first, then renamed over it.
+
+        ``dpsc federate site`` acts on the file's existence, so the file appears only once its
+        text is complete (``os.replace`` is atomic on one file system); a file created empty and
+        then written could be read in between, and the data manager would see no reason.
+        """
+        target = self.refusal_file
+        if target is None:
+            return
+        partial = target.with_name(target.name + ".partial")
+        partial.write_text(reason)
+        os.replace(partial, target)
 
     @classmethod
     def from_mapping(cls, values: dict[str, Any]) -> SiteSettings:
