@@ -13,8 +13,12 @@ from dpsc.privacy import DPSGDEngine, _accounting
 
 @pytest.fixture
 def calibrations(monkeypatch):
-    """Count every call of Opacus's σ search (the one calibration function, wrapped by dpsc)."""
+    """Count every call of Opacus's σ search (the one calibration function, wrapped by dpsc).
+
+    dpsc remembers a search's answer per public settings; the count starts from an empty memory.
+    """
     calls = []
+    _accounting._searched_sigma.cache_clear()
     original = _accounting.get_noise_multiplier
 
     def counted(**kwargs):
@@ -206,26 +210,26 @@ def test_a_release_plan_calibrates_once_and_composes_to_the_asked_epsilon(calibr
         ReleasePlan.of(PlannedRelease("a")).history()
 
 
-def test_dropping_a_release_gives_its_share_to_the_others_without_a_new_search(calibrations):
+def test_a_release_left_out_gives_its_share_to_the_others_and_is_never_searched(calibrations):
     from dpsc.privacy import PlannedRelease, ReleasePlan
 
-    plan = ReleasePlan.of(
+    planned = ReleasePlan.of(
         PlannedRelease("genes", share=0.1),
         PlannedRelease("sum", share=0.3),
         PlannedRelease("steps", share=0.6, sample_rate=0.01, steps=500),
-    ).calibrate(4.0, 1e-5)
-    searched = len(calibrations)
-    rest = plan.without("genes")
-    assert len(calibrations) == searched  # one common scale, no σ search
-    assert list(rest.sigmas) == ["sum", "steps"]
+    )
+    nominal = planned.nominal_sigma("sum", 4.0, 1e-5)
+    rest = planned.calibrate(4.0, 1e-5, keep=("sum", "steps"))
+    assert len(calibrations) == 2  # sum (remembered from the nominal σ) and steps; genes never
+    assert list(rest.sigmas) == ["sum", "steps"] and rest.sigma("sum") < nominal
     assert rest.spent() <= 4.0 + 1e-9 and rest.spent() == pytest.approx(4.0, rel=0.01)
-    ratio = [rest.sigma(n) / plan.sigma(n) for n in ("sum", "steps")]
-    assert ratio[0] < 1 and ratio[0] == pytest.approx(ratio[1])  # less noise, proportions kept
-    with pytest.raises(KeyError, match="not one of several"):
-        plan.without("markers")
-    assert ReleasePlan.of(PlannedRelease("a"), PlannedRelease("b")).calibrate(None, 1e-5).without(
-        "a"
-    ).sigmas == {"b": 0.0}
+    whole = planned.calibrate(4.0, 1e-5)
+    assert len(calibrations) == 3 and whole.sigma("sum") <= nominal
+    ratio = [rest.sigma(n) / whole.sigma(n) for n in ("sum", "steps")]
+    assert ratio[0] < 1 and ratio[0] == pytest.approx(ratio[1], rel=2e-3)  # less noise, proportions kept
+    with pytest.raises(KeyError, match="keep names releases"):
+        planned.calibrate(4.0, 1e-5, keep=("markers",))
+    assert planned.calibrate(None, 1e-5, keep=("steps",)).sigmas == {"steps": 0.0}
 
 
 def test_a_fit_whose_gene_rule_keeps_every_gene_searches_each_sigma_once(calibrations):
@@ -237,19 +241,19 @@ def test_a_fit_whose_gene_rule_keeps_every_gene_searches_each_sigma_once(calibra
     plan, fit_plan = start_parts(settings, 1e-5, n_obs=20_000, n_vars=300, n_clusters=8, training=(0.02, 200))
     training_sigma, choice_sigma = fit_plan.sigma("training"), fit_plan.sigma("selection")
     assert plan.n_genes == 300 and plan.sigmas["genes"] == 0.0
-    assert len(calibrations) == 6  # genes, cell sum, PCA, k-means, training, choice: once each
+    assert len(calibrations) == 5  # cell sum, PCA, k-means, training, choice: once each, genes never
     assert training_sigma > 0 and choice_sigma > 0
 
 
 @pytest.mark.parametrize(("n_obs", "selects"), [(200_000, False), (2_000, True)])
 def test_the_clustering_at_2000_genes_searches_each_sigma_once(calibrations, n_obs, selects):
-    """2,000 genes: the plan is calibrated with its gene release (one σ search each for genes, cell
-    sum, PCA, k-means); when the rule keeps every gene, that release is dropped by a common scale,
-    not a second split. A site told the plan's gene count rebuilds the same σ."""
+    """2,000 genes: one σ search per release that runs. When the PCA's nominal σ keeps every gene,
+    the gene release leaves the plan unsearched (cell sum, PCA, k-means); when it selects, four. A
+    site told the plan's gene count rebuilds the same σ."""
     from dpsc.methods.cluster_plan import plan_clustering
 
     plan = plan_clustering(8.0, 1e-5, n_vars=2000, n_clusters=8, n_obs=n_obs)
-    assert len(calibrations) == 4
+    assert len(calibrations) == len(plan.releases.releases) == (4 if selects else 3)
     assert (plan.n_genes < 2000) is selects
     assert ("genes" in plan.releases) is selects
     assert plan.releases.spent() <= 8.0 + 1e-6
@@ -261,7 +265,42 @@ def test_tl_cluster_at_2000_genes_calibrates_once_per_planned_release(calibratio
     adata = dpsc.datasets.simulate(1500, random_state=0)
     assert adata.n_vars == 2000
     dpsc.tl.cluster(adata, 4, epsilon=8, noise_seed=0)
-    assert len(calibrations) == 4  # genes, cell sum, PCA, k-means: one search each, no second split
+    kinds = dpsc.privacy.get_record(adata, "dp_cluster")["mechanisms"]
+    assert len(calibrations) == len(kinds) == 4  # 1,500 cells select genes: genes, sum, PCA, k-means
+
+
+def test_a_clustering_with_markers_searches_once_per_release_that_runs(calibrations):
+    """Cell sum, PCA, k-means and the marker releases; releases of equal share and steps share a σ."""
+    from dpsc.methods.cluster_plan import plan_clustering
+
+    plan = plan_clustering(8.0, 1e-5, n_vars=2000, n_clusters=8, n_obs=200_000, markers=True)
+    assert "genes" not in plan.releases and len(plan.kinds) == 8
+    distinct = {(r.share, r.sample_rate, r.steps) for r in plan.releases.releases}
+    assert len(calibrations) == len(distinct)
+
+
+def test_a_gated_plan_searches_each_shared_release_once(calibrations):
+    """A gated plan's branches share the count and the markers: searched once; each k-means once."""
+    from dpsc.methods.cluster_design import BRANCHES
+    from dpsc.methods.cluster_plan import plan_clustering
+    from dpsc.methods.public_basis import PublicBasis
+
+    rng = np.random.default_rng(0)
+    genes, loadings = np.arange(50), rng.normal(size=(50, 8))
+    start = rng.normal(size=(4, 8))
+    basis = PublicBasis(
+        genes, np.zeros(50), np.ones(50), loadings, genes, start=start, start_radii=np.ones(4)
+    )
+    plan = plan_clustering(8.0, 1e-5, n_vars=50, n_clusters=4, public_basis=basis, markers=True)
+    assert plan.gated and plan.kinds[0] == "type_count"
+    settings = {(r.share, r.steps) for b in plan.branches for r in b.releases}
+    assert len(calibrations) == len(settings)  # each shared release once, each branch's k-means once
+    for name in BRANCHES:
+        branch = plan.branch(name)
+        assert branch.releases.spent() <= 8.0 + 1e-6
+        assert {k: v for k, v in branch.sigmas.items() if k != "kmeans"} == {
+            k: v for k, v in plan.sigmas.items() if k != "kmeans"
+        }
 
 
 def test_spending_a_plan_books_first_and_refuses_releases_it_does_not_hold(small_adata):

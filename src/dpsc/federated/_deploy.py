@@ -283,9 +283,7 @@ def _serve_site(
     own = app_files(PIPELINE)
     logging.getLogger("flwr").setLevel(logging.WARNING)  # SecAgg+'s stage log would drown the site's lines
     print(f"This site runs only its own dpsc app (fingerprint {app_fingerprint()}).", flush=True)
-    runner = OwnAppRunner(
-        f"127.0.0.1:{port}", secret.read_bytes(), own, settings.record_refusal
-    )
+    runner = OwnAppRunner(f"127.0.0.1:{port}", secret.read_bytes(), own, settings.record_refusal)
     deadline = time.monotonic() + timeout
     watch = _ServerWatch(superlink)
     refused = None

@@ -159,12 +159,3 @@ def genes_for(n_obs: int, sigma_pca: float, n_vars: int) -> int:
     """
     wanted = MAX_GENES if sigma_pca <= 0 else int((EDGE_SHARE * n_obs / sigma_pca) ** 2)
     return min(n_vars, max(MIN_GENES, min(MAX_GENES, wanted)))
-
-
-def _kinds(n_vars: int, n_genes: int | None) -> tuple[str, ...]:
-    """Return the releases a plan is calibrated with: the gene selection above :data:`MIN_GENES` genes.
-
-    Also when a stated ``n_genes`` (a site checking a server's plan) is below ``n_vars``.
-    """
-    selecting = n_vars > MIN_GENES or (n_genes is not None and n_genes < n_vars)
-    return KINDS if selecting else KINDS[1:]

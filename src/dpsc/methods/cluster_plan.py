@@ -21,10 +21,7 @@ from .cluster_design import (
     BRANCHES,
     CLIP_NORM,
     KMEANS_PLAN,
-    MARKER_KINDS,
     MIN_GENES,
-    TYPE_COUNT,
-    _kinds,
     genes_for,
     kmeans_plan,
     kmeans_steps,
@@ -43,8 +40,8 @@ class ClusterPlan(PlanSettings):
     ``releases`` is the plan as the one plan type (:class:`~dpsc.privacy.ReleasePlan`): every release
     the clustering makes, in order, each with its σ (q = 1; the k-means release counts
     :attr:`kmeans_steps` steps), and the (ε, δ) they were calibrated for; the σ live there only.
-    The other fields are the clustering's public settings. Build one with :meth:`of` (or
-    :func:`plan_clustering`, which calibrates).
+    The other fields are the clustering's public settings. :func:`plan_clustering` calibrates one;
+    :meth:`from_config` reads one a server sent (the one plan built from σ).
     """
 
     releases: ReleasePlan
@@ -61,8 +58,9 @@ class ClusterPlan(PlanSettings):
     #: the plan opens with the count that chooses the k-means start (:mod:`.type_gate`); the plan
     #: is one branch (its ``kmeans``), :meth:`branch` gives either, which follow the same count
     gated: bool = False
-    #: a gated plan's k-means σ in each branch, in :data:`BRANCHES` order (its other σ serve both)
-    branch_sigmas: tuple[float, float] = (0.0, 0.0)
+    #: a gated plan's calibrated releases in each branch, in :data:`BRANCHES` order: their k-means
+    #: differ, every other release has the same σ in both (:func:`gated_branches`)
+    branches: tuple[ReleasePlan, ...] = ()
     #: what one individual is: ``"cell"``, or ``"donor"`` (each cell's contribution weighted
     #: 1/its donor's cells, :class:`dpsc.privacy.PrivacyUnit`); the same σ serve both
     unit: str = "cell"
@@ -77,45 +75,28 @@ class ClusterPlan(PlanSettings):
     @classmethod
     def of(
         cls,
-        epsilon: float | None,
-        delta: float,
+        releases: ReleasePlan,
         *,
         n_vars: int,
         n_clusters: int,
         n_genes: int,
-        sigmas: dict[str, float],
         n_comps: int | None = None,
         random_state: int = 0,
         kmeans: dict[str, Any] | None = None,
         markers: bool = False,
-        accountant: str = "rdp",
         public_basis: bool = False,
-        gated: bool = False,
-        branch_sigmas: tuple[float, float] = (0.0, 0.0),
+        branches: tuple[ReleasePlan, ...] = (),
         unit: str = "cell",
     ) -> ClusterPlan:
-        """Return the plan of these settings whose releases carry ``sigmas`` (by kind; no calibration).
+        """Return the plan of these settings that spends ``releases`` (calibrated, in the plan's order).
 
-        ``sigmas`` may name kinds the plan does not make (a site's or a server's full table); they
-        are not part of the plan. ``epsilon`` and ``delta`` are the target the σ were calibrated for.
         ``n_comps`` defaults to :data:`N_COMPS` (at most ``n_genes - 1``), ``kmeans`` to
-        :func:`kmeans_plan`.
+        :func:`kmeans_plan`; ``branches`` (a gated plan's, :func:`gated_branches`) makes it gated.
         """
         kmeans = kmeans_plan() if kmeans is None else kmeans
         n_comps = min(design.N_COMPS, n_genes - 1) if n_comps is None else n_comps
-        kinds = release_kinds(n_genes < n_vars, markers, epsilon is not None, public_basis, gated)
-        steps = kmeans_steps(kmeans)
-        releases = ReleasePlan.of(
-            *(
-                PlannedRelease(k, steps=steps if k == "kmeans" else 1, sigma=float(sigmas.get(k, 0.0)))
-                for k in kinds
-            ),
-            accountant=accountant,
-            epsilon=epsilon,
-            delta=delta,
-        )
-        settings = (n_vars, n_clusters, n_genes, n_comps, random_state, kmeans, markers, public_basis, gated)
-        return cls(releases, *settings, tuple(float(v) for v in branch_sigmas), unit)
+        settings = (n_vars, n_clusters, n_genes, n_comps, random_state, kmeans, markers, public_basis)
+        return cls(releases, *settings, bool(branches), tuple(branches), unit)
 
     @property
     def sigmas(self) -> dict[str, float]:
@@ -178,28 +159,18 @@ class ClusterPlan(PlanSettings):
         """Return the plan a gated clustering follows after its count: ``"types"`` or ``"sketch"``.
 
         The same releases and σ but the k-means: the type start's single Lloyd release, or the
-        sketch's releases, with that branch's σ (:attr:`branch_sigmas`, calibrated with the rest to
-        the same (ε, δ)). No calibration. Raises for another name, or a plan that is not gated.
+        sketch's releases (:attr:`branches`, calibrated with the rest to the same (ε, δ)). No
+        calibration. Raises for another name, or a plan that is not gated.
         """
         if not self.gated or start not in BRANCHES:
             raise ValueError(f"Only a gated plan has branches, {BRANCHES}; got {start!r}.")
-        return ClusterPlan.of(
-            self.epsilon,
-            self.delta,
-            n_vars=self.n_vars,
-            n_clusters=self.n_clusters,
-            n_genes=self.n_genes,
-            n_comps=self.n_comps,
-            sigmas={**self.sigmas, "kmeans": self.branch_sigmas[BRANCHES.index(start)]},
-            random_state=self.random_state,
-            kmeans=kmeans_plan(public_start=start == "types"),
-            markers=self.markers,
-            accountant=self.accountant,
-            public_basis=True,
-            gated=True,
-            branch_sigmas=self.branch_sigmas,
-            unit=self.unit,
-        )
+        releases = self.branches[BRANCHES.index(start)]
+        return replace(self, releases=releases, kmeans=kmeans_plan(public_start=start == "types"))
+
+    @property
+    def branch_sigmas(self) -> tuple[float, ...]:
+        """A gated plan's k-means σ in each branch (:data:`BRANCHES` order); (0, 0) when not gated."""
+        return tuple(b.sigma("kmeans") for b in self.branches) or (0.0, 0.0)
 
     def kmeans_signal(self, n_individuals: float) -> tuple[int, float, float]:
         r"""Return the k-means table's rows, the expected weight per row and its count's noise sd.
@@ -305,37 +276,106 @@ class ClusterPlan(PlanSettings):
         The k-means settings are :func:`kmeans_plan`'s; a plan on a public basis may start from
         public centroids and so make no sketch release (``kmeans-sketch-steps`` 0).
         """
-        epsilon = float(config["epsilon"])
+        epsilon = None if float(config["epsilon"]) < 0 else float(config["epsilon"])
         public_basis = bool(int(config.get("public-basis", 0)))
         sketch = int(config.get("kmeans-sketch-steps", KMEANS_PLAN["n_sketch_steps"]))
-        kmeans = kmeans_plan(public_start=public_basis and sketch == 0)
+        public_start = public_basis and sketch == 0
+        gated = public_basis and bool(int(config.get("gated", 0)))
+        n_vars, n_genes, markers = (
+            int(config["n-vars"]),
+            int(config["n-genes"]),
+            bool(int(config.get("markers", 0))),
+        )
+        kinds = release_kinds(
+            n_genes < n_vars and not public_basis, markers, epsilon is not None, public_basis, gated
+        )
+        sigmas = {k: float(config.get(f"sigma-{k}", 0.0)) for k in kinds}
+
+        def received(start: bool, kmeans_sigma: float) -> ReleasePlan:
+            planned = ReleasePlan.of(
+                *cluster_releases(kinds, kmeans_steps(kmeans_plan(start))), accountant="rdp"
+            )
+            return replace(
+                planned.with_sigmas(float(config["delta"]), **{**sigmas, "kmeans": kmeans_sigma}),
+                epsilon=epsilon,
+            )
+
+        branches = (
+            tuple(
+                received(name == "types", float(config.get(f"sigma-kmeans-{name}", 0.0))) for name in BRANCHES
+            )
+            if gated
+            else ()
+        )
         return cls.of(
-            None if epsilon < 0 else epsilon,
-            float(config["delta"]),
-            n_vars=int(config["n-vars"]),
+            branches[0 if public_start else 1] if gated else received(public_start, sigmas["kmeans"]),
+            n_vars=n_vars,
             n_clusters=int(config["n-clusters"]),
-            n_genes=int(config["n-genes"]),
+            n_genes=n_genes,
             n_comps=int(config["n-comps"]),
-            sigmas={k: float(config.get(f"sigma-{k}", 0.0)) for k in REGISTRY},
             random_state=int(config["random-state"]),
-            markers=bool(int(config.get("markers", 0))),
-            kmeans=kmeans,
+            markers=markers,
+            kmeans=kmeans_plan(public_start=public_start),
             public_basis=public_basis,
-            gated=public_basis and bool(int(config.get("gated", 0))),
-            branch_sigmas=tuple(float(config.get(f"sigma-kmeans-{name}", 0.0)) for name in BRANCHES),
+            branches=branches,
             unit="donor" if int(config.get("donor-unit", 0)) else "cell",
         )
 
 
-def _split(epsilon: float, delta: float, kinds: tuple[str, ...], steps: int, accountant: str) -> ReleasePlan:
-    """Return the calibrated plan of these releases, their kinds' shares composed to (ε, δ).
-
-    One σ search per release (:meth:`~dpsc.privacy.ReleasePlan.calibrate`).
-    """
-    releases = [
-        PlannedRelease(k, share=REGISTRY[k].share, steps=steps if k == "kmeans" else 1) for k in kinds
+def cluster_releases(kinds: tuple[str, ...], kmeans_steps: int, share: float = 1.0) -> list[PlannedRelease]:
+    """Return the clustering's releases of these kinds with their shares (scaled to ``share``)."""
+    total = sum(REGISTRY[k].share for k in kinds)
+    return [
+        PlannedRelease(k, share=share * REGISTRY[k].share / total, steps=kmeans_steps if k == "kmeans" else 1)
+        for k in kinds
     ]
-    return ReleasePlan.of(*releases, accountant=accountant).calibrate(epsilon, delta)
+
+
+def calibrate_genes(
+    planned: ReleasePlan,
+    epsilon: float | None,
+    delta: float,
+    *,
+    n_obs: int,
+    n_vars: int,
+    n_genes: int | None = None,
+) -> tuple[ReleasePlan, int]:
+    """Calibrate a plan that may select genes; return it and the genes the PCA reads.
+
+    The genes are :func:`genes_for` at the PCA's σ of the plan calibrated with its gene selection
+    (``n_genes`` when given: a site checking a server's plan); when that is every gene, the
+    selection does not run, leaves the plan and its share goes to the others. Its σ is searched
+    only when it may run: the PCA's nominal σ (:meth:`~dpsc.privacy.ReleasePlan.nominal_sigma`)
+    bounds its calibrated σ from above, and :func:`genes_for` does not fall as σ falls, so when
+    the nominal σ already keeps every gene, so does the calibrated one. One σ search per release
+    that runs (one more only when the nominal σ selects and the calibrated one does not). A
+    fit's plan (:func:`dpsc.model._dcan_privacy.start_parts`) is calibrated the same way.
+    """
+    if "genes" not in planned:
+        releases = planned.calibrate(epsilon, delta)
+        return releases, genes_for(n_obs, releases.sigma("pca"), n_vars) if n_genes is None else n_genes
+    others = tuple(r.name for r in planned.releases if r.name != "genes")
+    if n_genes is None and epsilon is None:
+        n_genes = genes_for(n_obs, 0.0, n_vars)
+    if n_genes is None and genes_for(n_obs, planned.nominal_sigma("pca", epsilon, delta), n_vars) == n_vars:
+        n_genes = n_vars
+    if n_genes != n_vars:
+        releases = planned.calibrate(epsilon, delta)
+        n_genes = genes_for(n_obs, releases.sigma("pca"), n_vars) if n_genes is None else n_genes
+        if n_genes < n_vars:
+            return releases, n_genes
+    return planned.calibrate(epsilon, delta, keep=others), n_vars
+
+
+def gated_branches(splits: list[ReleasePlan]) -> tuple[ReleasePlan, ...]:
+    """Return each branch's calibrated plan with every release but its k-means at the larger σ of the two.
+
+    Each branch was calibrated to (ε, δ); raising a σ only adds noise, so either branch then
+    spends at most (ε, δ), and the releases before the count's choice (the count itself) carry
+    the same σ whichever branch follows (:mod:`.type_gate`).
+    """
+    shared = {n: max(split.sigma(n) for split in splits) for n in splits[0].sigmas if n != "kmeans"}
+    return tuple(split.at_least(**shared) for split in splits)
 
 
 def plan_clustering(
@@ -357,16 +397,13 @@ def plan_clustering(
     """Split (ε, δ) over the releases by :data:`SHARES`, calibrate each σ once, choose the genes.
 
     The number of genes the PCA reads is ``n_genes`` when given (a site checking a server's plan),
-    else :func:`genes_for` at the PCA's σ of a plan with gene selection. One calibration: a plan
-    over more than :data:`MIN_GENES` genes is calibrated with the gene selection, one σ search per
-    release; when it reads every gene, that release leaves the plan and its share goes to the
-    others (:meth:`~dpsc.privacy.ReleasePlan.without`: one common scale, no second σ search), as in
-    a fit's start (:func:`dpsc.model._dcan_privacy.start_parts`).
-    Reads no cell: ``n_obs`` (the number of cells, public) is needed when the matrix has more than
-    :data:`MIN_GENES` genes and there is noise. ``markers``: the plan ends with the release of each
-    cluster's marker statistics, its share :data:`MARKERS_SHARE` of the same (ε, δ).
-    ``public_basis``: genes and components from a public reference (:mod:`.public_basis`); the
-    whole ε goes to the k-means (and marker) releases, with no sketch release when the k-means
+    else :func:`genes_for` at the PCA's σ of a plan with gene selection (:func:`calibrate_genes`:
+    when it reads every gene, the selection leaves the plan unsearched and its share goes to the
+    others). Reads no cell: ``n_obs`` (the number of cells, public) is needed when the matrix has
+    more than :data:`MIN_GENES` genes and there is noise. ``markers``: the plan ends with the
+    release of each cluster's marker statistics, its share :data:`MARKERS_SHARE` of the same
+    (ε, δ). ``public_basis``: genes and components from a public reference (:mod:`.public_basis`);
+    the whole ε goes to the k-means (and marker) releases, with no sketch release when the k-means
     starts from public centroids (``public_start``; ``None``: when the basis holds a start).
     ``gated``: the plan opens with the count that chooses between the type start and the sketch
     (:mod:`.type_gate`; ``None``: when the basis holds a start with its types' radii); the plan
@@ -376,7 +413,6 @@ def plan_clustering(
     """
     if unit not in ("cell", "donor"):
         raise ValueError(f"unit must be 'cell' or 'donor', got {unit!r}.")
-    extra = MARKER_KINDS if markers else ()
     if public_basis is not None:
         start = public_basis.start is not None if public_start is None else bool(public_start)
         gate = start and public_basis.start_radii is not None if gated is None else bool(gated)
@@ -387,33 +423,18 @@ def plan_clustering(
         return replace(plan, unit=unit)
     if n_vars < 3:
         raise ValueError(f"A clustering needs at least 3 genes, got {n_vars}.")
-    steps = kmeans_steps(kmeans_plan())
-    sigmas = dict.fromkeys(REGISTRY, 0.0)
-    if epsilon is None:
-        n_genes = genes_for(0, 0.0, n_vars) if n_genes is None else n_genes
-    else:
-        if n_vars > MIN_GENES and n_genes is None and n_obs is None:
-            raise ValueError("plan_clustering needs n_obs (the number of cells) to choose the genes.")
-        split = _split(float(epsilon), delta, (*_kinds(n_vars, n_genes), *extra), steps, accountant)
-        if n_genes is None:
-            n_genes = genes_for(n_obs or 0, split.sigma("pca"), n_vars)
-        if n_genes == n_vars and "genes" in split:  # every gene read: no gene selection
-            split = split.without("genes")  # its share goes to the rest, with no second σ search
-        sigmas.update(split.sigmas)
+    if epsilon is not None and n_vars > MIN_GENES and n_genes is None and n_obs is None:
+        raise ValueError("plan_clustering needs n_obs (the number of cells) to choose the genes.")
+    selecting = n_vars > MIN_GENES or (n_genes is not None and n_genes < n_vars)
+    kinds = release_kinds(selecting, markers, epsilon is not None)
+    planned = ReleasePlan.of(*cluster_releases(kinds, kmeans_steps(kmeans_plan())), accountant=accountant)
+    releases, n_genes = calibrate_genes(
+        planned, epsilon, delta, n_obs=n_obs or 0, n_vars=n_vars, n_genes=n_genes
+    )
     if not 3 <= n_genes <= n_vars:
         raise ValueError(f"A clustering reads between 3 and {n_vars} genes, got {n_genes}.")
-    return ClusterPlan.of(
-        epsilon,
-        delta,
-        n_vars=n_vars,
-        n_clusters=n_clusters,
-        n_genes=n_genes,
-        sigmas=sigmas,
-        random_state=random_state,
-        markers=markers,
-        accountant=accountant,
-        unit=unit,
-    )
+    settings = dict(n_vars=n_vars, n_clusters=n_clusters, n_genes=n_genes, random_state=random_state)
+    return ClusterPlan.of(releases, **settings, markers=markers, unit=unit)
 
 
 def _plan_on_public_basis(
@@ -433,35 +454,24 @@ def _plan_on_public_basis(
     The k-means (and marker) releases only; a ``gated`` plan opens with the count that chooses the
     start: each branch (the type start's k-means, the sketch's) is calibrated with the count and the
     markers to (ε, δ), and every release but the k-means gets the larger of its two σ
-    (:mod:`.type_gate`: either branch then spends at most (ε, δ); its k-means σ is kept per branch).
+    (:func:`gated_branches`: either branch then spends at most (ε, δ)).
     """
-    kinds = (*((TYPE_COUNT,) if gated else ()), "kmeans", *marker_kinds(markers, epsilon is not None, True))
-    kmeans = kmeans_plan(public_start)  # public starting centroids: no sketch release
-    sigmas = dict.fromkeys(REGISTRY, 0.0)
-    branch_sigmas = (0.0, 0.0)
-    if epsilon is not None and gated:  # each branch calibrated; every release but its k-means serves both
-        splits = [
-            _split(float(epsilon), delta, kinds, kmeans_steps(kmeans_plan(b == "types")), accountant)
-            for b in BRANCHES
-        ]
-        sigmas.update({kind: max(split.sigma(kind) for split in splits) for kind in kinds})
-        branch_sigmas = tuple(split.sigma("kmeans") for split in splits)
-        sigmas["kmeans"] = branch_sigmas[0 if public_start else 1]
-    elif epsilon is not None:
-        sigmas.update(_split(float(epsilon), delta, kinds, kmeans_steps(kmeans), accountant).sigmas)
+    kinds = release_kinds(False, markers, epsilon is not None, True, gated)
+
+    def calibrated(start: bool) -> ReleasePlan:
+        planned = cluster_releases(kinds, kmeans_steps(kmeans_plan(start)))
+        return ReleasePlan.of(*planned, accountant=accountant).calibrate(epsilon, delta)
+
+    branches = gated_branches([calibrated(b == "types") for b in BRANCHES]) if gated else ()
     return ClusterPlan.of(
-        epsilon,
-        delta,
+        branches[0 if public_start else 1] if gated else calibrated(public_start),
         n_vars=n_vars,
         n_clusters=n_clusters,
         n_genes=shape[0],
         n_comps=shape[1],
-        sigmas=sigmas,
         random_state=random_state,
-        kmeans=kmeans,
+        kmeans=kmeans_plan(public_start),
         markers=markers,
-        accountant=accountant,
         public_basis=True,
-        gated=gated,
-        branch_sigmas=branch_sigmas,
+        branches=branches,
     )

@@ -34,13 +34,11 @@ from ..methods.cluster_design import (
     KINDS,
     MIN_GENES,
     TYPE_COUNT,
-    genes_for,
     kmeans_plan,
     kmeans_steps,
 )
-from ..methods.cluster_plan import ClusterPlan
+from ..methods.cluster_plan import ClusterPlan, calibrate_genes, cluster_releases, gated_branches
 from ..methods.public_basis import PublicBasis
-from ..methods.release_kinds import REGISTRY
 from ..optim import DEFAULT_PRIVATE_LRS, check_optimizer
 from ..privacy import (
     DonorRows,
@@ -492,38 +490,31 @@ def start_parts(
     :data:`TRAINING_SHARE` and the choice between the two partitions
     (:mod:`dpsc.methods.selection`) with the rest. The genes the clustering reads follow its own
     rule (:func:`~dpsc.methods.cluster_design.genes_for`) at the PCA's σ of this split; when the rule
-    keeps every gene, the gene release leaves the plan and its share goes to the others
-    (:meth:`~dpsc.privacy.ReleasePlan.without`: one common scale, no second σ search). The
-    clustering's plan is the first part of the fit's, with the same σ. Reads no cell. Without ε
-    every σ is 0 (the exact clustering, training and choice).
+    keeps every gene, the gene release leaves the plan unsearched and its share goes to the others
+    (:func:`~dpsc.methods.cluster_plan.calibrate_genes`). The clustering's plan is the first part of
+    the fit's, with the same σ. Reads no cell. Without ε every σ is 0 (the exact clustering,
+    training and choice).
     """
-    epsilon = settings.epsilon
-    steps = kmeans_steps(kmeans_plan())
     kinds = KINDS if n_vars > MIN_GENES else KINDS[1:]
-    total = sum(REGISTRY[k].share for k in kinds)
-    releases = [
-        PlannedRelease(k, share=START_SHARE * REGISTRY[k].share / total, steps=steps if k == "kmeans" else 1)
-        for k in kinds
-    ]
-    releases.append(
-        PlannedRelease("training", share=TRAINING_SHARE, sample_rate=training[0], steps=training[1])
-    )
-    releases.append(PlannedRelease("selection", share=1 - START_SHARE - TRAINING_SHARE))
-    split = ReleasePlan.of(*releases, accountant=settings.accountant).calibrate(epsilon, delta)
-    n_genes = genes_for(n_obs, split.sigma("pca"), n_vars)
-    if n_genes == n_vars and "genes" in split:  # the rule keeps every gene: no gene selection
-        split = split.without("genes")  # its share goes to the rest, with no second σ search
-    plan = ClusterPlan.of(
-        epsilon,
-        delta,
-        n_vars=n_vars,
-        n_clusters=n_clusters,
-        n_genes=n_genes,
-        sigmas=split.sigmas,
-        random_state=settings.random_state,
+    planned = ReleasePlan.of(
+        *cluster_releases(kinds, kmeans_steps(kmeans_plan()), share=START_SHARE),
+        *_fit_releases(training),
         accountant=settings.accountant,
     )
+    split, n_genes = calibrate_genes(planned, settings.epsilon, delta, n_obs=n_obs, n_vars=n_vars)
+    clustering = split.part(*(k for k in kinds if k in split))
+    plan = ClusterPlan.of(
+        clustering, n_vars=n_vars, n_clusters=n_clusters, n_genes=n_genes, random_state=settings.random_state
+    )
     return plan, split
+
+
+def _fit_releases(training: tuple[float, int]) -> tuple[PlannedRelease, PlannedRelease]:
+    """Return the releases of a fit after its clustering: the training's sampled steps, then the choice."""
+    return (
+        PlannedRelease("training", share=TRAINING_SHARE, sample_rate=training[0], steps=training[1]),
+        PlannedRelease("selection", share=1 - START_SHARE - TRAINING_SHARE),
+    )
 
 
 def start_parts_on_basis(
@@ -546,6 +537,7 @@ def start_parts_on_basis(
     """
     typed = basis.start is not None  # from the reference's types' means
     gated = typed and basis.start_radii is not None
+    kinds = (TYPE_COUNT, "kmeans") if gated else ("kmeans",)
 
     def calibrated(public_start: bool) -> ReleasePlan:
         steps = kmeans_steps(kmeans_plan(public_start=public_start))
@@ -553,33 +545,22 @@ def start_parts_on_basis(
         return ReleasePlan.of(
             *count,
             PlannedRelease("kmeans", share=START_SHARE, steps=steps),
-            PlannedRelease("training", share=TRAINING_SHARE, sample_rate=training[0], steps=training[1]),
-            PlannedRelease("selection", share=1 - START_SHARE - TRAINING_SHARE),
+            *_fit_releases(training),
             accountant=settings.accountant,
         ).calibrate(settings.epsilon, delta)
 
-    split = calibrated(typed)
-    branch_sigmas = (0.0, 0.0)
-    if gated and settings.epsilon is not None:
-        splits = [calibrated(start == "types") for start in BRANCHES]
-        sigmas = {name: max(s.sigma(name) for s in splits) for name in split.sigmas}
-        branch_sigmas = tuple(s.sigma("kmeans") for s in splits)
-        sigmas["kmeans"] = branch_sigmas[0]
-        split = replace(split.with_sigmas(delta, **sigmas), epsilon=split.epsilon)
+    fits = gated_branches([calibrated(start == "types") for start in BRANCHES]) if gated else ()
+    split = fits[0] if gated else calibrated(typed)  # a gated fit follows the type start's branch
     plan = ClusterPlan.of(
-        settings.epsilon,
-        delta,
+        split.part(*kinds),
         n_vars=n_vars,
         n_clusters=n_clusters,
         n_genes=len(basis.genes),
         n_comps=basis.n_comps,
-        sigmas=split.sigmas,
         random_state=settings.random_state,
-        accountant=settings.accountant,
         kmeans=kmeans_plan(public_start=typed),
         public_basis=True,
-        gated=gated,
-        branch_sigmas=branch_sigmas,
+        branches=tuple(fit.part(*kinds) for fit in fits),
     )
     return plan, split
 

@@ -63,6 +63,7 @@ _BUILDING_BLOCKS = {
     "make_accountant": "._accounting",
     "MemoryLedger": "._ledger",
     "n_donors": "._unit",
+    "nominal_sigma": "._accounting",
     "no_guarantee_record": "._record",
     "not_covered_for": "._record",
     "note_donor_column": "._unit",

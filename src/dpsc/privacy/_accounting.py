@@ -113,8 +113,15 @@ def calibrate_noise_multiplier(
     Composes ``steps`` applications of the Poisson-subsampled Gaussian mechanism with rate
     :math:`q` = ``sample_rate`` and noise :math:`\mathcal N(0, \sigma^2 C^2)` and returns the σ
     found by :func:`opacus.accountants.utils.get_noise_multiplier` (bisection; the resulting
-    ε is at most ``epsilon`` and within 0.01 of it).
+    ε is at most ``epsilon`` and within 0.01 of it). The search reads public settings
+    only, so its answer is remembered per settings: the two branches of a gated plan, which share
+    every release but their k-means, search each shared σ once.
     """
+    return _searched_sigma(float(epsilon), float(delta), float(sample_rate), int(steps), accountant)
+
+
+@functools.lru_cache(maxsize=256)
+def _searched_sigma(epsilon: float, delta: float, sample_rate: float, steps: int, accountant: str) -> float:
     with _order_notices_quiet(accountant, searching=True):
         return float(
             get_noise_multiplier(
@@ -128,12 +135,32 @@ def calibrate_noise_multiplier(
         )
 
 
+def nominal_sigma(
+    epsilon: float,
+    delta: float,
+    parts: dict[str, tuple[float, float, int]],
+    name: str,
+    accountant: str = "rdp",
+) -> float:
+    r"""σ of part ``name`` of :func:`split_budget`'s ``parts`` at its nominal share, alone.
+
+    :math:`\sigma_k^0` spends :math:`w_k\varepsilon` at :math:`\delta/K` (one σ search). Every
+    calibration of these parts gives the part :math:`c\,\sigma_k^0` with :math:`c \le 1`, so
+    :math:`\sigma_k^0` bounds its σ from above before the others are searched.
+    """
+    shares = np.array([share for share, _, _ in parts.values()], dtype=float)
+    share, sample_rate, steps = parts[name]
+    weight = share / shares.sum()
+    return calibrate_noise_multiplier(weight * epsilon, delta / len(parts), sample_rate, steps, accountant)
+
+
 def split_budget(
     epsilon: float,
     delta: float,
     parts: dict[str, tuple[float, float, int]],
     accountant: str = "rdp",
     tolerance: float = 1e-3,
+    keep: tuple[str, ...] | None = None,
 ) -> dict[str, tuple[float, float]]:
     r"""Noise multipliers of several releases that share one (ε, δ) in fixed proportions.
 
@@ -145,19 +172,19 @@ def split_budget(
     composition still spends at most ε at δ (bisection to relative ``tolerance``; each step is one
     accountant evaluation, no calibration). Returns ``name -> (ε_k, σ_k)``, ε_k the part's own ε
     at δ/K.
+
+    ``keep``: the parts that run, when some do not (decided from public sizes and a
+    :func:`nominal_sigma`). Only they are searched and scaled; the shares of the others go to
+    them (their nominal σ alone spend at most ε at δ, so c ≤ 1 is still feasible).
     """
-    names = tuple(parts)
-    shares = np.array([parts[n][0] for n in names], dtype=float)
+    names = tuple(parts) if keep is None else tuple(n for n in parts if n in keep)
+    shares = np.array([share for share, _, _ in parts.values()], dtype=float)
     if np.any(shares <= 0) or not np.all(np.isfinite(shares)):
         raise ValueError(f"Every share must be a positive number; got {shares.tolist()}.")
     if not epsilon > 0 or not 0 < delta < 1:
         raise ValueError(f"split_budget needs epsilon > 0 and 0 < delta < 1, got {epsilon}, {delta}.")
-    weights = shares / shares.sum()
-    part_delta = delta / len(names)
-    base = [
-        calibrate_noise_multiplier(w * epsilon, part_delta, parts[n][1], parts[n][2], accountant)
-        for w, n in zip(weights, names, strict=True)
-    ]
+    part_delta = delta / len(parts)
+    base = [nominal_sigma(epsilon, delta, parts, n, accountant) for n in names]
 
     scale = common_scale(
         [(s, parts[n][1], parts[n][2]) for s, n in zip(base, names, strict=True)],

@@ -10,8 +10,9 @@ repeated ``steps`` times. A :class:`ReleasePlan` lists them in order (name, shar
   (ε, δ) by their shares (``split_budget``: each calibrated once, then one
   common scale so that their composition in one accountant spends at most ε at δ). Without ε
   every σ is 0 (no noise, no guarantee).
-- :meth:`ReleasePlan.without` drops a release the call turns out not to need (decided from
-  public sizes and σ) and lowers the others' σ by one common factor, with no new σ search.
+- ``calibrate(…, keep=…)`` leaves out a release the call turns out not to need (decided from
+  public sizes and a :meth:`ReleasePlan.nominal_sigma`): its share goes to the others, and its σ
+  is never searched.
 - :meth:`ReleasePlan.with_sigmas` makes a plan whose σ are given (a σ the caller states, or a
   plan a federated site received and checks): no calibration, the history says what it costs.
 - :meth:`ReleasePlan.record` writes the call's record from the plan: its ε is the composition of
@@ -152,12 +153,24 @@ class ReleasePlan:
         return cls((PlannedRelease(name, sigma=0.0),))
 
     # -- calibration: the only caller of the σ search -----------------------------------------------
-    def calibrate(self, epsilon: float | None, delta: float) -> ReleasePlan:
-        """Return the plan with every σ set so that the whole plan spends at most (ε, δ)."""
+    def calibrate(
+        self, epsilon: float | None, delta: float, keep: tuple[str, ...] | None = None
+    ) -> ReleasePlan:
+        """Return the plan with every σ set so that the whole plan spends at most (ε, δ).
+
+        ``keep``: the releases that run, when some of the plan's do not; the others leave the plan
+        unsearched and their shares go to the kept ones (:func:`~dpsc.privacy.split_budget`).
+        """
         from ._accounting import calibrate_noise_multiplier, split_budget
 
         if any(r.stated is not None for r in self.releases):
             raise ValueError("A plan with a stated release has its ε; only Gaussian plans are calibrated.")
+        if keep is not None:
+            unknown = set(keep) - {r.name for r in self.releases}
+            if unknown or not keep:
+                raise KeyError(
+                    f"keep names releases of the plan, {[r.name for r in self.releases]}; got {keep}."
+                )
         if epsilon is None:
             sigmas = {r.name: 0.0 for r in self.releases}
         elif len(self.releases) == 1:
@@ -167,30 +180,31 @@ class ReleasePlan:
             )
             sigmas = {only.name: sigma}
         else:
-            parts = {r.name: (r.share, r.sample_rate, r.steps) for r in self.releases}
-            split = split_budget(float(epsilon), delta, parts, self.accountant)
+            split = split_budget(float(epsilon), delta, self._parts, self.accountant, keep=keep)
             sigmas = {name: sigma for name, (_, sigma) in split.items()}
-        return self._set(sigmas, epsilon, delta)
+        kept = (
+            self
+            if keep is None
+            else replace(self, releases=tuple(r for r in self.releases if r.name in keep))
+        )
+        return kept._set(sigmas, epsilon, delta)
 
-    def without(self, name: str) -> ReleasePlan:
-        r"""Return the calibrated plan without release ``name``, its share given to the others.
+    def nominal_sigma(self, name: str, epsilon: float, delta: float) -> float:
+        """Return release ``name``'s σ at its nominal share alone, an upper bound of its calibrated σ.
 
-        The remaining σ are scaled by one common factor :math:`c \le 1`
-        (``common_scale``: bisection on the composed history, no σ search), the
-        smallest with which the plan still spends at most its (ε, δ). Dropping a release only
-        removes a term of the composition, so c = 1 is feasible; the proportions between the
-        other releases are kept. Without noise the plan just loses the release.
+        One σ search (:func:`~dpsc.privacy.nominal_sigma`); what a plan reads to decide, before the
+        other σ are searched, which releases run (``calibrate(…, keep=…)``).
         """
-        from ._accounting import common_scale
+        from ._accounting import calibrate_noise_multiplier, nominal_sigma
 
-        rest = tuple(r for r in self.releases if r.name != name)
-        if len(rest) == len(self.releases) or not rest:
-            raise KeyError(f"Release {name!r} is not one of several in this plan.")
-        dropped = replace(self, releases=rest)
-        if self.epsilon is None:
-            return dropped
-        scale = common_scale(dropped.history(), float(self.epsilon), float(self.delta), self.accountant)
-        return dropped._set({r.name: scale * r.history()[0] for r in rest}, self.epsilon, self.delta)
+        if len(self.releases) == 1:
+            only = self[name]
+            return calibrate_noise_multiplier(epsilon, delta, only.sample_rate, only.steps, self.accountant)
+        return nominal_sigma(epsilon, delta, self._parts, name, self.accountant)
+
+    @property
+    def _parts(self) -> dict[str, tuple[float, float, int]]:
+        return {r.name: (r.share, r.sample_rate, r.steps) for r in self.releases}
 
     def with_sigmas(self, delta: float | None = None, **sigmas: float) -> ReleasePlan:
         """Return the plan with the given σ (every release named once; no calibration)."""
@@ -198,6 +212,23 @@ class ReleasePlan:
         if missing or set(sigmas) - {r.name for r in self.releases}:
             raise ValueError(f"with_sigmas needs exactly the plan's releases; missing {sorted(missing)}.")
         return self._set(sigmas, None, delta)
+
+    def at_least(self, **sigmas: float) -> ReleasePlan:
+        """Return the calibrated plan with each named release's σ raised to at least the one given.
+
+        More noise only: the plan still spends at most its target (ε, δ), which it keeps.
+        """
+        raised = {r.name: max(r.history()[0], float(sigmas.get(r.name, 0.0))) for r in self.releases}
+        return self._set(raised, self.epsilon, self.delta)
+
+    def part(self, *names: str) -> ReleasePlan:
+        """Return the releases named, in plan order, with their σ and the whole plan's target (ε, δ)."""
+        missing = set(names) - {r.name for r in self.releases}
+        if missing or not names:
+            raise KeyError(
+                f"part names releases of the plan, {[r.name for r in self.releases]}; got {names}."
+            )
+        return replace(self, releases=tuple(r for r in self.releases if r.name in names))
 
     def _set(self, sigmas: dict[str, float], epsilon: float | None, delta: float | None) -> ReleasePlan:
         releases = tuple(replace(r, sigma=float(sigmas[r.name])) for r in self.releases)
