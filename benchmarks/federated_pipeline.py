@@ -7,9 +7,9 @@ federated pipeline in ``secure`` mode (SecAgg+, threshold K: the central mechani
 cells at the same ε. Flower's simulation engine runs the sites on this machine.
 
     python benchmarks/federated_pipeline.py --data ../shared/data \\
-        --out benchmarks/results/federated_pipeline.jsonl \\
-        --datasets pbmc bladder --sites 2 4 8 --splits iid noniid --epsilons 8 --runs 3
-    python benchmarks/federated_pipeline.py --report benchmarks/results/federated_pipeline.jsonl
+        --out benchmarks/results/federated_pipeline_residual.jsonl \\
+        --datasets pbmc paul --sites 4 --splits iid noniid --epsilons 8 --runs 3
+    python benchmarks/federated_pipeline.py --report benchmarks/results/federated_pipeline_residual.jsonl
 
 ``--noise paired`` gives the federated and the central run of one row the same benchmark-only noise
 seed (``10000 + run``; no guarantee holds against a known seed): the two then draw the same noise,
