@@ -7,7 +7,7 @@ model); the first piece is written as an AnnData to zarr and every later piece i
 its sparse ``X`` on disk (``anndata.io.sparse_dataset(...).append``), so no step holds more than
 one piece. ``obs["cell_type"]`` is written last.
 
-``cluster``: ``X`` is read lazily (``anndata.experimental.read_elem_lazy``, row chunks), ``obs``
+``cluster``: ``X`` is read lazily (``dpsc.datasets.read_zarr``, row chunks), ``obs``
 and ``var`` in memory; one ``dpsc.tl.cluster(n_clusters=8, epsilon=8, markers=True)`` on Dask's
 threaded scheduler. It reports the wall time, the peak RSS and the ARI against the simulated types.
 With ``--workers 2`` the same call runs on a ``dask.distributed`` cluster on 127.0.0.1 (a
@@ -109,8 +109,6 @@ def _worker_peaks_gb(client) -> tuple[float, float]:
 
 def cluster(zarr_path: str, chunk: int, out: str, workers: int = 0) -> None:
     """Cluster the zarr AnnData out of core (on ``workers`` processes if > 0); append one JSON row."""
-    import anndata as ad
-    import zarr
     from sklearn.metrics import adjusted_rand_score
 
     import dpsc
@@ -124,13 +122,7 @@ def cluster(zarr_path: str, chunk: int, out: str, workers: int = 0) -> None:
         client = distributed.Client(address)
         client.wait_for_workers(workers, timeout=60)
     try:
-        path = Path(zarr_path)
-        group = zarr.open(str(path), mode="r")
-        adata = ad.AnnData(
-            X=ad.experimental.read_elem_lazy(group["X"], chunks=(chunk, -1)),
-            obs=ad.io.read_elem(group["obs"]),
-            var=ad.io.read_elem(group["var"]),
-        )
+        adata = dpsc.datasets.read_zarr(zarr_path, chunk=chunk)
         start = time.perf_counter()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -138,7 +130,7 @@ def cluster(zarr_path: str, chunk: int, out: str, workers: int = 0) -> None:
         seconds = time.perf_counter() - start
         row = {"cells": int(adata.n_obs), "genes": int(adata.n_vars), "chunk_rows": chunk}
         row["scheduler"] = f"distributed, {workers} workers" if workers else "threaded"
-        written = path.parent / (path.name + ".write.json")
+        written = Path(zarr_path).parent / (Path(zarr_path).name + ".write.json")
         if written.exists():
             row |= {k: v for k, v in json.loads(written.read_text()).items() if k != "step"}
         row["cluster_s"] = round(seconds, 1)

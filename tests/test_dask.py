@@ -78,15 +78,11 @@ def test_long_local_work_shows_dask_progress(small_adata, capsys, monkeypatch):
 
 
 def test_a_zarr_backed_anndata_read_lazily(small_adata, tmp_path):
-    zarr = pytest.importorskip("zarr")
+    pytest.importorskip("zarr")
     path = tmp_path / "cells.zarr"
     small_adata.write_zarr(path)
-    group = zarr.open(str(path))
-    lazy = ad.AnnData(
-        X=ad.experimental.read_elem_lazy(group["X"], chunks=(100, -1)),
-        obs=small_adata.obs.copy(),
-        var=small_adata.var.copy(),
-    )
+    lazy = dpsc.datasets.read_zarr(path, chunk=100)
+    assert lazy.X.chunks[1] == (small_adata.n_vars,) and set(lazy.X.chunks[0][:-1]) == {100}
     memory = small_adata.copy()
     dpsc.tl.cluster(lazy, 3, noise_seed=2)
     dpsc.tl.cluster(memory, 3, noise_seed=2)

@@ -109,6 +109,15 @@ class PublicReference:
         n_shared = len(self.reference_genes)
         return reference_center(self.counts, self.reference_genes, np.arange(n_shared), n_shared)
 
+    def private_marker_center(self, n_vars: int) -> np.ndarray:
+        """Return the marker centre on all ``n_vars`` private genes (0 on a gene the reference lacks).
+
+        A prepared reference gives the centre it was saved with, placed in the private columns.
+        """
+        if self.prepared is not None:
+            return self.prepared.basis.marker_center_for(n_vars)
+        return reference_center(self.counts, self.reference_genes, self.private_genes, n_vars)
+
     def focus_genes(self, per_group: int = FOCUS_GENES) -> np.ndarray:
         """Return the union of each type's ``per_group`` best shared genes (private columns; needs types).
 

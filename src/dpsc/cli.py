@@ -580,7 +580,9 @@ def _input_written_back(path: str | None, output: str | None) -> Iterator[None]:
 def _load(path: str | None) -> tuple[ad.AnnData, str]:
     """Return the input AnnData and its name; the path is checked before anything heavy is imported."""
     if path is not None and Path(path).is_dir():
-        return _load_zarr(path), path
+        from .datasets import read_zarr
+
+        return read_zarr(path), path
     if path is not None and not Path(path).is_file():
         raise FileNotFoundError(f"No such file: {path}. Pass the path to an .h5ad file or a zarr store.")
     import anndata as ad
@@ -593,34 +595,6 @@ def _load(path: str | None) -> tuple[ad.AnnData, str]:
         return ad.read_h5ad(path), path
     except OSError as err:
         raise ValueError(f"{path} is not a readable .h5ad file ({err}).") from None
-
-
-def _load_zarr(path: str) -> ad.AnnData:
-    """Return an AnnData zarr store, ``X`` read lazily in row chunks (out of core), obs and var in memory."""
-    import anndata as ad
-
-    from ._blocks import ROW_CHUNK
-
-    try:
-        import zarr
-
-        group = zarr.open_group(path, mode="r")
-    except Exception as err:  # any reason the folder is not a zarr group
-        raise ValueError(
-            f"{path} is a folder but not a zarr store ({type(err).__name__}); pass an .h5ad file or a "
-            "store written with adata.write_zarr(path)."
-        ) from None
-    missing = [key for key in ("X", "obs", "var") if key not in group]
-    if missing:
-        raise ValueError(
-            f"{path} is a zarr store without the AnnData layout (no {', '.join(missing)}); write the cells "
-            "with adata.write_zarr(path)."
-        )
-    return ad.AnnData(
-        X=ad.experimental.read_elem_lazy(group["X"], chunks=(ROW_CHUNK, -1)),  # whole cells per chunk
-        obs=ad.io.read_elem(group["obs"]),
-        var=ad.io.read_elem(group["var"]),
-    )
 
 
 def _write(adata: ad.AnnData, output: str) -> None:

@@ -1,8 +1,8 @@
-"""Datasets: a small real count matrix shipped with dpsc, readers for benchmark files, a synthetic atlas."""
+"""Datasets: small real count matrices shipped with dpsc, readers, a synthetic atlas."""
 
 from ._embedded import gdsc_subset, pbmc4k, tms_liver
 from ._gdsc import read_gdsc
-from ._readers import read_h5
+from ._readers import read_h5, read_zarr
 from ._simulate import AtlasModel, fit_atlas_model, simulate
 
 __all__ = [
@@ -12,6 +12,7 @@ __all__ = [
     "pbmc4k",
     "read_gdsc",
     "read_h5",
+    "read_zarr",
     "simulate",
     "tms_liver",
 ]

@@ -25,7 +25,6 @@ from .._blocks import is_dask
 from .._outputs import write_marker_result
 from .._validation import check_cells, check_privacy_args, check_public_counts, get_matrix, resolve_delta
 from ..methods import markers as mechanism
-from ..methods.public_markers import reference_center
 from ..privacy import (
     NoiseSource,
     PlannedRelease,
@@ -407,10 +406,7 @@ def public_marker_parts(
     public = optional_reference(reference, reference_key, adata, "dpsc.tl.rank_genes_groups")
     if public is None:
         return None
-    if public.prepared is not None:  # the centre it was saved with, in the private columns
-        center = public.prepared.basis.marker_center_for(adata.n_vars)
-    else:
-        center = reference_center(public.counts, public.reference_genes, public.private_genes, adata.n_vars)
+    center = public.private_marker_center(adata.n_vars)
     genes = None if public.labels is None else public.focus_genes(mechanism.FOCUS_GENES)
     return PublicMarkerParts(center, genes, public.summary())
 
