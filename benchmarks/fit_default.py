@@ -7,7 +7,11 @@ the clusters the labels use, the fit's recorded guarantee, and wall time (one pr
 count set by ``OMP_NUM_THREADS``; one warm-up fit of each kind first). The non-private fit reads
 the genes with counts (it refuses the others). No constant is chosen here, so every file is held
 out.
-The scanpy reference is the clustering issue's (``cluster_lofo.scanpy_reference``).
+The scanpy reference is the clustering issue's (``cluster_lofo.scanpy_reference``). Each private
+call's row also holds the kNN label purity (k = 15, Euclidean; labels for scoring only) of its
+embedding: the model's ``obsm["X_dpdcan"]`` for ``tl.fit``, the clustering's points
+``obsm["X_dp_cluster"]`` for ``tl.cluster`` (what the fit starts from): the share of each cell's
+15 nearest cells that carry its label, averaged. ``--no-baseline`` leaves out the non-private fit.
 
     OMP_NUM_THREADS=2 python benchmarks/fit_default.py --data ../shared/data \
         --out benchmarks/results/fit_default.jsonl
@@ -31,8 +35,21 @@ from cluster_lofo import scanpy_reference
 FILES["cite_cbmc"] = "cite_cbmc_top2000.h5"
 
 
-def one_run(adata, k: int, epsilon: float | None, method: str) -> tuple[np.ndarray, float, str, str]:
-    """Labels, wall time, recorded guarantee and kept partition (``tl.fit``) of one call on a copy."""
+#: Neighbours of the embeddings' kNN label purity.
+PURITY_NEIGHBOURS = 15
+
+
+def knn_purity(points: np.ndarray, labels: np.ndarray, k: int = PURITY_NEIGHBOURS) -> float:
+    """Mean share of each cell's ``k`` nearest other cells (Euclidean) that carry its label."""
+    from sklearn.neighbors import NearestNeighbors
+
+    points = np.asarray(points, dtype=np.float64)
+    _, neighbours = NearestNeighbors(n_neighbors=k + 1).fit(points).kneighbors(points)
+    return float((labels[neighbours[:, 1:]] == labels[:, None]).mean())
+
+
+def one_run(adata, k: int, epsilon: float | None, method: str) -> tuple[np.ndarray, float, str, str, dict]:
+    """Labels, wall time, recorded guarantee, kept partition and embeddings' purity of one call on a copy."""
     import dpsc
 
     cells = adata.copy()
@@ -49,7 +66,10 @@ def one_run(adata, k: int, epsilon: float | None, method: str) -> tuple[np.ndarr
             key, column = "dp_cluster", "dp_cluster"
     seconds = time.perf_counter() - start
     partition = cells.uns["dpsc"][key]["params"].get("partition", "")
-    return cells.obs[column].to_numpy(), seconds, dpsc.privacy.get_record(cells, key)["guarantee"], partition
+    embedding = cells.obsm["X_dpdcan" if method == "tl.fit" else "X_dp_cluster"]
+    purity = {"purity": knn_purity(embedding, cells.obs["label"].to_numpy())} if epsilon is not None else {}
+    guarantee = dpsc.privacy.get_record(cells, key)["guarantee"]
+    return cells.obs[column].to_numpy(), seconds, guarantee, partition, purity
 
 
 def run(args: argparse.Namespace) -> None:
@@ -61,12 +81,11 @@ def run(args: argparse.Namespace) -> None:
         truth = adata.obs["label"].to_numpy()
         k = len(np.unique(truth))
         reference = score(truth, scanpy_reference(adata, k))["ari"]
-        plan = [("tl.fit", None, 1)] + [
-            (method, eps, args.runs) for eps in args.epsilons for method in ("tl.fit", "tl.cluster")
-        ]
+        plan = [("tl.fit", None, 1)] if args.baseline else []
+        plan += [(method, eps, args.runs) for eps in args.epsilons for method in ("tl.fit", "tl.cluster")]
         for method, epsilon, runs in plan:
             for r in range(runs):
-                labels, seconds, guarantee, partition = one_run(adata, k, epsilon, method)
+                labels, seconds, guarantee, partition, purity = one_run(adata, k, epsilon, method)
                 row = {
                     "dataset": name,
                     "method": method,
@@ -78,10 +97,29 @@ def run(args: argparse.Namespace) -> None:
                     "seconds": seconds,
                     "guarantee": guarantee,
                     "partition": partition,
+                    **purity,
                 }
                 with args.out.open("a") as out:
                     out.write(json.dumps(row) + "\n")
                 print(json.dumps(row), flush=True)
+
+
+def purity_lines(rows: pd.DataFrame) -> list[str]:
+    """The embeddings' kNN label purity per file and ε: the fit's ``X_dpdcan`` against ``X_dp_cluster``."""
+    scored = rows.dropna(subset=["purity"]).groupby(["dataset", "epsilon", "method"], sort=False).purity
+    table = scored.agg(["mean", "std", "count"]).unstack("method")
+    lines = ["", f"kNN label purity (k = {PURITY_NEIGHBOURS}) of each call's embedding, mean ± sd:", ""]
+    lines += [
+        "| file | ε | tl.fit `X_dpdcan` | tl.cluster `X_dp_cluster` | difference |",
+        "|---|---|---|---|---|",
+    ]
+    for (name, eps), row in table.iterrows():
+        fit, start = row[("mean", "tl.fit")], row[("mean", "tl.cluster")]
+        lines.append(
+            f"| {name} | {eps} | {fit:.3f} ± {row[('std', 'tl.fit')]:.3f} | {start:.3f} ± "
+            f"{row[('std', 'tl.cluster')]:.3f} | {fit - start:+.3f} |"
+        )
+    return lines
 
 
 def report(path: Path) -> str:
@@ -123,6 +161,8 @@ def report(path: Path) -> str:
     for (method, eps), group in per_file.groupby(["method", "epsilon"], sort=False):
         low = group.loc[group.ratio.idxmin()]
         lines.append(f"| {method} | {eps} | {group.ratio.mean():.2f} | {low.ratio:.2f} ({low.dataset}) |")
+    if "purity" in rows:
+        lines += purity_lines(rows)
     fits = rows[rows.method == "tl.fit"]
     timing = fits.groupby(["dataset", "epsilon"]).seconds.median().unstack()
     if "none" in timing:
@@ -141,6 +181,7 @@ def main() -> None:
     parser.add_argument("--datasets", nargs="*", default=list(FILES))
     parser.add_argument("--epsilons", nargs="*", type=float, default=[8.0, 4.0])
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--no-baseline", dest="baseline", action="store_false", help="no non-private fit")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--report", type=Path)
     args = parser.parse_args()

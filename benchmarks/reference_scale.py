@@ -18,11 +18,17 @@ peak RSS and the folder's size.
 process, the clustering with ``reference=PATH``, both at ``noise_seed=0``, and whether the two
 give the same labels (the seed only makes the two runs comparable).
 
+``fit``: ``dpsc.tl.fit(pbmc4k, n_clusters=8, epsilon=8, reference=FOLDER, reference_key="cell_type",
+reference_model=DIR)`` twice in one process on a new ``DIR``: the first call pretrains the model on
+the reference's points (at most ``dpsc.model._dcan_reference.PRETRAIN_MAX_CELLS`` of them) and
+saves it, the second loads it. Each call's time, the process's peak RSS and each call's ARI.
+
     OMP_NUM_THREADS=2 python benchmarks/reference_scale.py write --cells 1000000 --h5ad /tmp/ref.h5ad
     OMP_NUM_THREADS=2 python benchmarks/reference_scale.py cluster --h5ad /tmp/ref.h5ad \
         --out benchmarks/results/reference_scale.jsonl
     OMP_NUM_THREADS=2 python benchmarks/reference_scale.py prepare --h5ad /tmp/ref.h5ad --folder /tmp/ref.prep
     OMP_NUM_THREADS=2 python benchmarks/reference_scale.py reuse --h5ad /tmp/ref.h5ad --folder /tmp/ref.prep
+    OMP_NUM_THREADS=2 python benchmarks/reference_scale.py fit --h5ad /tmp/ref.h5ad --folder /tmp/ref.prep
     python benchmarks/reference_scale.py report --out benchmarks/results/reference_scale.jsonl
 """
 
@@ -142,6 +148,36 @@ def reuse(path: str, folder: str, out: str) -> None:
     _append(out, row | {"peak_rss_gb": round(peak, 2), "same_labels": bool((labels[0] == labels[1]).all())})
 
 
+def fit(path: str, folder: str, out: str) -> None:
+    """Time ``tl.fit`` on the prepared folder: pretraining and saving the model, then reusing it."""
+    import tempfile
+
+    from sklearn.metrics import adjusted_rand_score
+
+    import dpsc
+
+    seconds, aris = [], []
+    with tempfile.TemporaryDirectory() as model:
+        for _ in range(2):
+            private = dpsc.datasets.pbmc4k()
+            start = time.perf_counter()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                dpsc.tl.fit(
+                    private,
+                    n_clusters=8,
+                    epsilon=8,
+                    reference=folder,
+                    reference_key="cell_type",
+                    reference_model=model,
+                    progress_bar=False,
+                )
+            seconds.append(round(time.perf_counter() - start, 1))
+            aris.append(round(adjusted_rand_score(private.obs["cell_type"], private.obs["dp_cluster"]), 3))
+    row = {"step": "fit", "reference_cells": _cells(path), "pretrain_fit_s": seconds[0], "fit_s": seconds[1]}
+    _append(out, row | {"peak_rss_gb": round(_peak_gb(), 2), "ari": aris})
+
+
 def report(out: str) -> None:
     """Print the Markdown tables of ``out``'s rows: the call on the reference, then its reuse."""
     rows = pd.read_json(out, lines=True).sort_values("reference_cells")
@@ -161,11 +197,15 @@ def report(out: str) -> None:
         both = both.round(2).astype({"folder_mb": int, "same_labels": bool})
         print()
         print(_table(both.reset_index()))
+    fits = latest[latest["step"] == "fit"]
+    if len(fits):
+        print()
+        print(_table(fits[["reference_cells", "pretrain_fit_s", "fit_s", "peak_rss_gb", "ari"]]))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("step", choices=("write", "cluster", "prepare", "reuse", "report"))
+    parser.add_argument("step", choices=("write", "cluster", "prepare", "reuse", "fit", "report"))
     parser.add_argument("--cells", type=int, default=100_000)
     parser.add_argument("--h5ad", default="/tmp/reference.h5ad")
     parser.add_argument("--folder", default="/tmp/reference.prepared")
@@ -179,6 +219,8 @@ def main() -> None:
         prepare(args.h5ad, args.folder, args.out)
     elif args.step == "reuse":
         reuse(args.h5ad, args.folder, args.out)
+    elif args.step == "fit":
+        fit(args.h5ad, args.folder, args.out)
     else:
         report(args.out)
 

@@ -76,6 +76,24 @@ def test_a_saved_pretrained_model_is_reused_and_a_new_reference_pretrains_again(
     assert len(calls) == 2  # another reference (fingerprint): pretrained again, not the stale one
 
 
+def test_an_atlas_pretrains_on_a_seeded_sample_of_its_points(monkeypatch):
+    """Past PRETRAIN_MAX_CELLS points the pretraining reads a uniform sample, the same for one seed."""
+    monkeypatch.setattr(_dcan_reference, "PRETRAIN_MAX_CELLS", 60)
+    monkeypatch.setattr(_dcan_reference, "PRETRAIN_EPOCHS", {"instance_epochs": 1, "cluster_epochs": 1})
+    read = []
+    original = _dcan_reference.points_anndata
+    monkeypatch.setattr(_dcan_reference, "points_anndata", lambda p: read.append(p) or original(p))
+    points = np.random.default_rng(0).normal(size=(200, 4)).astype(np.float32) / 4
+    for seed in (0, 0, 1):
+        _dcan_reference.pretrained_state(points, 3, seed)
+    assert [len(p) for p in read] == [60, 60, 60]
+    assert np.array_equal(read[0], read[1]) and not np.array_equal(read[0], read[2])
+    assert all(np.isin(p, points).all() for p in read)  # reference points, not new ones
+    read.clear()
+    _dcan_reference.pretrained_state(points[:50], 3, 0)
+    assert np.array_equal(read[0], points[:50])  # a smaller reference is read whole
+
+
 def test_the_clusters_are_named_after_the_reference_types(pair):
     reference, private = pair
     dpsc.tl.fit(

@@ -6,7 +6,8 @@ the cell and public values (norm at most 1). The model is DCAN on these points (
 decoder of the point, :data:`REFERENCE_MODEL`):
 
 1. **Pretraining** (:func:`pretrained_state`): both stages, every parameter, no noise, on the
-   reference's own points: a function of public cells only, so it costs no ε and may be saved
+   reference's own points (at most :data:`PRETRAIN_MAX_CELLS` of them, a seeded sample: its time
+   does not grow with an atlas): a function of public cells only, so it costs no ε and may be saved
    and reused (:func:`save_pretrained` / :func:`load_pretrained`, keyed by the reference's
    fingerprint, the basis' genes and the architecture).
 2. **Private fine-tuning** (:meth:`dpsc.model.DPDCAN.train` with ``scope="encoder"``): the
@@ -38,6 +39,10 @@ from ..methods.public_basis import PublicBasis
 REFERENCE_MODEL: dict[str, Any] = {"n_hidden": (64,), "n_latent": 16, "likelihood": "gaussian"}
 #: Pretraining epochs on the reference (no noise: the reference's 50 + 40 of DCAN).
 PRETRAIN_EPOCHS = {"instance_epochs": 50, "cluster_epochs": 40}
+#: Most reference points the pretraining reads: a larger reference gives a uniform sample of this
+#: many, drawn with the fit's ``random_state`` (public cells, public seed: no ε). The pretraining's
+#: steps grow with the points it reads; past this many they repeat a distribution the sample covers.
+PRETRAIN_MAX_CELLS = 100_000
 PRETRAINED_WEIGHTS = "dpdcan_reference.pt"
 PRETRAINED_META = "dpdcan_reference.json"
 
@@ -70,15 +75,24 @@ def pretraining_key(
         "random_state": int(random_state),
         **{k: list(v) if isinstance(v, tuple) else v for k, v in REFERENCE_MODEL.items()},
         **PRETRAIN_EPOCHS,
+        "max_cells": PRETRAIN_MAX_CELLS,
     }
 
 
 def pretrained_state(
     reference_points: np.ndarray, n_clusters: int, random_state: int, progress_bar: bool = False
 ) -> dict[str, torch.Tensor]:
-    """Train DCAN without noise on the reference's points and return its module's weights (public)."""
+    """Train DCAN without noise on the reference's points and return its module's weights (public).
+
+    A reference of more than :data:`PRETRAIN_MAX_CELLS` points is sampled to that many (uniformly,
+    without replacement, seeded by ``random_state``).
+    """
     from ._dpdcan import DPDCAN
 
+    n_points = len(reference_points)
+    if n_points > PRETRAIN_MAX_CELLS:
+        rng = np.random.default_rng(random_state)
+        reference_points = reference_points[np.sort(rng.choice(n_points, PRETRAIN_MAX_CELLS, replace=False))]
     cells = points_anndata(reference_points)
     DPDCAN.setup_anndata(cells)
     torch.manual_seed(random_state)
