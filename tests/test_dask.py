@@ -94,25 +94,15 @@ def test_on_a_cluster_the_per_cell_work_stays_off_the_caller(small_adata):
     """A scheduler and 2 worker processes on 127.0.0.1 (stopped by the test); 10^5 and 3 × 10^5 cells.
 
     The scheduler runs in its own process, as on a real cluster (``LocalCluster`` would run it in
-    the caller's, where its bookkeeping would count as the caller's work).
+    the caller's, where its bookkeeping would count as the caller's work): distributed's
+    ``SubprocessCluster``.
     """
-    import socket
-    import subprocess
-    import sys
-
     distributed = pytest.importorskip("distributed")
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    address = f"tcp://127.0.0.1:{port}"
-    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
-    local = ["--host", "127.0.0.1", "--no-dashboard"]
-    scheduler = ["distributed.cli.dask_scheduler", *local, "--port", str(port)]
-    processes = [subprocess.Popen([sys.executable, "-m", *scheduler], **quiet)]
-    worker = ["distributed.cli.dask_worker", address, "--nthreads", "1", *local]
-    processes += [subprocess.Popen([sys.executable, "-m", *worker], **quiet) for _ in range(2)]
+    from distributed.deploy.subprocess import SubprocessCluster
+
+    cluster = SubprocessCluster(host="127.0.0.1", n_workers=2, threads_per_worker=1, dashboard_address=None)
     try:
-        client = distributed.Client(address, timeout=60)
+        client = distributed.Client(cluster, timeout=60)
         client.wait_for_workers(2, timeout=60)
         lazy, memory = lazy_copy(small_adata, True), small_adata.copy()
         dpsc.tl.cluster(lazy, 3, noise_seed=4)  # on the cluster's workers
@@ -139,13 +129,7 @@ def test_on_a_cluster_the_per_cell_work_stays_off_the_caller(small_adata):
         assert cpu[300_000] - cpu[100_000] < 0.1 * cpu["in memory, 10^5"], cpu
         client.close(timeout=30)
     finally:
-        for process in processes:
-            process.terminate()
-        for process in processes:
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
+        cluster.close(timeout=30)
 
 
 @pytest.mark.parametrize("sparse", [True, False])

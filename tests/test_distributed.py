@@ -142,9 +142,41 @@ def _fit_worker(rank: int, port: int, out: str, n_cells: int, scope: str) -> Non
                 "record": {k: record[k] for k in ("epsilon", "noise_multiplier", "sample_rate", "steps")},
                 "weights": weights.tolist(),
                 "loadings": model.module.input_loadings.flatten().tolist() if scope != "paper" else [],
+                "labels": adata.obs["dp_cluster"].astype(str).tolist(),
+                "params": {k: str(v) for k, v in adata.uns["dpsc"]["X_dpdcan"]["params"].items()},
             }
         )
     )
+
+
+def test_a_data_parallel_fit_not_launched_together_is_refused_before_anything_is_booked(monkeypatch):
+    import dpsc
+
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    adata = _cells(200)
+    with pytest.raises(ValueError, match="torchrun --nproc-per-node 2"):
+        dpsc.tl.fit(adata, **FIT, devices=2, strategy="ddp")
+    assert dpsc.privacy.ledger_frame(adata).empty and "X_dpdcan" not in adata.obsm
+
+
+def test_processes_of_one_group_draw_alike_and_sample_apart(tmp_path):
+    _spawn(_noise_worker, _free_port(), str(tmp_path))
+    ranks = [json.loads((tmp_path / f"noise{r}.json").read_text()) for r in range(WORLD)]
+    assert ranks[0]["release"] == ranks[1]["release"]  # one release, drawn alike
+    assert ranks[0]["sample"] != ranks[1]["sample"]  # each rank's own Poisson stream
+
+
+def _noise_worker(rank: int, port: int, out: str) -> None:
+    from dpsc.privacy import shared_noise_source
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
+    noise = shared_noise_source()
+    draws = {
+        "release": noise.stream("tl.fit.choice").standard_normal(8).tolist(),
+        "sample": noise.stream("sampling", rank).uniform(8).tolist(),
+    }
+    Path(out, f"noise{rank}.json").write_text(json.dumps(draws))
+    dist.destroy_process_group()
 
 
 @pytest.mark.slow
@@ -158,6 +190,9 @@ def test_ddp_fit_matches_one_process_accounting(tmp_path, scope):
     np.testing.assert_array_equal(ranks[0]["weights"], ranks[1]["weights"])
     # the proven scopes' input loadings are one release (rank 0's), not one per process
     np.testing.assert_array_equal(ranks[0]["loadings"], ranks[1]["loadings"])
+    # every release made outside DP-SGD (the start, the partition choice) is one draw, alike on
+    # each process: each process writes the same labels and the same choice
+    assert ranks[0]["labels"] == ranks[1]["labels"] and ranks[0]["params"] == ranks[1]["params"]
     assert (scope != "paper") == (len(ranks[0]["loadings"]) > 0)
     adata = _cells(n_cells)
     dpsc.tl.fit(adata, **FIT, scope=scope)

@@ -53,6 +53,7 @@ from ..privacy import (
     epsilon_curve,
     make_accountant,
     not_covered_for,
+    shared_noise_source,
     with_unit,
 )
 
@@ -412,7 +413,8 @@ def plan_fit(
         target_frequency=options["target_frequency"],
         **{k: kmeans[k] for k in ("n_sketch_steps", "n_lloyd_rounds", "steps_per_round")},
     )
-    noise = NoiseSource(settings.noise_seed)
+    # data-parallel processes share one secret key: each release is one draw, made alike on each
+    noise = NoiseSource(settings.noise_seed) if settings.noise_seed is not None else shared_noise_source()
     start = None
     if start_n_vars is not None:  # the clustering releases the genes and the loadings
         training = (sample_rate, counts["total"])

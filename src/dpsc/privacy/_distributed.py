@@ -15,7 +15,10 @@ model. The privacy argument of a single process carries over unchanged when
 * every rank takes the same number of steps, an empty local batch included, so every rank's
   accountant holds the same (σ, q, steps) as the single-process fit;
 * a release that is not an SGD step (DP k-means centroids, cluster frequencies) is computed and
-  accounted on every rank, and rank 0's value is broadcast; the others are discarded unseen.
+  accounted on every rank, and rank 0's value is broadcast; the others are discarded unseen;
+* the releases a fit makes before and after training (its start clustering, the partition
+  choice) draw from one secret key shared by the ranks (:func:`shared_noise_source`): each is
+  one draw, made alike on every rank, and every rank writes the same results.
 """
 
 from __future__ import annotations
@@ -50,3 +53,42 @@ def sum_over_ranks(tensor: torch.Tensor) -> torch.Tensor:
     if is_distributed():
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
     return tensor
+
+
+def shared_noise_source():
+    """Return a secret :class:`~dpsc.privacy.NoiseSource` that every process of the group holds alike.
+
+    The first process draws 32 bytes from OS entropy and broadcasts them; every process derives
+    its streams from them. A release every process makes (a data-parallel fit's start
+    clustering, its partition choice) is then the same draw on every process, one release, as
+    the plan accounts it; each process's Poisson sample reads its own rank-indexed stream,
+    independent of the others'. Outside a group: a secret source.
+    """
+    from ._noise import NoiseSource
+    from ._random import KEY_BYTES, secure_key
+
+    if not is_distributed():
+        return NoiseSource()
+    key = torch.frombuffer(bytearray(secure_key()), dtype=torch.uint8)
+    if dist.get_backend() == "nccl":  # nccl broadcasts device tensors only
+        key = key.cuda()
+    shared = broadcast_from_rank_zero(key).cpu().numpy().tobytes()
+    if len(shared) != KEY_BYTES:
+        raise RuntimeError("The processes did not agree on one noise key.")
+    return NoiseSource(shared_key=shared)
+
+
+def join_process_group(world_size: int, backend: str) -> None:
+    """Join the process group of processes launched together (``torchrun``: ``RANK``, or ``LOCAL_RANK``).
+
+    Lightning's DDP strategy then trains in this group (it joins one only when none exists). The
+    address is the launcher's (``MASTER_ADDR``, ``MASTER_PORT``).
+    """
+    import os
+
+    if dist.is_initialized():
+        return
+    local = int(os.environ["LOCAL_RANK"])
+    rank = int(os.environ.get("RANK", int(os.environ.get("NODE_RANK", 0)) * world_size + local))
+    world = int(os.environ.get("WORLD_SIZE", world_size))
+    dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world)

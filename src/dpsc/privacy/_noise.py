@@ -38,9 +38,16 @@ class NoiseSource:
         ``None`` (default): every stream is keyed from OS entropy, so the noise is secret and
         differs run to run. An integer makes the noise repeatable (tests and benchmarks only);
         the guarantee then does not hold against anyone who knows it.
+    shared_key
+        The processes of one data-parallel fit (:func:`~dpsc.privacy.shared_noise_source`): 32
+        secret bytes drawn from OS entropy by the first process and sent to the others over their
+        process group, never stored; every stream is derived from it, so the processes draw the
+        same noise for the same release (one release, made alike on every process) and their
+        rank-indexed streams (each process's Poisson sample) stay independent.
     """
 
     noise_seed: int | None = None
+    shared_key: bytes | None = field(default=None, compare=False, repr=False)
     _issued: Counter = field(default_factory=Counter, compare=False, repr=False)
 
     @property
@@ -52,18 +59,25 @@ class NoiseSource:
         """Return a fresh stream for the release ``name`` (and an index, e.g. a round or a rank).
 
         Every call returns a stream independent of every other: secret streams get their own OS
-        key; seeded streams a key derived from (seed, name, index, how many such streams this
-        source issued before).
+        key; seeded and shared-key streams a key derived from (seed or shared key, name, index,
+        how many such streams this source issued before).
         """
-        if self.noise_seed is None:
+        if self.noise_seed is None and self.shared_key is None:
             return SecureRandom(_random.secure_key())
         key = (name, *map(int, index))
         count = self._issued[key]
         self._issued[key] += 1
-        return SecureRandom(derive_key(int(self.noise_seed), *key, count))
+        root = self.shared_key.hex() if self.shared_key is not None else int(self.noise_seed)
+        return SecureRandom(derive_key(root, *key, count))
 
     def describe(self) -> str:
         """One sentence for the privacy statement: where the noise came from."""
+        if self.shared_key is not None:
+            return (
+                "Noise and Poisson samples were drawn from AES-256-CTR keystreams derived from one key "
+                "drawn from OS entropy by the first process and shared with the fit's other processes "
+                "over their process group; it was never stored."
+            )
         if self.secret:
             return (
                 "Noise and Poisson samples were drawn from AES-256-CTR keystreams keyed with OS "

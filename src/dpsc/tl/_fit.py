@@ -45,7 +45,7 @@ from ..model import (
     start_model_from,
 )
 from ..module import DEFAULT_LATENT_SCALE
-from ..privacy import DonorRows, PrivacyUnit, donor_codes, n_donors, unit_and_weights
+from ..privacy import DonorRows, PrivacyUnit, donor_codes, join_process_group, n_donors, unit_and_weights
 from ._cluster import warn_if_noise_dominated
 from ._fit_reference import (
     REFERENCE_FINE_TUNING_EPOCHS,
@@ -269,6 +269,7 @@ def fit(
     )
     run = {k: train_kwargs.pop(k) for k in RUN_OPTIONS if k in train_kwargs}
     _check_donor_fit(unit, epsilon, run)
+    _join_data_parallel(run)
     if public is not None and batch_size is None:  # a rule of n alone (reads no cell)
         batch_size = max(1, round(REFERENCE_FINE_TUNING_RATE * adata.n_obs))
     settings = _settings(
@@ -439,6 +440,28 @@ def _check_donor_fit(unit: PrivacyUnit, epsilon: float | None, run: dict[str, An
             "dpsc.tl.fit: a donor-level fit draws donors in one process; drop devices= and strategy= "
             "(data-parallel training shards cells, not donors)."
         )
+
+
+def _join_data_parallel(run: dict[str, Any]) -> None:
+    """Join the group of a data-parallel fit's processes before any release (reads no cell).
+
+    Every process must make each release alike (one noise key, :func:`dpsc.privacy.shared_noise_source`),
+    so the processes must all exist when the first release is made: started together by
+    ``torchrun`` (each with ``LOCAL_RANK``), not by Lightning's launcher, which starts the others
+    only when training begins, after this process's start clustering.
+    """
+    devices = run.get("devices")
+    if not (isinstance(devices, int) and devices > 1):
+        return
+    if "LOCAL_RANK" not in os.environ:
+        raise ValueError(
+            f"dpsc.tl.fit: devices={devices} trains on {devices} processes, which must all run this "
+            "script from its start, so that the releases made before training are made alike on "
+            f"each. Launch it with `torchrun --nproc-per-node {devices} script.py` (Lightning's own "
+            "launcher would start the other processes after this one's releases)."
+        )
+    cpu = run.get("accelerator") == "cpu" or not torch.cuda.is_available()
+    join_process_group(devices, "gloo" if cpu else "nccl")
 
 
 def _train(
