@@ -2,9 +2,9 @@
 
 The cells are generated on the workers (``dpsc.datasets.simulate`` per row chunk, 2,000 genes,
 one seed per chunk): the client never holds them. Two worker processes (one thread each) on
-127.0.0.1, with the scheduler either in its own process (``--scheduler separate``: ``dask
-scheduler`` and ``dask worker``, as on a real cluster) or in the client's process (``--scheduler
-local``: ``distributed.LocalCluster``). One ``dpsc.tl.cluster(n_clusters=8, epsilon=8)`` per
+127.0.0.1, with the scheduler either in its own process (``--scheduler separate``:
+``distributed``'s ``SubprocessCluster``, as on a real cluster) or in the client's process
+(``--scheduler local``: ``distributed.LocalCluster``). One ``dpsc.tl.cluster(n_clusters=8, epsilon=8)`` per
 process; the row reports the client's CPU seconds (``time.process_time``), its peak RSS
 (``ru_maxrss``) and its idle RSS just before the call.
 
@@ -21,12 +21,8 @@ import json
 import os
 import platform
 import resource
-import socket
-import subprocess
-import sys
 import time
 import warnings
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -57,21 +53,13 @@ def lazy_atlas(n_cells: int, chunk: int, model):
     return da.map_blocks(block, chunks=(sizes, (GENES,)), dtype=np.float32, meta=meta)
 
 
-def _separate_cluster(n_workers: int = 2) -> tuple[str, list[subprocess.Popen]]:
-    """Start ``dask scheduler`` and ``dask worker --nworkers N`` on 127.0.0.1; return the address."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    tools = Path(sys.executable).parent
-    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
-    address = f"tcp://127.0.0.1:{port}"
-    scheduler = subprocess.Popen(
-        [tools / "dask", "scheduler", "--host", "127.0.0.1", "--port", str(port), "--no-dashboard"], **quiet
+def _separate_cluster(n_workers: int = 2):
+    """A scheduler and ``n_workers`` single-thread workers on 127.0.0.1, each in its own process."""
+    from distributed.deploy.subprocess import SubprocessCluster
+
+    return SubprocessCluster(
+        host="127.0.0.1", n_workers=n_workers, threads_per_worker=1, dashboard_address=None
     )
-    time.sleep(4)
-    worker = [tools / "dask", "worker", address, "--nworkers", str(n_workers), "--nthreads", "1"]
-    workers = subprocess.Popen([*worker, "--no-dashboard"], **quiet)
-    return address, [workers, scheduler]
 
 
 def run(n_cells: int, chunk: int, scheduler: str, out: str) -> None:
@@ -82,15 +70,13 @@ def run(n_cells: int, chunk: int, scheduler: str, out: str) -> None:
     import dpsc
 
     model = dpsc.datasets.fit_atlas_model(dpsc.datasets.pbmc4k())
-    processes = []
     if scheduler == "separate":
-        address, processes = _separate_cluster()
-        client = distributed.Client(address)
+        cluster = _separate_cluster()
     else:
         cluster = distributed.LocalCluster(
             n_workers=2, threads_per_worker=1, host="127.0.0.1", dashboard_address=None
         )
-        client = distributed.Client(cluster)
+    client = distributed.Client(cluster)
     try:
         client.wait_for_workers(2, timeout=60)
         obs = pd.DataFrame(index=pd.RangeIndex(n_cells).astype(str))
@@ -116,9 +102,7 @@ def run(n_cells: int, chunk: int, scheduler: str, out: str) -> None:
         }
     finally:
         client.close()
-        for process in processes:
-            process.terminate()
-            process.wait(30)
+        cluster.close()
     with open(out, "a") as handle:
         handle.write(json.dumps(row) + "\n")
     print(row)
@@ -126,7 +110,8 @@ def run(n_cells: int, chunk: int, scheduler: str, out: str) -> None:
 
 def report(out: str) -> None:
     """Print the Markdown table of ``out``'s rows, with the client's rise and CPU growth per scheduler."""
-    rows = pd.read_json(out, lines=True).sort_values(["scheduler", "cells"])
+    rows = pd.read_json(out, lines=True).drop_duplicates(["scheduler", "cells"], keep="last")
+    rows = rows.sort_values(["scheduler", "cells"])  # the latest run of each
     rows["client_rise_gb"] = (rows["client_peak_rss_gb"] - rows["client_idle_rss_gb"]).round(2)
     first = rows.groupby("scheduler")["client_cpu_s"].transform("first")
     rows["cpu_over_smallest"] = (rows["client_cpu_s"] / first).round(2)

@@ -113,13 +113,13 @@ def cluster(zarr_path: str, chunk: int, out: str, workers: int = 0) -> None:
 
     import dpsc
 
-    processes, client = [], None
+    cluster, client = None, None
     if workers:
         import distributed
         from dask_client import _separate_cluster
 
-        address, processes = _separate_cluster(workers)
-        client = distributed.Client(address)
+        cluster = _separate_cluster(workers)
+        client = distributed.Client(cluster)
         client.wait_for_workers(workers, timeout=60)
     try:
         adata = dpsc.datasets.read_zarr(zarr_path, chunk=chunk)
@@ -149,9 +149,7 @@ def cluster(zarr_path: str, chunk: int, out: str, workers: int = 0) -> None:
     finally:
         if client is not None:
             client.close()
-        for process in processes:
-            process.terminate()
-            process.wait(30)
+            cluster.close()
     row |= {"threads": os.environ.get("OMP_NUM_THREADS", ""), "machine": platform.machine()}
     row["cores"] = os.cpu_count()
     print(json.dumps(row))

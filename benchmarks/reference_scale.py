@@ -200,7 +200,8 @@ def report(out: str) -> None:
     fits = latest[latest["step"] == "fit"]
     if len(fits):
         print()
-        print(_table(fits[["reference_cells", "pretrain_fit_s", "fit_s", "peak_rss_gb", "ari"]]))
+        fits = fits.assign(ari=fits["ari"].map(lambda runs: " / ".join(f"{a:.3f}" for a in runs)))
+        print(_table(fits[["reference_cells", "pretrain_fit_s", "fit_s", "peak_rss_gb", "ari"]].round(2)))
 
 
 def main() -> None:

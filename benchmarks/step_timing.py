@@ -99,7 +99,7 @@ def ddp_table(threads: int) -> None:
     rows = [("1 process", one), *((f"DDP rank {r}", ranks[r]) for r in range(2))]
     for name, row in rows:
         print(
-            f"| {name} | {row['seconds']:.0f} | {row['noise_multiplier']:.4g} | {row['sample_rate']:.4g} "
+            f"| {name} | {row['seconds']:.1f} | {row['noise_multiplier']:.4g} | {row['sample_rate']:.4g} "
             f"| {row['steps']} | {row['epsilon']:.3f} | {row['ari']:.3f} |"
         )
     slower = max(r["seconds"] for r in ranks)
