@@ -338,12 +338,16 @@ def test_a_folder_not_an_anndata_store_or_as_output_is_refused_first(small_adata
 
     plain = tmp_path / "plain"
     plain.mkdir()
+
+    def said() -> str:  # the message as one line (the command wraps it to the terminal)
+        return " ".join(capsys.readouterr().err.split())
+
     assert main(["cluster", str(plain)]) == 2
-    assert "not a zarr store" in capsys.readouterr().err
+    assert "not a zarr store" in said()
     zarr.open_group(str(tmp_path / "bare.zarr"), mode="w").create_group("obs")
     assert main(["cluster", str(tmp_path / "bare.zarr")]) == 2
-    assert "without the AnnData layout (no X, var)" in capsys.readouterr().err
+    assert "without the AnnData layout (no X, var)" in said()
     small_adata.write_h5ad(tmp_path / "cells.h5ad")
     assert main(["cluster", str(tmp_path / "cells.h5ad"), "-o", str(plain)]) == 2
-    assert "folder; write the results to an .h5ad file" in capsys.readouterr().err
+    assert "folder; write the results to an .h5ad file" in said()
     assert dpsc.privacy.spent(ad.read_h5ad(tmp_path / "cells.h5ad")).epsilon == 0

@@ -450,7 +450,14 @@ def _join_data_parallel(run: dict[str, Any]) -> None:
     ``torchrun`` (each with ``LOCAL_RANK``), not by Lightning's launcher, which starts the others
     only when training begins, after this process's start clustering.
     """
-    devices = run.get("devices")
+    devices, cpu = run.get("devices"), run.get("accelerator") == "cpu" or not torch.cuda.is_available()
+    if isinstance(devices, list | tuple):
+        devices = len(devices)
+    elif devices in (-1, "-1", "auto") and not cpu and torch.cuda.device_count() > 1:
+        raise ValueError(
+            f"dpsc.tl.fit: devices={run['devices']!r} would train on every GPU; pass devices=N and launch "
+            "the script with `torchrun --nproc-per-node N script.py`."
+        )
     if not (isinstance(devices, int) and devices > 1):
         return
     if "LOCAL_RANK" not in os.environ:
@@ -460,7 +467,6 @@ def _join_data_parallel(run: dict[str, Any]) -> None:
             f"each. Launch it with `torchrun --nproc-per-node {devices} script.py` (Lightning's own "
             "launcher would start the other processes after this one's releases)."
         )
-    cpu = run.get("accelerator") == "cpu" or not torch.cuda.is_available()
     join_process_group(devices, "gloo" if cpu else "nccl")
 
 
