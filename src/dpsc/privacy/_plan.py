@@ -195,11 +195,9 @@ class ReleasePlan:
         One σ search (:func:`~dpsc.privacy.nominal_sigma`); what a plan reads to decide, before the
         other σ are searched, which releases run (``calibrate(…, keep=…)``).
         """
-        from ._accounting import calibrate_noise_multiplier, nominal_sigma
+        from ._accounting import nominal_sigma
 
-        if len(self.releases) == 1:
-            only = self[name]
-            return calibrate_noise_multiplier(epsilon, delta, only.sample_rate, only.steps, self.accountant)
+        self[name]  # a name the plan does not hold is refused with its releases
         return nominal_sigma(epsilon, delta, self._parts, name, self.accountant)
 
     @property
