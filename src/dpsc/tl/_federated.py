@@ -158,7 +158,7 @@ def fit_federated(
     if not 2 <= n_clusters <= adata.n_obs:
         raise ValueError(f"n_clusters must be in [2, n_obs={adata.n_obs}], got {n_clusters}.")
     matrix = get_matrix(adata, layer)
-    check_matrix(matrix, likelihood)
+    check_matrix(matrix, likelihood, training=False)  # a gene with no count is centred only
     names, of_cell, sizes = federation_sites(adata, site_key)
     delta = resolve_delta(delta, int(sizes.max()))
     if epsilon is not None and not 0 < delta < 1 / sizes.max():
