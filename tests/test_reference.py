@@ -161,7 +161,7 @@ def test_a_centroid_is_matched_within_its_types_spread_widened_by_its_own_noise(
     labels = public.labels.astype(str).to_numpy()
     own = points[labels == "type_1"]
     center = own.mean(axis=0)
-    radius = np.quantile(np.linalg.norm(own - center, axis=1), naming.TYPE_RADIUS_QUANTILE)
+    radius = np.quantile(np.linalg.norm(own - center, axis=1), naming.NAME_RADIUS_QUANTILE)
     farthest = own[np.linalg.norm(own - center, axis=1).argmax()]
     direction = (farthest - center) / np.linalg.norm(farthest - center)
     outside = (center + 1.05 * radius * direction)[None, :]  # its nearest cells are still type_1
@@ -172,6 +172,37 @@ def test_a_centroid_is_matched_within_its_types_spread_widened_by_its_own_noise(
     assert naming.name_centroids(outside, points, labels, wide)["name"].iloc[0] == "type_1"
     inside = (center + 0.5 * radius * direction)[None, :]
     assert naming.name_centroids(inside, points, labels)["name"].iloc[0] == "type_1"
+
+
+def test_names_survive_a_shift_every_cluster_shares_and_a_new_type_stays_unmatched(pair):
+    """A cohort in another condition: every type's centroid moved by one vector longer than any
+    type's radius. Without removing it every centroid is unmatched; :func:`common_shift` finds it
+    from the centroids alone, the types are named again (the closer, the smaller ``distance``),
+    and a centroid far from every type (moved too) stays unmatched."""
+    import dpsc._public_reference as naming
+    from dpsc.tl._reference import read_reference
+
+    reference, private = pair
+    public = read_reference(reference, private, "cell_type", "test")
+    points = naming.reference_points(public, public.basis())
+    labels = public.labels.astype(str).to_numpy()
+    kinds = ["type_1", "type_2", "type_3", "type_4"]
+    inside = np.stack([points[labels == kind].mean(axis=0) for kind in kinds])
+    radius = max(naming.type_spread(points[labels == kind], naming.NAME_RADIUS_QUANTILE)[1] for kind in kinds)
+    direction = np.random.default_rng(0).normal(size=points.shape[1])
+    shift = 3 * radius * direction / np.linalg.norm(direction)
+    far = -points.mean(0, keepdims=True) * 3
+    moved = np.vstack([inside, far]) + shift
+    np.testing.assert_allclose(naming.common_shift(moved, points, labels), shift, atol=1e-9)
+    named = naming.name_centroids(moved, points, labels)
+    assert named["name"].tolist() == [*kinds, UNMATCHED]
+    assert (named["distance"].iloc[:4] < 1).all() and named["distance"].iloc[4] > 1
+    kept = naming.MIN_SHIFT_CLUSTERS
+    naming.MIN_SHIFT_CLUSTERS = 10**6  # no shift removed: the rule before it
+    try:
+        assert set(naming.name_centroids(moved, points, labels)["name"]) == {UNMATCHED}
+    finally:
+        naming.MIN_SHIFT_CLUSTERS = kept
 
 
 def test_a_reference_path_and_a_lazy_cohort_give_the_same_clusters(pair, tmp_path):

@@ -376,14 +376,21 @@ def _reference_labels(reference: ad.AnnData, key: str, tool: str) -> pd.Series:
 
 # -- names for private clusters ---------------------------------------------------------------------
 UNMATCHED = "unmatched"
-#: A centroid is named by the vote of its :data:`NEIGHBOURS` nearest reference cells when it lies
-#: within that type's own spread: the :data:`TYPE_RADIUS_QUANTILE` quantile of the distances of
-#: the type's reference cells to their mean, widened by the centroid's own noise
-#: (:func:`name_centroids`). Otherwise it is :data:`UNMATCHED`. The quantile was chosen by leave one
-#: reference / private pair out among 0.5, 0.75 and 0.9, beside the earlier neighbour-density test
-#: (docs, Benchmarks: "Cluster names from a public reference").
+#: A centroid, less the cohort's shift from the reference (:func:`common_shift`), is named by the
+#: vote of its :data:`NEIGHBOURS` nearest reference cells when it lies within that type's own
+#: spread: the :data:`NAME_RADIUS_QUANTILE` quantile of the distances of the type's reference cells
+#: to their mean, widened by the centroid's own noise (:func:`name_centroids`). Otherwise it is
+#: :data:`UNMATCHED`. The rule and quantile were chosen by leave one reference / private pair out
+#: (pairs with a condition shift among them) among 0.5, 0.75 and 0.9, with and without the shift
+#: removed, beside the earlier neighbour-density test (docs, Benchmarks: "Cluster names from a
+#: public reference").
 NEIGHBOURS = 10
-TYPE_RADIUS_QUANTILE = 0.9
+NAME_RADIUS_QUANTILE = 0.75
+#: The radius of a type in the type gate's count (:func:`type_radii`, ``dpsc.methods.type_gate``):
+#: the quantile of its reference cells' distances to their mean, chosen with the gate.
+GATE_RADIUS_QUANTILE = 0.9
+#: The fewest centroids whose median shift (:func:`common_shift`) one cluster of a new type cannot move.
+MIN_SHIFT_CLUSTERS = 3
 
 
 def reference_points(reference: PublicReference, basis: PublicBasis) -> np.ndarray:
@@ -423,7 +430,8 @@ def type_start(reference: PublicReference, basis: PublicBasis, n_clusters: int) 
 def type_radii(reference: PublicReference, basis: PublicBasis, n_clusters: int) -> np.ndarray | None:
     """Return the radius of each row of :func:`type_start`: its type's spread, 0 for a fill (public).
 
-    :func:`type_spread`'s radius of each of the k most populous types; ``None`` without types.
+    :func:`type_spread`'s radius (:data:`GATE_RADIUS_QUANTILE`) of each of the k most populous
+    types; ``None`` without types.
     """
     if reference.labels is None:
         return None
@@ -431,7 +439,7 @@ def type_radii(reference: PublicReference, basis: PublicBasis, n_clusters: int) 
     labels = reference.labels.astype(str).to_numpy()
     radii = np.zeros(int(n_clusters))
     for row, kind in enumerate(_start_types(labels, n_clusters)):
-        radii[row] = type_spread(points[labels == kind])[1]
+        radii[row] = type_spread(points[labels == kind], GATE_RADIUS_QUANTILE)[1]
     return radii
 
 
@@ -461,26 +469,31 @@ def name_centroids(
 ) -> pd.DataFrame:
     r"""Name each released centroid after the public reference type it lies in (post-processing).
 
-    In the space of ``points`` (the reference cells, as the centroids' cells are read), centroid
-    :math:`\mu_j` votes among its :data:`NEIGHBOURS` nearest reference cells for a type t. A
+    In the space of ``points`` (the reference cells, as the centroids' cells are read), the
+    cohort's shift :math:`\delta` from the reference (:func:`common_shift`) is removed first; then
+    centroid :math:`\mu_j - \delta` votes among its :data:`NEIGHBOURS` nearest reference cells for
+    a type t. A
     centroid of type t is the mean of its cells plus Gaussian noise of sd :math:`s_j` per coordinate,
     so it lies near the type's reference mean :math:`m_t`, within the type's own spread and its
     noise's length :math:`\approx \sqrt p\, s_j` (p the points' dimension). It is named t when
 
     .. math::
 
-        \lVert \mu_j - m_t \rVert_2 \le \sqrt{r_t^2 + p\, s_j^2},
+        \lVert \mu_j - \delta - m_t \rVert_2 \le \sqrt{r_t^2 + p\, s_j^2},
 
-    :math:`r_t` the :data:`TYPE_RADIUS_QUANTILE` quantile of the distances of t's reference cells to
+    :math:`r_t` the :data:`NAME_RADIUS_QUANTILE` quantile of the distances of t's reference cells to
     :math:`m_t`, else :data:`UNMATCHED` (a type the reference lacks sits outside the types it has).
     ``noise``: each centroid's noise sd per coordinate (:func:`dpsc.methods.dp_kmeans_centroids`;
     0 when not given). Reads the released centroids, their public noise and the public reference
-    only. Returns one row per centroid: ``name``, ``share`` (of the neighbours with the voted type)
-    and ``nearest_type`` (the vote, matched or not).
+    only. Returns one row per centroid: ``name``, ``share`` (of the neighbours with the voted type),
+    ``nearest_type`` (the vote, matched or not) and ``distance``, the confidence of the name:
+    :math:`\lVert \mu_j - \delta - m_t \rVert_2 / \sqrt{r_t^2 + p\, s_j^2}` (named when at most 1;
+    the smaller, the surer).
     """
     points = np.asarray(points, dtype=np.float64)
     labels = np.asarray(labels).astype(str)
     centroids = np.asarray(centroids, dtype=np.float64)
+    centroids = centroids - common_shift(centroids, points, labels)
     nearest = _nearest_points(centroids, points, NEIGHBOURS)
     spread = np.zeros(len(centroids)) if noise is None else np.asarray(noise, dtype=np.float64)
     spreads: dict[str, tuple[np.ndarray, float]] = {}  # each voted type's mean and radius, once
@@ -489,18 +502,52 @@ def name_centroids(
         types, votes = np.unique(labels[nearest[j]], return_counts=True)
         best = types[votes.argmax()]
         if best not in spreads:
-            spreads[best] = type_spread(points[labels == best])
+            spreads[best] = type_spread(points[labels == best], NAME_RADIUS_QUANTILE)
         center, radius = spreads[best]
         allowed = np.sqrt(radius**2 + points.shape[1] * spread[j] ** 2)
-        name = best if np.linalg.norm(centroids[j] - center) <= allowed else UNMATCHED
-        rows.append({"name": name, "share": votes.max() / NEIGHBOURS, "nearest_type": best})
+        gap = float(np.linalg.norm(centroids[j] - center))
+        name = best if gap <= allowed else UNMATCHED
+        distance = gap / allowed if allowed > 0 else (np.inf if gap > 0 else 0.0)
+        rows.append(
+            {"name": name, "share": votes.max() / NEIGHBOURS, "nearest_type": best, "distance": distance}
+        )
     return pd.DataFrame(rows, index=pd.Index([str(j) for j in range(len(centroids))], name="cluster"))
 
 
-def type_spread(points: np.ndarray) -> tuple[np.ndarray, float]:
-    """Return a type's mean point and radius (:data:`TYPE_RADIUS_QUANTILE` quantile of its distances)."""
+def common_shift(
+    centroids: np.ndarray, points: np.ndarray, labels: np.ndarray, rounds: int = 10
+) -> np.ndarray:
+    r"""Return the shift :math:`\delta` shared by the released centroids against the reference's types.
+
+    A cohort whose condition differs from the reference's (a disease, a stimulation, another
+    lab) moves every type's expression by much the same vector in log space. With the reference
+    types' mean points :math:`m_t`, alternate :math:`t_j = \arg\min_t \lVert \mu_j - \delta - m_t
+    \rVert` and :math:`\delta = \operatorname{median}_j (\mu_j - m_{t_j})` (per coordinate, so a
+    cluster of a type the reference lacks does not move it), from :math:`\delta = 0`, for at most
+    ``rounds`` rounds. Below :data:`MIN_SHIFT_CLUSTERS` centroids a median cannot tell a shared
+    shift from one cluster's own type, so no shift is removed. Reads the released centroids and
+    the public reference only (post-processing).
+    """
+    if len(centroids) < MIN_SHIFT_CLUSTERS:
+        return np.zeros(centroids.shape[1])
+    labels = np.asarray(labels).astype(str)
+    kinds = np.unique(labels)
+    means = np.stack([points[labels == kind].mean(axis=0) for kind in kinds])
+    shift = np.zeros(centroids.shape[1])
+    for _ in range(rounds):
+        gaps = (centroids - shift)[:, None, :] - means[None]
+        nearest = (gaps**2).sum(axis=-1).argmin(axis=1)
+        moved = np.median(centroids - means[nearest], axis=0)
+        if np.allclose(moved, shift):
+            break
+        shift = moved
+    return shift
+
+
+def type_spread(points: np.ndarray, quantile: float) -> tuple[np.ndarray, float]:
+    """Return a type's mean point and radius (the ``quantile`` of its cells' distances to the mean)."""
     center = points.mean(axis=0)
-    return center, float(np.quantile(np.linalg.norm(points - center, axis=1), TYPE_RADIUS_QUANTILE))
+    return center, float(np.quantile(np.linalg.norm(points - center, axis=1), quantile))
 
 
 def write_names(target: ad.AnnData, key: str, names: pd.DataFrame) -> dict[str, Any]:

@@ -7,7 +7,7 @@ when the private cells are of those types. A reference of another study can hold
 Which case holds is a property of the private cells, so it is decided by a release:
 
 **The count.** With :math:`m_j` the start's centroids (type means) and :math:`r_j` the radius of
-type j (the :data:`~dpsc._public_reference.TYPE_RADIUS_QUANTILE` quantile of its reference cells'
+type j (the :data:`~dpsc._public_reference.GATE_RADIUS_QUANTILE` quantile of its reference cells'
 distances to :math:`m_j`; 0 for a centroid that is not a type's), each cell's point :math:`p_i`
 in the public basis is *inside* when :math:`\lVert p_i - m_{j(i)}\rVert_2 \le r_{j(i)}` for its
 nearest centroid :math:`j(i)`. The released vector is
@@ -28,7 +28,7 @@ ask for (more noise can only lower either composition, :func:`dpsc.methods.clust
 so whichever branch runs, the whole clustering spends at most (ε, δ), as its record states.
 
 :data:`TYPED_SHARE` follows from the radius: a type's own cells are inside with probability
-:data:`~dpsc._public_reference.TYPE_RADIUS_QUANTILE` (0.9), a cell of a type the reference lacks
+:data:`~dpsc._public_reference.GATE_RADIUS_QUANTILE` (0.9), a cell of a type the reference lacks
 seldom is; a cohort whose cells are mostly inside is of the reference's types. Measured on the
 benchmark pairs (docs, Benchmarks: "``tl.cluster(reference=...)`` on reference / private pairs").
 """
