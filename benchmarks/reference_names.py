@@ -213,27 +213,25 @@ def report(path: Path) -> str:
     means = chosen[columns].mean()
     lines.append("| **mean** | | " + " | ".join(f"**{means[c]:.2f}**" for c in columns) + " |")
     shipped = scores.xs("tl.cluster", level="rule")
-    lines += [
-        "",
-        "The names `tl.cluster` writes (the rule chosen on all pairs) on each pair:",
-        "",
-        "| pair | " + " | ".join(columns) + " |",
-        "|---|" + "---|" * len(columns),
-    ]
-    for pair, values in shipped.iterrows():
-        lines.append(f"| {pair} | " + " | ".join(f"{values[c]:.2f}" for c in columns) + " |")
     overall = scores.groupby(level="rule")[columns].mean().sort_values("ε = 8", ascending=False)
+    lines += ["", "The names `tl.cluster` writes (the rule chosen on all pairs) on each pair:", ""]
+    lines += _table("pair", shipped, columns)
     lines += [
         "",
         "Every rule, mean over the pairs (`tl.cluster`: the names the shipped call wrote; the two",
         "bounds are not candidates: `nearest type` never says `unmatched`, `majority` reads labels):",
         "",
-        "| rule | " + " | ".join(columns) + " |",
-        "|---|" + "---|" * len(columns),
     ]
-    for rule, values in overall.iterrows():
-        lines.append(f"| {rule} | " + " | ".join(f"{values[c]:.2f}" for c in columns) + " |")
+    lines += _table("rule", overall, columns)
     return "\n".join(lines) + "\n"
+
+
+def _table(head: str, values: pd.DataFrame, columns: list[str]) -> list[str]:
+    """A Markdown table of ``values``' ``columns``, one row per index entry."""
+    lines = [f"| {head} | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
+    for name, row in values.iterrows():
+        lines.append(f"| {name} | " + " | ".join(f"{row[c]:.2f}" for c in columns) + " |")
+    return lines
 
 
 def main() -> None:

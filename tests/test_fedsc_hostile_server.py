@@ -191,3 +191,45 @@ def test_both_federated_tasks_share_one_site_guard_and_its_words(tmp_path):
     serve_honestly(first)
     second = FakeSite(tmp_path, honest_run(), budget=8.0)
     second.refuses(second.train, 1, match=r"budget refuses the run: its ledger .* epsilon left: 0.*--ledger")
+
+
+def test_a_deployed_fedsc_site_reads_only_the_cells_its_own_settings_name(tmp_path, small_adata):
+    """Deployed, a FedSC site reads its own ``.h5ad`` (its settings file's ``data``), represented as
+    ``tl.fit_federated`` does; a server's run configuration that names a folder of cells is refused."""
+    from types import SimpleNamespace
+
+    from dpsc.federated import represent_cells, write_site_settings
+    from dpsc.federated._flower import FedSCSite
+    from dpsc.federated._run_config import run_settings
+
+    own = tmp_path / "own.h5ad"
+    small_adata.write_h5ad(own)
+    decoy = tmp_path / "server_named"
+    decoy.mkdir()
+    np.save(decoy / "client_0.npy", np.zeros((3, small_adata.n_vars), dtype=np.float32))
+    settings = write_site_settings(SiteSettings(data=str(own), epsilon=8.0), tmp_path / "site.toml")
+    context = SimpleNamespace(node_config={"partition-id": 0, "settings": str(settings)}, run_config={})
+    cells = FedSCSite(run_settings("fedsc"), None).raw_cells(context)
+    np.testing.assert_array_equal(cells, represent_cells(small_adata.X, "zinb"))
+    with pytest.raises(ValueError, match="no setting data-dir"):
+        run_settings("fedsc", {"data-dir": str(decoy)})
+
+
+def test_a_deployed_fedsc_site_writes_its_results_to_its_own_output(tmp_path, small_adata):
+    """The finish writes the site's embedding and labels to the output its settings name."""
+    import anndata as ad
+
+    from dpsc.federated._flower import write_site_output
+    from dpsc.federated._run_config import run_settings
+
+    own = tmp_path / "own.h5ad"
+    small_adata.write_h5ad(own)
+    settings = SiteSettings(data=str(own), epsilon=8.0)
+    points = np.random.default_rng(0).normal(size=(small_adata.n_obs, 4))
+    labels = np.arange(small_adata.n_obs) % 3
+    path = write_site_output(settings, run_settings("fedsc"), points, labels)
+    assert path == tmp_path / "own.dpsc.h5ad" and not (tmp_path / "labels_0.npy").exists()
+    written = ad.read_h5ad(path)
+    np.testing.assert_allclose(written.obsm["X_fedsc"], points, rtol=1e-6)
+    assert written.obs["dp_cluster"].astype(int).tolist() == labels.tolist()
+    assert written.uns["dpsc"]["X_fedsc"]["ledger"] == settings.ledger

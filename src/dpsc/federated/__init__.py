@@ -37,6 +37,7 @@ _BUILDING_BLOCKS = {
     "federation_plan": "._fedsc_site",
     "fedsc_plan": "._fedsc_site",
     "read_result": "._pipeline",
+    "represent_cells": "._flower",
     "require_flwr": "._requires",
     "site_record": "._site",
     "write_site_settings": "._deploy",

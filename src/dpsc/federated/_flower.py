@@ -1,9 +1,10 @@
 """Flower apps of FedSC (Message API; rounds through :mod:`._rounds`) and the simulation launcher.
 
 The apps read their settings from a dict given to :func:`fedsc_apps`, overridden by Flower's
-``run_config``; each site reads its cells from ``{data-dir}/client_{partition-id}.npy``. The
-same apps therefore run in Flower's simulation engine (:func:`run_federation`) and in a real
-deployment (``flwr run`` with one SuperNode per site; see the docs).
+``run_config``; each site reads its cells from its own settings (in memory in a simulation, its
+own ``.h5ad`` when deployed), never from a path the run configuration names. The same apps run in
+Flower's simulation engine (:func:`run_federation`) and in a real deployment (``flwr run`` with one
+SuperNode per site, each started with ``--node-config "settings='site.toml'"``; see the docs).
 """
 
 from __future__ import annotations
@@ -14,12 +15,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import scipy.sparse as sp
 import torch
 
 from .._api import renamed_arguments
+from .._validation import check_matrix, get_matrix
 from ..methods import dp_kmeans_centroids, split_table
 from ..methods.cluster_design import CLIP_NORM, KMEANS_PLAN
 from ..methods.kmeans import Assignment, nearest_centroid, table_release
+from ..module import input_representation
 from ._ema import calibrate_lambda, divergence, divergence_aware_update, ema_weight
 from ._fedsc_site import KMEANS_STEPS, FedSCGuard
 from ._pipeline import site_settings_from
@@ -64,13 +68,13 @@ def fedsc_apps(
 
     ``site_settings`` maps a partition id to its site's :class:`~dpsc.federated.SiteSettings`
     (simulation); without it, each SuperNode's ``node_config`` names its settings file. A site's
-    privacy comes from its settings, never from the run configuration (:mod:`._fedsc_site`).
-    A site whose settings hold its cells (``SiteSettings.in_memory``) reads them from there, not
-    from ``data-dir``. With ``sink`` (a simulation in this process) the server also puts the
-    global model (``"state"``), the rounds' metrics (``"history"``), the pooled gene scaling
-    (``"scaling"``), the centroids and the k-means releases there; with no ``out-dir`` it writes
-    no file, and the sites keep their labels to themselves (the caller labels its cells from the
-    centroids).
+    privacy and cells come from its settings, never from the run configuration
+    (:mod:`._fedsc_site`, :meth:`FedSCSite.raw_cells`). With ``sink`` (a simulation in this
+    process) the server also puts the global model (``"state"``), the rounds' metrics
+    (``"history"``), the pooled gene scaling (``"scaling"``), the centroids and the k-means
+    releases there; with no ``out-dir`` it writes no file. Sites in memory keep their labels to
+    themselves (the caller labels its cells from the centroids); a deployed site writes its own
+    output (:func:`write_site_output`).
     """
     require_flwr()
     from flwr.clientapp import ClientApp
@@ -181,11 +185,33 @@ class FedSCServer:
 
 
 def _sites_and_genes(s: dict[str, Any]) -> tuple[int, int]:
-    """Return ``(n_genes, n_sites)`` from ``data-dir/meta.json`` or the run configuration."""
-    if s["data-dir"]:
-        meta = json.loads((Path(s["data-dir"]) / "meta.json").read_text())
-        return int(meta["n_genes"]), int(meta["n_clients"])
+    """Return ``(n_genes, n_sites)`` from the run configuration."""
     return int(s["n-genes"]), int(s["n-sites"])
+
+
+def write_site_output(settings: Any, s: dict[str, Any], points: np.ndarray, labels: np.ndarray) -> Path:
+    """Write a deployed site's embedding and labels to its own output file.
+
+    The file its settings name (``SiteSettings.output``), never a path the server names: its cells
+    with ``obsm["X_fedsc"]``, ``obs["dp_cluster"]`` and the run's settings in
+    ``uns["dpsc"]["X_fedsc"]`` (what it spent is in its ledger).
+    """
+    import anndata as ad
+    import pandas as pd
+
+    adata = ad.read_h5ad(settings.data)
+    adata.obsm["X_fedsc"] = np.asarray(points, dtype=np.float32)
+    adata.obs["dp_cluster"] = pd.Categorical(np.asarray(labels).astype(str))
+    run = {key: s[key] for key in ("method", "rounds", "local-epochs", "n-clusters")}
+    adata.uns["dpsc"] = {"X_fedsc": {**run, "ledger": str(settings.ledger)}}
+    adata.write_h5ad(settings.output)
+    return Path(settings.output)
+
+
+def represent_cells(matrix: Any, likelihood: str) -> np.ndarray:
+    """Per-cell input representation (log1p CP10k for counts), as DP-DCAN uses."""
+    dense = matrix.toarray() if sp.issparse(matrix) else np.asarray(matrix)
+    return input_representation(torch.as_tensor(dense, dtype=torch.float32), likelihood).numpy()
 
 
 class FedSCSite:
@@ -212,16 +238,25 @@ class FedSCSite:
 
         context.state.config_records[RUN_STATE] = ConfigRecord({"json": json.dumps(guard.run)})
 
-    def raw_cells(self, s: dict, context) -> np.ndarray:
-        """Return the site's represented cells: from its settings in memory, or ``data-dir``."""
-        pid = int(context.node_config["partition-id"])
-        if self.site_settings is not None and self.site_settings[pid].in_memory:
-            return resolve_shared(self.site_settings[pid].data)
-        return np.load(Path(s["data-dir"]) / f"client_{pid}.npy")
+    def raw_cells(self, context) -> np.ndarray:
+        """Return the site's represented cells, named by its own settings only.
+
+        In a simulation, the cells its settings hold; deployed, its own ``.h5ad``
+        (``SiteSettings.data``, its ``layer``), represented as :func:`dpsc.tl.fit_federated` does
+        (:func:`represent_cells`). The run configuration names no path a site reads.
+        """
+        settings = site_settings_from(dict(context.node_config), self.site_settings)
+        if settings.in_memory:
+            return resolve_shared(settings.data)
+        import anndata as ad
+
+        matrix = get_matrix(ad.read_h5ad(settings.data), settings.layer)
+        check_matrix(matrix, "zinb", training=False)
+        return represent_cells(matrix, "zinb")
 
     def cells(self, s: dict, context) -> np.ndarray:
         """Return the site's cells as it trains on them (scaled when the run scales genes)."""
-        X = self.raw_cells(s, context)
+        X = self.raw_cells(context)
         if "scaling" in context.state:
             scaling = context.state["scaling"]
             X = apply_scaling(X, np.asarray(scaling["mean"]), np.asarray(scaling["std"]))
@@ -244,10 +279,9 @@ class FedSCSite:
         points = embed(net, X)
         extra = msg.content["extra"].to_torch_state_dict()
         if task == "finish":
-            if s["out-dir"]:  # a simulation in memory labels the cells from the centroids itself
-                labels = nearest_centroid(points, extra["centroids"].numpy())
-                pid = int(context.node_config["partition-id"])
-                np.save(Path(s["out-dir"]) / f"labels_{pid}.npy", labels)
+            settings = site_settings_from(dict(context.node_config), self.site_settings)
+            if not settings.in_memory:  # a simulation in memory labels the cells from the centroids itself
+                write_site_output(settings, s, points, nearest_centroid(points, extra["centroids"].numpy()))
             return Message(content=RecordDict({}), reply_to=msg)
         if task != "kmeans":
             raise SiteRefusal(f"Unknown request {task!r}; nothing was sent.")
@@ -268,7 +302,7 @@ class FedSCSite:
         s = run_settings("fedsc", self.base, dict(context.run_config))
         pid = int(context.node_config["partition-id"])
         config = msg.content["config"]
-        X = self._scaled_for_training(self.raw_cells(s, context), config, context)
+        X = self._scaled_for_training(self.raw_cells(context), config, context)
         net = SSLNet(X.shape[1], _ssl_config(s))
         mu = _start_from_global(net, msg.content["arrays"].to_torch_state_dict(), s, context)
         server_round, epochs = int(config["server-round"]), int(config["local-epochs"])
@@ -367,15 +401,6 @@ def _fedsc_saver(sink: dict[str, Any] | None, out_dir: str):
     return save
 
 
-def write_client_data(data_dir: Path, parts: list[np.ndarray]) -> None:
-    """Write each site's represented cells and a ``meta.json`` for the apps."""
-    data_dir.mkdir(parents=True, exist_ok=True)
-    for i, X in enumerate(parts):
-        np.save(data_dir / f"client_{i}.npy", X.astype(np.float32))
-    meta = {"n_clients": len(parts), "n_genes": int(parts[0].shape[1])}
-    (data_dir / "meta.json").write_text(json.dumps(meta))
-
-
 @renamed_arguments("dpsc.federated.run_federation", n_clients="n_sites")
 def run_federation(
     settings: dict[str, Any],
@@ -421,12 +446,3 @@ def simulate_federation(
         raise RuntimeError("The Flower run ended without a global model; see the Flower log above.")
     sink["history"] = {int(k): v for k, v in sink["history"].items()}
     return sink
-
-
-def read_scaling(out_dir: str | Path) -> tuple[np.ndarray, np.ndarray] | None:
-    """Return the pooled gene ``(mean, std)`` a run with ``scale-genes`` saved, else ``None``."""
-    path = Path(out_dir) / "scaling.npz"
-    if not path.exists():
-        return None
-    with np.load(path) as saved:
-        return saved["mean"], saved["std"]

@@ -38,9 +38,8 @@ FEDSC: dict[str, Any] = {
     "local-epochs": 1,
     "alpha": 0.7,
     "seed": 0,
-    "data-dir": "",  # empty: the sites' cells come from their settings (a simulation in memory)
     "out-dir": "",  # empty: the results go to the caller's sink (a simulation in memory)
-    "n-sites": 0,  # with no data-dir: the number of sites and of genes (else from data-dir/meta.json)
+    "n-sites": 0,  # the number of sites and of genes (each site's cells come from its own settings)
     "n-genes": 0,
     "lr": 0.032,
     "batch-size": 128,

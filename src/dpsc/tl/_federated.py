@@ -10,8 +10,6 @@ from typing import Any, Literal
 import anndata as ad
 import numpy as np
 import pandas as pd
-import scipy.sparse as sp
-import torch
 
 from dpsc._docs import doc_params
 
@@ -31,20 +29,14 @@ from ..federated import (
     federated_record,
     federation_plan,
     fedsc_plan,
+    represent_cells,
     require_flwr,
     simulate_federation,
 )
 from ..methods import nearest_centroid
-from ..module import input_representation
 from ..optim import DEFAULT_PRIVATE_LRS, OPTIMIZERS
 from ..privacy import NoiseSource, ReleasePlan
 from ._fit import DEFAULT_N_CLUSTERS
-
-
-def represent(matrix, likelihood: str) -> np.ndarray:
-    """Per-cell input representation (log1p CP10k for counts), as DP-DCAN uses."""
-    dense = matrix.toarray() if sp.issparse(matrix) else np.asarray(matrix)
-    return input_representation(torch.as_tensor(dense, dtype=torch.float32), likelihood).numpy()
 
 
 @renamed_arguments("dpsc.tl.fit_federated", client_key="site_key")
@@ -202,7 +194,7 @@ def fit_federated(
     )
     if epsilon is not None:
         _plan_site_noise(run, float(epsilon), private_lr)
-    X = represent(matrix, likelihood)
+    X = represent_cells(matrix, likelihood)
     parts = [X[of_cell == name] for name in names]
     planned = federated_record(run.dp_plan, run.privacy)
     with federation_plan(run.dp_plan).spend(adata, planned, key_added) as spent:
