@@ -195,7 +195,8 @@ def test_both_federated_tasks_share_one_site_guard_and_its_words(tmp_path):
 
 def test_a_deployed_fedsc_site_reads_only_the_cells_its_own_settings_name(tmp_path, small_adata):
     """Deployed, a FedSC site reads its own ``.h5ad`` (its settings file's ``data``), represented as
-    ``tl.fit_federated`` does; a server's run configuration that names a folder of cells is refused."""
+    ``tl.fit_federated`` does, a value that is not a count read as 0 (never a refusal that depends
+    on the cells); a server's run configuration that names a folder of cells is refused."""
     from types import SimpleNamespace
 
     from dpsc.federated import represent_cells, write_site_settings
@@ -203,6 +204,8 @@ def test_a_deployed_fedsc_site_reads_only_the_cells_its_own_settings_name(tmp_pa
     from dpsc.federated._run_config import run_settings
 
     own = tmp_path / "own.h5ad"
+    small_adata.X = small_adata.X.toarray().astype(np.float32)
+    small_adata.X[0, 0] = np.nan
     small_adata.write_h5ad(own)
     decoy = tmp_path / "server_named"
     decoy.mkdir()
@@ -211,6 +214,7 @@ def test_a_deployed_fedsc_site_reads_only_the_cells_its_own_settings_name(tmp_pa
     context = SimpleNamespace(node_config={"partition-id": 0, "settings": str(settings)}, run_config={})
     cells = FedSCSite(run_settings("fedsc"), None).raw_cells(context)
     np.testing.assert_array_equal(cells, represent_cells(small_adata.X, "zinb"))
+    assert np.isfinite(cells).all() and cells[0, 0] == 0
     with pytest.raises(ValueError, match="no setting data-dir"):
         run_settings("fedsc", {"data-dir": str(decoy)})
 

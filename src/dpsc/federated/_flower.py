@@ -19,11 +19,11 @@ import scipy.sparse as sp
 import torch
 
 from .._api import renamed_arguments
-from .._validation import check_matrix, get_matrix
+from .._validation import get_matrix
 from ..methods import dp_kmeans_centroids, split_table
 from ..methods.cluster_design import CLIP_NORM, KMEANS_PLAN
 from ..methods.kmeans import Assignment, nearest_centroid, table_release
-from ..module import input_representation
+from ..module import clean_input, input_representation
 from ._ema import calibrate_lambda, divergence, divergence_aware_update, ema_weight
 from ._fedsc_site import KMEANS_STEPS, FedSCGuard
 from ._pipeline import site_settings_from
@@ -209,9 +209,10 @@ def write_site_output(settings: Any, s: dict[str, Any], points: np.ndarray, labe
 
 
 def represent_cells(matrix: Any, likelihood: str) -> np.ndarray:
-    """Per-cell input representation (log1p CP10k for counts), as DP-DCAN uses."""
+    """Per-cell input representation (log1p CP10k for counts), as DP-DCAN reads it (``clean_input``)."""
     dense = matrix.toarray() if sp.issparse(matrix) else np.asarray(matrix)
-    return input_representation(torch.as_tensor(dense, dtype=torch.float32), likelihood).numpy()
+    cells = clean_input(torch.as_tensor(dense, dtype=torch.float32), likelihood)
+    return input_representation(cells, likelihood).numpy()
 
 
 class FedSCSite:
@@ -243,16 +244,16 @@ class FedSCSite:
 
         In a simulation, the cells its settings hold; deployed, its own ``.h5ad``
         (``SiteSettings.data``, its ``layer``), represented as :func:`dpsc.tl.fit_federated` does
-        (:func:`represent_cells`). The run configuration names no path a site reads.
+        (:func:`represent_cells`). The run configuration names no path a site reads. A value that
+        is not a count reads as 0 (``dpsc.module.clean_input``, a map of each cell alone): the site
+        never refuses because of what its cells hold.
         """
         settings = site_settings_from(dict(context.node_config), self.site_settings)
         if settings.in_memory:
             return resolve_shared(settings.data)
         import anndata as ad
 
-        matrix = get_matrix(ad.read_h5ad(settings.data), settings.layer)
-        check_matrix(matrix, "zinb", training=False)
-        return represent_cells(matrix, "zinb")
+        return represent_cells(get_matrix(ad.read_h5ad(settings.data), settings.layer), "zinb")
 
     def cells(self, s: dict, context) -> np.ndarray:
         """Return the site's cells as it trains on them (scaled when the run scales genes)."""
