@@ -60,14 +60,29 @@ def _squared(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.maximum((a**2).sum(1)[:, None] - 2 * a @ b.T + (b**2).sum(1)[None], 0.0)
 
 
-def rule_names(centroids, noise, points, labels, shifted: bool = False) -> dict[str, np.ndarray]:
-    """Every rule's name for each centroid (the bounds' ``nearest type`` included)."""
-    from dpsc._public_reference import common_shift
-
+def _vote(centroids, points, labels) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each centroid's squared distances to the points, its 10 nearest and their majority type."""
     squared = _squared(centroids, points)
     nearest = np.argsort(squared, axis=1)[:, :10]
     votes = [pd.Series(labels[row]).value_counts().sort_index() for row in nearest]
-    vote = np.array([count.idxmax() for count in votes], dtype=object)
+    return squared, nearest, np.array([count.idxmax() for count in votes], dtype=object)
+
+
+def _type_radius(centroids, points, labels, vote, q) -> tuple[np.ndarray, np.ndarray]:
+    """Each centroid's voted type's q-quantile radius and the centroid's distance to its mean."""
+    radius, distance = np.zeros(len(centroids)), np.zeros(len(centroids))
+    for j, kind in enumerate(vote):
+        cells = points[labels == kind]
+        radius[j] = np.quantile(np.linalg.norm(cells - cells.mean(0), axis=1), q)
+        distance[j] = np.linalg.norm(centroids[j] - cells.mean(0))
+    return radius, distance
+
+
+def rule_names(centroids, noise, points, labels) -> dict[str, np.ndarray]:
+    """Every rule's name for each centroid (the bounds' ``nearest type`` included)."""
+    from dpsc._public_reference import common_shift
+
+    squared, nearest, vote = _vote(centroids, points, labels)
     names = {"nearest type": vote}
     sample = np.random.default_rng(0).permutation(len(points))[:2000]
     own = np.sqrt(np.sort(_squared(points[sample], points), axis=1)[:, 10])  # itself is the first
@@ -75,20 +90,18 @@ def rule_names(centroids, noise, points, labels, shifted: bool = False) -> dict[
     for q in QUANTILES["density"]:
         names[f"density {q}"] = np.where(farthest <= np.quantile(own, q), vote, UNMATCHED)
     spread = np.zeros(len(centroids)) if noise is None else np.asarray(noise, dtype=np.float64)
+    moved = centroids - common_shift(centroids, points, labels)
+    moved_vote = _vote(moved, points, labels)[2]
     for q in QUANTILES["type radius"]:
-        radius, distance = np.zeros(len(centroids)), np.zeros(len(centroids))
-        for j, kind in enumerate(vote):
-            cells = points[labels == kind]
-            radius[j] = np.quantile(np.linalg.norm(cells - cells.mean(0), axis=1), q)
-            distance[j] = np.linalg.norm(centroids[j] - cells.mean(0))
+        radius, distance = _type_radius(centroids, points, labels, vote, q)
         names[f"type radius {q}"] = np.where(distance <= radius, vote, UNMATCHED)
         widened = np.sqrt(radius**2 + points.shape[1] * spread**2)
         names[f"type radius + noise {q}"] = np.where(distance <= widened, vote, UNMATCHED)
-    if not shifted:
-        shift = common_shift(centroids, points, labels)
-        moved = rule_names(centroids - shift, noise, points, labels, shifted=True)
-        for q in QUANTILES["shift removed, type radius + noise"]:
-            names[f"shift removed, type radius + noise {q}"] = moved[f"type radius + noise {q}"]
+        radius, distance = _type_radius(moved, points, labels, moved_vote, q)
+        widened = np.sqrt(radius**2 + points.shape[1] * spread**2)
+        names[f"shift removed, type radius + noise {q}"] = np.where(
+            distance <= widened, moved_vote, UNMATCHED
+        )
     return names
 
 

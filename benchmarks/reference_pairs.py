@@ -68,21 +68,32 @@ MISSING = {"baron m1→m2": "ductal", "cellbench plate1": "H1975"}
 #: the stimulated pairs' program: a random share of the genes gains Poisson(EXTRA x size factor)
 #: counts in every private cell (an interferon-like response shared by every type)
 STIMULATED_GENES, EXTRA = 0.05, 2.0
+#: the pairs whose private cohort is also run stimulated
+STIMULATED = ("baron m1→m2", "pbmc halves")
 
 
 def pairs(data: Path):
     """Yield (name, reference, private) AnnData pairs with ``obs["label"]``: both kinds below."""
-    yield from same_condition_pairs(data)
-    yield from shift_pairs(data)
+    stimulate = []
+    for pair in same_condition_pairs(data):
+        yield pair
+        if pair[0] in STIMULATED:
+            stimulate.append(pair)
+    yield from shift_pairs(data, stimulate)
+
+
+def both_ways(cells, label: str, column: str, groups: tuple[str, str], names: tuple[str, str]):
+    """Yield the two pairs of ``cells`` split by ``column`` into ``groups``, each group the reference once."""
+    cells.obs["label"] = cells.obs[label].astype(str)
+    first, second = (cells[cells.obs[column] == group].copy() for group in groups)
+    yield names[0], first, second
+    yield names[1], second, first
 
 
 def same_condition_pairs(data: Path):
     """Yield the pairs whose cohort is in the reference's condition (or another study's)."""
     baron = ad.read_h5ad(data / "baron_mouse_pancreas_2donors_counts.h5ad")
-    baron.obs["label"] = baron.obs["cell_type"].astype(str)
-    one, two = (baron[baron.obs["donor"] == d].copy() for d in ("mouse1", "mouse2"))
-    yield "baron m1→m2", one, two
-    yield "baron m2→m1", two, one
+    yield from both_ways(baron, "cell_type", "donor", ("mouse1", "mouse2"), ("baron m1→m2", "baron m2→m1"))
     bench = ad.read_h5ad(data / "cellbench_celseq2_5celllines_3plates_counts.h5ad")
     bench.obs["label"] = bench.obs["cell_type"].astype(str)
     for plate in ("plate1", "plate2", "plate3"):
@@ -109,16 +120,14 @@ def stimulated(cells, seed: int = 0):
     return out
 
 
-def shift_pairs(data: Path):
-    """Yield the pairs with a condition shift: TMS liver young / old mice, and two stimulated cohorts."""
+def shift_pairs(data: Path, stimulate: list):
+    """Yield the pairs with a condition shift: TMS liver young / old mice, and the ``stimulate`` pairs'
+    cohorts with the stimulated program (:func:`stimulated`)."""
     liver = ad.read_h5ad(data / "tms_liver_9mice_counts.h5ad")
-    liver.obs["label"] = liver.obs["y"].astype(str)
-    young, old = (liver[liver.obs["condition"] == c].copy() for c in ("YOUNG", "OLD"))
-    yield "tms liver young→old", young, old
-    yield "tms liver old→young", old, young
-    for name, reference, private in same_condition_pairs(data):
-        if name in ("baron m1→m2", "pbmc halves"):
-            yield f"{name}, stimulated", reference, stimulated(private)
+    names = ("tms liver young→old", "tms liver old→young")
+    yield from both_ways(liver, "y", "condition", ("YOUNG", "OLD"), names)
+    for name, reference, private in stimulate:
+        yield f"{name}, stimulated", reference, stimulated(private)
 
 
 def best_f1(truth: np.ndarray, labels: np.ndarray, kind: str) -> float:
