@@ -3,7 +3,7 @@
 Usage (from the repo root)::
 
     python benchmarks/audit_benchmark.py --out benchmarks/results/audit.jsonl --seeds 0
-    python benchmarks/audit_benchmark.py --report benchmarks/results/audit.jsonl > benchmarks/results/audit.md
+    python benchmarks/audit_benchmark.py --report benchmarks/results/audit.jsonl
 """
 
 from __future__ import annotations

@@ -13,8 +13,7 @@ random_state=0)``.
 
     OMP_NUM_THREADS=2 python benchmarks/cluster_lofo.py --data ../shared/data --runs 8 \
         --out benchmarks/results/cluster_lofo.jsonl.gz
-    python benchmarks/cluster_lofo.py --report benchmarks/results/cluster_lofo.jsonl.gz \
-        > benchmarks/results/cluster_lofo.md
+    python benchmarks/cluster_lofo.py --report benchmarks/results/cluster_lofo.jsonl.gz
 """
 
 from __future__ import annotations
@@ -284,9 +283,8 @@ def report_commands(script: str, options: str = "") -> list[str]:
     return [
         "```",
         f"OMP_NUM_THREADS=2 python benchmarks/{script}.py --data ../shared/data{options} \\",
-        f"    --out benchmarks/results/{script}.jsonl",
-        f"python benchmarks/{script}.py --report benchmarks/results/{script}.jsonl \\",
-        f"    > benchmarks/results/{script}.md",
+        f"    --out benchmarks/results/{script}.jsonl.gz",
+        f"python benchmarks/{script}.py --report benchmarks/results/{script}.jsonl.gz",
         "```",
     ]
 

@@ -21,7 +21,6 @@ import os
 import platform
 import time
 import warnings
-from pathlib import Path
 
 import pandas as pd
 from scale import _peak_rss_gb, _peak_rss_since_reset_gb, _reset_peak_rss
@@ -107,9 +106,7 @@ def main() -> None:
     parser.add_argument("--report")
     args = parser.parse_args()
     if args.report:
-        text = report(args.report)
-        Path(args.report).with_suffix(".md").write_text(text)
-        print(text)
+        print(report(args.report), end="")
         return
     run(args.cells, args.epsilons, args.out)
 

@@ -1,4 +1,4 @@
-"""Markdown rows comparing two benchmark result files fit group by fit group.
+"""A Markdown table comparing two benchmark result files fit group by fit group.
 
 A fit group is one (data set, configuration) pair; its ARI is summarised over seeds as the mean
 and the population standard deviation (ddof 0),
@@ -76,14 +76,15 @@ def row(labels: list[str], old: Groups, new: Groups, key: tuple[str, str]) -> st
 
 
 def by_configuration(old: Groups, new: Groups) -> list[str]:
-    """Rows ``| data set | configuration | old | new (per seed) | clusters used |``."""
+    """Table ``| data set | configuration | old | new (per seed) | clusters used |``."""
     datasets = list(dict.fromkeys(dataset for dataset, _ in new))
     keys = sorted(new, key=lambda key: datasets.index(key[0]))  # stable: file order within a data set
-    return [row([DATASET_NAMES.get(key[0], key[0]), f"`{key[1]}`"], old, new, key) for key in keys]
+    head = ["| data set | configuration | seeded | secret noise | clusters used |", "|---|---|---|---|---|"]
+    return head + [row([DATASET_NAMES.get(key[0], key[0]), f"`{key[1]}`"], old, new, key) for key in keys]
 
 
 def by_rule(old: Groups, new: Groups) -> list[str]:
-    """Rows ``| data set | ε | rule | old | new (per seed) | clusters used |`` for the sign grid."""
+    """Table ``| data set | ε | rule | old | new (per seed) | clusters used |`` of the sign grid."""
     datasets = list(dict.fromkeys(dataset for dataset, _ in new))
 
     def parts(key: tuple[str, str]) -> tuple[int, int, str]:
@@ -92,7 +93,8 @@ def by_rule(old: Groups, new: Groups) -> list[str]:
         return datasets.index(key[0]), epsilon, key[1].split()[2].rstrip(",")
 
     keys = sorted(new, key=lambda key: (parts(key)[0], -parts(key)[1], list(RULE_NAMES).index(parts(key)[2])))
-    return [
+    head = ["| data set | ε | rule | seeded | secret noise | clusters used |", "|---|---|---|---|---|---|"]
+    return head + [
         row([DATASET_NAMES.get(key[0], key[0]), str(parts(key)[1]), RULE_NAMES[parts(key)[2]]], old, new, key)
         for key in keys
     ]

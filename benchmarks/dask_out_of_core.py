@@ -158,7 +158,7 @@ def cluster(zarr_path: str, chunk: int, out: str, workers: int = 0) -> None:
 
 
 def report(out: str) -> None:
-    """Write ``out`` as a markdown table beside it."""
+    """Print the Markdown table of the rows in ``out``."""
     rows = pd.DataFrame([json.loads(line) for line in Path(out).read_text().splitlines() if line])
     rows["scheduler"] = rows.get("scheduler", pd.Series(index=rows.index, dtype=object)).fillna("threaded")
     rows["epsilon"] = rows["epsilon"].round(3)
@@ -187,8 +187,7 @@ def report(out: str) -> None:
             "",
         ]
     )
-    Path(out).with_suffix(".md").write_text(text)
-    print(text)
+    print(text, end="")
 
 
 if __name__ == "__main__":

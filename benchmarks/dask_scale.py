@@ -81,7 +81,7 @@ def _table(rows: pd.DataFrame) -> str:
 
 
 def report(path: str) -> None:
-    """Write the rows as ``dask_scale.md`` beside ``path`` (a heading, the command and the table)."""
+    """Print the Markdown table of the rows at ``path`` (a heading, the command and the table)."""
     rows = pd.DataFrame([json.loads(line) for line in Path(path).read_text().splitlines() if line])
     text = "\n".join(
         [
@@ -99,9 +99,7 @@ def report(path: str) -> None:
             "",
         ]
     )
-    out = Path(path).with_suffix(".md")
-    out.write_text(text)
-    print(text)
+    print(text, end="")
 
 
 if __name__ == "__main__":

@@ -379,8 +379,7 @@ def main() -> None:
         text = report(path)
         if args.prior_report:
             text += "\n" + prior_report(Path(args.prior_report))
-        path.with_suffix(".md").write_text(text)
-        print(text)
+        print(text, end="")
         return
     if args.start_priors:
         sweep_priors(args)

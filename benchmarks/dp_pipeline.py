@@ -324,12 +324,10 @@ def main() -> None:
     )
     parser.add_argument("--dpdcan-only", action="store_true", help="only the DP-DCAN rows")
     parser.add_argument("--out", default="benchmarks/results/dp_pipeline.jsonl")
-    parser.add_argument("--report", help="write the markdown table of this results file next to it")
+    parser.add_argument("--report", help="print the Markdown table of this results file")
     args = parser.parse_args()
     if args.report:
-        text = report(args.report)
-        Path(args.report).with_suffix(".md").write_text(text)
-        print(text)
+        print(report(args.report), end="")
         return
     os.makedirs(Path(args.out).parent, exist_ok=True)
     SEEDED_NOISE["on"] = args.noise == "seeded"

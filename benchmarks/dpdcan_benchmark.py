@@ -15,8 +15,7 @@ Usage (from the repo root)::
 
     python benchmarks/dpdcan_benchmark.py --data ../shared/data --seeds 0 1 2 \
         --datasets pbmc goolam biase yan bladder --out benchmarks/results/dpdcan.jsonl
-    python benchmarks/dpdcan_benchmark.py --report benchmarks/results/dpdcan.jsonl \
-        > benchmarks/results/dpdcan.md
+    python benchmarks/dpdcan_benchmark.py --report benchmarks/results/dpdcan.jsonl
 """
 
 from __future__ import annotations

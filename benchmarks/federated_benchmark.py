@@ -12,8 +12,7 @@ Usage (from the repo root)::
 
     python benchmarks/federated_benchmark.py --data ../shared/data --seeds 0 1 2 \
         --out benchmarks/results/federated.jsonl
-    python benchmarks/federated_benchmark.py --report benchmarks/results/federated.jsonl \
-        > benchmarks/results/federated.md
+    python benchmarks/federated_benchmark.py --report benchmarks/results/federated.jsonl
 """
 
 from __future__ import annotations

@@ -15,8 +15,7 @@ embedding: the model's ``obsm["X_dpdcan"]`` for ``tl.fit``, the clustering's poi
 
     OMP_NUM_THREADS=2 python benchmarks/fit_default.py --data ../shared/data \
         --out benchmarks/results/fit_default.jsonl
-    python benchmarks/fit_default.py --report benchmarks/results/fit_default.jsonl \
-        > benchmarks/results/fit_default.md
+    python benchmarks/fit_default.py --report benchmarks/results/fit_default.jsonl
 """
 
 from __future__ import annotations
@@ -140,8 +139,7 @@ def report(path: Path) -> str:
         "```",
         "OMP_NUM_THREADS=2 python benchmarks/fit_default.py --data ../shared/data \\",
         "    --out benchmarks/results/fit_default.jsonl",
-        "python benchmarks/fit_default.py --report benchmarks/results/fit_default.jsonl \\",
-        "    > benchmarks/results/fit_default.md",
+        "python benchmarks/fit_default.py --report benchmarks/results/fit_default.jsonl",
         "```",
         "",
         "| file | k | method | ε | ARI / scanpy | ARI | clusters used | guarantee | model kept "

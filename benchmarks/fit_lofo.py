@@ -9,8 +9,7 @@ relative to scanpy over the other five (every ε) and reports the held-out file 
 
     OMP_NUM_THREADS=2 python benchmarks/fit_lofo.py --data ../shared/data --epsilons 8 4 \
         --out benchmarks/results/fit_lofo.jsonl
-    python benchmarks/fit_lofo.py --report benchmarks/results/fit_lofo.jsonl \
-        > benchmarks/results/fit_lofo.md
+    python benchmarks/fit_lofo.py --report benchmarks/results/fit_lofo.jsonl
 
 The choice's share (``choice share 0.1``: start 0.8, training 0.1) is a candidate too; a
 candidate added later runs alone and appends:

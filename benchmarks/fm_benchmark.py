@@ -18,7 +18,7 @@ hyper-parameter was chosen on these data. Usage (repo root)::
 
     python benchmarks/fm_benchmark.py --data ../shared/data --parts annotation noiseless epochs digits \
         --out benchmarks/results/fm.jsonl
-    python benchmarks/fm_benchmark.py --report benchmarks/results/fm.jsonl > benchmarks/results/fm.md
+    python benchmarks/fm_benchmark.py --report benchmarks/results/fm.jsonl
 """
 
 from __future__ import annotations

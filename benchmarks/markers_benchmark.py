@@ -9,8 +9,7 @@ of fewer than 2 cells (which scanpy's t-test refuses) are left out of both.
 
     OMP_NUM_THREADS=2 python benchmarks/markers_benchmark.py --data ../shared/data --runs 5 \
         --out benchmarks/results/markers.jsonl.gz
-    python benchmarks/markers_benchmark.py --report benchmarks/results/markers.jsonl.gz \
-        > benchmarks/results/markers.md
+    python benchmarks/markers_benchmark.py --report benchmarks/results/markers.jsonl.gz
 
 ``--scale N`` instead times one call on N simulated cells (``dpsc.datasets.simulate``, 2,000
 genes, groups = the simulated cell types) at ε = 8 and prints a JSON row (wall time, the call's
@@ -227,8 +226,7 @@ def report(path: Path) -> str:
         "    --out benchmarks/results/markers.jsonl.gz",
         "OMP_NUM_THREADS=2 python benchmarks/markers_benchmark.py --data ../shared/data \\",
         f"    --datasets cite_cbmc --runs {runs} --append --out benchmarks/results/markers.jsonl.gz",
-        "python benchmarks/markers_benchmark.py --report benchmarks/results/markers.jsonl.gz \\",
-        "    > benchmarks/results/markers.md",
+        "python benchmarks/markers_benchmark.py --report benchmarks/results/markers.jsonl.gz",
         "```",
         "",
         "| file | groups | ε | top-10 | top-50 | Spearman | small groups: top-10 (n) | s per call |",

@@ -13,8 +13,7 @@ under it.
 
     OMP_NUM_THREADS=2 python benchmarks/markers_lofo.py --data ../shared/data \
         --out benchmarks/results/markers_lofo.jsonl.gz
-    python benchmarks/markers_lofo.py --report benchmarks/results/markers_lofo.jsonl.gz \
-        > benchmarks/results/markers_lofo.md
+    python benchmarks/markers_lofo.py --report benchmarks/results/markers_lofo.jsonl.gz
 
 The gene-weight candidates were added later to the same file, one command each:
 ``--candidates "gene weight 0.25" "gene weight 0.5" --append``, then

@@ -18,7 +18,6 @@ import json
 import platform
 import time
 import warnings
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -151,9 +150,7 @@ def main() -> None:
     parser.add_argument("--report")
     args = parser.parse_args()
     if args.report:
-        text = report(args.report)
-        Path(args.report).with_suffix(".md").write_text(text)
-        print(text)
+        print(report(args.report), end="")
         return
     run(args)
 

@@ -11,8 +11,7 @@ scanpy refuses) are left out of the marker score. No constant is chosen here.
     OMP_NUM_THREADS=1 python benchmarks/reference_cluster_markers.py --data ../shared/data \
         --out benchmarks/results/reference_cluster_markers.jsonl
     python benchmarks/reference_cluster_markers.py \
-        --report benchmarks/results/reference_cluster_markers.jsonl \
-        > benchmarks/results/reference_cluster_markers.md
+        --report benchmarks/results/reference_cluster_markers.jsonl
 """
 
 from __future__ import annotations

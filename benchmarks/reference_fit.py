@@ -206,9 +206,7 @@ def main() -> None:
     parser.add_argument("--part", type=int, default=None, help="run every other pair (0 or 1)")
     args = parser.parse_args()
     if args.report:
-        text = report(args.report, args.clustering)
-        args.report.with_suffix(".md").write_text(text)
-        print(text)
+        print(report(args.report, args.clustering), end="")
         return
     warnings.simplefilter("ignore")
     with args.out.open("w") as out:

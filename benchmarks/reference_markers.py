@@ -12,8 +12,7 @@ fewer than 2 cells (which scanpy refuses) are left out.
 
     OMP_NUM_THREADS=1 python benchmarks/reference_markers.py --data ../shared/data \
         --out benchmarks/results/reference_markers.jsonl.gz
-    python benchmarks/reference_markers.py --report benchmarks/results/reference_markers.jsonl.gz \
-        > benchmarks/results/reference_markers.md
+    python benchmarks/reference_markers.py --report benchmarks/results/reference_markers.jsonl.gz
 """
 
 from __future__ import annotations

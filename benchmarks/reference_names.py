@@ -29,8 +29,7 @@ held-out pair is reported with the rule that has the best mean over the other pa
 
     OMP_NUM_THREADS=1 python benchmarks/reference_names.py --data ../shared/data \
         --out benchmarks/results/reference_names.jsonl --part 0   # and --part 1, two processes
-    python benchmarks/reference_names.py --report benchmarks/results/reference_names.jsonl \
-        > benchmarks/results/reference_names.md
+    python benchmarks/reference_names.py --report benchmarks/results/reference_names.jsonl
 """
 
 from __future__ import annotations

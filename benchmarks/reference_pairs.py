@@ -294,12 +294,11 @@ def report(path: Path) -> str:
         "genes, scale, 32 PCs, k-means), k = the number of labels. The candidate of each row is the one",
         "with the best mean ARI / scanpy over the other pairs (both ε); `no reference` is `tl.cluster`",
         "without one on the same cells. Cluster names are scored on the same releases, rule by rule, in",
-        "`reference_names.md` (next table); this run keeps `sc.tl.ingest`'s accuracy for it.",
+        "the names table (next); this run keeps `sc.tl.ingest`'s accuracy for it.",
         "",
         "    OMP_NUM_THREADS=1 python benchmarks/reference_pairs.py --data ../shared/data \\",
         "        --out benchmarks/results/reference_pairs.jsonl",
-        "    python benchmarks/reference_pairs.py --report benchmarks/results/reference_pairs.jsonl \\",
-        "        > benchmarks/results/reference_pairs.md",
+        "    python benchmarks/reference_pairs.py --report benchmarks/results/reference_pairs.jsonl",
         "",
         "The four pairs with a condition shift (TMS liver young / old, the stimulated cohorts) ran later,",
         "with `--only` and their names, on the same candidates (the historical ones no longer exist).",
@@ -356,7 +355,7 @@ def report(path: Path) -> str:
     missing = rows[rows["missing"].notna()]
     if len(missing):
         lines += ["", "A type left out of the reference (ε = 8): F1 of the cluster that best holds that", ""]
-        lines[-2] += " type's private cells (their names: `reference_names.md`):"
+        lines[-2] += " type's private cells (their names: `reference_names.jsonl`):"
         lines += ["| pair (type left out) | candidate | F1 |", "|---|---|---|"]
         summary = missing.groupby(["pair", "missing", "variant"])["f1"].mean()
         for (pair, kind, variant), f1 in summary.items():

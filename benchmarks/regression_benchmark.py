@@ -10,8 +10,7 @@ Usage (from the repo root)::
 
     python benchmarks/regression_benchmark.py --data ../shared/data \
         --out benchmarks/results/regression.json.gz
-    python benchmarks/regression_benchmark.py --report benchmarks/results/regression.json.gz \
-        > benchmarks/results/regression.md
+    python benchmarks/regression_benchmark.py --report benchmarks/results/regression.json.gz
 """
 
 from __future__ import annotations

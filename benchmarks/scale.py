@@ -9,7 +9,7 @@ process's peak RSS after each fit and the ARI against the simulated types.
     python benchmarks/scale.py simulate --cells 10000 100000 1000000 --out benchmarks/results/scale.jsonl
     python benchmarks/scale.py fit --cells 10000 --epochs 10 --epsilons 8 1 0 \
         --out benchmarks/results/scale.jsonl
-    python benchmarks/scale.py --report benchmarks/results/scale.jsonl   # also docs/_static/scale.png
+    python benchmarks/scale.py --report benchmarks/results/scale.jsonl [--figure scale.png]
 """
 
 from __future__ import annotations
@@ -394,13 +394,12 @@ def main() -> None:
     parser.add_argument("--source", help=".h5 with obs['label'] to fit the atlas model on (default PBMC 4k)")
     parser.add_argument("--out", default="benchmarks/results/scale.jsonl")
     parser.add_argument("--report")
-    parser.add_argument("--figure", default="docs/_static/scale.png", help="written with --report")
+    parser.add_argument("--figure", default=None, help="with --report: write the figure here")
     args = parser.parse_args()
     if args.report:
-        plot(args.report, args.figure)
-        text = report(args.report)
-        Path(args.report).with_suffix(".md").write_text(text)
-        print(text)
+        if args.figure:
+            plot(args.report, args.figure)
+        print(report(args.report), end="")
         return
     if args.stage == "_simulate_one":
         one_simulation(args.cells[0], args.out)

@@ -8,8 +8,7 @@ The learning rates were fixed before the run (not tuned on the test split).
 Usage::
 
     python benchmarks/sign_digits.py --out benchmarks/results/sign_digits.json
-    python benchmarks/sign_digits.py --report benchmarks/results/sign_digits.json \
-        > benchmarks/results/sign_digits.md
+    python benchmarks/sign_digits.py --report benchmarks/results/sign_digits.json
 """
 
 from __future__ import annotations

@@ -1,6 +1,10 @@
 """Sphinx configuration of the dpsc documentation."""
 
+import sys
 import warnings
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))  # benchmark_tables: the tables built from the rows
 
 # sphinx-autodoc-typehints still calls Sphinx APIs that Sphinx 10 removes; the deprecation notes
 # concern that extension, not these docs, so they are kept out of the build log.
@@ -22,6 +26,7 @@ extensions = [
     "sphinx.ext.napoleon",
     "sphinx.ext.mathjax",
     "sphinx_autodoc_typehints",
+    "benchmark_tables",
 ]
 autosummary_generate = True
 autodoc_default_options = {
@@ -35,6 +40,6 @@ napoleon_google_docstring = False
 nb_execution_mode = "off"
 myst_enable_extensions = ["dollarmath"]
 html_theme = "furo"
-exclude_patterns = ["_build", "jupyter_execute", "**/.ipynb_checkpoints"]
+exclude_patterns = ["_build", "_generated", "jupyter_execute", "**/.ipynb_checkpoints"]
 suppress_warnings = ["myst.header"]
 nitpicky = False
