@@ -91,7 +91,8 @@ def test_default_fit_starts_from_the_clustering_and_records_every_release(small_
 
 
 def test_the_model_reads_the_clustering_points(small_adata, tiny_fit):
-    """With the start's loadings set, the module's input is cell_points of the clustering (same map)."""
+    """With the start's loadings set, the module reads each cell's projection on them, at norm 1 the
+    clustering's k-means point (cell_points, the same map)."""
     import dpsc.tl._fit as fit_module
 
     seen = {}
@@ -103,7 +104,9 @@ def test_the_model_reads_the_clustering_points(small_adata, tiny_fit):
         import torch
 
         dense = torch.as_tensor(np.asarray(x.todense() if hasattr(x, "todense") else x), dtype=torch.float32)
-        seen["module"] = model.module.represent(dense).detach().numpy()
+        rep = model.module.represent(dense)
+        seen["module"] = model.module.clustering_points(rep).detach().numpy()
+        seen["norms"] = rep.norm(dim=1).detach().numpy()
         return original(matrix, start, model, plan, weights)
 
     fit_module.choose_partition = spy
@@ -112,6 +115,7 @@ def test_the_model_reads_the_clustering_points(small_adata, tiny_fit):
     finally:
         fit_module.choose_partition = original
     np.testing.assert_allclose(seen["module"], seen["points"], atol=1e-5)
+    assert seen["norms"].max() <= 1 + 1e-5 and seen["norms"].min() < 0.99  # the projection keeps its length
 
 
 def test_the_kept_clustering_partition_travels_with_the_model(small_adata, tiny_fit, tmp_path):
@@ -152,3 +156,41 @@ def test_the_model_starts_at_the_encoders_image_of_the_released_centroids(small_
         points = module.represent(dense).numpy()
     nearest = np.linalg.norm(points[:, None] - start.numpy()[None], axis=2).argmin(1)
     assert np.mean(own == nearest) >= 0.9
+
+
+def test_the_untrained_default_model_embeds_each_cell_at_its_clustering_point(small_adata, tiny_fit):
+    """The default model's encoder is residual: before training, the latent is the input point.
+
+    With no epoch the embedding is each cell's projection on the clustering's loadings, its length
+    kept (inside the latent ball), so the model starts from the clustering's geometry (a plain
+    network would distort it, and the unit sphere would drop the length).
+    """
+    import torch
+
+    fit = {**tiny_fit, "instance_epochs": 0, "cluster_epochs": 0}
+    model = dpsc.tl.fit(small_adata, epsilon=8.0, noise_seed=0, return_model=True, **fit)
+    module = model.module
+    assert module.residual
+    x = model.adata_manager.get_from_registry("X")
+    dense = torch.as_tensor(np.asarray(x.todense() if hasattr(x, "todense") else x), dtype=torch.float32)
+    with torch.no_grad():
+        points = module.represent(dense).numpy()
+    np.testing.assert_allclose(small_adata.obsm["X_dpdcan"], module.latent_scale * points, atol=1e-5)
+
+
+def test_a_residual_encoder_starts_at_the_identity_and_trains_its_correction():
+    """h = E r + f(r) with f's last layer zero: the untrained latent is s r (|r| <= 1), f has gradients."""
+    import torch
+
+    from dpsc.module import DCANModule
+
+    module = DCANModule(n_input=50, n_clusters=3, n_latent=8, n_hidden=(16,), input_pcs=6, residual=True)
+    rep = torch.nn.functional.normalize(torch.randn(20, 6), dim=-1) * torch.rand(20, 1)
+    z = module.encode(rep)
+    expected = module.latent_scale * torch.cat([rep, torch.zeros(20, 2)], dim=1)
+    torch.testing.assert_close(z, expected)
+    (z * torch.randn_like(z)).sum().backward()
+    assert module.encoder[-1].weight.grad.abs().sum() > 0
+    assert torch.allclose(module.assignment_space(z).norm(dim=1), torch.full((20,), module.latent_scale))
+    plain = DCANModule(n_input=50, n_clusters=3, n_latent=8, n_hidden=(16,), input_pcs=6)
+    assert not torch.allclose(plain.encode(rep), expected)

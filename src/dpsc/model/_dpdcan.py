@@ -79,6 +79,10 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
         fit's ε), the encoder reads each cell's projection on these frozen loadings and the
         decoder reconstructs it. Far fewer parameters receive DP-SGD noise; this is what
         ``dpsc.tl.fit(scope="full")`` uses.
+    residual
+        Whether the encoder is its input plus a learned correction that starts at zero (see
+        :class:`~dpsc.module.DCANModule`): the untrained latent is the input point, so a model
+        started from a clustering embeds the cells as that clustering does before training.
 
     Examples
     --------
@@ -103,6 +107,7 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
         likelihood: str = "zinb",
         latent_scale: float | None = DEFAULT_LATENT_SCALE,
         input_pcs: int | None = None,
+        residual: bool = False,
     ):
         super().__init__(adata)
         check_input_pcs(input_pcs, self.summary_stats.n_vars)
@@ -114,6 +119,7 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
             likelihood=likelihood,
             latent_scale=latent_scale,
             input_pcs=input_pcs,
+            residual=residual,
         )
         self.n_clusters = n_clusters
         self._frequencies: np.ndarray | None = None
@@ -612,7 +618,7 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
             centroids.copy_(self._partition_centroids(plan))
             return
         if dp is None:
-            z = self.get_latent_representation()
+            z = self.module.assignment_space(torch.as_tensor(self.get_latent_representation())).numpy()
             km = KMeans(n_clusters=self.n_clusters, n_init=20, random_state=plan.random_state).fit(z)
             centroids.copy_(torch.as_tensor(km.cluster_centers_, dtype=centroids.dtype))
             return
@@ -622,7 +628,10 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
 
         def release_table(assignment: Assignment) -> tuple[torch.Tensor, torch.Tensor]:
             table = kmeans_table(
-                self._encode_poisson_batch(splitter).cpu(), assignment, clip_norm, count_scale
+                self.module.assignment_space(self._encode_poisson_batch(splitter)).cpu(),
+                assignment,
+                clip_norm,
+                count_scale,
             )
             spec = table_release(
                 assignment.n_rows, d, clip_norm, count_scale, dp.noise_multiplier, dp.sample_rate
@@ -785,6 +794,7 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
                     "likelihood": init["likelihood"],
                     "latent_scale": init["latent_scale"],
                     "input_pcs": init.get("input_pcs"),
+                    "residual": bool(init.get("residual", False)),
                     "partition_centroids": None
                     if getattr(self, "partition_centroids_", None) is None
                     else np.asarray(self.partition_centroids_).tolist(),
@@ -806,7 +816,8 @@ def start_labels(module: DCANModule, x: torch.Tensor, centroids: np.ndarray) -> 
     Euclidean, as the clustering labels its cells: its points are unit-norm (cosine) or, on a
     public reference's basis, inside the unit ball.
     """
-    points = module.represent(clean_input(x.to(next(module.parameters()).device), module.likelihood))
+    rep = module.represent(clean_input(x.to(next(module.parameters()).device), module.likelihood))
+    points = module.clustering_points(rep)
     return nearest_centroid(points.cpu().double().numpy(), centroids, "euclidean")
 
 

@@ -59,6 +59,7 @@ class SharedEncoder:
             likelihood=meta["likelihood"],
             latent_scale=meta["latent_scale"],
             input_pcs=meta.get("input_pcs"),
+            residual=meta.get("residual", False),
         )
         state = torch.load(path / "shared_encoder.pt", map_location="cpu", weights_only=True)
         missing = module.load_state_dict(state, strict=False)

@@ -102,6 +102,19 @@ class DCANModule(BaseModuleClass):
         (``input_loadings``, genes × ``input_pcs``), zero until
         :meth:`set_input_loadings`; the model fills it with a DP release
         (:meth:`dpsc.model.DPDCAN.train`).
+    residual
+        If true, the encoder is the input plus a learned correction,
+        :math:`h = E\,r + f(r)`, with :math:`E` the fixed map that puts the input's coordinates
+        into the first latent coordinates (zero-padded or truncated) and :math:`f`'s last layer
+        zero at initialisation, and the latent keeps its length inside the ball of radius
+        :math:`s`: :math:`z = s\,h / \max(1, \lVert h\rVert_2)`. An encoder reading DP
+        components then reads each cell's projection :math:`V^\top u_i` itself (norm at most 1,
+        not scaled to norm 1), so the untrained latent is :math:`s\,V^\top u_i`: the
+        clustering's embedding of the cell with its length, which separates types that the unit
+        sphere merges. The clusters are read on the sphere, from each latent's direction
+        (:meth:`assignment_space`), as the clustering's cosine k-means partitioned the
+        directions. Public: :math:`E` and the initial weights depend on no cell, and every point
+        stays within radius :math:`s` (the DP k-means' bound).
     """
 
     def __init__(
@@ -114,9 +127,11 @@ class DCANModule(BaseModuleClass):
         alpha: float = 1.0,
         latent_scale: float | None = DEFAULT_LATENT_SCALE,
         input_pcs: int | None = None,
+        residual: bool = False,
     ):
         super().__init__()
         self.input_pcs = input_pcs
+        self.residual = residual
         n_features = n_input if input_pcs is None else input_pcs
         if input_pcs is not None:
             self.register_buffer("input_loadings", torch.zeros(n_input, input_pcs))
@@ -128,6 +143,10 @@ class DCANModule(BaseModuleClass):
         self.alpha = alpha
         hidden = list(n_hidden)
         self.encoder = mlp([n_features, *hidden, n_latent], last_activation=False)
+        if residual:
+            self.register_buffer("input_to_latent", torch.eye(n_features, n_latent))
+            nn.init.zeros_(self.encoder[-1].weight)
+            nn.init.zeros_(self.encoder[-1].bias)
         self.decoder = mlp([n_latent, *reversed(hidden)], last_activation=True)
         width = hidden[0]
         self.px_scale = nn.Linear(width, n_features)
@@ -157,24 +176,50 @@ class DCANModule(BaseModuleClass):
         return heads
 
     def encode(self, rep: torch.Tensor) -> torch.Tensor:
-        """Latent of an input representation (any leading shape), on the sphere if configured."""
+        """Return the latent of an input representation (any leading shape).
+
+        On the sphere of radius ``latent_scale`` (a residual encoder: in its ball), if set.
+        """
         h = self.encoder(rep)
+        if self.residual:
+            h = h + rep @ self.input_to_latent
         if self.latent_scale is None:
             return h
+        if self.residual:
+            return self.latent_scale * h / h.norm(dim=-1, keepdim=True).clamp(min=1.0)
         return self.latent_scale * F.normalize(h, dim=-1)
+
+    def assignment_space(self, z: torch.Tensor) -> torch.Tensor:
+        """Return where the clusters are read from a latent.
+
+        A residual encoder's latent direction on the sphere (cosine, as the clustering partitioned
+        its points); the latent itself otherwise.
+        """
+        if self.residual and self.latent_scale is not None:
+            return self.latent_scale * F.normalize(z, dim=-1)
+        return z
 
     def represent(self, x: torch.Tensor) -> torch.Tensor:
         r"""Per-cell input representation (see :func:`input_representation`).
 
-        With ``input_pcs``: :math:`p_i = V^\top u_i / \lVert V^\top u_i\rVert_2`, where
-        :math:`u_i` is that representation scaled to norm 1 and :math:`V` the frozen loadings (the
-        cosine geometry of :func:`dpsc.tl.kmeans`). A function of cell :math:`i` and :math:`V`
-        only, so per-cell gradients stay per cell.
+        With ``input_pcs``: :math:`y_i = V^\top u_i`, where :math:`u_i` is that representation
+        scaled to norm 1 and :math:`V` the frozen loadings, so :math:`\lVert y_i\rVert \le 1`; a
+        plain encoder reads :math:`y_i / \lVert y_i\rVert_2` (the cosine geometry of
+        :func:`dpsc.tl.kmeans`), a residual one :math:`y_i` itself. A function of cell :math:`i`
+        and :math:`V` only, so per-cell gradients stay per cell.
         """
         rep = input_representation(x, self.likelihood)
         if self.input_pcs is None:
             return rep
-        return F.normalize(F.normalize(rep, dim=-1) @ self.input_loadings, dim=-1)
+        projection = F.normalize(rep, dim=-1) @ self.input_loadings
+        return projection if self.residual else F.normalize(projection, dim=-1)
+
+    def clustering_points(self, rep: torch.Tensor) -> torch.Tensor:
+        """Return the points the start clustering partitioned, from :meth:`represent`'s.
+
+        At norm 1 when the encoder reads DP components (the clustering's cosine k-means points).
+        """
+        return F.normalize(rep, dim=-1) if self.input_pcs is not None else rep
 
     def reconstruction_per_cell(self, x: torch.Tensor, rep: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """Reconstruction loss of each cell from its latent.
@@ -192,7 +237,7 @@ class DCANModule(BaseModuleClass):
 
     def soft_assignment(self, z: torch.Tensor) -> torch.Tensor:
         """Student-t soft assignment ``q`` of each latent point to the centroids."""
-        return student_t_assignment(self.clustering(z), self.alpha)
+        return student_t_assignment(self.clustering(self.assignment_space(z)), self.alpha)
 
     # -- the two training stages -----------------------------------------------------------
     def instance_stage_loss(

@@ -63,8 +63,10 @@ DEFAULT_N_CLUSTERS = 8
 #: The proven scopes' model with ``input_pcs="auto"``: the encoder reads 16 DP principal
 #: components (released inside the fit's ε) through 64 hidden units to a 16-dimensional latent,
 #: and the decoder reconstructs those components, so DP-SGD noises a few thousand parameters
-#: instead of 2.09 million (2000 genes, 8 clusters). It trains 10 + 10 epochs.
-PC_MODEL = {"input_pcs": 16, "n_hidden": (64,), "n_latent": 16}
+#: instead of 2.09 million (2000 genes, 8 clusters). The encoder is residual: untrained, it
+#: embeds each cell at its clustering point, and training refines that embedding. It trains
+#: 10 + 10 epochs.
+PC_MODEL = {"input_pcs": 16, "n_hidden": (64,), "n_latent": 16, "residual": True}
 PC_MODEL_EPOCHS = {"instance_epochs": 10, "cluster_epochs": 10}
 
 #: ``tl.fit`` keyword arguments that go to Lightning, not to the plan.
