@@ -36,6 +36,7 @@ TABLES: dict[str, str] = {
     "federated_pipeline_residual": "federated_pipeline.py --report R/federated_pipeline_residual.jsonl",
     "fit_default": "fit_default.py --report R/fit_default.jsonl",
     "fit_lofo": "fit_lofo.py --report R/fit_lofo.jsonl",
+    "fit_embedding_lofo": "fit_embedding_lofo.py --report R/fit_embedding_lofo.jsonl",
     "fm": "fm_benchmark.py --report R/fm.jsonl",
     "input_canary_audit": "input_canary_audit.py --report R/input_canary_audit.jsonl",
     "markers": "markers_benchmark.py --report R/markers.jsonl.gz",
