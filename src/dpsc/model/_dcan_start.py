@@ -98,15 +98,18 @@ def select_genes(matrix: Any, likelihood: str, plan: FitPlan) -> np.ndarray:
 
 
 def start_model_from(model: DPDCAN, start: ClusterResult) -> None:
-    """Make the encoder read the clustering's k-means points and start the centroids from its centroids.
+    """Make the encoder read the clustering's projections and start the centroids from its centroids.
 
-    A model on a public reference's points (``start.basis``) already reads them.
+    The loadings carry the clustering's weight of the mean coordinate, so each cell's projection
+    at norm 1 is its k-means point (:meth:`~dpsc.module.DCANModule.clustering_points`); a plain
+    encoder reads that point, a residual one the projection itself. A model on a public
+    reference's points (``start.basis``) already reads them.
     """
     if start.basis is not None:
         model.start_from_partition(start.centroids)
         return
     weights = np.ones(start.loadings.shape[1])
-    weights[0] = MEAN_WEIGHT  # the model reads the clustering's k-means points
+    weights[0] = MEAN_WEIGHT  # the clustering's k-means points, once at norm 1
     model.module.set_input_loadings(torch.as_tensor(start.loadings * weights))
     model.start_from_partition(start.centroids)
 

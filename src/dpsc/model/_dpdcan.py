@@ -660,8 +660,9 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
         clustering's released centroid in the points the encoder reads (scaled to norm 1 when the
         encoder reads unit-norm points, ``input_pcs``), :math:`f` the encoder and :math:`\rho` the
         latent sphere's radius (``latent_scale``, else the k-means ``clip_norm``). Each
-        :math:`\mu_j` stands where the cells of start cluster j land, so the model's partition
-        starts as the clustering's.
+        :math:`\mu_j` stands where the cells of start cluster j land (for a residual encoder,
+        where their latent directions point: its clusters are read on the sphere), so the
+        model's partition starts as the clustering's.
 
         **Privacy.** Post-processing, no cell read: the :math:`c_j` are the clustering's released
         centroids, and :math:`f` is public when this runs (pretrained on a public reference, or its

@@ -218,10 +218,11 @@ def fit(
     The default model (``input_pcs="auto"`` on counts, ``scope`` ``"encoder"`` or ``"full"``)
     builds on :func:`dpsc.tl.cluster`: with ``START_SHARE`` of ε it
     makes that clustering's releases (gene selection when the matrix has more genes than the
-    clustering reads, loadings, DP k-means centroids); the encoder reads each cell's k-means point
-    of that clustering, and the centroids start at the encoder's image of its released centroids
-    (post-processing: no release), so the model's partition starts as the clustering's. DP-SGD
-    then refines them with ``TRAINING_SHARE`` of ε. Last, one
+    clustering reads, loadings, DP k-means centroids); the residual encoder reads each cell's
+    projection on those loadings (its k-means point before the unit norm) and starts where the
+    clustering embeds the cell, and the centroids start at the encoder's image of its released
+    centroids (post-processing: no release), so the model's partition starts as the
+    clustering's. DP-SGD then refines them with ``TRAINING_SHARE`` of ε. Last, one
     release of both partitions' per-cluster sums scores each by the k-means objective in the
     clustering's points (:mod:`dpsc.methods.selection`): ``obs[cluster_key]`` holds the model's
     partition only when its score leads by twice its noise, the clustering's otherwise;
