@@ -47,8 +47,13 @@ def knn_purity(points: np.ndarray, labels: np.ndarray, k: int = PURITY_NEIGHBOUR
     return float((labels[neighbours[:, 1:]] == labels[:, None]).mean())
 
 
-def one_run(adata, k: int, epsilon: float | None, method: str) -> tuple[np.ndarray, float, str, str, dict]:
-    """Labels, wall time, recorded guarantee, kept partition and embeddings' purity of one call on a copy."""
+def one_run(
+    adata, k: int, epsilon: float | None, method: str, **fit_options
+) -> tuple[np.ndarray, float, str, str, dict]:
+    """Labels, wall time, recorded guarantee, kept partition and embeddings' purity of one call on a copy.
+
+    ``fit_options`` go to ``tl.fit`` (e.g. its per-stage epochs).
+    """
     import dpsc
 
     cells = adata.copy()
@@ -58,7 +63,7 @@ def one_run(adata, k: int, epsilon: float | None, method: str) -> tuple[np.ndarr
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         if method == "tl.fit":
-            dpsc.tl.fit(cells, epsilon=epsilon, n_clusters=k, progress_bar=False)
+            dpsc.tl.fit(cells, epsilon=epsilon, n_clusters=k, progress_bar=False, **fit_options)
             key, column = "X_dpdcan", "dp_cluster"
         else:
             dpsc.tl.cluster(cells, k, epsilon=epsilon)

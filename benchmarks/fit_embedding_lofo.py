@@ -16,16 +16,13 @@ other five (every ε) and reports the held-out file under it, beside ``tl.cluste
 
 from __future__ import annotations
 
-import time
-import warnings
 from pathlib import Path
 
 import pandas as pd
-from cluster_benchmark import FILES, per_file_main, score
+from cluster_benchmark import per_file_main, score
 from cluster_lofo import labelled_file
-from fit_default import knn_purity
+from fit_default import one_run
 
-FILES["cite_cbmc"] = "cite_cbmc_top2000.h5"
 #: candidate → (instance epochs, cluster epochs) of the default model
 CANDIDATES = {"10 + 10": (10, 10), "5 + 10": (5, 10), "0 + 10": (0, 10), "0 + 20": (0, 20)}
 SHIPPED = "0 + 10"
@@ -33,32 +30,15 @@ CLUSTERING = "tl.cluster"
 
 
 def one_call(adata, truth, k: int, epsilon: float, candidate: str) -> dict:
-    """Scores of one call: the fit at ``candidate``'s epochs, or ``tl.cluster`` (``CLUSTERING``)."""
-    import dpsc
-
-    cells = adata.copy()
-    start = time.perf_counter()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        if candidate == CLUSTERING:
-            dpsc.tl.cluster(cells, k, epsilon=epsilon)
-            embedding = cells.obsm["X_dp_cluster"]
-        else:
-            instance, cluster = CANDIDATES[candidate]
-            dpsc.tl.fit(
-                cells,
-                epsilon=epsilon,
-                n_clusters=k,
-                instance_epochs=instance,
-                cluster_epochs=cluster,
-                progress_bar=False,
-            )
-            embedding = cells.obsm["X_dpdcan"]
-    seconds = time.perf_counter() - start
-    return score(truth, cells.obs["dp_cluster"].to_numpy()) | {
-        "purity": knn_purity(embedding, truth),
-        "seconds": seconds,
-    }
+    """ARI, purity and seconds of one call: the fit at ``candidate``'s epochs, or ``tl.cluster``."""
+    if candidate == CLUSTERING:
+        labels, seconds, _, _, purity = one_run(adata, k, epsilon, "tl.cluster")
+    else:
+        instance, cluster = CANDIDATES[candidate]
+        labels, seconds, _, _, purity = one_run(
+            adata, k, epsilon, "tl.fit", instance_epochs=instance, cluster_epochs=cluster
+        )
+    return {"ari": score(truth, labels)["ari"], "seconds": seconds, **purity}
 
 
 def run(data: Path, name: str, epsilons: list[float], runs: int, commit: str) -> list[dict]:
