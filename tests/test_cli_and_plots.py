@@ -351,3 +351,21 @@ def test_a_folder_not_an_anndata_store_or_as_output_is_refused_first(small_adata
     assert main(["cluster", str(tmp_path / "cells.h5ad"), "-o", str(plain)]) == 2
     assert "folder; write the results to an .h5ad file" in said()
     assert dpsc.privacy.spent(ad.read_h5ad(tmp_path / "cells.h5ad")).epsilon == 0
+
+
+def test_federate_server_refuses_the_flags_of_another_task_before_it_starts(tmp_path, capsys):
+    """``dpsc federate server --task``: one task's flags given to the other stop the run, by name."""
+    from dpsc.cli import main
+
+    common = ["federate", "server", "--sites", "2", "--out", str(tmp_path / "fed"), "--timeout", "5"]
+    assert main([*common, "--task", "fedsc", "--markers", "--n-vars", "50"]) == 2
+    assert (
+        "--markers belong to --task pipeline; the 'fedsc' task does not take them" in capsys.readouterr().err
+    )
+    assert main([*common, "--rounds", "5"]) == 2
+    assert (
+        "--rounds belong to --task fedsc; the 'pipeline' task does not take them" in capsys.readouterr().err
+    )
+    assert main([*common, "--task", "fedsc"]) == 2
+    assert "give the number of genes every site holds" in " ".join(capsys.readouterr().err.split())
+    assert not (tmp_path / "fed").exists()  # nothing started, nothing written

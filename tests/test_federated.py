@@ -165,7 +165,9 @@ def test_one_factory_builds_the_apps_of_both_tasks():
         assert server_app._main is not None
         registered[task] = set(client_app._registered_funcs)
     assert registered == {"pipeline": {"train.default"}, "fedsc": {"train.default", "query.default"}}
-    with pytest.raises(ValueError, match="Unknown task 'fedavg'; choose one of"):
+    with pytest.raises(
+        ValueError, match="Unknown federated task 'fedavg' \\(task\\); choose one of pipeline, fedsc"
+    ):
         make_apps("fedavg")
     sources = {
         name: (Path(dpsc.__file__).parent / "federated" / f"{name}.py").read_text()

@@ -370,10 +370,59 @@ def test_loopback_deployment_in_separate_processes(sites, tmp_path):
         assert not list(Path(tempfile.gettempdir()).glob(f"dpsc-site-{node.pid}-*.log"))
     for k in range(2):  # what a data manager reads: its own app, each release and the ε left
         text = (tmp_path / f"site{k}.log").read_text()
-        assert "This site runs only its own dpsc app (fingerprint" in text
+        assert "This site runs only its own dpsc app, task 'pipeline' (fingerprint" in text
         assert "Release 1 of" in text and "left." in text and "Results written to" in text
     print(f"loopback deployment: {wall:.0f} s")
     assert wall < 180
+
+
+@pytest.mark.optional_extra
+def test_fedsc_is_deployed_by_name_and_each_site_runs_its_own_app(sites, tmp_path):
+    """``dpsc federate server/site --task fedsc``: FedSC on loopback, each site on its own DP plan."""
+    pytest.importorskip("flwr")
+    from dpsc.federated._deploy import free_port, write_site_settings
+
+    port = free_port()
+    common = ["--port", str(port), "--out", str(tmp_path / "fed"), "--timeout", "170"]
+    server = _launch(
+        [
+            *("federate", "server", "--task", "fedsc", "--sites", "2", "--rounds", "2"),
+            *("--n-vars", "200", "--n-clusters", "3", "--noise-multiplier", "20", *common),
+        ],
+        tmp_path / "server.log",
+    )
+    files = [write_site_settings(s, tmp_path / f"site{k}.toml") for k, s in enumerate(sites[:2])]
+    nodes = [
+        _launch(
+            [
+                *("federate", "site", "--task", "fedsc", "--settings", str(f)),
+                *("--superlink", f"127.0.0.1:{port}", "--timeout", "170"),
+            ],
+            tmp_path / f"site{k}.log",
+        )
+        for k, f in enumerate(files)
+    ]
+    try:
+        codes = [p.wait(timeout=190) for p in [server, *nodes]]
+    finally:
+        for p in [server, *nodes]:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+    logs = [(tmp_path / f"{name}.log").read_text() for name in ("server", "site0", "site1")]
+    assert codes == [0, 0, 0], "\n".join(log[-1500:] for log in logs)
+    fingerprint = logs[0].split("app (fingerprint ")[1][:16]
+    assert "Submitting dpsc's own 'fedsc' app" in logs[0] and "FedSC over 2 sites: 2 rounds" in logs[0]
+    summary = json.loads((tmp_path / "fed" / "result" / "summary.json").read_text())
+    assert summary["rounds"] == 2 and [r["contributors"] for r in summary["releases"]] == [2] * len(
+        summary["releases"]
+    )
+    for settings, log in zip(sites[:2], logs[1:], strict=True):
+        assert f"This site runs only its own dpsc app, task 'fedsc' (fingerprint {fingerprint})" in log
+        out = ad.read_h5ad(settings.output)
+        assert out.obsm["X_fedsc"].shape[0] == 100 and out.obs["dp_cluster"].notna().all()
+        booked = [line["key"] for line in json.loads(Path(settings.ledger).read_text())["entries"].values()]
+        releases = [f"k-means release {i}" for i in range(len(summary["releases"]))]
+        assert booked == ["round 1", "round 2", *releases]  # each message booked at the site, in order
 
 
 @pytest.mark.slow

@@ -237,3 +237,27 @@ def test_a_deployed_fedsc_site_writes_its_results_to_its_own_output(tmp_path, sm
     np.testing.assert_allclose(written.obsm["X_fedsc"], points, rtol=1e-6)
     assert written.obs["dp_cluster"].astype(int).tolist() == labels.tolist()
     assert written.uns["dpsc"]["X_fedsc"]["ledger"] == settings.ledger
+
+
+def test_a_deployed_site_takes_one_noise_multiplier_for_every_site_and_no_donor_unit(tmp_path):
+    """A deployed site has no partition id: one σ for every site is served, a per-partition list or
+    an unreadable one is refused; a site whose settings protect donors refuses FedSC (per cell)."""
+    from dpsc.federated._fedsc_site import site_sigma
+
+    run = honest_run()
+    site = FakeSite(tmp_path / "deployed", run)
+    guard = site.guard()
+    guard.start(run, None, site.q, site.per_epoch)
+    assert guard.run["sigma"] == pytest.approx(json.loads(run["noise-multipliers"])[0])
+    assert site_sigma("[2.0, 3.0]", 1) == 3.0
+    for values, match in (("[2.0, 3.0]", "one value for every site"), ("[2.0,", "Malformed noise")):
+        with pytest.raises(SiteRefusal, match=match):
+            site_sigma(values, None)
+    listed = {**run, "noise-multipliers": json.dumps([9.0, 9.0])}
+    deployed = FakeSite(tmp_path / "listed", listed)
+    with pytest.raises(SiteRefusal, match="one value for every site"):
+        deployed.guard().start(listed, None, deployed.q, deployed.per_epoch)
+    assert deployed.entries() == []
+    donors = FakeSite(tmp_path / "donors", run)
+    donors.settings.donor_key = "donor"
+    donors.refuses(donors.train, 1, match="FedSC protects each cell.*donor_key='donor'")

@@ -333,6 +333,28 @@ def test_a_plan_writes_its_own_record():
     assert exact.guarantee == "none" and exact.spent == float("inf")
 
 
+def test_a_plans_record_composes_its_history_once(monkeypatch):
+    """The record's ε is composed once, from the one history it states: the plan's, or what ran."""
+    from dpsc.privacy import PlannedRelease, ReleasePlan
+
+    plan = ReleasePlan.of(PlannedRelease("a", share=0.3), PlannedRelease("b", share=0.7, steps=3))
+    plan = plan.calibrate(2.0, 1e-5)
+    composed = []
+    original = _accounting.history_epsilon
+
+    def counted(history, *args, **kwargs):
+        composed.append(list(history))
+        return original(history, *args, **kwargs)
+
+    monkeypatch.setattr(_accounting, "history_epsilon", counted)
+    words = {"unit": "one cell", "mechanism": "two Gaussian sums", "covered": "the sums"}
+    planned = plan.record("probe", **words)
+    assert composed == [plan.history()]
+    ran = plan.history()[:1]
+    stopped = plan.record("probe", history=ran, **words)
+    assert composed == [plan.history(), ran] and stopped.epsilon < planned.epsilon
+
+
 def test_the_clustering_and_the_fit_are_plans_of_the_one_plan_type(small_adata):
     """`tl.cluster`'s record is its plan's; a fit's planned history is its ReleasePlan's, in order."""
     from dpsc.model._dcan_privacy import TrainSettings, plan_fit

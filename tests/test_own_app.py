@@ -16,7 +16,6 @@ import pytest
 import scipy.sparse as sp
 
 from dpsc.federated._own_app import (
-    APP_MODULE,
     CODE_FILE,
     BundleRefusal,
     app_files,
@@ -24,7 +23,6 @@ from dpsc.federated._own_app import (
     check_bundle,
     code_fingerprint,
 )
-from dpsc.federated._run_config import PIPELINE
 
 
 def fab(files: dict[str, bytes]) -> bytes:
@@ -43,8 +41,8 @@ def test_the_sites_own_bundle_is_accepted_as_flower_builds_it(tmp_path):
 
     from dpsc.federated._own_app import write_app_project
 
-    own = app_files(PIPELINE)
-    built = build_fab_from_disk(write_app_project(tmp_path / "app", PIPELINE))
+    own = app_files("pipeline")
+    built = build_fab_from_disk(write_app_project(tmp_path / "app", "pipeline"))
     assert check_bundle(built, own) == bundle_fingerprint(own)
 
 
@@ -53,10 +51,10 @@ def test_the_sites_own_bundle_is_accepted_as_flower_builds_it(tmp_path):
     ["module", "extra file", "version", "components", "defaults", "code"],
 )
 def test_any_other_bundle_is_refused_before_it_is_read_as_code(change):
-    own = app_files(PIPELINE)
+    own = app_files("pipeline")
     theirs = dict(own)
     if change == "module":
-        theirs["dpsc_app.py"] = APP_MODULE.encode() + b"import os; os.system('cat /data')\n"
+        theirs["dpsc_app.py"] = own["dpsc_app.py"] + b"import os; os.system('cat /data')\n"
     elif change == "extra file":
         theirs["sitecustomize.py"] = b"print('hello')\n"
     elif change == "version":
@@ -77,6 +75,20 @@ def test_any_other_bundle_is_refused_before_it_is_read_as_code(change):
         )
 
 
+def test_a_site_serves_one_task_and_refuses_the_bundle_of_another():
+    """A site that serves the clustering refuses FedSC's own, unmodified bundle, and the other way round."""
+    from dpsc.federated import TASKS
+
+    bundles = {task: app_files(task) for task in TASKS}
+    assert set(bundles) == {"pipeline", "fedsc"}
+    for task, own in bundles.items():
+        assert check_bundle(fab(own), own) == bundle_fingerprint(own)
+        assert f"import {TASKS[task].app_module} as apps" in own["dpsc_app.py"].decode()
+        for other in set(bundles) - {task}:
+            with pytest.raises(BundleRefusal, match="not this site's own dpsc app"):
+                check_bundle(fab(bundles[other]), own)
+
+
 def test_the_fingerprint_covers_every_file_of_the_installed_dpsc(tmp_path):
     """Two installations that differ in one byte of one module print different fingerprints."""
     import shutil
@@ -91,11 +103,11 @@ def test_the_fingerprint_covers_every_file_of_the_installed_dpsc(tmp_path):
     edited.write_bytes(edited.read_bytes() + b"\n")
     assert code_fingerprint(copies[0]) == code_fingerprint()
     assert code_fingerprint(copies[1]) != code_fingerprint()
-    assert json.loads(app_files(PIPELINE)[CODE_FILE]) == {"dpsc_sha256": code_fingerprint()}
+    assert json.loads(app_files("pipeline")[CODE_FILE]) == {"dpsc_sha256": code_fingerprint()}
 
 
 def test_a_bundle_that_is_no_zip_or_too_large_is_refused():
-    own = app_files(PIPELINE)
+    own = app_files("pipeline")
     with pytest.raises(BundleRefusal, match="not a readable"):
         check_bundle(b"not a zip", own)
     with pytest.raises(BundleRefusal, match="larger"):
@@ -103,7 +115,7 @@ def test_a_bundle_that_is_no_zip_or_too_large_is_refused():
 
 
 def test_key_order_and_layout_of_the_pyproject_do_not_count():
-    own = app_files(PIPELINE)
+    own = app_files("pipeline")
     import tomllib
 
     config = tomllib.loads(own["pyproject.toml"].decode())
@@ -169,7 +181,7 @@ def test_a_hostile_bundle_is_refused_and_nothing_leaves_the_site(tmp_path):
     project = tmp_path / "hostile"
     project.mkdir()
     (project / "dpsc_app.py").write_text(HOSTILE_APP)
-    pyproject = app_files({"out": str(tmp_path / "stolen.json")})["pyproject.toml"]
+    pyproject = app_files("pipeline", {"out": str(tmp_path / "stolen.json")})["pyproject.toml"]
     (project / "pyproject.toml").write_bytes(pyproject)  # dpsc's own name and components, another module
     port = free_port()
     site_log = tmp_path / "site.log"
@@ -243,7 +255,7 @@ def test_stopping_the_runner_ends_a_call_that_is_already_retrying():
 
     from dpsc.federated._own_app import OwnAppRunner
 
-    runner = OwnAppRunner("127.0.0.1:9", b"0" * 32, {}, lambda reason: None)
+    runner = OwnAppRunner("127.0.0.1:9", b"0" * 32, "pipeline", lambda reason: None)
     runner._client(token="a task")  # the client of one task: its calls retry RETRIES times
     invoker = runner._invokers[-1]
     invoker.wait_function = lambda seconds: time.sleep(0.05)  # fast backoff for the test

@@ -51,6 +51,23 @@ def speak_cli(message: str) -> str:
     return re.sub(rf"^({names}) ", lambda m: f"--{m[1].replace('_', '-')} ", message)
 
 
+#: A server's TLS files (``--ssl-*``), as Flower's SuperLink names them.
+TLS_FILES = ("ssl-certfile", "ssl-keyfile", "ssl-ca-certfile")
+
+
+def _task_argument(role: argparse.ArgumentParser) -> None:
+    """``--task``: the federated task a server runs or a site serves, by name."""
+    from .federated import TASKS
+
+    role.add_argument(
+        "--task",
+        choices=list(TASKS),
+        default="pipeline",
+        help="; ".join(f"{name}: {task.description}" for name, task in TASKS.items())
+        + " (default: pipeline).",
+    )
+
+
 def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     # --debug is accepted before or after the subcommand: main() takes it out of argv first
     common = argparse.ArgumentParser(add_help=False)
@@ -199,13 +216,30 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     cluster.add_argument("--verbose", "-v", action="store_true", help="Print the full privacy statement.")
     _prepare_parser(sub, common)
     federate = sub.add_parser(
-        "federate", help="Run or join a federated private clustering (Flower, SecAgg+).", parents=[common]
+        "federate",
+        help="Run or join a federated task: the private clustering (SecAgg+) or FedSC (--task).",
+        parents=[common],
     )
     roles = federate.add_subparsers(dest="role", required=True)
     server = roles.add_parser(
-        "server", help="Start the SuperLink and run the clustering over the sites.", parents=[common]
+        "server", help="Start the SuperLink and run the task over the sites.", parents=[common]
     )
     server.add_argument("--sites", type=int, required=True, help="Number of sites that will join.")
+    _task_argument(server)
+    server.add_argument("--rounds", type=int, default=None, help="FedSC: training rounds (default 250).")
+    server.add_argument(
+        "--noise-multiplier",
+        type=float,
+        default=None,
+        help="FedSC: every site's DP-SGD noise multiplier; a site refuses one below its own calibration "
+        "for its epsilon (without it, only non-private sites serve the run).",
+    )
+    server.add_argument(
+        "--kmeans-noise-multiplier",
+        type=float,
+        default=None,
+        help="FedSC: every site's noise multiplier of the final k-means (default: --noise-multiplier).",
+    )
     server.add_argument(
         "--mode", choices=["secure", "plain"], default="secure", help="SecAgg+ (default) or plain."
     )
@@ -246,7 +280,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     server.add_argument("--port", type=int, default=8000, help="Port of the SuperLink (default 8000).")
     server.add_argument("--out", default="dpsc-federation", help="Folder for the result and logs.")
     server.add_argument("--timeout", type=float, default=600.0, help="Stop after this many seconds.")
-    for name in ("ssl-certfile", "ssl-keyfile", "ssl-ca-certfile"):
+    for name in TLS_FILES:
         server.add_argument(
             f"--{name}", default=None, help="TLS file (without them: --insecure, loopback only)."
         )
@@ -258,6 +292,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
         "--data", default=None, help="The site's .h5ad (raw counts), when no --settings is given."
     )
     site.add_argument("--superlink", required=True, help="HOST:PORT of the federation's SuperLink.")
+    _task_argument(site)
     site.add_argument("--epsilon", type=float, default=8.0, help="The largest ε this site spends on a run.")
     site.add_argument("--non-private", action="store_true", help="Serve non-private runs only.")
     site.add_argument("--delta", type=float, default=None, help="This site's δ (default 1e-5).")
@@ -625,62 +660,124 @@ def _reference_fingerprint(path: str) -> str:
     return file_fingerprint(path, "--reference")
 
 
+#: Server options of one federated task only (``dpsc federate server --task``): given to the other
+#: task, they stop the run before it starts instead of being ignored.
+TASK_OPTIONS = {
+    "pipeline": (
+        "mode",
+        "threshold",
+        "epsilon",
+        "non_private",
+        "delta",
+        "markers",
+        "donor_unit",
+        "reference",
+    ),
+    "fedsc": ("rounds", "noise_multiplier", "kmeans_noise_multiplier"),
+}
+
+
 def _federate(args: argparse.Namespace) -> int:
-    from .federated import SiteSettings, read_result, run_server, run_site, write_site_settings
+    return _federate_server(args) if args.role == "server" else _federate_site(args)
+
+
+def _server_run_config(args: argparse.Namespace) -> dict[str, Any]:
+    """Return the run configuration of ``--task`` from the server's flags (others' flags refused)."""
+    import json
+
+    _, parsers = _parser()
+    for task, options in TASK_OPTIONS.items():
+        given = [
+            f"--{o.replace('_', '-')}"
+            for o in options
+            if getattr(args, o) != parsers["server"].get_default(o)
+        ]
+        if task != args.task and given:
+            raise ValueError(
+                f"{', '.join(given)} belong to --task {task}; the {args.task!r} task does not take them."
+            )
+    if args.task == "fedsc":
+        config = {"n_clusters": args.n_clusters, "n_genes": args.n_vars}
+        if args.rounds is not None:
+            config["rounds"] = args.rounds
+        if args.noise_multiplier is not None:  # one value for every site: each checks it against its own
+            config["noise_multipliers"] = json.dumps([args.noise_multiplier])
+            config["kmeans_noise_multipliers"] = json.dumps(
+                [args.kmeans_noise_multiplier or args.noise_multiplier]
+            )
+        return config
+    reference = ""
+    if args.reference:
+        reference = _reference_fingerprint(args.reference)
+        print(
+            f"On the public reference {args.reference} (sha256 {reference[:16]}…); "
+            "each site checks its own copy."
+        )
+    return {
+        "mode": args.mode,
+        "threshold": args.threshold,
+        "epsilon": -1.0 if args.non_private else args.epsilon,
+        "delta": args.delta,
+        "n_clusters": args.n_clusters,
+        "n_vars": args.n_vars,
+        "markers": int(args.markers),
+        "donor_unit": int(args.donor_unit),
+        "reference_fingerprint": reference,
+    }
+
+
+def _federate_server(args: argparse.Namespace) -> int:
+    """``dpsc federate server``: submit ``--task``'s own app to the sites; print what the run released."""
+    from .federated import app_fingerprint, read_result, run_server
     from .tl import few_clusters_message
 
-    if args.role == "server":
-        if not args.ssl_certfile and args.host not in ("127.0.0.1", "localhost"):
-            print(
-                "Warning: no TLS certificates: messages travel unencrypted (use --ssl-* on a real network)."
-            )
-        from .federated import app_fingerprint
-
-        fingerprint = app_fingerprint()
-        print(f"Submitting dpsc's own app (fingerprint {fingerprint}); each site checks it.", flush=True)
-        reference = ""
-        if args.reference:
-            reference = _reference_fingerprint(args.reference)
-            print(
-                f"On the public reference {args.reference} (sha256 {reference[:16]}…); "
-                "each site checks its own copy."
-            )
-        summary = run_server(
-            n_sites=args.sites,
-            out=args.out,
-            host=args.host,
-            port=args.port,
-            timeout=args.timeout,
-            certificates={
-                "ssl-certfile": args.ssl_certfile,
-                "ssl-keyfile": args.ssl_keyfile,
-                "ssl-ca-certfile": args.ssl_ca_certfile,
-            },
-            mode=args.mode,
-            threshold=args.threshold,
-            epsilon=-1.0 if args.non_private else args.epsilon,
-            delta=args.delta,
-            n_clusters=args.n_clusters,
-            n_vars=args.n_vars,
-            markers=int(args.markers),
-            donor_unit=int(args.donor_unit),
-            reference_fingerprint=reference,
-        )
+    if not args.ssl_certfile and args.host not in ("127.0.0.1", "localhost"):
+        print("Warning: no TLS certificates: messages travel unencrypted (use --ssl-* on a real network).")
+    config = _server_run_config(args)
+    fingerprint = app_fingerprint(args.task)
+    print(
+        f"Submitting dpsc's own {args.task!r} app (fingerprint {fingerprint}); each site checks it.",
+        flush=True,
+    )
+    summary = run_server(
+        n_sites=args.sites,
+        out=args.out,
+        task=args.task,
+        host=args.host,
+        port=args.port,
+        timeout=args.timeout,
+        certificates={name: getattr(args, name.replace("-", "_")) for name in TLS_FILES},
+        **config,
+    )
+    result = Path(args.out) / "result"
+    if args.task == "fedsc":
         print(
-            f"Federated clustering over {summary['n_sites']} sites ({summary['mode']}, threshold "
-            f"{summary['threshold']}): {len(summary['releases'])} releases in {summary['wall_s']:.1f} s; "
-            f"result in {Path(args.out) / 'result'}"
+            f"FedSC over {summary['n_sites']} sites: {summary['rounds']} rounds and "
+            f"{len(summary['releases'])} k-means releases in {summary['wall_s']:.1f} s; the global model "
+            f"and centroids in {result}; each site's embedding and labels in its own output."
         )
-        for row in summary["releases"]:
-            print(
-                f"  release {row['index']} ({row['kind']}): {row['contributors']} sites, "
-                f"{row['bytes_per_site']} bytes per site"
-            )
-        in_use = read_result(Path(args.out) / "result").clusters_in_use
-        print(f"{in_use} of the {args.n_clusters} released centroids hold cells above their counts' noise.")
-        if in_use < args.n_clusters / 2:
-            print(_wrap(few_clusters_message(in_use, args.n_clusters)))
         return 0
+    print(
+        f"Federated clustering over {summary['n_sites']} sites ({summary['mode']}, threshold "
+        f"{summary['threshold']}): {len(summary['releases'])} releases in {summary['wall_s']:.1f} s; "
+        f"result in {result}"
+    )
+    for row in summary["releases"]:
+        print(
+            f"  release {row['index']} ({row['kind']}): {row['contributors']} sites, "
+            f"{row['bytes_per_site']} bytes per site"
+        )
+    in_use = read_result(result).clusters_in_use
+    print(f"{in_use} of the {args.n_clusters} released centroids hold cells above their counts' noise.")
+    if in_use < args.n_clusters / 2:
+        print(_wrap(few_clusters_message(in_use, args.n_clusters)))
+    return 0
+
+
+def _federate_site(args: argparse.Namespace) -> int:
+    """``dpsc federate site``: serve ``--task`` with this site's own app, settings and ledger."""
+    from .federated import SiteSettings, run_site, write_site_settings
+
     if args.settings:
         settings_file = Path(args.settings)
     elif args.data:
@@ -709,6 +806,7 @@ def _federate(args: argparse.Namespace) -> int:
         output = run_site(
             settings_file,
             superlink=args.superlink,
+            task=args.task,
             port=args.port,
             timeout=args.timeout,
             root_certificates=args.root_certificates,

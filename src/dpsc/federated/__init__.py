@@ -6,14 +6,15 @@ federated clustering's light path (not torch or Opacus).
 
 from ..privacy import lazy_exports
 
-#: What users call (docs/api.md, "Federated learning"): a site and a server, the FedSC federation
-#: (deployed or simulated) and its settings.
+#: What users call (docs/api.md, "Federated learning"): a site and a server, the tasks they deploy by
+#: name, the FedSC federation (deployed or simulated) and its settings.
 _USER = {
     "METHODS": "._ssl",
     "SSLConfig": "._ssl",
     "Site": "._site",
     "SiteRefusal": "._site",
     "SiteSettings": "._settings",
+    "TASKS": "._apps",
     "app_fingerprint": "._own_app",
     "make_apps": "._apps",
     "run_federation": "._flower",

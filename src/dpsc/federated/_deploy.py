@@ -1,11 +1,12 @@
-"""A real deployment of the federated clustering: Flower's SuperLink, SuperNodes and ``flwr run``.
+"""A real deployment of a federated task: Flower's SuperLink, SuperNodes and ``flwr run``.
 
-``dpsc federate server`` (:func:`run_server`) starts a SuperLink, writes a Flower app project whose
-components are :mod:`dpsc.federated.pipeline_app`'s apps, submits it with ``flwr run`` and stops the
-SuperLink when the run ends. ``dpsc federate site`` (:func:`run_site`) starts one SuperNode whose
-``node_config`` names the site's own settings file, and answers its tasks with the ClientApp of its
-own installation, never with code from the server's bundle; it stops when the site has written its
-results (or refused), or at the timeout. Every process is bounded in time and stopped
+``dpsc federate server --task NAME`` (:func:`run_server`) starts a SuperLink, writes a Flower app
+project whose components are the task's apps (:data:`~dpsc.federated.TASKS`: the private
+clustering, ``pipeline``, or ``fedsc``), submits it with ``flwr run`` and stops the SuperLink when
+the run ends. ``dpsc federate site --task NAME`` (:func:`run_site`) starts one SuperNode whose
+``node_config`` names the site's own settings file, and answers its tasks with the task's ClientApp
+of its own installation, never with code from the server's bundle; it stops when the site has
+written its results (or refused), or at the timeout. Every process is bounded in time and stopped
 on exit. Without TLS certificates the processes run with Flower's ``--insecure`` (no encryption of
 the messages: loopback or a trusted network only); certificate files are passed through.
 """
@@ -27,9 +28,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ._own_app import OwnAppRunner, app_files, app_fingerprint, toml_value, write_app_project
+from ._apps import SUMMARY_FILE, federated_task
+from ._own_app import OwnAppRunner, app_fingerprint, toml_value, write_app_project
 from ._requires import require_flwr, require_site_flwr
-from ._run_config import PIPELINE, run_settings
+from ._run_config import run_settings
 from ._site import SiteSettings
 
 #: Seconds a site waits, once it has reached the SuperLink, for it to answer again before it
@@ -102,31 +104,33 @@ def run_server(
     *,
     n_sites: int,
     out: str | Path,
+    task: str = "pipeline",
     host: str = "127.0.0.1",
     port: int = 8000,
     timeout: float = 600.0,
     certificates: dict[str, str | None] | None = None,
     **config: Any,
 ) -> dict[str, Any]:
-    """Start a SuperLink, run the federated clustering over ``n_sites`` SuperNodes, stop; return the summary.
+    """Start a SuperLink, run ``task`` over ``n_sites`` SuperNodes, stop; return the run's summary.
 
-    ``config`` takes the server's run configuration (``PIPELINE``,
-    underscores for dashes: ``mode``, ``threshold``, ``epsilon``, ``delta``, ``n_clusters``, …).
+    ``task``: the federated task, by name (``"pipeline"``: the private clustering; ``"fedsc"``).
+    ``config`` takes the task's run configuration (``PIPELINE`` or ``FEDSC``, underscores for
+    dashes: ``mode``, ``epsilon``, ``n_clusters``, … or ``rounds``, ``n_genes``, …); a key the task
+    does not take raises ``ValueError`` before anything starts.
     """
+    spec = federated_task(task)
+    settings = run_settings(task, {k.replace("_", "-"): v for k, v in config.items()})
+    spec.check(settings, int(n_sites))
     require_flwr()
-    settings = run_settings("pipeline", {k.replace("_", "-"): v for k, v in config.items()})
-    if settings["mode"] == "secure" and int(n_sites) < 2:
-        raise ValueError(
-            f"Secure aggregation needs at least 2 sites (got {n_sites}): with one site, run mode='plain' "
-            "(--mode plain), where the site adds its full noise, or add sites."
-        )
     out = Path(out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    settings.update({"n-sites": int(n_sites), "out-dir": str(out / "result"), "timeout": float(timeout)})
-    project = write_app_project(out / "app", PIPELINE)  # the same files as every site's own app
+    settings.update({"n-sites": int(n_sites), "out-dir": str(out / "result")})
+    if "timeout" in settings:
+        settings["timeout"] = float(timeout)
+    project = write_app_project(out / "app", task)  # the same files as every site's own app
     started = time.monotonic()
     submit_app(project, settings, out, host=host, port=port, timeout=timeout, certificates=certificates)
-    summary_file = out / "result" / "summary.json"
+    summary_file = out / "result" / SUMMARY_FILE
     if not summary_file.exists():
         raise RuntimeError(
             f"The federated run ended without a result after {time.monotonic() - started:.0f} s; see "
@@ -224,21 +228,26 @@ def run_site(
     settings_file: str | Path,
     *,
     superlink: str,
+    task: str = "pipeline",
     port: int | None = None,
     timeout: float = 600.0,
     root_certificates: str | None = None,
 ) -> Path:
     """Start this site's SuperNode; stop once its results are written (return their path) or it refused.
 
-    The SuperNode runs no code of the server's: it is started with ``--isolation process`` and no
-    dependency installation, and this process answers its tasks with the ClientApp of its own
-    installation, after checking that the server's app bundle is this site's own
-    (:func:`~dpsc.federated.run_site`). It also stops, within seconds, when the server stops (its SuperLink no
-    longer answers) or at the timeout. A refusal raises ``ValueError`` with the site's reason (its
-    own message); the SuperNode's log is a temporary file, removed after a completed or refused run
-    and named in the error of a failed or timed-out one.
+    ``task``: the one federated task this site serves, by name (``"pipeline"``: the private
+    clustering; ``"fedsc"``); a server that submits another task's bundle is refused. The
+    SuperNode runs no code of the server's: it is started with ``--isolation process`` and no
+    dependency installation, and this process answers its tasks with the task's ClientApp of its own
+    installation, after checking that the server's app bundle is this site's own (the same files,
+    task and dpsc code; :func:`~dpsc.federated.app_fingerprint`). It also stops, within seconds,
+    when the server stops (its SuperLink no longer answers) or at the timeout. A refusal raises
+    ``ValueError`` with the site's reason (its own message); the SuperNode's log is a temporary
+    file, removed after a completed or refused run and named in the error of a failed or timed-out
+    one.
     """
     require_site_flwr()
+    federated_task(task)
     settings_file = Path(settings_file).resolve()
     settings = SiteSettings.from_file(settings_file)
     if not Path(settings.data).is_file():
@@ -250,12 +259,13 @@ def run_site(
     tls = ["--root-certificates", root_certificates] if root_certificates else ["--insecure"]
     log = Path(tempfile.gettempdir()) / f"dpsc-site-{os.getpid()}-{port}.log"
     with superexec_secret() as secret:
-        return _serve_site(settings, settings_file, superlink, port, timeout, tls, log, secret)
+        return _serve_site(settings, settings_file, task, superlink, port, timeout, tls, log, secret)
 
 
 def _serve_site(
     settings: SiteSettings,
     settings_file: Path,
+    task: str,
     superlink: str,
     port: int,
     timeout: float,
@@ -280,10 +290,12 @@ def _serve_site(
         "--node-config",
         f"settings='{settings_file}'",
     ]
-    own = app_files(PIPELINE)
     logging.getLogger("flwr").setLevel(logging.WARNING)  # SecAgg+'s stage log would drown the site's lines
-    print(f"This site runs only its own dpsc app (fingerprint {app_fingerprint()}).", flush=True)
-    runner = OwnAppRunner(f"127.0.0.1:{port}", secret.read_bytes(), own, settings.record_refusal)
+    print(
+        f"This site runs only its own dpsc app, task {task!r} (fingerprint {app_fingerprint(task)}).",
+        flush=True,
+    )
+    runner = OwnAppRunner(f"127.0.0.1:{port}", secret.read_bytes(), task, settings.record_refusal)
     deadline = time.monotonic() + timeout
     watch = _ServerWatch(superlink)
     refused = None

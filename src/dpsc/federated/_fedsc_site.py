@@ -79,6 +79,28 @@ def kmeans_schedule(n_clusters: int, d: int) -> list[tuple[str, tuple[int, int]]
     return [("sketch", (d, bits))] * int(plan["n_sketch_steps"]) + [("nearest", (m, d))] * lloyd
 
 
+def site_sigma(values: str, partition: int | None) -> float:
+    """Return a site's noise multiplier from the server's JSON list (one value: every site's).
+
+    A simulation lists one σ per partition id; a deployed site has no partition id, so the server
+    sends one value for every site. A list the site cannot read is refused (nothing was sent).
+    """
+    try:
+        sigmas = [float(value) for value in json.loads(values)]
+        if len(sigmas) == 1:
+            return sigmas[0]
+        if partition is None:
+            raise SiteRefusal(
+                f"The server lists {len(sigmas)} noise multipliers by partition id, which a deployed site "
+                "does not have; send one value for every site (--noise-multiplier)."
+            )
+        return sigmas[partition]
+    except (ValueError, TypeError, IndexError) as err:
+        if isinstance(err, SiteRefusal):
+            raise
+        raise SiteRefusal(f"Malformed noise multipliers {values!r} ({err}); nothing was sent.") from None
+
+
 @dataclass
 class FedSCGuard(SiteGuard):
     """One site's checks and ledger for a FedSC run (module docstring).
@@ -110,13 +132,21 @@ class FedSCGuard(SiteGuard):
             )
 
     def check_run(
-        self, run: dict[str, Any], partition: int, sample_rate: float, steps: int
+        self, run: dict[str, Any], partition: int | None, sample_rate: float, steps: int
     ) -> tuple[float, float]:
         """Check the run's plan and return the ``(σ_training, σ_kmeans)`` this site will use.
 
         The site uses the server's noise multipliers when they are at least its own (more noise only
-        lowers its spend), else refuses. Called at the first round; the result is kept for the run.
+        lowers its spend), else refuses. ``partition``: the site's index in the server's lists of
+        noise multipliers (a simulation); ``None`` (a deployed site): the lists must hold one value,
+        for every site. Called at the first round; the result is kept for the run.
         """
+        if self.settings.donor_key is not None:
+            raise SiteRefusal(
+                "FedSC protects each cell, and this site's settings protect each donor with all their "
+                f"cells (donor_key={self.settings.donor_key!r}); FedSC has no donor-level plan, so this "
+                "site serves it only without a donor_key."
+            )
         if int(run.get("noise-seed", -1)) >= 0:
             raise SiteRefusal(
                 "The server sent a noise seed; a site draws its noise from its own secret source."
@@ -133,8 +163,8 @@ class FedSCGuard(SiteGuard):
             raise SiteRefusal(
                 "The server asks for weights trained without noise; this site's settings give it an epsilon."
             )
-        served = json.loads(run["noise-multipliers"])[partition]
-        kmeans_served = json.loads(run["kmeans-noise-multipliers"])[partition]
+        served = site_sigma(run["noise-multipliers"], partition)
+        kmeans_served = site_sigma(run["kmeans-noise-multipliers"], partition)
         own = fedsc_plan(
             float(self.settings.epsilon), self.delta, sample_rate, steps, self.settings.accountant
         )
@@ -154,7 +184,9 @@ class FedSCGuard(SiteGuard):
         self.check_run_budget(ledger_entry(planned, "run", "planned"))
         return float(served), float(kmeans_served)
 
-    def start(self, run: dict[str, Any], partition: int, sample_rate: float, steps_per_epoch: int) -> None:
+    def start(
+        self, run: dict[str, Any], partition: int | None, sample_rate: float, steps_per_epoch: int
+    ) -> None:
         """Check the run at its first round (:meth:`check_run`) and fix its schedule in :attr:`run`."""
         if "rounds" in self.run:
             return

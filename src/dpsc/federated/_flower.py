@@ -3,13 +3,14 @@
 The apps read their settings from a dict given to :func:`fedsc_apps`, overridden by Flower's
 ``run_config``; each site reads its cells from its own settings (in memory in a simulation, its
 own ``.h5ad`` when deployed), never from a path the run configuration names. The same apps run in
-Flower's simulation engine (:func:`run_federation`) and in a real deployment (``flwr run`` with one
-SuperNode per site, each started with ``--node-config "settings='site.toml'"``; see the docs).
+Flower's simulation engine (:func:`run_federation`) and in a real deployment (``dpsc federate
+server/site --task fedsc``: each site answers with the apps of its own installation).
 """
 
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -96,16 +97,31 @@ class FedSCServer:
         self.base, self.sink = base, sink
 
     def main(self, grid, context) -> None:
-        """Run the whole FedSC job over the grid's sites (the ServerApp's ``main``)."""
+        """Run the whole FedSC job over the grid's sites (the ServerApp's ``main``).
+
+        Its summary is written last (``summary.json``): the run's settings, sites and releases, or
+        the reason it stopped (``"error"``), which ``dpsc federate server`` prints.
+        """
+        s = run_settings("fedsc", self.base, dict(context.run_config))
+        check_settings(s)
+        save = _fedsc_saver(self.sink, s["out-dir"])
+        started, n = time.perf_counter(), int(s["n-sites"])
+        run = {key: s[key] for key in ("method", "rounds", "local-epochs", "n-clusters")}
+        try:
+            releases = self.run(grid, s, save)
+        except Exception as err:
+            save(summary={**run, "n_sites": n, "error": str(err), "wall_s": time.perf_counter() - started})
+            raise
+        save(summary={**run, "n_sites": n, "releases": releases, "wall_s": time.perf_counter() - started})
+
+    def run(self, grid, s: dict[str, Any], save) -> list[dict[str, int]]:
+        """Scale genes (optional), train by FedAvg, cluster by federated DP k-means; return its releases."""
         from flwr.app import ArrayRecord, ConfigRecord
         from flwr.serverapp.strategy import FedAvg
 
-        s = run_settings("fedsc", self.base, dict(context.run_config))
-        check_settings(s)
         n_genes, n = _sites_and_genes(s)
         torch.manual_seed(int(s["seed"]))
         net = SSLNet(n_genes, _ssl_config(s))
-        save = _fedsc_saver(self.sink, s["out-dir"])
         train_config = ConfigRecord({"local-epochs": int(s["local-epochs"])})
         if bool(s["scale-genes"]):
             mean, std = self.pooled_gene_statistics(grid, n)
@@ -121,11 +137,17 @@ class FedSCServer:
         history = {
             int(r): {k: float(v) for k, v in m.items()} for r, m in result.train_metrics_clientapp.items()
         }
+        if len(history) < int(s["rounds"]):  # FedAvg goes on when every site refused or failed
+            raise RuntimeError(
+                f"FedSC: only {len(history)} of the {s['rounds']} training rounds had a site's reply; each "
+                "site's refusal or error is in the server's run.log and in that site's own log."
+            )
         save(state=result.arrays.to_torch_state_dict(), history=history)
         centroids, releases = self.federated_kmeans(grid, n, result.arrays, s, net.config.n_latent)
         save(centroids=centroids)
         self.send(grid, n, {"task": "finish"}, result.arrays, extra={"centroids": centroids})
         save(kmeans=releases)
+        return releases
 
     @staticmethod
     def send(grid, n: int, config: dict, arrays, extra: dict | None = None) -> list:
@@ -142,7 +164,8 @@ class FedSCServer:
 
     def federated_kmeans(self, grid, n: int, arrays, s: dict, d: int):
         """Return DP k-means centroids of the sites' embedded cells (plain: full noise at each site)."""
-        sigmas = json.loads(s["kmeans-noise-multipliers"]) if s["kmeans-noise-multipliers"] else [0.0] * n
+        sigmas = json.loads(s["kmeans-noise-multipliers"]) if s["kmeans-noise-multipliers"] else [0.0]
+        sigmas = sigmas * n if len(sigmas) == 1 else sigmas  # one value: every site's
         sigma_sum = float(np.sqrt(np.sum(np.square(sigmas))))
         releases: list[dict[str, int]] = []
 
@@ -301,7 +324,7 @@ class FedSCSite:
 
         torch.set_num_threads(1)
         s = run_settings("fedsc", self.base, dict(context.run_config))
-        pid = int(context.node_config["partition-id"])
+        pid = int(context.node_config.get("partition-id", 0))  # a deployed site has none (one σ for all)
         config = msg.content["config"]
         X = self._scaled_for_training(self.raw_cells(context), config, context)
         net = SSLNet(X.shape[1], _ssl_config(s))
@@ -311,7 +334,10 @@ class FedSCSite:
         metrics = {"mu": mu, "num-examples": int(X.shape[0])}
         guard = self.guard(context, X.shape[0])
         q, per_epoch = dp_schedule(X.shape[0], int(s["batch-size"]))
-        guard.start(s, pid, q, per_epoch)  # the site's own checks of the run, at its first round
+        partition = (
+            int(context.node_config["partition-id"]) if "partition-id" in context.node_config else None
+        )
+        guard.start(s, partition, q, per_epoch)  # the site's own checks of the run, at its first round
         guard.check_round(server_round, epochs)
         sigma, total = float(guard.run["sigma"]), int(guard.run["steps"])
         if sigma > 0:
@@ -376,7 +402,7 @@ def _fedsc_saver(sink: dict[str, Any] | None, out_dir: str):
     """Return ``save(**results)``: into ``sink`` and/or as files in ``out_dir``.
 
     ``sink``: a simulation in this process; ``out_dir``: ``global.pt``, ``history.json``,
-    ``scaling.npz``, ``centroids.npy``, ``kmeans.json``.
+    ``scaling.npz``, ``centroids.npy``, ``kmeans.json`` and, last, ``summary.json``.
     """
     if sink is None and not out_dir:
         raise ValueError("The server needs an out-dir (run configuration) to write its results to.")
@@ -396,7 +422,7 @@ def _fedsc_saver(sink: dict[str, Any] | None, out_dir: str):
                 torch.save(value, out / "global.pt")
             elif name == "centroids":
                 np.save(out / "centroids.npy", value)
-            else:  # history, kmeans
+            else:  # history, kmeans, summary
                 (out / f"{name}.json").write_text(json.dumps(value))
 
     return save

@@ -40,8 +40,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-#: The bundle's one module: it names the ClientApp and ServerApp of the installed dpsc.
-APP_MODULE = """import dpsc.federated.pipeline_app as apps
+from ._guard import SiteRefusal
+
+#: The bundle's one module: it names the task's ClientApp and ServerApp of the installed dpsc.
+APP_MODULE = """import {module} as apps
 
 server_app = apps.server_app
 client_app = apps.client_app
@@ -70,13 +72,18 @@ def toml_value(value: Any) -> str:
     return json.dumps(str(value))
 
 
-def app_files(config: dict[str, Any]) -> dict[str, bytes]:
-    """Return the files of dpsc's Flower app for this installation (``config``: the run's defaults).
+def app_files(task: str = "pipeline", config: dict[str, Any] | None = None) -> dict[str, bytes]:
+    """Return the files of dpsc's Flower app of ``task`` for this installation.
 
-    The run configuration the server proposes travels as ``flwr run --run-config`` overrides, so
-    the bundle's files depend only on the installed dpsc version.
+    ``config``: the run's defaults (default: the task's run-configuration table). The run
+    configuration the server proposes travels as ``flwr run --run-config`` overrides, so the
+    bundle's files depend only on the task and the installed dpsc code.
     """
     from .. import __version__
+    from ._apps import federated_task
+
+    spec = federated_task(task)
+    config = spec.run_config if config is None else config
 
     pyproject = "\n".join(
         [
@@ -90,7 +97,7 @@ def app_files(config: dict[str, Any]) -> dict[str, bytes]:
         ]
     )
     return {
-        "dpsc_app.py": APP_MODULE.encode(),
+        "dpsc_app.py": APP_MODULE.format(module=spec.app_module).encode(),
         "pyproject.toml": pyproject.encode(),
         CODE_FILE: json.dumps({"dpsc_sha256": code_fingerprint()}).encode(),
     }
@@ -115,23 +122,22 @@ def code_fingerprint(root: Path | None = None) -> str:
     return digest.hexdigest()
 
 
-def app_fingerprint() -> str:
-    """Return the fingerprint of this installation's Flower app, as both ends print it (16 hex digits).
+def app_fingerprint(task: str = "pipeline") -> str:
+    """Return the fingerprint of this installation's Flower app of ``task``, as both ends print it.
 
-    It covers the app's files and :func:`code_fingerprint` (every file of the installed dpsc), so
-    equal fingerprints mean both ends run the same dpsc code. It is a check between honest parties:
-    a hostile server can print any value, and a site's safety never rests on it (a site runs only
-    its own code and checks every request, :class:`~dpsc.federated.Site`).
+    16 hex digits. It covers the app's files and :func:`code_fingerprint` (every file of the
+    installed dpsc), so equal fingerprints mean both ends run the same dpsc code and task. It is a
+    check between honest parties: a hostile server can print any value, and a site's safety never
+    rests on it (a site runs only its own code and checks every request,
+    :class:`~dpsc.federated.Site`).
     """
-    from ._run_config import PIPELINE
-
-    return bundle_fingerprint(app_files(PIPELINE))[:16]
+    return bundle_fingerprint(app_files(task))[:16]
 
 
-def write_app_project(folder: Path, config: dict[str, Any]) -> Path:
-    """Write the Flower app project that ``flwr run`` submits (:func:`app_files`)."""
+def write_app_project(folder: Path, task: str) -> Path:
+    """Write the Flower app project of ``task`` that ``flwr run`` submits (:func:`app_files`)."""
     folder.mkdir(parents=True, exist_ok=True)
-    for name, content in app_files(config).items():
+    for name, content in app_files(task).items():
         (folder / name).write_bytes(content)
     return folder
 
@@ -220,20 +226,24 @@ class OwnAppRunner:
         ``127.0.0.1:PORT`` of the SuperNode's Runtime API.
     secret
         The SuperExec secret the SuperNode was started with (``--superexec-auth-secret-file``).
-    own_files
-        This site's own bundle (:func:`app_files`).
+    task
+        The one task this site serves (:data:`~dpsc.federated.TASKS`): its own bundle
+        (:func:`app_files`) is what the server's must equal, and its ClientApp, imported from
+        this installation, answers every message.
     on_refusal
-        Called with the reason when a bundle is refused.
+        Called with the reason when a bundle or a request is refused (every task's site guard
+        refuses with :class:`~dpsc.federated.SiteRefusal`).
     """
 
     def __init__(
         self,
         runtime_address: str,
         secret: bytes,
-        own_files: dict[str, bytes],
+        task: str,
         on_refusal: Callable[[str], None],
     ) -> None:
-        self.runtime_address, self.secret, self.own_files = runtime_address, secret, own_files
+        self.runtime_address, self.secret = runtime_address, secret
+        self.task, self.own_files = task, app_files(task)
         self.on_refusal = on_refusal
         self.error: BaseException | None = None
         self.last_error: BaseException | None = None
@@ -321,12 +331,14 @@ class OwnAppRunner:
             message, context, _run, fab = pull_task_input(client)
             try:
                 check_bundle(fab.content, self.own_files)
-                from .pipeline_app import client_app  # this installation's code, never the bundle's
+                from ._apps import federated_task
 
+                client_app = federated_task(self.task).client_app()  # this installation's, never the bundle's
                 reply = client_app(message=message, context=context)
                 status, details = SubStatus.COMPLETED, ""
-            except BundleRefusal as refusal:
-                self.on_refusal(str(refusal))
+            except (BundleRefusal, SiteRefusal) as refusal:  # the site's words, for its data manager
+                with contextlib.suppress(OSError):
+                    self.on_refusal(str(refusal))
                 reply = Message(_error(Error, ErrorCode, refusal), reply_to=message)
                 details = str(refusal)
             except Exception as err:  # a refusal or failure of the ClientApp: its reason goes back

@@ -13,7 +13,6 @@ deployment (``dpsc federate server`` / ``dpsc federate site``, one SuperNode per
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
 import time
@@ -271,16 +270,12 @@ class SiteHandler:
     def fit(self, parameters: list[np.ndarray], config: dict[str, Any]) -> tuple[list[np.ndarray], int, dict]:
         """Answer one request: a release (the noisy vector), ``describe`` or ``finish``; or refuse.
 
-        A refusal's reason is also written to the site's ``refusal_file``, where ``dpsc federate
-        site`` reads it for the data manager.
+        A refusal (:class:`SiteRefusal`) is written to the site's ``refusal_file`` by the runner
+        that serves a deployed site (:class:`~dpsc.federated._own_app.OwnAppRunner`), where
+        ``dpsc federate site`` reads it for the data manager.
         """
         settings = site_settings_from(dict(self.context.node_config), self.site_settings)
-        try:
-            return self._answer(settings, parameters, config)
-        except SiteRefusal as refusal:
-            with contextlib.suppress(OSError):
-                settings.record_refusal(str(refusal))
-            raise
+        return self._answer(settings, parameters, config)
 
     def _answer(
         self, settings: SiteSettings, parameters: list[np.ndarray], config: dict[str, Any]

@@ -1,10 +1,10 @@
-"""Module-level FedSC apps for a real deployment: ``flwr run`` with ``dpsc.federated.app:server_app``.
+"""Module-level FedSC apps for a real deployment: what ``dpsc federate --task fedsc`` submits and runs.
 
-Settings come from the Flower run config (``[tool.flwr.app.config]`` of the launching project):
-``method``, ``rounds``, ``local-epochs``, ``alpha``, ``seed``, ``n-sites``, ``n-genes`` and
-``out-dir``. Each SuperNode reads its cells and its privacy from its own settings file, named by
-its ``--node-config "settings='site.toml'"`` (:class:`~dpsc.federated.SiteSettings`: ``data`` is its
-``.h5ad`` of raw counts), never from the run configuration.
+The server's settings come from the run configuration (``FEDSC``: ``method``, ``rounds``,
+``n-genes``, ``noise-multipliers``, …). Each site answers with these apps of its own installation
+(:mod:`dpsc.federated._own_app`) and reads its cells and privacy from its own settings file, named
+by its ``--node-config "settings='site.toml'"`` (:class:`~dpsc.federated.SiteSettings`), never
+from the run configuration.
 """
 
 from ._apps import make_apps

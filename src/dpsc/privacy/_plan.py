@@ -260,15 +260,18 @@ class ReleasePlan:
 
         Gaussian releases compose in the plan's accountant at δ; stated ones add their ε.
         """
+        return self._composed(self.history(), self.delta if delta is None else delta)
+
+    def _composed(self, history: list[tuple[float, float, int]], delta: float) -> float | None:
+        """ε of the Gaussian releases ``history`` at δ plus the stated releases' ε (``None``: no noise)."""
         from ._accounting import history_epsilon
 
-        history = self.history()
         if any(sigma == 0 for sigma, _, _ in history):
             return None
         stated = sum(r.stated[0] for r in self.releases if r.stated is not None)
         if not history:
             return float(stated)
-        return stated + history_epsilon(history, self.delta if delta is None else delta, self.accountant)
+        return stated + history_epsilon(history, delta, self.accountant)
 
     def record(
         self,
@@ -298,11 +301,11 @@ class ReleasePlan:
         from ._accounting import history_epsilon
         from ._record import PrivacyRecord, no_guarantee_record
 
-        spent = self.spent()  # None when a release has no noise
-        if spent is None:
+        planned = self.history()
+        if any(sigma == 0 for sigma, _, _ in planned):  # a release without noise: no ε was asked
             return no_guarantee_record(tool, unit=unit, covered=covered)
-        if history is None:
-            history = self.history()
+        if history is None:  # ε composed once, from the one history the record states
+            history, spent = planned, self._composed(planned, float(self.delta))
         else:
             history = [(float(s), float(q), int(n)) for s, q, n in history]
             spent = history_epsilon(history, float(self.delta), self.accountant)
