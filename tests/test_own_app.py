@@ -170,8 +170,9 @@ def main(grid: Grid, context) -> None:
 
 
 @pytest.mark.optional_extra
-def test_a_hostile_bundle_is_refused_and_nothing_leaves_the_site(tmp_path):
-    """A real ``dpsc federate site`` on loopback; the server submits a ClientApp that reads the counts."""
+@pytest.mark.parametrize("task", ["pipeline", "fedsc"])
+def test_a_hostile_bundle_is_refused_and_nothing_leaves_the_site(tmp_path, task):
+    """A real ``dpsc federate site --task`` on loopback; the server submits a ClientApp reading the counts."""
     pytest.importorskip("flwr")
     from dpsc.federated._deploy import free_port, submit_app
 
@@ -181,13 +182,14 @@ def test_a_hostile_bundle_is_refused_and_nothing_leaves_the_site(tmp_path):
     project = tmp_path / "hostile"
     project.mkdir()
     (project / "dpsc_app.py").write_text(HOSTILE_APP)
-    pyproject = app_files("pipeline", {"out": str(tmp_path / "stolen.json")})["pyproject.toml"]
+    pyproject = app_files(task, {"out": str(tmp_path / "stolen.json")})["pyproject.toml"]
     (project / "pyproject.toml").write_bytes(pyproject)  # dpsc's own name and components, another module
     port = free_port()
     site_log = tmp_path / "site.log"
     site = subprocess.Popen(
         [
-            *(sys.executable, "-m", "dpsc.cli", "federate", "site", "--data", str(data), "--epsilon", "1"),
+            *(sys.executable, "-m", "dpsc.cli", "federate", "site", "--task", task, "--data", str(data)),
+            *("--epsilon", "1"),
             *("--budget", "1", "--superlink", f"127.0.0.1:{port}", "--timeout", "120"),
         ],
         stdout=open(site_log, "w"),
