@@ -144,7 +144,7 @@ def test_the_model_starts_at_the_encoders_image_of_the_released_centroids(small_
     module = model.module
     with torch.no_grad():
         start = torch.nn.functional.normalize(torch.as_tensor(model._start_centroids, dtype=torch.float32))
-        image = module.encode(start).double()
+        image = module.assignment_space(module.encode(start)).double()
     expected = module.latent_scale * image / image.norm(dim=1, keepdim=True)
     np.testing.assert_allclose(module.clustering.centroids.detach().double(), expected, atol=1e-5)
     assert small_adata.uns["dpsc"]["X_dpdcan"]["privacy"]["kmeans_steps"] == 0
@@ -159,23 +159,35 @@ def test_the_model_starts_at_the_encoders_image_of_the_released_centroids(small_
 
 
 def test_the_untrained_default_model_embeds_each_cell_at_its_clustering_point(small_adata, tiny_fit):
-    """The default model's encoder is residual: before training, the latent is the input point.
+    """The default model's encoder is residual: before training, the embedding is the clustering's.
 
-    With no epoch the embedding is each cell's projection on the clustering's loadings, its length
-    kept (inside the latent ball), so the model starts from the clustering's geometry (a plain
-    network would distort it, and the unit sphere would drop the length).
+    With no epoch ``obsm["X_dpdcan"]`` is ``obsm["X_dp_cluster"]`` times the latent scale: each
+    cell's projection on the clustering's loadings, its length kept, in the clustering's
+    coordinates (the encoder reads the mean coordinate weighted as the k-means weights it, and
+    writes its latent back without the weight), so the model starts from the clustering's
+    neighbourhoods; the clusters are read from the weighted points (the clustering's partition).
     """
     import torch
+
+    from dpsc.module import input_representation
 
     fit = {**tiny_fit, "instance_epochs": 0, "cluster_epochs": 0}
     model = dpsc.tl.fit(small_adata, epsilon=8.0, noise_seed=0, return_model=True, **fit)
     module = model.module
-    assert module.residual
+    weights = module.latent_weights.numpy()
+    assert module.residual and weights[0] < 1 and (weights[1:] == 1).all()
+    embedded = small_adata.obsm["X_dpdcan"]
     x = model.adata_manager.get_from_registry("X")
     dense = torch.as_tensor(np.asarray(x.todense() if hasattr(x, "todense") else x), dtype=torch.float32)
     with torch.no_grad():
-        points = module.represent(dense).numpy()
-    np.testing.assert_allclose(small_adata.obsm["X_dpdcan"], module.latent_scale * points, atol=1e-5)
+        read = module.represent(dense)  # u_i on the loadings with the k-means weight: V_w^T u_i
+        unweighted = torch.nn.functional.normalize(input_representation(dense, "zinb"), dim=-1) @ (
+            module.input_loadings / module.latent_weights
+        )
+        points = module.clustering_points(read)
+        clusters = module.assignment_space(torch.as_tensor(embedded)) / module.latent_scale
+    np.testing.assert_allclose(embedded, module.latent_scale * unweighted.numpy(), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(clusters, points, rtol=1e-4, atol=1e-5)  # the clustering's k-means points
 
 
 def test_a_residual_encoder_starts_at_the_identity_and_trains_its_correction():

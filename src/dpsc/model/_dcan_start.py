@@ -102,15 +102,16 @@ def start_model_from(model: DPDCAN, start: ClusterResult) -> None:
 
     The loadings carry the clustering's weight of the mean coordinate, so each cell's projection
     at norm 1 is its k-means point (:meth:`~dpsc.module.DCANModule.clustering_points`); a plain
-    encoder reads that point, a residual one the projection itself. A model on a public
-    reference's points (``start.basis``) already reads them.
+    encoder reads that point, a residual one the projection itself, and writes its latent back
+    without the weight (untrained: the cell's ``X_dp_cluster`` point, scaled). A model on a
+    public reference's points (``start.basis``) already reads them.
     """
     if start.basis is not None:
         model.start_from_partition(start.centroids)
         return
     weights = np.ones(start.loadings.shape[1])
     weights[0] = MEAN_WEIGHT  # the clustering's k-means points, once at norm 1
-    model.module.set_input_loadings(torch.as_tensor(start.loadings * weights))
+    model.module.set_input_loadings(torch.as_tensor(start.loadings), torch.as_tensor(weights))
     model.start_from_partition(start.centroids)
 
 

@@ -658,7 +658,8 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
 
         :math:`\mu_j = \rho\, f(c_j) / \lVert f(c_j)\rVert`, with :math:`c_j` the private
         clustering's released centroid in the points the encoder reads (scaled to norm 1 when the
-        encoder reads unit-norm points, ``input_pcs``), :math:`f` the encoder and :math:`\rho` the
+        encoder reads unit-norm points, ``input_pcs``), :math:`f` the encoder read where the
+        clusters are (:meth:`~dpsc.module.DCANModule.assignment_space`) and :math:`\rho` the
         latent sphere's radius (``latent_scale``, else the k-means ``clip_norm``). Each
         :math:`\mu_j` stands where the cells of start cluster j land (for a residual encoder,
         where their latent directions point: its clusters are read on the sphere), so the
@@ -673,7 +674,7 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
         centroids = torch.as_tensor(self._start_centroids, dtype=torch.float32, device=device)
         if module.input_pcs is not None:
             centroids = torch.nn.functional.normalize(centroids, dim=-1)
-        latent = module.encode(centroids).double()
+        latent = module.assignment_space(module.encode(centroids)).double()
         radius = module.latent_scale if module.latent_scale is not None else float(plan.kmeans["clip_norm"])
         latent = radius * latent / latent.norm(dim=1, keepdim=True).clamp_min(1e-12)
         return broadcast_from_rank_zero(latent.to(module.clustering.centroids.dtype))
@@ -780,7 +781,7 @@ class DPDCAN(UnsupervisedTrainingMixin, BaseModelClass):
         state = {
             k: v.cpu()
             for k, v in self.module.state_dict().items()
-            if k.startswith(("encoder.", "clustering.", "input_loadings"))
+            if k.startswith(("encoder.", "clustering.", "input_loadings", "latent_weights"))
         }
         torch.save(state, weights)
         init = self.init_params_["non_kwargs"]

@@ -114,7 +114,12 @@ class DCANModule(BaseModuleClass):
         sphere merges. The clusters are read on the sphere, from each latent's direction
         (:meth:`assignment_space`), as the clustering's cosine k-means partitioned the
         directions. Public: :math:`E` and the initial weights depend on no cell, and every point
-        stays within radius :math:`s` (the DP k-means' bound).
+        stays within radius :math:`s` (the DP k-means' bound). When the loadings carry fixed
+        coordinate weights :math:`w` (:meth:`set_input_loadings`: the clustering's weight of the
+        mean coordinate), the latent is written back in the unweighted coordinates,
+        :math:`z = s\,h / \max(1, \lVert h\rVert_2) \oslash w` (``latent_weights``), so the
+        untrained latent is :math:`s` times the clustering's embedding ``X_dp_cluster``; the
+        clusters are read from :math:`z \odot w`, the clustering's k-means points.
     """
 
     def __init__(
@@ -145,6 +150,7 @@ class DCANModule(BaseModuleClass):
         self.encoder = mlp([n_features, *hidden, n_latent], last_activation=False)
         if residual:
             self.register_buffer("input_to_latent", torch.eye(n_features, n_latent))
+            self.register_buffer("latent_weights", torch.ones(n_latent))
             nn.init.zeros_(self.encoder[-1].weight)
             nn.init.zeros_(self.encoder[-1].bias)
         self.decoder = mlp([n_latent, *reversed(hidden)], last_activation=True)
@@ -162,11 +168,24 @@ class DCANModule(BaseModuleClass):
         return self.likelihood == "zinb" and self.input_pcs is None
 
     @torch.no_grad()
-    def set_input_loadings(self, loadings: torch.Tensor) -> None:
-        """Fix the loadings the encoder reads through (genes × ``input_pcs``)."""
+    def set_input_loadings(self, loadings: torch.Tensor, weights: torch.Tensor | None = None) -> None:
+        """Fix the loadings the encoder reads through (genes × ``input_pcs``).
+
+        ``weights``: fixed public weights of the loadings' columns (the encoder reads
+        ``loadings * weights``); a residual latent is written back in the unweighted coordinates
+        (class docstring).
+        """
         if self.input_pcs is None:
             raise RuntimeError("This module reads genes (input_pcs=None); it has no input loadings.")
-        self.input_loadings.copy_(torch.as_tensor(loadings, dtype=self.input_loadings.dtype))
+        loadings = torch.as_tensor(loadings, dtype=self.input_loadings.dtype)
+        if weights is None:
+            self.input_loadings.copy_(loadings)
+            return
+        weights = torch.as_tensor(weights, dtype=loadings.dtype)
+        self.input_loadings.copy_(loadings * weights)
+        if self.residual:
+            shared = min(len(weights), self.n_latent)  # E puts input coordinate j at latent j
+            self.latent_weights[:shared] = weights[:shared]
 
     def public_decoder_modules(self) -> list[nn.Module]:
         """Modules that map the latent space back to its input (the part never shared)."""
@@ -183,10 +202,12 @@ class DCANModule(BaseModuleClass):
         h = self.encoder(rep)
         if self.residual:
             h = h + rep @ self.input_to_latent
+        if self.residual:
+            if self.latent_scale is not None:
+                h = self.latent_scale * h / h.norm(dim=-1, keepdim=True).clamp(min=1.0)
+            return h / self.latent_weights
         if self.latent_scale is None:
             return h
-        if self.residual:
-            return self.latent_scale * h / h.norm(dim=-1, keepdim=True).clamp(min=1.0)
         return self.latent_scale * F.normalize(h, dim=-1)
 
     def assignment_space(self, z: torch.Tensor) -> torch.Tensor:
@@ -195,9 +216,10 @@ class DCANModule(BaseModuleClass):
         A residual encoder's latent direction on the sphere (cosine, as the clustering partitioned
         its points); the latent itself otherwise.
         """
-        if self.residual and self.latent_scale is not None:
-            return self.latent_scale * F.normalize(z, dim=-1)
-        return z
+        if not self.residual:
+            return z
+        z = z * self.latent_weights
+        return z if self.latent_scale is None else self.latent_scale * F.normalize(z, dim=-1)
 
     def represent(self, x: torch.Tensor) -> torch.Tensor:
         r"""Per-cell input representation (see :func:`input_representation`).

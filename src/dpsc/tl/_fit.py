@@ -64,9 +64,9 @@ DEFAULT_N_CLUSTERS = 8
 #: components (released inside the fit's ε) through 64 hidden units to a 16-dimensional latent,
 #: and the decoder reconstructs those components, so DP-SGD noises a few thousand parameters
 #: instead of 2.09 million (2000 genes, 8 clusters). The encoder is residual and reads each
-#: cell's projection with its length: untrained, it embeds each cell at its point of
-#: ``obsm["X_dp_cluster"]`` (the mean coordinate weighted as the clustering's k-means weights it),
-#: and training refines that embedding.
+#: cell's projection with its length (the mean coordinate weighted as the clustering's k-means
+#: weights it) and writes its latent back in the clustering's coordinates: untrained, it embeds
+#: each cell at its point of ``obsm["X_dp_cluster"]`` (scaled), and training refines that embedding.
 PC_MODEL = {"input_pcs": 16, "n_hidden": (64,), "n_latent": 16, "residual": True}
 #: The PC model's epochs: no instance stage (its contrastive views of 16 masked coordinates blur
 #: the clustering's neighbourhoods), 10 cluster-stage epochs. Chosen by leave one file out on the
