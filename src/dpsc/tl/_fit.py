@@ -72,7 +72,8 @@ PC_MODEL = {"input_pcs": 16, "n_hidden": (64,), "n_latent": 16, "residual": True
 #: the clustering's neighbourhoods), 10 cluster-stage epochs. Chosen by leave one file out on the
 #: embedding's kNN label purity among 10 + 10, 5 + 10, 0 + 10 and 0 + 20 (docs, Benchmarks: "The
 #: default ``tl.fit``'s epochs by leave-one-file-out"); 0 + 10 and 0 + 20 tie over the six files,
-#: and 0 + 10 takes fewer steps.
+#: and 0 + 10 takes fewer steps. With the latent in the clustering's coordinates, 0 + 0, 0 + 10 and
+#: 0 + 20 tie on the embedding; the model keeps its training (a fit without steps is no model).
 PC_MODEL_EPOCHS = {"instance_epochs": 0, "cluster_epochs": 10}
 
 #: ``tl.fit`` keyword arguments that go to Lightning, not to the plan.
