@@ -186,7 +186,10 @@ def test_export_shared_has_no_decoder_and_reproduces_outputs(small_adata, tmp_pa
     model = dpsc.tl.fit(small_adata, epsilon=8.0, **tiny_fit, return_model=True)
     model.export_shared(tmp_path / "share")
     state = torch.load(tmp_path / "share" / "shared_encoder.pt", weights_only=True)
-    assert all(k.startswith(("encoder.", "clustering.")) or k == "input_loadings" for k in state)
+    assert all(
+        k.startswith(("encoder.", "clustering.")) or k in ("input_loadings", "latent_weights") for k in state
+    )
+    assert "latent_weights" in state  # the residual latent's public coordinate weights travel with it
     assert not any(k.startswith(("decoder.", "px_")) for k in state)
     shared = SharedEncoder.load(tmp_path / "share")
     np.testing.assert_allclose(
