@@ -302,6 +302,16 @@ def _launch(args: list[str], log: Path) -> subprocess.Popen:
     )
 
 
+def _wait_all(processes: list[subprocess.Popen], timeout: float) -> list[int]:
+    """Each process's exit code; any still running after ``timeout`` is killed with its group."""
+    try:
+        return [p.wait(timeout=timeout) for p in processes]
+    finally:
+        for p in processes:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+
+
 @pytest.mark.optional_extra
 def test_loopback_deployment_in_separate_processes(sites, tmp_path):
     """SuperLink + 2 SuperNodes on loopback in separate processes, bounded in time, stopping by themselves."""
@@ -348,12 +358,7 @@ def test_loopback_deployment_in_separate_processes(sites, tmp_path):
         )
         for k, f in enumerate(files)
     ]
-    try:
-        codes = [p.wait(timeout=190) for p in [server, *nodes]]
-    finally:
-        for p in [server, *nodes]:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
+    codes = _wait_all([server, *nodes], timeout=190)
     wall = time.monotonic() - start
     assert codes == [0, 0, 0], (tmp_path / "server.log").read_text()[-2000:]
     summary = json.loads((tmp_path / "fed" / "result" / "summary.json").read_text())
@@ -402,12 +407,7 @@ def test_fedsc_is_deployed_by_name_and_each_site_runs_its_own_app(sites, tmp_pat
         )
         for k, f in enumerate(files)
     ]
-    try:
-        codes = [p.wait(timeout=190) for p in [server, *nodes]]
-    finally:
-        for p in [server, *nodes]:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
+    codes = _wait_all([server, *nodes], timeout=190)
     logs = [(tmp_path / f"{name}.log").read_text() for name in ("server", "site0", "site1")]
     assert codes == [0, 0, 0], "\n".join(log[-1500:] for log in logs)
     fingerprint = logs[0].split("app (fingerprint ")[1][:16]

@@ -336,10 +336,16 @@ def superexec_secret() -> Iterator[Path]:
 
 def _watch_site(node, runner, settings, output, before, deadline, watch, log) -> str | None:
     """Wait for the site's results or refusal (return its reason); raise when the run cannot end."""
+    served = None  # tasks served when the results appeared: the task that wrote them is still replying
     while time.monotonic() < deadline:
-        if output.exists() and output.stat().st_mtime > before:
-            time.sleep(2.0)  # let the last reply leave
-            return None
+        if served is None and output.exists() and output.stat().st_mtime > before:
+            served = runner.served
+        if served is not None:  # done once the last reply was pushed, or the server ended the run
+            if runner.served > served or runner.last_error is not None or watch.gone():
+                time.sleep(2.0)  # let the SuperNode send the last reply on
+                return None
+            time.sleep(0.5)
+            continue
         if settings.refusal_file.exists():
             reason = settings.refusal_file.read_text().strip()
             time.sleep(REPLY_GRACE)  # let the refusal reach the server before the SuperNode stops

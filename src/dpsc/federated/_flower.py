@@ -324,19 +324,19 @@ class FedSCSite:
 
         torch.set_num_threads(1)
         s = run_settings("fedsc", self.base, dict(context.run_config))
-        pid = int(context.node_config.get("partition-id", 0))  # a deployed site has none (one σ for all)
+        # a simulation's partition id; a deployed site has none (the server sends one σ for all)
+        partition = (
+            int(context.node_config["partition-id"]) if "partition-id" in context.node_config else None
+        )
         config = msg.content["config"]
         X = self._scaled_for_training(self.raw_cells(context), config, context)
         net = SSLNet(X.shape[1], _ssl_config(s))
         mu = _start_from_global(net, msg.content["arrays"].to_torch_state_dict(), s, context)
         server_round, epochs = int(config["server-round"]), int(config["local-epochs"])
-        seed = int(s["seed"]) * 100_003 + 1009 * pid + server_round
+        seed = int(s["seed"]) * 100_003 + 1009 * (partition or 0) + server_round
         metrics = {"mu": mu, "num-examples": int(X.shape[0])}
         guard = self.guard(context, X.shape[0])
         q, per_epoch = dp_schedule(X.shape[0], int(s["batch-size"]))
-        partition = (
-            int(context.node_config["partition-id"]) if "partition-id" in context.node_config else None
-        )
         guard.start(s, partition, q, per_epoch)  # the site's own checks of the run, at its first round
         guard.check_round(server_round, epochs)
         sigma, total = float(guard.run["sigma"]), int(guard.run["steps"])
