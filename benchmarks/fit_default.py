@@ -12,9 +12,14 @@ call's row also holds the kNN label purity (k = 15, Euclidean; labels for scorin
 embedding: the model's ``obsm["X_dpdcan"]`` for ``tl.fit``, the clustering's points
 ``obsm["X_dp_cluster"]`` for ``tl.cluster`` (what the fit starts from): the share of each cell's
 15 nearest cells that carry its label, averaged. ``--no-baseline`` leaves out the non-private fit.
+``--first-run N`` numbers the runs from N and keeps no timing: more runs appended to the file, e.g.
+from two processes sharing the cores (the table's seconds come from the runs numbered from 0).
 
     OMP_NUM_THREADS=2 python benchmarks/fit_default.py --data ../shared/data \
         --out benchmarks/results/fit_default.jsonl
+    OMP_NUM_THREADS=1 python benchmarks/fit_default.py --data ../shared/data --runs 17 --first-run 3 \
+        --no-baseline --datasets pbmc paul15 cite_cbmc --out benchmarks/results/fit_default.jsonl
+        # and --datasets bladder bladder_allgenes pancreas in a second process
     python benchmarks/fit_default.py --report benchmarks/results/fit_default.jsonl
 """
 
@@ -88,7 +93,7 @@ def run(args: argparse.Namespace) -> None:
         plan = [("tl.fit", None, 1)] if args.baseline else []
         plan += [(method, eps, args.runs) for eps in args.epsilons for method in ("tl.fit", "tl.cluster")]
         for method, epsilon, runs in plan:
-            for r in range(runs):
+            for r in range(args.first_run, args.first_run + runs):
                 labels, seconds, guarantee, partition, purity = one_run(adata, k, epsilon, method)
                 row = {
                     "dataset": name,
@@ -98,7 +103,7 @@ def run(args: argparse.Namespace) -> None:
                     **score(truth, labels),
                     "n_clusters": k,
                     "scanpy_ari": reference,
-                    "seconds": seconds,
+                    "seconds": seconds if args.first_run == 0 else None,
                     "guarantee": guarantee,
                     "partition": partition,
                     **purity,
@@ -108,20 +113,22 @@ def run(args: argparse.Namespace) -> None:
                 print(json.dumps(row), flush=True)
 
 
-def purity_lines(rows: pd.DataFrame) -> list[str]:
-    """The embeddings' kNN label purity per file and ε: the fit's ``X_dpdcan`` against ``X_dp_cluster``."""
-    scored = rows.dropna(subset=["purity"]).groupby(["dataset", "epsilon", "method"], sort=False).purity
+def difference_lines(rows: pd.DataFrame, column: str, title: str) -> list[str]:
+    """``column`` of ``tl.fit`` against ``tl.cluster`` per file and ε: mean ± sd, runs, difference ± se."""
+    scored = rows.dropna(subset=[column]).groupby(["dataset", "epsilon", "method"], sort=False)[column]
     table = scored.agg(["mean", "std", "count"]).unstack("method")
-    lines = ["", f"kNN label purity (k = {PURITY_NEIGHBOURS}) of each call's embedding, mean ± sd:", ""]
+    lines = ["", title, ""]
     lines += [
-        "| file | ε | tl.fit `X_dpdcan` | tl.cluster `X_dp_cluster` | difference |",
-        "|---|---|---|---|---|",
+        "| file | ε | tl.fit | tl.cluster | runs | difference ± se |",
+        "|---|---|---|---|---|---|",
     ]
     for (name, eps), row in table.iterrows():
         fit, start = row[("mean", "tl.fit")], row[("mean", "tl.cluster")]
+        se = np.sqrt(sum(row[("std", m)] ** 2 / row[("count", m)] for m in ("tl.fit", "tl.cluster")))
         lines.append(
             f"| {name} | {eps} | {fit:.3f} ± {row[('std', 'tl.fit')]:.3f} | {start:.3f} ± "
-            f"{row[('std', 'tl.cluster')]:.3f} | {fit - start:+.3f} |"
+            f"{row[('std', 'tl.cluster')]:.3f} | {row[('count', 'tl.fit')]:.0f} / "
+            f"{row[('count', 'tl.cluster')]:.0f} | {fit - start:+.3f} ± {se:.3f} |"
         )
     return lines
 
@@ -165,8 +172,18 @@ def report(path: Path) -> str:
     for (method, eps), group in per_file.groupby(["method", "epsilon"], sort=False):
         low = group.loc[group.ratio.idxmin()]
         lines.append(f"| {method} | {eps} | {group.ratio.mean():.2f} | {low.ratio:.2f} ({low.dataset}) |")
+    private = rows[rows.epsilon != "none"]
+    lines += difference_lines(
+        private,
+        "ari",
+        "ARI of the written partition, mean ± sd (the fit's clustering runs at its start share of ε):",
+    )
     if "purity" in rows:
-        lines += purity_lines(rows)
+        title = (
+            f"kNN label purity (k = {PURITY_NEIGHBOURS}) of the fit's `X_dpdcan` and the clustering's "
+            "`X_dp_cluster`:"
+        )
+        lines += difference_lines(private, "purity", title)
     timing = rows[rows.method == "tl.fit"].groupby(["dataset", "epsilon"]).seconds.median().unstack()
     if "none" in timing:
         private = [c for c in timing.columns if c != "none"]
@@ -184,6 +201,12 @@ def main() -> None:
     parser.add_argument("--datasets", nargs="*", default=list(FILES))
     parser.add_argument("--epsilons", nargs="*", type=float, default=[8.0, 4.0])
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument(
+        "--first-run",
+        type=int,
+        default=0,
+        help="number the runs from here; above 0 the rows keep no timing (more runs, e.g. two processes)",
+    )
     parser.add_argument("--no-baseline", dest="baseline", action="store_false", help="no non-private fit")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--report", type=Path)

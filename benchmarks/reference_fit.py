@@ -8,10 +8,20 @@ others reuse it from disk); one ``tl.fit`` without a reference per pair (the tim
 reference-guided ``tl.cluster`` rows of the same pairs and seeds are read from
 ``reference_pairs.jsonl``. Labels score only.
 
+``--embedding --pretraining NAME`` runs, on the same pairs, ε and seeds, the shipped fine-tuning's
+``tl.fit`` with the network pretrained as ``NAME`` (``PRETRAININGS``: residual or not, and its
+epochs; set in the public tables ``dpsc.model.REFERENCE_MODEL`` / ``PRETRAIN_EPOCHS`` for the run)
+and the reference-guided ``tl.cluster`` once each and keeps the kNN label purity (k = 15,
+``fit_default.knn_purity``) of the fit's ``obsm["X_dpdcan"]`` and the clustering's
+``obsm["X_dp_cluster"]`` (rows ``"embedding: tl.fit"`` / ``"embedding: tl.cluster"``, appended to
+``--out``); the report chooses the pretraining by leave one pair out on the purity difference.
+
     OMP_NUM_THREADS=1 python benchmarks/reference_fit.py --data ../shared/data \
         --out benchmarks/results/reference_fit.jsonl   # or --part 0 / --part 1: two processes
     python benchmarks/reference_fit.py --report benchmarks/results/reference_fit.jsonl \
         --clustering benchmarks/results/reference_pairs.jsonl
+    OMP_NUM_THREADS=1 python benchmarks/reference_fit.py --data ../shared/data --embedding \
+        --pretraining "residual, 0 + 40" --out benchmarks/results/reference_fit.jsonl  # one per NAME
 """
 
 from __future__ import annotations
@@ -26,6 +36,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
+from fit_default import knn_purity
 from reference_pairs import EPSILONS, SAME_TYPES, SEEDS, SHIPPED, pairs
 from sklearn.metrics import adjusted_rand_score
 
@@ -36,6 +47,14 @@ CANDIDATES = {
     "10 + 10 epochs, q = 0.1": (10, 10, 0.1),
 }
 SHIPPED_FIT = "0 + 4 epochs, q = 0.25"
+#: pretraining candidates of the network on the reference (``--embedding``): (residual, instance
+#: epochs, cluster epochs); ``PLAIN`` ran before ``--pretraining`` existed (rows without the field)
+PLAIN = "plain, 50 + 40"
+PRETRAININGS = {
+    PLAIN: (False, 50, 40),
+    "residual, 50 + 40": (True, 50, 40),
+    "residual, 0 + 40": (True, 0, 40),
+}
 #: a candidate is eligible when its median call over the other pairs takes at most this many times
 #: the call without a reference (the issue's time target), then the best mean model ARI wins
 MAX_TIME_RATIO = 2.0
@@ -104,6 +123,100 @@ def run_pair(name: str, reference, private, out) -> None:
     out.flush()
 
 
+def embedding_rows(name: str, reference, private, pretraining: str) -> list[dict]:
+    """The kNN label purity of the fit's ``X_dpdcan`` (network ``pretraining``) and the guided clustering's
+    ``X_dp_cluster``, and each one's ARI."""
+    import dpsc
+
+    truth = private.obs["label"].to_numpy()
+    k = len(np.unique(truth))
+    shared = reference[:, reference.var_names.isin(private.var_names)]
+    key = "label" if any(word in name for word in SAME_TYPES) else None
+    residual, instance, cluster = PRETRAININGS[pretraining]
+    shipped = dict(dpsc.model.REFERENCE_MODEL), dict(dpsc.model.PRETRAIN_EPOCHS)
+    dpsc.model.REFERENCE_MODEL["residual"] = residual  # the public tables the fit reads, set in place
+    dpsc.model.PRETRAIN_EPOCHS.update(instance_epochs=instance, cluster_epochs=cluster)
+    rows = []
+    try:
+        with tempfile.TemporaryDirectory() as saved:
+            for epsilon in EPSILONS:
+                for seed in SEEDS:
+                    fitted, clustered = private.copy(), private.copy()
+                    options = {"reference": shared, "reference_key": key, "noise_seed": seed}
+                    dpsc.tl.fit(
+                        fitted,
+                        epsilon=epsilon,
+                        n_clusters=k,
+                        reference_model=saved,
+                        progress_bar=False,
+                        **options,
+                    )
+                    dpsc.tl.cluster(clustered, k, epsilon=epsilon, **options)
+                    for variant, cells, embedding in (
+                        ("embedding: tl.fit", fitted, "X_dpdcan"),
+                        ("embedding: tl.cluster", clustered, "X_dp_cluster"),
+                    ):
+                        rows.append(
+                            {
+                                "pair": name,
+                                "variant": variant,
+                                "pretraining": pretraining,
+                                "epsilon": epsilon,
+                                "seed": seed,
+                                "ari": ari(truth, cells),
+                                "purity": knn_purity(cells.obsm[embedding], truth),
+                            }
+                        )
+    finally:
+        dpsc.model.REFERENCE_MODEL.update(shipped[0])
+        dpsc.model.PRETRAIN_EPOCHS.update(shipped[1])
+    return rows
+
+
+def embedding_lines(rows: pd.DataFrame) -> list[str]:
+    """Leave one pair out on the ``--embedding`` rows: the pretraining with the best mean purity
+    difference (fit − clustering) over the other pairs, reported on the held-out one."""
+    rows = rows[rows["variant"].str.startswith("embedding: ")].copy()
+    if rows.empty:
+        return []
+    rows["pretraining"] = rows.get("pretraining", pd.Series(index=rows.index)).fillna(PLAIN)
+    table = rows.groupby(["pretraining", "pair", "variant"], sort=False)["purity"].mean().unstack("variant")
+    difference = (table["embedding: tl.fit"] - table["embedding: tl.cluster"]).unstack("pretraining")
+    difference = difference.dropna()  # the pairs every pretraining ran on
+    start = table["embedding: tl.cluster"].groupby("pair").mean()
+    lines = [
+        "",
+        "The embedding, `--embedding`: kNN label purity (k = 15) of the fit's `obsm['X_dpdcan']` against",
+        "the reference-guided clustering's `obsm['X_dp_cluster']` (the cells' points in the basis: no",
+        "noise, so one value per pair), mean over both ε and the seeds, per pretraining of the network",
+        "on the reference; each held-out pair with the pretraining of the best mean difference over",
+        "the other pairs.",
+        "",
+        "| held-out pair | pretraining chosen | `X_dp_cluster` | `X_dpdcan` − `X_dp_cluster` |",
+        "|---|---|---|---|",
+    ]
+    held_out = []
+    for pair in difference.index:
+        chosen = difference.drop(index=pair).mean().idxmax()
+        held_out.append(difference.loc[pair, chosen])
+        lines.append(f"| {pair} | {chosen} | {start[pair]:.3f} | {difference.loc[pair, chosen]:+.3f} |")
+    held_out = np.array(held_out)
+    lines += [
+        "",
+        f"Held out: mean {held_out.mean():+.4f}, lowest {held_out.min():+.3f}; "
+        f"`X_dpdcan` ≥ `X_dp_cluster` on {int((held_out >= 0).sum())} of {len(held_out)} pairs.",
+        "",
+        "| pretraining | mean difference | lowest pair | pairs ≥ 0 |",
+        "|---|---|---|---|",
+    ]
+    for pretraining, column in difference.items():
+        lines.append(
+            f"| {pretraining} | {column.mean():+.4f} | {column.min():+.3f} ({column.idxmin()}) | "
+            f"{int((column >= 0).sum())} of {len(column)} |"
+        )
+    return lines
+
+
 def ari(truth: np.ndarray, cells) -> float:
     return float(adjusted_rand_score(truth, cells.obs["dp_cluster"].to_numpy()))
 
@@ -120,7 +233,7 @@ def report(path: Path, clustering: Path) -> str:
     fits = rows[rows["variant"].isin(CANDIDATES)]
     mean = fits.groupby(["pair", "variant", "epsilon"])["ari"].mean().unstack("epsilon")
     model = fits.groupby(["pair", "variant", "epsilon"])["model_ari"].mean().unstack("epsilon")
-    pairs_ = list(dict.fromkeys(rows["pair"]))
+    pairs_ = list(dict.fromkeys(fits["pair"]))  # the --embedding rows may cover more pairs
     cpu_all = fits.groupby(["pair", "variant"])["cpu_s"].median()
     plain_all = rows[rows["variant"] == "no reference"].groupby("pair")["cpu_s"].median()
     choice = {}
@@ -194,6 +307,7 @@ def report(path: Path, clustering: Path) -> str:
             f"| {held} | {later[held]:.1f} | {pretrain[held]:.1f} | {plain[held]:.1f} | "
             f"{later[held] / plain[held]:.2f} | {(later[held] + pretrain[held]) / plain[held]:.2f} |"
         )
+    lines += embedding_lines(rows)
     return "\n".join(lines) + "\n"
 
 
@@ -204,17 +318,24 @@ def main() -> None:
     parser.add_argument("--report", type=Path)
     parser.add_argument("--clustering", type=Path, default=Path("benchmarks/results/reference_pairs.jsonl"))
     parser.add_argument("--part", type=int, default=None, help="run every other pair (0 or 1)")
+    parser.add_argument("--embedding", action="store_true", help="append the embeddings' purity rows")
+    parser.add_argument("--pretraining", choices=list(PRETRAININGS), default="residual, 0 + 40")
     args = parser.parse_args()
     if args.report:
         print(report(args.report, args.clustering), end="")
         return
     warnings.simplefilter("ignore")
-    with args.out.open("w") as out:
+    with args.out.open("a" if args.embedding else "w") as out:
         for index, (name, reference, private) in enumerate(pairs(args.data)):
             if args.part is not None and index % 2 != args.part:
                 continue
             print(name, flush=True)
-            run_pair(name, reference, private, out)
+            if not args.embedding:
+                run_pair(name, reference, private, out)
+                continue
+            for row in embedding_rows(name, reference, private, args.pretraining):
+                out.write(json.dumps(row) + "\n")
+            out.flush()
 
 
 if __name__ == "__main__":

@@ -6,8 +6,6 @@ import hashlib
 import json
 import os
 import signal
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -293,34 +291,15 @@ def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _launch(args: list[str], log: Path) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "dpsc.cli", *args],
-        stdout=open(log, "w"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-
-
-def _wait_all(processes: list[subprocess.Popen], timeout: float) -> list[int]:
-    """Each process's exit code; any still running after ``timeout`` is killed with its group."""
-    try:
-        return [p.wait(timeout=timeout) for p in processes]
-    finally:
-        for p in processes:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-
-
 @pytest.mark.optional_extra
-def test_loopback_deployment_in_separate_processes(sites, tmp_path):
+def test_loopback_deployment_in_separate_processes(sites, tmp_path, launch_dpsc):
     """SuperLink + 2 SuperNodes on loopback in separate processes, bounded in time, stopping by themselves."""
     pytest.importorskip("flwr")
     from dpsc.federated._deploy import free_port, write_site_settings
 
     port = free_port()
     start = time.monotonic()
-    server = _launch(
+    server = launch_dpsc(
         [
             "federate",
             "server",
@@ -343,7 +322,7 @@ def test_loopback_deployment_in_separate_processes(sites, tmp_path):
     )
     files = [write_site_settings(s, tmp_path / f"site{k}.toml") for k, s in enumerate(sites[:2])]
     nodes = [
-        _launch(
+        launch_dpsc(
             [
                 "federate",
                 "site",
@@ -358,7 +337,7 @@ def test_loopback_deployment_in_separate_processes(sites, tmp_path):
         )
         for k, f in enumerate(files)
     ]
-    codes = _wait_all([server, *nodes], timeout=190)
+    codes = [p.wait(timeout=190) for p in [server, *nodes]]
     wall = time.monotonic() - start
     assert codes == [0, 0, 0], (tmp_path / "server.log").read_text()[-2000:]
     summary = json.loads((tmp_path / "fed" / "result" / "summary.json").read_text())
@@ -382,14 +361,14 @@ def test_loopback_deployment_in_separate_processes(sites, tmp_path):
 
 
 @pytest.mark.optional_extra
-def test_fedsc_is_deployed_by_name_and_each_site_runs_its_own_app(sites, tmp_path):
+def test_fedsc_is_deployed_by_name_and_each_site_runs_its_own_app(sites, tmp_path, launch_dpsc):
     """``dpsc federate server/site --task fedsc``: FedSC on loopback, each site on its own DP plan."""
     pytest.importorskip("flwr")
     from dpsc.federated._deploy import free_port, write_site_settings
 
     port = free_port()
     common = ["--port", str(port), "--out", str(tmp_path / "fed"), "--timeout", "170"]
-    server = _launch(
+    server = launch_dpsc(
         [
             *("federate", "server", "--task", "fedsc", "--sites", "2", "--rounds", "2"),
             *("--n-vars", "200", "--n-clusters", "3", "--noise-multiplier", "20", *common),
@@ -398,7 +377,7 @@ def test_fedsc_is_deployed_by_name_and_each_site_runs_its_own_app(sites, tmp_pat
     )
     files = [write_site_settings(s, tmp_path / f"site{k}.toml") for k, s in enumerate(sites[:2])]
     nodes = [
-        _launch(
+        launch_dpsc(
             [
                 *("federate", "site", "--task", "fedsc", "--settings", str(f)),
                 *("--superlink", f"127.0.0.1:{port}", "--timeout", "170"),
@@ -407,7 +386,7 @@ def test_fedsc_is_deployed_by_name_and_each_site_runs_its_own_app(sites, tmp_pat
         )
         for k, f in enumerate(files)
     ]
-    codes = _wait_all([server, *nodes], timeout=190)
+    codes = [p.wait(timeout=190) for p in [server, *nodes]]
     logs = [(tmp_path / f"{name}.log").read_text() for name in ("server", "site0", "site1")]
     assert codes == [0, 0, 0], "\n".join(log[-1500:] for log in logs)
     fingerprint = logs[0].split("app (fingerprint ")[1][:16]
@@ -427,7 +406,7 @@ def test_fedsc_is_deployed_by_name_and_each_site_runs_its_own_app(sites, tmp_pat
 
 @pytest.mark.slow
 @pytest.mark.optional_extra
-def test_a_site_killed_mid_run_leaves_every_ledger_consistent(sites, tmp_path):
+def test_a_site_killed_mid_run_leaves_every_ledger_consistent(sites, tmp_path, launch_dpsc):
     """A site killed after it booked its first release: the run ends with the two others.
 
     The server leaves the killed site out once the SuperLink reports it: after Flower's heartbeat
@@ -438,7 +417,7 @@ def test_a_site_killed_mid_run_leaves_every_ledger_consistent(sites, tmp_path):
 
     port = free_port()
     data_digest = _digest(Path(sites[2].data))
-    server = _launch(
+    server = launch_dpsc(
         [
             "federate",
             "server",
@@ -461,7 +440,7 @@ def test_a_site_killed_mid_run_leaves_every_ledger_consistent(sites, tmp_path):
     )
     files = [write_site_settings(s, tmp_path / f"site{k}.toml") for k, s in enumerate(sites)]
     nodes = [
-        _launch(
+        launch_dpsc(
             [
                 "federate",
                 "site",
@@ -481,12 +460,7 @@ def test_a_site_killed_mid_run_leaves_every_ledger_consistent(sites, tmp_path):
     while time.monotonic() < deadline and not (victim.exists() and json.loads(victim.read_text())["entries"]):
         time.sleep(0.5)
     os.killpg(nodes[2].pid, signal.SIGKILL)  # the site and its SuperNode stop mid-run
-    try:
-        codes = [p.wait(timeout=340) for p in [server, nodes[0], nodes[1]]]
-    finally:
-        for p in [server, *nodes]:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
+    codes = [p.wait(timeout=340) for p in [server, nodes[0], nodes[1]]]
     assert codes == [0, 0, 0], (tmp_path / "server.log").read_text()[-2000:]
     summary = json.loads((tmp_path / "fed" / "result" / "summary.json").read_text())
     contributors = [r["contributors"] for r in summary["releases"]]

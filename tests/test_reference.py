@@ -467,13 +467,8 @@ def test_federated_markers_on_a_reference_are_measured_from_the_sites_agreed_cen
 
 
 @pytest.mark.optional_extra
-def test_a_deployed_federation_on_a_reference_each_site_with_its_own_copy(pair, tmp_path):
+def test_a_deployed_federation_on_a_reference_each_site_with_its_own_copy(pair, tmp_path, launch_dpsc):
     """SuperLink + 2 SuperNodes on loopback (separate processes, bounded, stopping by themselves)."""
-    import os
-    import signal
-    import subprocess
-    import sys
-
     pytest.importorskip("flwr")
     from dpsc.federated._deploy import free_port
 
@@ -487,22 +482,14 @@ def test_a_deployed_federation_on_a_reference_each_site_with_its_own_copy(pair, 
         data.append(path)
     port = free_port()
 
-    def launch(args, log):
-        return subprocess.Popen(
-            [sys.executable, "-m", "dpsc.cli", *args],
-            stdout=open(log, "w"),
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-
     bounded = ("--timeout", "170", "--reference", str(ref_path))
     run = ("--sites", "2", "--mode", "plain", "--n-clusters", "4", "--port", str(port))
-    server = launch(
+    server = launch_dpsc(
         ["federate", "server", *run, "--out", str(tmp_path / "fed"), *bounded], tmp_path / "s.log"
     )
     named = [("--reference-key", "cell_type"), ()]  # the first site names its clusters, the other not
     nodes = [
-        launch(
+        launch_dpsc(
             [
                 "federate",
                 "site",
@@ -517,12 +504,7 @@ def test_a_deployed_federation_on_a_reference_each_site_with_its_own_copy(pair, 
         )
         for k, path in enumerate(data)
     ]
-    try:
-        codes = [p.wait(timeout=190) for p in [server, *nodes]]
-    finally:
-        for p in [server, *nodes]:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
+    codes = [p.wait(timeout=190) for p in [server, *nodes]]
     assert codes == [0, 0, 0], (tmp_path / "s.log").read_text()[-2000:]
     assert "sha256" in (tmp_path / "s.log").read_text()
     summary = json.loads((tmp_path / "fed" / "result" / "summary.json").read_text())

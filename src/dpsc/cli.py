@@ -272,7 +272,10 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
         "--n-vars",
         type=int,
         default=0,
-        help="Genes every site holds (the sites are asked in any case, for their numbers of cells).",
+        help=(
+            "Genes every site holds. The clustering asks the sites when it is 0 (the default) and checks "
+            "it otherwise; --task fedsc needs it (its server builds the network before any site answers)."
+        ),
     )
     server.add_argument(
         "--host", default="127.0.0.1", help="Address the SuperLink listens on (default loopback)."

@@ -8,6 +8,7 @@ from ._dcan_privacy import FitPlan as FitPlan
 from ._dcan_privacy import PlannedTraining as PlannedTraining
 from ._dcan_privacy import TrainSettings as TrainSettings
 from ._dcan_privacy import plan_fit as plan_fit
+from ._dcan_reference import PRETRAIN_EPOCHS as PRETRAIN_EPOCHS
 from ._dcan_reference import REFERENCE_MODEL as REFERENCE_MODEL
 from ._dcan_reference import load_pretrained as load_pretrained
 from ._dcan_reference import points_anndata as points_anndata

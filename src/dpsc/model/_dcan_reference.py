@@ -5,11 +5,13 @@ With a public reference (:mod:`dpsc.methods.public_basis`), a cell is read as it
 the cell and public values (norm at most 1). The model is DCAN on these points (a Gaussian
 decoder of the point, :data:`REFERENCE_MODEL`):
 
-1. **Pretraining** (:func:`pretrained_state`): both stages, every parameter, no noise, on the
-   reference's own points (at most :data:`PRETRAIN_MAX_CELLS` of them, a seeded sample: its time
-   does not grow with an atlas): a function of public cells only, so it costs no ε and may be saved
-   and reused (:func:`save_pretrained` / :func:`load_pretrained`, keyed by the reference's
-   fingerprint, the basis' genes and the architecture).
+1. **Pretraining** (:func:`pretrained_state`): the cluster stage (:data:`PRETRAIN_EPOCHS`), every
+   parameter, no noise, on the reference's own points (at most :data:`PRETRAIN_MAX_CELLS` of them,
+   a seeded sample: its time does not grow with an atlas): a function of public cells only, so it
+   costs no ε and may be saved and reused (:func:`save_pretrained` / :func:`load_pretrained`,
+   keyed by the reference's fingerprint, the basis' genes and the architecture). The network is
+   residual, so before pretraining it embeds each point where the reference-guided clustering
+   does.
 2. **Private fine-tuning** (:meth:`dpsc.model.DPDCAN.train` with ``scope="encoder"``): the
    module starts from the pretrained weights, DP-SGD trains only the encoder and the centroids on
    the private points, and the decoder stays at its pretrained, public values.
@@ -35,10 +37,19 @@ from ..methods.public_basis import PublicBasis
 
 #: The network on a reference's points: the points' components → 64 hidden units → 16 latent
 #: dimensions, the decoder reconstructing the point (the default fit's :data:`dpsc.tl._fit.PC_MODEL`
-#: shape on the reference's components instead of DP ones).
-REFERENCE_MODEL: dict[str, Any] = {"n_hidden": (64,), "n_latent": 16, "likelihood": "gaussian"}
-#: Pretraining epochs on the reference (no noise: the reference's 50 + 40 of DCAN).
-PRETRAIN_EPOCHS = {"instance_epochs": 50, "cluster_epochs": 40}
+#: shape on the reference's components instead of DP ones). Residual: untrained, it embeds each cell
+#: at its point (times the latent scale), where ``tl.cluster(reference=...)`` embeds it.
+REFERENCE_MODEL: dict[str, Any] = {
+    "n_hidden": (64,),
+    "n_latent": 16,
+    "likelihood": "gaussian",
+    "residual": True,
+}
+#: Pretraining epochs on the reference (no noise): DCAN's 40 cluster-stage epochs and no instance
+#: stage, whose contrastive views of masked coordinates blur the points' neighbourhoods. Chosen by
+#: leave one pair out on the embedding's kNN label purity among this, the residual model with 50 + 40
+#: and the plain (non-residual) one with 50 + 40 (docs, Benchmarks: "``tl.fit(reference=...)``").
+PRETRAIN_EPOCHS = {"instance_epochs": 0, "cluster_epochs": 40}
 #: Most reference points the pretraining reads: a larger reference gives a uniform sample of this
 #: many, drawn with the fit's ``random_state`` (public cells, public seed: no ε). The pretraining's
 #: steps grow with the points it reads; past this many they repeat a distribution the sample covers.

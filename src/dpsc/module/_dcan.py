@@ -113,7 +113,9 @@ class DCANModule(BaseModuleClass):
         clustering's embedding of the cell with its length, which separates types that the unit
         sphere merges. The clusters are read on the sphere, from each latent's direction
         (:meth:`assignment_space`), as the clustering's cosine k-means partitioned the
-        directions. Public: :math:`E` and the initial weights depend on no cell, and every point
+        directions; an encoder reading points of a public basis (``input_pcs=None``, the
+        reference's clustering: Euclidean k-means in the ball) reads them from the latent itself.
+        Public: :math:`E` and the initial weights depend on no cell, and every point
         stays within radius :math:`s` (the DP k-means' bound). When the loadings carry fixed
         coordinate weights :math:`w` (:meth:`set_input_loadings`: the clustering's weight of the
         mean coordinate), the latent is written back in the unweighted coordinates,
@@ -202,7 +204,6 @@ class DCANModule(BaseModuleClass):
         h = self.encoder(rep)
         if self.residual:
             h = h + rep @ self.input_to_latent
-        if self.residual:
             if self.latent_scale is not None:
                 h = self.latent_scale * h / h.norm(dim=-1, keepdim=True).clamp(min=1.0)
             return h / self.latent_weights
@@ -213,10 +214,11 @@ class DCANModule(BaseModuleClass):
     def assignment_space(self, z: torch.Tensor) -> torch.Tensor:
         """Return where the clusters are read from a latent.
 
-        A residual encoder's latent direction on the sphere (cosine, as the clustering partitioned
-        its points); the latent itself otherwise.
+        A residual encoder reading DP components: its latent direction on the sphere (cosine, as
+        the clustering partitioned its points); the latent itself otherwise (the Euclidean k-means
+        of a public basis' points).
         """
-        if not self.residual:
+        if not self.residual or self.input_pcs is None:
             return z
         z = z * self.latent_weights
         return z if self.latent_scale is None else self.latent_scale * F.normalize(z, dim=-1)

@@ -234,7 +234,7 @@ def fit(
     (:mod:`dpsc.methods.public_basis`, as in ``dpsc.tl.cluster(reference=...)``), and the model
     reads each cell's point in that basis (a map of the cell and public values). The network
     (``REFERENCE_MODEL``) is pretrained on the reference's points
-    without noise, both stages and every parameter: public, no ε. On these cells
+    without noise, its cluster stage and every parameter: public, no ε. On these cells
     ``START_SHARE`` of ε goes to the DP k-means of their points (the
     only release of that clustering), the training share to DP-SGD on the encoder and the
     centroids alone (the decoder keeps its pretrained, public values; 0 + 4 epochs at q = 0.25
