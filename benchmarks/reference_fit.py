@@ -46,7 +46,7 @@ CANDIDATES = {
     "0 + 4 epochs, q = 0.25": (0, 4, 0.25),
     "10 + 10 epochs, q = 0.1": (10, 10, 0.1),
 }
-SHIPPED_FIT = "0 + 4 epochs, q = 0.25"
+SHIPPED_FIT = "0 + 4 epochs, q = 0.5"
 #: pretraining candidates of the network on the reference (``--embedding``): (residual, instance
 #: epochs, cluster epochs); ``PLAIN`` ran before ``--pretraining`` existed (rows without the field)
 PLAIN = "plain, 50 + 40"

@@ -237,7 +237,7 @@ def fit(
     without noise, its cluster stage and every parameter: public, no ε. On these cells
     ``START_SHARE`` of ε goes to the DP k-means of their points (the
     only release of that clustering), the training share to DP-SGD on the encoder and the
-    centroids alone (the decoder keeps its pretrained, public values; 0 + 4 epochs at q = 0.25
+    centroids alone (the decoder keeps its pretrained, public values; 0 + 4 epochs at q = 0.5
     unless given, ``REFERENCE_FINE_TUNING_EPOCHS``) and the rest to the
     choice of partition, as without one. The guarantee is proven; the record names the reference
     (its sha256 fingerprint, size and genes) and states that it is assumed public and must not

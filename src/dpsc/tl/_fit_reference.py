@@ -38,13 +38,13 @@ __all__ = [
 ]
 
 #: Private fine-tuning of a model pretrained on a reference, unless given: no instance stage (the
-#: encoder is pretrained), 4 cluster-stage epochs at Poisson rate q = 0.25 (16 noisy steps of a
-#: quarter of the cells each). Chosen by leave one pair out among these, q = 0.5 and 10 + 10
-#: epochs at q = 0.1: the best model partition among the schedules whose call
+#: encoder is pretrained), 4 cluster-stage epochs at Poisson rate q = 0.5 (8 noisy steps of half
+#: the cells each). Chosen by leave one pair out among these, q = 0.25 and 10 + 10 epochs at
+#: q = 0.1: the best model partition among the schedules whose call
 #: takes at most twice a fit without a reference (docs, Benchmarks: "``tl.fit(reference=...)`` on
 #: reference / private pairs").
 REFERENCE_FINE_TUNING_EPOCHS = {"instance_epochs": 0, "cluster_epochs": 4}
-REFERENCE_FINE_TUNING_RATE = 0.25
+REFERENCE_FINE_TUNING_RATE = 0.5
 
 
 @dataclass
