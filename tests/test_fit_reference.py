@@ -152,3 +152,22 @@ def test_the_command_line_fits_on_a_reference_and_refuses_to_export_it(pair, tmp
     assert main([*command, "--export", str(tmp_path / "shared")]) == 2  # refused before the fit
     assert "Leave out --export" in capsys.readouterr().err
     assert not (tmp_path / "shared").exists()
+
+
+def test_the_untrained_reference_network_embeds_each_point_where_the_clustering_does():
+    """``REFERENCE_MODEL`` is residual: before pretraining, a cell at point p (‖p‖ ≤ 1) is embedded
+    at s·p, where ``tl.cluster(reference=...)`` puts it (scaled), and its clusters are read from the
+    latent itself (the reference's Euclidean k-means), not from its direction."""
+    import torch
+
+    from dpsc.model import REFERENCE_MODEL
+    from dpsc.module import DCANModule
+
+    assert REFERENCE_MODEL["residual"]
+    module = DCANModule(n_input=16, n_clusters=3, **REFERENCE_MODEL)
+    points = torch.randn(50, 16, generator=torch.Generator().manual_seed(0))
+    points = points / points.norm(dim=1, keepdim=True) * torch.linspace(0.1, 1.0, 50)[:, None]
+    with torch.no_grad():
+        latent = module.encode(module.represent(points))
+    assert torch.allclose(latent, module.latent_scale * points, atol=1e-6)
+    assert torch.equal(module.assignment_space(latent), latent)
