@@ -19,6 +19,10 @@ Rules (each names a centroid after the vote of its 10 nearest reference cells, o
 - ``shift removed, type radius + noise q``: the same after removing the shift the centroids share
   (:func:`dpsc._public_reference.common_shift`; shipped with the chosen q,
   :func:`dpsc._public_reference.name_centroids`);
+- ``…, cells q`` (each shift-removed rule): a cell of a cluster named t is itself named unmatched
+  when its own point, less the shift, lies beyond the q quantile of t's reference cells' distances
+  to their mean (``CELL_QUANTILES``; shipped with the chosen q,
+  :meth:`dpsc._public_reference.ClusterNames.cell_names`);
 - bounds, not candidates: ``nearest type`` (the vote, never unmatched) and ``majority`` (each
   cluster named after its own cells' most frequent type: labels, the ceiling for these clusters).
 
@@ -50,6 +54,10 @@ QUANTILES = {
     "type radius + noise": (0.5, 0.75, 0.9),
     "shift removed, type radius + noise": (0.5, 0.75, 0.9),
 }
+
+#: Quantiles of a type's reference cells' distances beyond which a cell of a cluster named after it
+#: is itself named unmatched (``…, cells q``; each with every shift-removed cluster rule).
+CELL_QUANTILES = (0.95, 0.99)
 
 BOUNDS = ("nearest type", "majority (ceiling)")
 UNMATCHED = "unmatched"
@@ -104,6 +112,31 @@ def rule_names(centroids, noise, points, labels) -> dict[str, np.ndarray]:
     return names
 
 
+def cell_rules(named: dict, cell_points, centroids, points, labels) -> dict[str, np.ndarray]:
+    """Each shift-removed rule with cells flagged: a cell of a cluster named t is unmatched when it,
+    less the centroids' shared shift, lies beyond t's ``CELL_QUANTILES`` spread (its own point)."""
+    from dpsc._public_reference import common_shift
+
+    moved = cell_points - common_shift(centroids, points, labels)
+    spreads = {
+        kind: (
+            points[labels == kind].mean(0),
+            np.linalg.norm(points[labels == kind] - points[labels == kind].mean(0), axis=1),
+        )
+        for kind in np.unique(labels)
+    }
+    flagged = {}
+    for rule in [r for r in named if r.startswith("shift removed")]:
+        for q in CELL_QUANTILES:
+            names = named[rule].copy()
+            for kind, (center, distances) in spreads.items():
+                cells = names == kind
+                outside = np.linalg.norm(moved[cells] - center, axis=1) > np.quantile(distances, q)
+                names[np.flatnonzero(cells)[outside]] = UNMATCHED
+            flagged[f"{rule}, cells {q}"] = names
+    return flagged
+
+
 def _named(names: np.ndarray, clusters: np.ndarray) -> np.ndarray:
     return pd.Series(names, index=[str(j) for j in range(len(names))]).reindex(clusters).to_numpy()
 
@@ -121,6 +154,7 @@ def run(name: str, reference, private, out) -> None:
     """Append one row per (case, ε, seed, rule) of this pair to ``out``."""
     import dpsc
     import dpsc._public_reference as naming
+    from dpsc.methods.public_basis import to_ball
     from dpsc.tl._reference import reference_basis
 
     truth = private.obs["label"].astype(str).to_numpy()
@@ -144,6 +178,8 @@ def run(name: str, reference, private, out) -> None:
                 centroids = np.asarray(cells.uns["dpsc"]["dp_cluster"]["centroids"], dtype=np.float64)
                 every = rule_names(centroids, seen["noise"], points, labels)
                 named = {rule: _named(names, clusters) for rule, names in every.items()}
+                cell_points = to_ball(np.asarray(cells.obsm["X_dp_cluster"], np.float64), basis.radius)
+                named |= cell_rules(named, cell_points, centroids, points, labels)
                 majority = pd.Series(truth).groupby(clusters).agg(lambda x: x.value_counts().index[0])
                 named["majority (ceiling)"] = majority.reindex(clusters).to_numpy()
                 named["tl.cluster"] = cells.obs["dp_cluster_names"].astype(str).to_numpy()

@@ -144,7 +144,7 @@ def test_a_centroid_where_the_reference_has_no_cells_is_unmatched(pair):
     labels = public.labels.to_numpy()
     inside = np.stack([np.median(points[labels == kind], axis=0) for kind in ("type_1", "type_3")])
     far = -points.mean(0, keepdims=True) * 3  # beyond the reference's cells, opposite their mean
-    names = name_clusters(np.vstack([inside, far]), public, basis)
+    names = name_clusters(np.vstack([inside, far]), public, basis).table
     assert names["name"].tolist() == ["type_1", "type_3", UNMATCHED]
     assert names["nearest_type"].iloc[2] != UNMATCHED  # the nearest type is still reported
 
@@ -165,13 +165,13 @@ def test_a_centroid_is_matched_within_its_types_spread_widened_by_its_own_noise(
     farthest = own[np.linalg.norm(own - center, axis=1).argmax()]
     direction = (farthest - center) / np.linalg.norm(farthest - center)
     outside = (center + 1.05 * radius * direction)[None, :]  # its nearest cells are still type_1
-    named = naming.name_centroids(outside, points, labels)
+    named = naming.name_centroids(outside, points, labels).table
     assert named["nearest_type"].iloc[0] == "type_1"
     assert named["name"].iloc[0] == UNMATCHED
     wide = np.array([0.5 * radius / np.sqrt(points.shape[1])])  # sqrt(r^2 + p s^2) = 1.118 r
-    assert naming.name_centroids(outside, points, labels, wide)["name"].iloc[0] == "type_1"
+    assert naming.name_centroids(outside, points, labels, wide).table["name"].iloc[0] == "type_1"
     inside = (center + 0.5 * radius * direction)[None, :]
-    assert naming.name_centroids(inside, points, labels)["name"].iloc[0] == "type_1"
+    assert naming.name_centroids(inside, points, labels).table["name"].iloc[0] == "type_1"
 
 
 def test_names_survive_a_shift_every_cluster_shares_and_a_new_type_stays_unmatched(pair):
@@ -194,15 +194,48 @@ def test_names_survive_a_shift_every_cluster_shares_and_a_new_type_stays_unmatch
     far = -points.mean(0, keepdims=True) * 3
     moved = np.vstack([inside, far]) + shift
     np.testing.assert_allclose(naming.common_shift(moved, points, labels), shift, atol=1e-9)
-    named = naming.name_centroids(moved, points, labels)
+    named = naming.name_centroids(moved, points, labels).table
     assert named["name"].tolist() == [*kinds, UNMATCHED]
     assert (named["distance"].iloc[:4] < 1).all() and named["distance"].iloc[4] > 1
     kept = naming.MIN_SHIFT_CLUSTERS
     naming.MIN_SHIFT_CLUSTERS = 10**6  # no shift removed: the rule before it
     try:
-        assert set(naming.name_centroids(moved, points, labels)["name"]) == {UNMATCHED}
+        assert set(naming.name_centroids(moved, points, labels).table["name"]) == {UNMATCHED}
     finally:
         naming.MIN_SHIFT_CLUSTERS = kept
+
+
+def test_a_cell_outside_its_clusters_named_type_is_unmatched(pair):
+    """Cell i of a cluster named t keeps t when ||x_i - delta - m_t|| <= rho_t (t's
+    CELL_RADIUS_QUANTILE radius) and is unmatched beyond it, after the cohort's shift; the cells
+    of an unmatched cluster stay unmatched; a Dask array of the points names them the same."""
+    dask_array = pytest.importorskip("dask.array")
+    import dpsc._public_reference as naming
+    from dpsc.tl._reference import read_reference
+
+    reference, private = pair
+    public = read_reference(reference, private, "cell_type", "test")
+    points = naming.reference_points(public, public.basis())
+    labels = public.labels.astype(str).to_numpy()
+    kinds = ["type_1", "type_2", "type_3", "type_4"]
+    far = -points.mean(0) * 3
+    shift = np.full(points.shape[1], 0.05)
+    names = naming.name_centroids(
+        np.vstack([*(points[labels == k].mean(0) for k in kinds), far]) + shift, points, labels
+    )
+    assert names.table["name"].tolist() == [*kinds, UNMATCHED]
+    own = points[labels == "type_1"]
+    center = own.mean(axis=0)
+    rho = np.quantile(np.linalg.norm(own - center, axis=1), naming.CELL_RADIUS_QUANTILE)
+    direction = np.eye(points.shape[1])[1]
+    cells = np.stack([center, center + 0.9 * rho * direction, center + 1.1 * rho * direction, far]) + shift
+    clusters = np.array([0, 0, 0, 4])
+    expected = ["type_1", "type_1", UNMATCHED, UNMATCHED]
+    assert names.cell_names(clusters, cells).tolist() == expected
+    assert names.cell_names(clusters, cells, rows=3).tolist() == expected
+    assert names.cell_names(clusters, dask_array.from_array(cells, chunks=(3, -1))).tolist() == expected
+    kept = names.cell_names(np.zeros(len(own), dtype=int), own + shift) == "type_1"
+    assert kept.mean() >= naming.CELL_RADIUS_QUANTILE - 1 / len(own)  # t's own cells: all but the tail
 
 
 def test_a_reference_path_and_a_lazy_cohort_give_the_same_clusters(pair, tmp_path):

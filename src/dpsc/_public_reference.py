@@ -386,6 +386,12 @@ UNMATCHED = "unmatched"
 #: public reference").
 NEIGHBOURS = 10
 NAME_RADIUS_QUANTILE = 0.75
+#: A cell of a cluster named t is itself named :data:`UNMATCHED` when, less the cohort's shift, its
+#: own point lies beyond this quantile of the distances of t's reference cells to their mean
+#: (:meth:`ClusterNames.cell_names`): about one cell in a hundred of a type the reference holds,
+#: and the cells of a type it lacks that joined t's cluster from outside t's spread. Chosen with
+#: the naming rule by leave one reference / private pair out (0.95, 0.99 or no cell test).
+CELL_RADIUS_QUANTILE = 0.99
 #: The radius of a type in the type gate's count (:func:`type_radii`, ``dpsc.methods.type_gate``):
 #: the quantile of its reference cells' distances to their mean, chosen with the gate.
 GATE_RADIUS_QUANTILE = 0.9
@@ -449,12 +455,50 @@ def _start_types(labels: np.ndarray, n_clusters: int) -> list[str]:
     return sorted(sizes.index, key=lambda kind: (-sizes[kind], kind))[: int(n_clusters)]
 
 
+@dataclass(frozen=True)
+class ClusterNames:
+    r"""The released centroids' names and what names each cell (public: post-processing).
+
+    ``table``: one row per centroid (:func:`name_centroids`); ``shift``: the cohort's shift
+    :math:`\delta` (:func:`common_shift`); ``centers``: each centroid's named type's mean point
+    :math:`m_t` (its vote's when unmatched); ``cell_radii``: that type's
+    :data:`CELL_RADIUS_QUANTILE` radius :math:`\rho_t` (0 when unmatched: its cells stay unmatched).
+    """
+
+    table: pd.DataFrame
+    shift: np.ndarray
+    centers: np.ndarray
+    cell_radii: np.ndarray
+
+    def cell_names(self, clusters: np.ndarray, cell_points: Any, rows: int = 65536) -> np.ndarray:
+        r"""Each cell's name: its cluster's, or :data:`UNMATCHED` when it lies outside the named type.
+
+        Cell i of cluster c is named :math:`t_c` when :math:`\lVert x_i - \delta - m_{t_c}
+        \rVert_2 \le \rho_{t_c}`, :math:`x_i` its point (``cell_points``: numpy or Dask, read
+        a chunk or ``rows`` at a time), as its cluster label is: a map of the cell alone with public and
+        released values, written beside its label and never released.
+        """
+        clusters = np.asarray(clusters, dtype=np.int64)
+        names = self.table["name"].to_numpy(dtype=object)[clusters]
+        outside = np.zeros(len(clusters), dtype=bool)
+        if hasattr(cell_points, "chunks"):  # a Dask chunk at a time
+            ends = np.cumsum(cell_points.chunks[0])
+        else:
+            ends = np.append(np.arange(rows, len(clusters), rows), len(clusters))
+        for start, end in zip(np.append(0, ends[:-1]), ends, strict=True):
+            block = slice(int(start), int(end))
+            points = np.asarray(cell_points[block], dtype=np.float64) - self.shift
+            gaps = np.linalg.norm(points - self.centers[clusters[block]], axis=1)
+            outside[block] = gaps > self.cell_radii[clusters[block]]
+        return np.where(outside, UNMATCHED, names)
+
+
 def name_clusters(
     centroids: np.ndarray,
     reference: PublicReference,
     basis: PublicBasis,
     noise: np.ndarray | None = None,
-) -> pd.DataFrame:
+) -> ClusterNames:
     """Name each released centroid (in the basis' points) after the reference type it lies in.
 
     :func:`name_centroids` in the basis' points of the reference's cells; ``noise``: each
@@ -466,7 +510,7 @@ def name_clusters(
 
 def name_centroids(
     centroids: np.ndarray, points: np.ndarray, labels: np.ndarray, noise: np.ndarray | None = None
-) -> pd.DataFrame:
+) -> ClusterNames:
     r"""Name each released centroid after the public reference type it lies in (post-processing).
 
     In the space of ``points`` (the reference cells, as the centroids' cells are read), the
@@ -485,33 +529,36 @@ def name_centroids(
     :math:`m_t`, else :data:`UNMATCHED` (a type the reference lacks sits outside the types it has).
     ``noise``: each centroid's noise sd per coordinate (:func:`dpsc.methods.dp_kmeans_centroids`;
     0 when not given). Reads the released centroids, their public noise and the public reference
-    only. Returns one row per centroid: ``name``, ``share`` (of the neighbours with the voted type),
-    ``nearest_type`` (the vote, matched or not) and ``distance``, the confidence of the name:
-    :math:`\lVert \mu_j - \delta - m_t \rVert_2 / \sqrt{r_t^2 + p\, s_j^2}` (named when at most 1;
-    the smaller, the surer).
+    only. Returns :class:`ClusterNames`, whose ``table`` has one row per centroid: ``name``,
+    ``share`` (of the neighbours with the voted type), ``nearest_type`` (the vote, matched or not)
+    and ``distance``, the confidence of the name: :math:`\lVert \mu_j - \delta - m_t \rVert_2 /
+    \sqrt{r_t^2 + p\, s_j^2}` (named when at most 1; the smaller, the surer).
     """
     points = np.asarray(points, dtype=np.float64)
     labels = np.asarray(labels).astype(str)
     centroids = np.asarray(centroids, dtype=np.float64)
-    centroids = centroids - common_shift(centroids, points, labels)
+    shift = common_shift(centroids, points, labels)
+    centroids = centroids - shift
     nearest = _nearest_points(centroids, points, NEIGHBOURS)
     spread = np.zeros(len(centroids)) if noise is None else np.asarray(noise, dtype=np.float64)
-    spreads: dict[str, tuple[np.ndarray, float]] = {}  # each voted type's mean and radius, once
-    rows = []
+    distances: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # each voted type's mean and cells' distances
+    rows, centers, cell_radii = [], np.zeros_like(centroids), np.zeros(len(centroids))
     for j in range(len(centroids)):
         types, votes = np.unique(labels[nearest[j]], return_counts=True)
         best = types[votes.argmax()]
-        if best not in spreads:
-            spreads[best] = type_spread(points[labels == best], NAME_RADIUS_QUANTILE)
-        center, radius = spreads[best]
-        allowed = np.sqrt(radius**2 + points.shape[1] * spread[j] ** 2)
-        gap = float(np.linalg.norm(centroids[j] - center))
+        if best not in distances:
+            distances[best] = _type_distances(points[labels == best])
+        centers[j], own = distances[best]
+        allowed = np.sqrt(np.quantile(own, NAME_RADIUS_QUANTILE) ** 2 + points.shape[1] * spread[j] ** 2)
+        gap = float(np.linalg.norm(centroids[j] - centers[j]))
         name = best if gap <= allowed else UNMATCHED
+        cell_radii[j] = np.quantile(own, CELL_RADIUS_QUANTILE) if name != UNMATCHED else 0.0
         distance = gap / allowed if allowed > 0 else (np.inf if gap > 0 else 0.0)
         rows.append(
             {"name": name, "share": votes.max() / NEIGHBOURS, "nearest_type": best, "distance": distance}
         )
-    return pd.DataFrame(rows, index=pd.Index([str(j) for j in range(len(centroids))], name="cluster"))
+    table = pd.DataFrame(rows, index=pd.Index([str(j) for j in range(len(centroids))], name="cluster"))
+    return ClusterNames(table, shift, centers, cell_radii)
 
 
 def common_shift(
@@ -546,14 +593,24 @@ def common_shift(
 
 def type_spread(points: np.ndarray, quantile: float) -> tuple[np.ndarray, float]:
     """Return a type's mean point and radius (the ``quantile`` of its cells' distances to the mean)."""
+    center, distances = _type_distances(points)
+    return center, float(np.quantile(distances, quantile))
+
+
+def _type_distances(points: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Return a type's mean point and its cells' distances to it."""
     center = points.mean(axis=0)
-    return center, float(np.quantile(np.linalg.norm(points - center, axis=1), quantile))
+    return center, np.linalg.norm(points - center, axis=1)
 
 
-def write_names(target: ad.AnnData, key: str, names: pd.DataFrame) -> dict[str, Any]:
-    """Write each cell's cluster name to ``obs[f"{key}_names"]``; return the names as ``uns`` stores them."""
-    target.obs[f"{key}_names"] = pd.Categorical(names["name"].reindex(target.obs[key].astype(str)).to_numpy())
-    return names.to_dict(orient="index")
+def write_names(target: ad.AnnData, key: str, names: ClusterNames, cell_points: Any) -> dict[str, Any]:
+    """Write each cell's name to ``obs[f"{key}_names"]``; return the clusters' names as ``uns`` stores them.
+
+    ``cell_points``: each cell's point where the centroids were named (:meth:`ClusterNames.cell_names`).
+    """
+    clusters = target.obs[key].astype(str).astype(np.int64).to_numpy()
+    target.obs[f"{key}_names"] = pd.Categorical(names.cell_names(clusters, cell_points))
+    return names.table.to_dict(orient="index")
 
 
 def _nearest_points(queries: np.ndarray, points: np.ndarray, m: int) -> np.ndarray:

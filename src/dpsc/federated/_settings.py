@@ -58,7 +58,8 @@ class SiteSettings:
         site told the same and the released count of cells within them chooses that start
         (:mod:`dpsc.methods.type_gate`), and names each released cluster after the reference type
         whose spread holds its centroid (post-processing, no ε) in ``obs["dp_cluster_names"]`` of
-        its output. ``None``: no names, and the k-means starts from its sketch.
+        its output (a cell outside its cluster's named type: ``"unmatched"``). ``None``: no names,
+        and the k-means starts from its sketch.
     donor_key
         ``obs`` column of the site's data naming each cell's donor: the site then serves only
         donor-level plans, weighting each cell 1/(its donor's cells at this site), and its ε is

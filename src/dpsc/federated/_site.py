@@ -645,7 +645,9 @@ class Site(SiteGuard):
 
         out = self.adata.copy()
         write_clustering(out, self.matrix, result, "dp_cluster", plan.n_clusters)
-        named = {} if names is None else {"cluster_names": write_names(out, "dp_cluster", names)}
+        named = {}
+        if names is not None:  # each cell named from its own point in this site's basis
+            named["cluster_names"] = write_names(out, "dp_cluster", names, result.basis.points(self.matrix))
         record = site_record(plan, mode, threshold, n_sites, self.n_obs, self.noise, reference=reference)
         write_record(
             out,

@@ -247,7 +247,8 @@ def store_clustering(
     if result.marker_table is not None:
         extra["markers"] = write_cluster_markers(target, result, plan, key_added)
     if "cluster_names" in extra:  # post-processing of the centroids and the public reference
-        extra["cluster_names"] = write_names(target, key_added, extra["cluster_names"])
+        points = result.basis.points(matrix)  # each cell's point where its centroid was named
+        extra["cluster_names"] = write_names(target, key_added, extra["cluster_names"], points)
     return store_result(
         adata,
         target,
@@ -327,7 +328,8 @@ def cluster(
         outside them, the DP k-means starts from the types' mean points (public) and makes one
         Lloyd release of those k centroids, else from its own sketch; each released centroid is
         named after the type whose own spread, widened by the centroid's noise, holds it, or
-        ``"unmatched"`` (``name_clusters``; post-processing).
+        ``"unmatched"`` (``name_clusters``; post-processing); a cell outside its cluster's named
+        type is itself named ``"unmatched"`` (a map of the cell, as its label).
     donor_key
         ``obs`` column naming each cell's donor (patient, mouse): the guarantee is then per donor,
         with respect to adding or removing one donor with all of their cells. Each cell's
@@ -363,8 +365,9 @@ def cluster(
     With ``reference``, ``varm``/``var`` describe the reference's genes and components, there is
     no ``eigenvalues`` and no gene statistics, the record's ``details["reference"]`` names the
     reference, and with ``reference_key`` ``obs[f"{{key_added}}_names"]`` holds each cell's
-    cluster name and ``uns["dpsc"][key_added]["cluster_names"]`` each cluster's name, nearest
-    reference type and the share of its nearest reference cells of that type.
+    cluster name (``"unmatched"`` for a cell outside that type) and
+    ``uns["dpsc"][key_added]["cluster_names"]`` each cluster's name, nearest reference type, the
+    share of its nearest reference cells of that type and its ``distance`` (at most 1 when named).
 
     Warns
     -----

@@ -169,7 +169,8 @@ def fit(
     reference_key
         A column of ``reference.obs`` with cell types: each cluster is named after the reference
         type whose own spread holds its centroid (``obs[f"{cluster_key}_names"]``;
-        ``"unmatched"`` outside every type's), as :func:`dpsc.tl.cluster` does.
+        ``"unmatched"`` outside every type's, and for a cell outside its cluster's named type), as
+        :func:`dpsc.tl.cluster` does.
     reference_model
         A directory for the model pretrained on ``reference``: reused from there when it holds
         one for this reference, these genes and this architecture, else pretrained and saved
@@ -342,7 +343,7 @@ def _store(
     label_counts, in_use = _write_embedding_and_labels(
         target, model, selection, genes, (key_added, cluster_key), plan
     )
-    extra = {} if public is None else reference_outputs(target, public, model, selection, cluster_key)
+    extra = {} if public is None else reference_outputs(target, public, model, selection, call)
     return store_result(
         adata,
         target,

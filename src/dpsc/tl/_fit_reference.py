@@ -15,6 +15,7 @@ import anndata as ad
 import numpy as np
 import pandas as pd
 
+from .._validation import get_matrix
 from ..methods import selection as _selection
 from ..methods.public_basis import PublicBasis
 from ..model import (
@@ -131,13 +132,14 @@ def reference_outputs(
     public: ReferenceFit,
     model: DPDCAN,
     selection: _selection.Selection | None,
-    cluster_key: str,
+    call: dict[str, Any],
 ) -> dict[str, Any]:
     """Return the reference's summary for ``uns`` and, with a ``reference_key``, write the names.
 
     Each cluster of the kept partition is named from its released centroid: the clustering's in
     the basis' points, the model's in the latent space, where the reference's cells are embedded
-    by the trained (released) encoder: post-processing either way.
+    by the trained (released) encoder: post-processing either way. Each cell is then named in
+    the same space, from its own point (``obsm[call["key_added"]]`` in the latent).
     """
     extra: dict[str, Any] = {"reference": public.summary}
     if public.reference.labels is None:
@@ -146,8 +148,11 @@ def reference_outputs(
     points = public.points()
     if selection is not None and selection.kept == "clustering":
         centroids = model.partition_centroids_
+        cells = public.basis.points(get_matrix(target, call["layer"]))
     else:
         points = model.get_latent_representation(points_anndata(points))
         centroids = model.module.clustering.centroids.detach().cpu().double().numpy()
-    extra["cluster_names"] = write_names(target, cluster_key, name_centroids(centroids, points, labels))
+        cells = target.obsm[call["key_added"]]
+    names = name_centroids(centroids, points, labels)
+    extra["cluster_names"] = write_names(target, call["cluster_key"], names, cells)
     return extra
