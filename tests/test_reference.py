@@ -253,6 +253,8 @@ def test_a_reference_path_and_a_lazy_cohort_give_the_same_clusters(pair, tmp_pat
     dpsc.tl.cluster(typed, 5, reference=reference, reference_key="cell_type", noise_seed=7)
     dpsc.tl.cluster(lazy_typed, 5, reference=str(path), reference_key="cell_type", noise_seed=7)
     assert (lazy_typed.obs["dp_cluster"] == typed.obs["dp_cluster"]).all()
+    names = typed.obs["dp_cluster_names"].astype(str)  # each cell named from its own point, chunk by chunk
+    assert (lazy_typed.obs["dp_cluster_names"].astype(str) == names).all()
 
 
 def test_a_plan_on_a_public_basis_refuses_requests_without_it_or_with_a_bad_one():
@@ -323,6 +325,10 @@ def test_the_command_line_takes_a_reference_and_prints_the_names(pair, tmp_path,
     assert "Names from the reference: 0: " in text
     back = ad.read_h5ad(paths["out"])
     assert back.uns["dpsc"]["dp_cluster"]["privacy"]["reference"]["n_obs"] == reference.n_obs
+    table = back.uns["dpsc"]["dp_cluster"]["cluster_names"]
+    of_cluster = back.obs["dp_cluster"].astype(str).map({c: v["name"] for c, v in table.items()})
+    outside = int(((back.obs["dp_cluster_names"].astype(str) == UNMATCHED) & (of_cluster != UNMATCHED)).sum())
+    assert (f"{outside} cells lie outside their cluster's reference type" in text) == (outside > 0)
     assert main(["cluster", str(paths["private"]), "--reference-key", "cell_type"]) == 2
     assert "--reference-key names a column of the reference; pass --reference FILE" in capsys.readouterr().err
 

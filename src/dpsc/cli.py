@@ -466,8 +466,7 @@ def _fit(args: argparse.Namespace) -> int:
         }[partition]
         print(_wrap(f"Labels from {source}; the embedding is the model's."))
     if args.reference_key:
-        named = result["cluster_names"]
-        print("Names from the reference: " + ", ".join(f"{c}: {v['name']}" for c, v in named.items()))
+        _print_names(adata, "dp_cluster", result["cluster_names"])
     _score(adata, key, "dp_cluster")
     if args.output:
         _write(adata, args.output)
@@ -496,6 +495,19 @@ def _per(record: dict) -> str:
     if record.get("individual") == "donor":
         return f"per donor (obs[{record.get('donor_key')!r}], each with all of their cells)"
     return "per cell"
+
+
+def _print_names(adata, cluster_key: str, named: dict[str, dict[str, Any]]) -> None:
+    """Print each cluster's name, and how many cells lie outside their cluster's type (the user's own)."""
+    print("Names from the reference: " + ", ".join(f"{c}: {v['name']}" for c, v in named.items()))
+    unmatched = adata.obs[f"{cluster_key}_names"].astype(str) == "unmatched"
+    of_cluster = adata.obs[cluster_key].astype(str).map({c: v["name"] for c, v in named.items()})
+    outside = int((unmatched & (of_cluster != "unmatched")).sum())
+    if outside:
+        print(
+            f"{outside} cells lie outside their cluster's reference type: named 'unmatched' in "
+            f"obs['{cluster_key}_names']."
+        )
 
 
 def _score(adata, key: str | None, column: str) -> None:
@@ -552,8 +564,7 @@ def _cluster(args: argparse.Namespace) -> int:
     if in_use < args.n_clusters / 2:
         print(_wrap(few_clusters_message(in_use, args.n_clusters)))
     if args.reference_key:
-        named = adata.uns["dpsc"]["dp_cluster"]["cluster_names"]
-        print("Names from the reference: " + ", ".join(f"{c}: {v['name']}" for c, v in named.items()))
+        _print_names(adata, "dp_cluster", adata.uns["dpsc"]["dp_cluster"]["cluster_names"])
     if args.markers:
         names = adata.uns[derived_key("dp_cluster", "markers")]["names"]
         for group in names.dtype.names:

@@ -39,12 +39,17 @@ class FederatedTask:
         What the task computes, in a user's words (``dpsc federate --help``).
     check
         Refuses, before anything starts, a run configuration the task cannot run (``ValueError``).
+    builder
+        ``"module:function"`` that builds the task's ``(ServerApp, ClientApp)`` pair from the
+        server's settings, the sites' settings and a sink (:func:`make_apps`); imported only then,
+        so a site that serves the clustering never imports FedSC's torch networks.
     """
 
     name: str
     app_module: str
     description: str
     check: Callable[[dict[str, Any], int], None]
+    builder: str
 
     @property
     def run_config(self) -> dict[str, Any]:
@@ -54,6 +59,11 @@ class FederatedTask:
     def client_app(self) -> Any:
         """Return this installation's ClientApp of the task (never code that a server sent)."""
         return importlib.import_module(self.app_module).client_app
+
+    def apps(self, settings: dict[str, Any] | None, site_settings: dict[int, Any] | None, sink: Any) -> tuple:
+        """Return the task's ``(ServerApp, ClientApp)`` pair, built by its own modules only."""
+        module, function = self.builder.split(":")
+        return getattr(importlib.import_module(module), function)(settings, site_settings, sink)
 
 
 def _check_pipeline(settings: dict[str, Any], n_sites: int) -> None:
@@ -87,12 +97,14 @@ TASKS: dict[str, FederatedTask] = {
             "dpsc.federated.pipeline_app",
             "the private clustering over sites (SecAgg+), as tl.cluster_federated runs it",
             _check_pipeline,
+            "dpsc.federated._pipeline:pipeline_apps",
         ),
         FederatedTask(
             "fedsc",
             "dpsc.federated.app",
             "FedSC's self-supervised model and its federated DP k-means, as tl.fit_federated runs it",
             _check_fedsc,
+            "dpsc.federated._flower:fedsc_apps",
         ),
     )
 }
@@ -128,14 +140,7 @@ def make_apps(
     sink
         A dict the server puts its results in (a simulation in this process).
 
-    Each task's modules load only when its apps are built, so a site's process that serves the
-    pipeline never imports FedSC's torch networks.
+    Each task's modules load only when its apps are built (:attr:`FederatedTask.builder`), so a
+    site's process that serves the pipeline never imports FedSC's torch networks.
     """
-    federated_task(task)
-    if task == "pipeline":  # a site's light path: the clustering's modules only, no torch or Opacus
-        from ._pipeline import make_client_app, make_server_app
-
-        return make_server_app(settings, sink), make_client_app(site_settings)
-    from ._flower import fedsc_apps
-
-    return fedsc_apps(settings or {}, site_settings, sink)
+    return federated_task(task).apps(settings, site_settings, sink)

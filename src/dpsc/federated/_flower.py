@@ -63,7 +63,9 @@ def check_settings(settings: dict[str, Any]) -> None:
 
 
 def fedsc_apps(
-    settings: dict[str, Any], site_settings: dict[int, Any] | None = None, sink: dict[str, Any] | None = None
+    settings: dict[str, Any] | None,
+    site_settings: dict[int, Any] | None = None,
+    sink: dict[str, Any] | None = None,
 ):
     """Build FedSC's ``(ServerApp, ClientApp)`` pair (through :func:`dpsc.federated.make_apps`).
 
@@ -81,7 +83,7 @@ def fedsc_apps(
     from flwr.clientapp import ClientApp
     from flwr.serverapp import ServerApp
 
-    base = run_settings("fedsc", settings)
+    base = run_settings("fedsc", settings or {})
     server_app, client_app = ServerApp(), ClientApp()
     server_app.main()(FedSCServer(base, sink).main)
     site = FedSCSite(base, site_settings)

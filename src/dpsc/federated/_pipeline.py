@@ -418,6 +418,15 @@ class ReleaseLog:
         )
 
 
+def pipeline_apps(
+    settings: dict[str, Any] | None,
+    site_settings: dict[int, SiteSettings] | None = None,
+    sink: dict[str, Any] | None = None,
+):
+    """Build the clustering's ``(ServerApp, ClientApp)`` pair (through :func:`dpsc.federated.make_apps`)."""
+    return make_server_app(settings, sink), make_client_app(site_settings)
+
+
 def make_server_app(settings: dict[str, Any] | None = None, sink: dict[str, Any] | None = None):
     """Return the server's ServerApp: plans the clustering, runs its releases over the sites, sends it.
 
