@@ -9,7 +9,9 @@ public basis (:mod:`dpsc.methods.public_basis`) from the reference alone.
 public reference type it lies in, in the points of the public basis, or :data:`UNMATCHED` where
 it lies outside every type's spread. Reads released centroids and the public reference only: no ε. The
 central tools (:mod:`dpsc.tl._reference`) and a federated site (:mod:`dpsc.federated._site`) name
-clusters with it, so both write the same names.
+clusters with it, so both write the same names. Each cell then takes its cluster's name, or
+:data:`UNMATCHED` when its own point lies outside that type (:meth:`ClusterNames.cell_names`): a
+map of the cell alone, as its cluster label is, written beside it and never released.
 """
 
 from __future__ import annotations
