@@ -125,6 +125,9 @@ def make_apps(
 ):
     """Return the ``(ServerApp, ClientApp)`` pair of ``task``.
 
+    Each task's modules load only when its apps are built (:attr:`FederatedTask.builder`), so a
+    site's process that serves the pipeline never imports FedSC's torch networks.
+
     Parameters
     ----------
     task
@@ -139,8 +142,5 @@ def make_apps(
         SuperNode's ``node_config`` names its settings file (a deployment).
     sink
         A dict the server puts its results in (a simulation in this process).
-
-    Each task's modules load only when its apps are built (:attr:`FederatedTask.builder`), so a
-    site's process that serves the pipeline never imports FedSC's torch networks.
     """
     return federated_task(task).apps(settings, site_settings, sink)
